@@ -6,7 +6,6 @@ Create Date: ${create_date}
 """
 from alembic import op
 import sqlalchemy as sa
-import store.models
 ${imports if imports else ""}
 
 revision = ${repr(up_revision)}

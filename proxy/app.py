@@ -1,0 +1,112 @@
+"""Building and running the proxy application."""
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from aiohttp import web
+
+from proxy.errors import ConflictError, NotFoundError, ProxyError, error_body, json_response
+from proxy.metrics import ProxyMetrics
+from proxy.policy import PolicyRouter
+from proxy.routes import ops, openai, policies, rollouts
+from proxy.serving import CompletionServing
+from proxy.state import STATE, ProxyState
+from proxy.upstream import UpstreamPool
+from proxy.writer import CaptureWriter
+from rlproxy.settings import ProxySettings
+from store import errors as store_errors
+from store.db import create_engine, session_factory
+from store.migrate import upgrade_async
+
+log = logging.getLogger("rlproxy.proxy")
+
+HTTP_ERROR_TYPES = {404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error"}
+
+
+@web.middleware
+async def openai_errors(request: web.Request, handler):
+    """Every error leaves as an OpenAI-shaped JSON body; lower-level errors are mapped here, at the edge."""
+    try:
+        return await handler(request)
+    except ProxyError as exc:
+        return exc.response()
+    except store_errors.NotFound as exc:
+        return NotFoundError(str(exc)).response()
+    except store_errors.Conflict as exc:
+        return ConflictError(str(exc)).response()
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        kind = HTTP_ERROR_TYPES.get(exc.status, "invalid_request_error" if exc.status < 500 else "internal_error")
+        return json_response(error_body(exc.reason, kind, code=exc.status), status=exc.status)
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return json_response(error_body("internal error", "internal_error"), status=500)
+
+
+def build_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> web.Application:
+    app = web.Application(middlewares=[openai_errors], client_max_size=settings.client_max_size)
+    openai.add_routes(app)
+    rollouts.add_routes(app)
+    policies.add_routes(app)
+    ops.add_routes(app)
+    app.cleanup_ctx.append(_lifecycle(settings, metrics or ProxyMetrics()))
+    return app
+
+
+def _lifecycle(settings: ProxySettings, metrics: ProxyMetrics):
+    async def lifecycle(app: web.Application):
+        if settings.migrate:
+            await upgrade_async(settings.database_url)
+        engine = create_engine(settings.database_url)
+        sessions = session_factory(engine)
+        upstreams = UpstreamPool(settings.upstreams, timeout=settings.upstream_timeout,
+                                 connect_attempts=settings.upstream_connect_attempts)
+        await upstreams.start()
+        await upstreams.refresh_health()
+        router = PolicyRouter(sessions, settings.served_model)
+        writer = CaptureWriter(sessions, settings.writer, metrics)
+        await writer.start()
+        app[STATE] = ProxyState(settings, engine, sessions, metrics, upstreams, router, writer,
+                                CompletionServing(upstreams, router, writer, metrics))
+        await router.start(settings.policy_refresh_interval)
+        health = asyncio.create_task(_watch_engines(app[STATE]), name="engine-health")
+        try:
+            yield
+        finally:
+            health.cancel()
+            await router.close()
+            await writer.close()
+            await upstreams.close()
+            await engine.dispose()
+
+    return lifecycle
+
+
+async def _watch_engines(state: ProxyState, interval: float = 5.0) -> None:
+    """Keep replica health and the base model name current (an engine may start after the proxy)."""
+    while True:
+        if state.router.base_model is None or not all(r.healthy for r in state.upstreams.replicas):
+            await state.upstreams.refresh_health()
+        base = state.upstreams.base_model()
+        if base and state.router.base_model != base:
+            state.router.base_model = base
+            if state.router.served_model is None:
+                state.router.served_model = base
+            log.info("engine serves base model %r; agents ask for %r", base, state.router.served_model)
+        state.metrics.active_policy.set(state.router.active.version)
+        await asyncio.sleep(interval if state.router.base_model else 0.5)
+
+
+def run(settings: ProxySettings) -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    web.run_app(build_app(settings), host=settings.host, port=settings.port, handler_cancellation=True,
+                access_log=None, print=lambda msg: log.info(msg))

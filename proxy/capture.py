@@ -1,0 +1,210 @@
+"""Exact capture: ask the engine for token ids and sampling logprobs, read them back, and hand the agent
+exactly what the engine would have returned for its own request.
+
+vLLM (≥ 0.10.2) semantics: `"return_token_ids": true` adds top-level `prompt_token_ids` (chat; per choice for
+completions) and `choices[i].token_ids`; chat `"logprobs": true` / completions `"logprobs": 0` add the sampled
+tokens' logprobs. Without them vLLM still emits those keys with `null` (non-streaming responses are dumped
+with every field; stream chunks carry them as explicit nulls), so removing what we added means setting the
+key back to null where it appears.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from store.records import ChoiceRecord
+
+CHAT = "chat"
+COMPLETIONS = "completions"
+
+
+@dataclass(slots=True, frozen=True)
+class Additions:
+    """What the proxy asked for on its own, to be removed before the agent sees the response."""
+
+    token_ids: bool
+    logprobs: bool
+    requested_model: str
+    upstream_model: str
+
+    @property
+    def rewrites_model(self) -> bool:
+        return self.requested_model != self.upstream_model
+
+
+def prepare_upstream_body(body: dict[str, Any], route: str, upstream_model: str) -> tuple[dict[str, Any], Additions]:
+    """The body to send upstream: the agent's own, plus capture fields it did not ask for."""
+    out = dict(body)
+    add_ids = not out.get("return_token_ids")
+    if add_ids:
+        out["return_token_ids"] = True
+    if route == CHAT:
+        add_logprobs = not out.get("logprobs")
+        if add_logprobs:
+            out["logprobs"] = True
+    else:
+        add_logprobs = out.get("logprobs") is None
+        if add_logprobs:
+            out["logprobs"] = 0
+    out["model"] = upstream_model
+    return out, Additions(add_ids, add_logprobs, body["model"], upstream_model)
+
+
+def _token_logprobs(route: str, logprobs: Any) -> list[float] | None:
+    if not isinstance(logprobs, dict):
+        return None
+    if route == CHAT:
+        content = logprobs.get("content")
+        return [entry["logprob"] for entry in content] if content is not None else None
+    values = logprobs.get("token_logprobs")
+    return list(values) if values is not None else None
+
+
+def capture_response(route: str, payload: dict[str, Any]) -> tuple[list[int] | None, list[ChoiceRecord]]:
+    """Prompt ids and per-choice completion ids/logprobs from a non-streamed response."""
+    prompt_ids = payload.get("prompt_token_ids")
+    choices = []
+    for choice in payload.get("choices") or []:
+        if prompt_ids is None and choice.get("prompt_token_ids") is not None:
+            prompt_ids = choice["prompt_token_ids"]
+        choices.append(
+            ChoiceRecord(
+                index=choice.get("index", len(choices)),
+                token_ids=choice.get("token_ids"),
+                logprobs=_token_logprobs(route, choice.get("logprobs")),
+                finish_reason=choice.get("finish_reason"),
+            )
+        )
+    return prompt_ids, choices
+
+
+def strip_additions(payload: dict[str, Any], additions: Additions) -> dict[str, Any]:
+    """Undo what the proxy added, in place (works for responses and stream chunks alike)."""
+    if additions.rewrites_model and "model" in payload:
+        payload["model"] = additions.requested_model
+    if additions.token_ids and "prompt_token_ids" in payload:
+        payload["prompt_token_ids"] = None
+    for choice in payload.get("choices") or ():
+        if additions.token_ids:
+            if "token_ids" in choice:
+                choice["token_ids"] = None
+            if "prompt_token_ids" in choice:
+                choice["prompt_token_ids"] = None
+        if additions.logprobs and "logprobs" in choice:
+            choice["logprobs"] = None
+    return payload
+
+
+@dataclass(slots=True)
+class _ChoiceState:
+    index: int
+    role: str | None = None
+    text: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    have_ids: bool = False
+    have_logprobs: bool = False
+    finish_reason: str | None = None
+    stop_reason: Any = None
+
+
+class StreamAssembler:
+    """Rebuilds a streamed call from its chunks: the response the agent effectively received, plus ids."""
+
+    def __init__(self, route: str) -> None:
+        self.route = route
+        self.prompt_ids: list[int] | None = None
+        self.head: dict[str, Any] = {}
+        self.usage: dict[str, Any] | None = None
+        self.choices: dict[int, _ChoiceState] = {}
+        self.chunks = 0
+
+    def feed(self, chunk: dict[str, Any]) -> None:
+        """Take one parsed chunk as the engine sent it (before `strip_additions`)."""
+        self.chunks += 1
+        if not self.head:
+            self.head = {k: chunk.get(k) for k in ("id", "created", "model", "system_fingerprint")}
+        if chunk.get("prompt_token_ids") is not None:
+            self.prompt_ids = list(chunk["prompt_token_ids"])
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for raw in chunk.get("choices") or ():
+            index = raw.get("index", 0)
+            state = self.choices.get(index) or self.choices.setdefault(index, _ChoiceState(index))
+            if raw.get("prompt_token_ids") is not None and self.prompt_ids is None:
+                self.prompt_ids = list(raw["prompt_token_ids"])
+            if raw.get("token_ids") is not None:
+                state.have_ids = True
+                state.token_ids.extend(raw["token_ids"])
+            values = _token_logprobs(self.route, raw.get("logprobs"))
+            if values is not None:
+                state.have_logprobs = True
+                state.logprobs.extend(values)
+            if raw.get("finish_reason") is not None:
+                state.finish_reason = raw["finish_reason"]
+                state.stop_reason = raw.get("stop_reason")
+            if self.route == CHAT:
+                self._feed_delta(state, raw.get("delta") or {})
+            elif raw.get("text"):
+                state.text.append(raw["text"])
+
+    @staticmethod
+    def _feed_delta(state: _ChoiceState, delta: dict[str, Any]) -> None:
+        if delta.get("role"):
+            state.role = delta["role"]
+        if delta.get("content"):
+            state.text.append(delta["content"])
+        for key in ("reasoning", "reasoning_content"):
+            if delta.get(key):
+                state.reasoning.append(delta[key])
+        for call in delta.get("tool_calls") or ():
+            slot = state.tool_calls.setdefault(
+                call.get("index", len(state.tool_calls)),
+                {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+            )
+            if call.get("id"):
+                slot["id"] = call["id"]
+            if call.get("type"):
+                slot["type"] = call["type"]
+            function = call.get("function") or {}
+            if function.get("name"):
+                slot["function"]["name"] += function["name"]
+            if function.get("arguments"):
+                slot["function"]["arguments"] += function["arguments"]
+
+    def choice_records(self) -> list[ChoiceRecord]:
+        return [
+            ChoiceRecord(
+                index=s.index,
+                token_ids=s.token_ids if s.have_ids else None,
+                logprobs=s.logprobs if s.have_logprobs else None,
+                finish_reason=s.finish_reason,
+            )
+            for s in sorted(self.choices.values(), key=lambda s: s.index)
+        ]
+
+    def response(self, requested_model: str) -> dict[str, Any]:
+        """The non-streamed equivalent of what the agent saw (ids and logprobs live in their own columns)."""
+        choices = []
+        for s in sorted(self.choices.values(), key=lambda s: s.index):
+            if self.route == CHAT:
+                message: dict[str, Any] = {"role": s.role or "assistant", "content": "".join(s.text) or None}
+                if s.reasoning:
+                    message["reasoning"] = "".join(s.reasoning)
+                if s.tool_calls:
+                    message["tool_calls"] = [s.tool_calls[i] for i in sorted(s.tool_calls)]
+                choices.append({"index": s.index, "message": message, "finish_reason": s.finish_reason,
+                                "stop_reason": s.stop_reason})
+            else:
+                choices.append({"index": s.index, "text": "".join(s.text), "finish_reason": s.finish_reason,
+                                "stop_reason": s.stop_reason})
+        return {
+            "id": self.head.get("id"),
+            "object": "chat.completion" if self.route == CHAT else "text_completion",
+            "created": self.head.get("created"),
+            "model": requested_model,
+            "choices": choices,
+            "usage": self.usage,
+        }

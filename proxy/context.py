@@ -1,0 +1,42 @@
+"""Who a call belongs to: rollout, agent and task, from the URL path (which wins) or the headers."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from proxy.errors import InvalidRequest
+
+_ID = re.compile(r"^[A-Za-z0-9._:@\-]+$")  # safe in a URL path segment
+_TEXT = re.compile(r"^[^\x00-\x1f\x7f]+$")  # task ids are free text (e.g. "gsm8k/train/17")
+LIMITS = {"rollout": 128, "agent": 128, "task": 256}
+
+
+@dataclass(slots=True, frozen=True)
+class CallContext:
+    rollout_id: str | None
+    agent: str | None
+    task_id: str | None
+    project: str | None = None
+
+
+def _clean(value: str | None, what: str) -> str | None:
+    if value is None or value == "":
+        return None
+    pattern = _TEXT if what == "task" else _ID
+    if len(value) > LIMITS[what] or not pattern.match(value):
+        raise InvalidRequest(f"{what} id must be 1-{LIMITS[what]} characters"
+                             + ("" if what == "task" else " of letters, digits and ._:@-"),
+                             param=what, code="invalid_id")
+    return value
+
+
+def call_context(request: web.Request) -> CallContext:
+    match, headers = request.match_info, request.headers
+    return CallContext(
+        rollout_id=_clean(match.get("rollout_id") or headers.get("X-Rollout-Id"), "rollout"),
+        agent=_clean(match.get("agent") or headers.get("X-Agent-Name"), "agent"),
+        task_id=_clean(headers.get("X-Task-Id"), "task"),
+        project=request.get("project"),
+    )

@@ -1,0 +1,102 @@
+"""The proxy's exception hierarchy and the OpenAI-shaped error body every route answers with.
+
+    ProxyError
+    ├── InvalidRequest      400  the OpenAI routes' malformed or ill-typed requests
+    ├── Unprocessable       422  the rollout/reward routes' malformed bodies and non-finite rewards
+    ├── NotFoundError       404
+    ├── ConflictError       409
+    ├── Unauthorized        401
+    ├── StoreUnavailable    503  the database did not answer in time
+    ├── UpstreamUnavailable 502  no engine reachable (after bounded retries)
+    └── UpstreamTimeout     504
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+
+class ProxyError(Exception):
+    status = 500
+    type = "internal_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, param=self.param, code=self.code or self.default_code())
+
+    def default_code(self) -> str | None:
+        return None
+
+    def response(self) -> web.Response:
+        return json_response(self.body(), status=self.status)
+
+
+class InvalidRequest(ProxyError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class Unprocessable(ProxyError):
+    status = 422
+    type = "invalid_request_error"
+
+
+class NotFoundError(ProxyError):
+    status = 404
+    type = "not_found_error"
+
+
+class ConflictError(ProxyError):
+    status = 409
+    type = "conflict_error"
+
+
+class Unauthorized(ProxyError):
+    status = 401
+    type = "authentication_error"
+
+
+class StoreUnavailable(ProxyError):
+    status = 503
+    type = "service_unavailable"
+
+    def default_code(self) -> str:
+        return "store_unavailable"
+
+
+class UpstreamUnavailable(ProxyError):
+    status = 502
+    type = "upstream_error"
+
+    def default_code(self) -> str:
+        return "upstream_unavailable"
+
+
+class UpstreamTimeout(ProxyError):
+    status = 504
+    type = "upstream_error"
+
+    def default_code(self) -> str:
+        return "upstream_timeout"
+
+
+def error_body(message: str, type_: str, *, param: str | None = None, code: str | int | None = None) -> dict:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def json_response(payload: Any, *, status: int = 200, headers: dict[str, str] | None = None) -> web.Response:
+    return web.Response(body=orjson.dumps(payload), status=status, content_type="application/json",
+                        headers=headers)
+
+
+def sse_error_event(error: ProxyError | dict) -> bytes:
+    """An error as the last `data:` event of a stream (the status line has already been sent)."""
+    body = error.body() if isinstance(error, ProxyError) else error
+    return b"data: " + orjson.dumps(body) + b"\n\n"

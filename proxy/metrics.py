@@ -1,0 +1,52 @@
+"""Prometheus metrics of the proxy. One registry per app (so several apps can live in one process, as in
+tests); names follow Prometheus conventions with units; labels are low-cardinality (never rollout ids)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class ProxyMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("rlproxy_requests_total", "Requests answered, by route and outcome.",
+                                ["route", "status", "policy"], registry=r)
+        self.request_duration = Histogram("rlproxy_request_duration_seconds", "Time from request to last byte.",
+                                          ["route", "stream"], buckets=LATENCY_BUCKETS, registry=r)
+        self.ttft = Histogram("rlproxy_time_to_first_token_seconds", "Time to the first streamed content chunk.",
+                              ["route"], buckets=LATENCY_BUCKETS, registry=r)
+        self.tokens = Counter("rlproxy_tokens_total", "Tokens through the proxy.", ["direction"], registry=r)
+        self.in_flight = Gauge("rlproxy_requests_in_flight", "Requests being served.", registry=r)
+        self.upstream_errors = Counter("rlproxy_upstream_errors_total", "Upstream failures by kind.", ["kind"],
+                                       registry=r)
+        self.writer_queue = Gauge("rlproxy_capture_queue_depth", "Calls waiting for the writer.", registry=r)
+        self.writer_batch = Histogram("rlproxy_capture_batch_size", "Calls per write transaction.",
+                                      buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r)
+        self.writer_flush = Histogram("rlproxy_capture_flush_duration_seconds", "Duration of one write batch.",
+                                      buckets=LATENCY_BUCKETS, registry=r)
+        self.rows_written = Counter("rlproxy_capture_calls_written_total", "Calls stored in the database.",
+                                    registry=r)
+        self.rows_spooled = Counter("rlproxy_capture_calls_spooled_total",
+                                    "Calls written to the local spool because the database could not take them.",
+                                    registry=r)
+        self.spool_pending = Gauge("rlproxy_capture_spool_pending", "Calls in the spool awaiting replay.",
+                                   registry=r)
+        self.rows_rejected = Counter("rlproxy_capture_calls_rejected_total",
+                                     "Calls the database refused for their content (kept in the rejected file).",
+                                     registry=r)
+        self.write_errors = Counter("rlproxy_capture_write_errors_total", "Failed write transactions.", registry=r)
+        self.prefix_links = Counter("rlproxy_prefix_links_total",
+                                    "How each call's prompt continues the previous call of its rollout.", ["kind"],
+                                    registry=r)
+        self.rewards = Counter("rlproxy_rewards_total", "Rewards received, by kind and reason.",
+                               ["kind", "reason", "policy"], registry=r)
+        self.reward_value = Histogram("rlproxy_reward_value", "Final reward values.", ["policy"],
+                                      buckets=(-1, -0.5, 0, 0.25, 0.5, 0.75, 1, 2, 5), registry=r)
+        self.active_policy = Gauge("rlproxy_active_policy_version", "Policy version served for the model.",
+                                   registry=r)
+        self.engine_up = Gauge("rlproxy_engine_up", "Whether an engine replica answers.", ["replica"], registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,1 @@
+"""Route handlers, one module per family; each handler is thin and calls the serving objects."""

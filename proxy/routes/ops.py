@@ -1,0 +1,46 @@
+"""Operations: `GET /healthz` (process up), `GET /readyz` (database and an engine reachable), `GET /metrics`."""
+from __future__ import annotations
+
+import asyncio
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+from sqlalchemy import text
+
+from proxy.errors import json_response
+from proxy.state import state
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    app = state(request)
+    database = True
+    try:
+        async with asyncio.timeout(3):
+            async with app.engine.connect() as conn:
+                await conn.execute(text("SELECT 1"))
+    except Exception:  # noqa: BLE001 — any failure means not ready
+        database = False
+    await app.upstreams.refresh_health()
+    engines = {r.url: r.healthy for r in app.upstreams.replicas}
+    ready = database and any(engines.values())
+    payload = {"status": "ready" if ready else "unavailable", "database": database, "engines": engines,
+               "spooled_calls": app.writer.spool.pending, "policy": app.router.active.version}
+    return json_response(payload, status=200 if ready else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    app = state(request)
+    app.metrics.writer_queue.set(app.writer.queue.qsize())
+    for replica in app.upstreams.replicas:
+        app.metrics.engine_up.labels(replica.url).set(1 if replica.healthy else 0)
+    return web.Response(body=app.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics)

@@ -1,0 +1,60 @@
+"""Rollouts and rewards: `POST /rollouts`, `POST /reward`, `GET /rollouts/{rollout_id}`."""
+from __future__ import annotations
+
+import uuid
+
+from aiohttp import web
+
+from proxy.errors import Unprocessable, json_response
+from proxy.schemas import RewardPost, RolloutCreate, parse_json_object, validate
+from proxy.state import state
+from store import rollouts as store_rollouts
+
+
+async def create_rollout(request: web.Request) -> web.Response:
+    raw = await request.read()
+    body = validate(RolloutCreate, parse_json_object(raw, Unprocessable) if raw.strip() else {}, Unprocessable)
+    app = state(request)
+    rollout_id = uuid.uuid4().hex
+    async with app.sessions() as session, session.begin():
+        await store_rollouts.create_rollout(
+            session, rollout_id, task_id=body.task_id, agent=body.agent, metadata=body.metadata,
+            project=request.get("project"), policy_version=app.router.active.version,
+        )
+    base_url = f"{request.url.origin()}/rollouts/{rollout_id}/v1"
+    return json_response({"rollout_id": rollout_id, "base_url": base_url}, status=201)
+
+
+async def post_reward(request: web.Request) -> web.Response:
+    body = validate(RewardPost, parse_json_object(await request.read(), Unprocessable), Unprocessable)
+    app = state(request)
+    await app.writer.sync()  # the calls this reward refers to may still be on their way to the database
+    async with app.sessions() as session, session.begin():
+        result = await store_rollouts.post_reward(
+            session, body.rollout_id, body.reward, call_id=body.call_id, task_id=body.task_id,
+            metadata=body.metadata, project=request.get("project"),
+        )
+    if result.created:
+        kind = "final" if body.call_id is None else "call"
+        app.metrics.rewards.labels(kind, "", "").inc()
+        if kind == "final":
+            app.metrics.reward_value.labels(str(app.router.active.version)).observe(body.reward)
+    payload = {"rollout_id": result.rollout_id, "reward": result.reward}
+    if result.call_id is not None:
+        payload["call_id"] = result.call_id
+    return json_response(payload)
+
+
+async def get_rollout(request: web.Request) -> web.Response:
+    app = state(request)
+    await app.writer.sync()
+    async with app.sessions() as session:
+        rollout = await store_rollouts.get_rollout(session, request.match_info["rollout_id"],
+                                                   project=request.get("project"))
+    return json_response(rollout)
+
+
+def add_routes(app: web.Application) -> None:
+    app.router.add_post("/rollouts", create_rollout)
+    app.router.add_post("/reward", post_reward)
+    app.router.add_get("/rollouts/{rollout_id}", get_rollout)

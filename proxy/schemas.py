@@ -1,0 +1,76 @@
+"""Request models. The OpenAI ones only check what the proxy relies on; everything else in the body passes
+through untouched (the proxy forwards the agent's own JSON, never a re-serialized model)."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator
+
+from proxy.errors import InvalidRequest, ProxyError, Unprocessable
+
+
+class _OpenAIRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: StrictStr = Field(min_length=1)
+    stream: StrictBool | None = None
+    n: StrictInt | None = Field(None, ge=1)
+
+
+class ChatCompletionRequest(_OpenAIRequest):
+    messages: list[dict[str, Any]] = Field(min_length=1)
+
+
+class CompletionRequest(_OpenAIRequest):
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+
+
+class RolloutCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    task_id: StrictStr | None = None
+    agent: StrictStr | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class RewardPost(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    rollout_id: StrictStr = Field(min_length=1)
+    reward: StrictFloat | StrictInt
+    call_id: StrictStr | None = None
+    task_id: StrictStr | None = None
+    metadata: dict[str, Any] | None = None
+
+    @field_validator("reward")
+    @classmethod
+    def _finite(cls, value: float) -> float:
+        if isinstance(value, bool) or not math.isfinite(value):
+            raise ValueError("reward must be a finite number")
+        return float(value)
+
+
+def parse_json_object(raw: bytes, error: type[ProxyError] = InvalidRequest) -> dict[str, Any]:
+    try:
+        body = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise error(f"request body is not valid JSON: {exc}", code="invalid_json") from None
+    if not isinstance(body, dict):
+        raise error("request body must be a JSON object", code="invalid_json")
+    return body
+
+
+def validate(model: type[BaseModel], body: dict[str, Any], error: type[ProxyError] = InvalidRequest) -> BaseModel:
+    """Validate `body`, raising the first problem as an OpenAI-shaped error that names the parameter."""
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise error(f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
+
+
+__all__ = ["ChatCompletionRequest", "CompletionRequest", "RolloutCreate", "RewardPost", "parse_json_object",
+           "validate", "Unprocessable"]

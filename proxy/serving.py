@@ -1,0 +1,196 @@
+"""Serving one OpenAI completion call: forward to the engine with capture fields, relay the answer exactly
+(chunk by chunk when streaming), and hand the recorded call to the writer whatever happens."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from proxy.capture import CHAT, Additions, StreamAssembler, capture_response, prepare_upstream_body, strip_additions
+from proxy.context import call_context
+from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable, sse_error_event
+from proxy.metrics import ProxyMetrics
+from proxy.policy import PolicyRouter
+from proxy.schemas import ChatCompletionRequest, CompletionRequest, parse_json_object, validate
+from proxy.sse import Event, SSEParser
+from proxy.upstream import UpstreamPool
+from proxy.writer import CaptureWriter
+from store.models import CallStatus, utcnow
+from store.records import CallRecord
+
+log = logging.getLogger("rlproxy.serving")
+
+PATHS = {CHAT: "/v1/chat/completions", "completions": "/v1/completions"}
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class CompletionServing:
+    def __init__(self, upstreams: UpstreamPool, router: PolicyRouter, writer: CaptureWriter,
+                 metrics: ProxyMetrics) -> None:
+        self.upstreams = upstreams
+        self.router = router
+        self.writer = writer
+        self.metrics = metrics
+
+    async def handle(self, request: web.Request, route: str) -> web.StreamResponse:
+        began = time.perf_counter()
+        body = parse_json_object(await request.read())
+        validate(ChatCompletionRequest if route == CHAT else CompletionRequest, body)
+        context = call_context(request)
+        target = self.router.route(body["model"])
+        upstream_body, additions = prepare_upstream_body(body, route, target.upstream_model)
+        record = CallRecord(
+            id=uuid.uuid4().hex, route=route, started_at=utcnow(), rollout_id=context.rollout_id,
+            agent=context.agent, task_id=context.task_id, project=context.project, model=body["model"],
+            upstream_model=target.upstream_model, policy_version=target.policy_version,
+            stream=bool(body.get("stream")), request=body,
+        )
+        headers = {"X-Rlproxy-Call-Id": record.id}
+        if target.policy_version is not None:
+            headers["X-Rlproxy-Policy"] = str(target.policy_version)
+        self.metrics.in_flight.inc()
+        try:
+            return await self._forward(request, route, record, upstream_body, additions, headers, began)
+        except asyncio.CancelledError:
+            record.status = CallStatus.CLIENT_DISCONNECTED
+            raise
+        except ProxyError as exc:
+            record.status = CallStatus.TIMEOUT if isinstance(exc, UpstreamTimeout) else CallStatus.UPSTREAM_ERROR
+            record.http_status, record.error = exc.status, exc.message
+            self.metrics.upstream_errors.labels(exc.default_code() or exc.type).inc()
+            raise
+        finally:
+            self.metrics.in_flight.dec()
+            record.finished_at = utcnow()
+            record.latency_ms = (time.perf_counter() - began) * 1000
+            self._account(route, record)
+            self.writer.submit(record)
+
+    async def _forward(self, request: web.Request, route: str, record: CallRecord, upstream_body: dict,
+                       additions: Additions, headers: dict[str, str], began: float) -> web.StreamResponse:
+        replica, upstream = await self.upstreams.open(PATHS[route], orjson.dumps(upstream_body),
+                                                      key=record.rollout_id)
+        record.upstream = replica.url
+        record.http_status = upstream.status
+        try:
+            if upstream.status != 200:
+                return await self._relay_error(upstream, record, headers)
+            if record.stream:
+                return await self._relay_stream(request, upstream, route, record, additions, headers, began)
+            return await self._relay_json(upstream, route, record, additions, headers)
+        except asyncio.TimeoutError:
+            raise UpstreamTimeout("engine did not finish in time") from None
+        except aiohttp.ClientError as exc:
+            raise UpstreamUnavailable(f"engine connection failed: {exc}") from None
+        finally:
+            upstream.close()  # releases an unfinished request so the engine aborts it
+
+    async def _relay_error(self, upstream: aiohttp.ClientResponse, record: CallRecord,
+                           headers: dict[str, str]) -> web.Response:
+        """Engine errors (4xx/5xx) reach the agent as they are, and are recorded."""
+        raw = await upstream.read()
+        record.status = CallStatus.UPSTREAM_ERROR
+        record.error = raw.decode("utf-8", errors="replace")[:4000]
+        return web.Response(body=raw, status=upstream.status, headers=headers,
+                            content_type=upstream.content_type or "application/json")
+
+    async def _relay_json(self, upstream: aiohttp.ClientResponse, route: str, record: CallRecord,
+                          additions: Additions, headers: dict[str, str]) -> web.Response:
+        raw = await upstream.read()
+        try:
+            payload = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            record.status, record.error = CallStatus.UPSTREAM_ERROR, "engine returned invalid JSON"
+            return web.Response(body=raw, status=upstream.status, headers=headers,
+                                content_type=upstream.content_type)
+        record.prompt_token_ids, record.choices = capture_response(route, payload)
+        record.response = strip_additions(payload, additions)
+        return web.Response(body=orjson.dumps(payload), headers=headers, content_type="application/json")
+
+    async def _relay_stream(self, request: web.Request, upstream: aiohttp.ClientResponse, route: str,
+                            record: CallRecord, additions: Additions, headers: dict[str, str],
+                            began: float) -> web.StreamResponse:
+        response = web.StreamResponse(headers={**headers, **SSE_HEADERS})
+        await response.prepare(request)
+        assembler = StreamAssembler(route)
+        parser = SSEParser()
+        try:
+            async for data in upstream.content.iter_any():
+                for event in parser.feed(data):
+                    await response.write(self._relay_event(event, assembler, additions, record, began))
+            for event in parser.flush():
+                await response.write(self._relay_event(event, assembler, additions, record, began))
+        except ConnectionResetError:
+            record.status = CallStatus.CLIENT_DISCONNECTED
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            timed_out = isinstance(exc, asyncio.TimeoutError)
+            error = (UpstreamTimeout("engine stream timed out") if timed_out
+                     else UpstreamUnavailable(f"engine connection lost mid-stream: {exc}"))
+            record.status = CallStatus.TIMEOUT if timed_out else CallStatus.UPSTREAM_ERROR
+            record.error = error.message
+            self.metrics.upstream_errors.labels(error.default_code()).inc()
+            await _write_quietly(response, sse_error_event(error))
+        finally:
+            record.prompt_token_ids = assembler.prompt_ids
+            record.choices = assembler.choice_records()
+            record.response = assembler.response(additions.requested_model)
+        await _eof_quietly(response)
+        return response
+
+    def _relay_event(self, event: Event, assembler: StreamAssembler, additions: Additions,
+                     record: CallRecord, began: float) -> bytes:
+        if event.data is None or event.is_done:
+            return event.raw
+        try:
+            chunk = orjson.loads(event.data)
+        except orjson.JSONDecodeError:
+            return event.raw
+        if not isinstance(chunk, dict):
+            return event.raw
+        if "error" in chunk and "choices" not in chunk:
+            record.status, record.error = CallStatus.UPSTREAM_ERROR, orjson.dumps(chunk["error"]).decode()
+            return event.raw
+        assembler.feed(chunk)
+        if record.ttft_ms is None and _has_output(chunk):
+            record.ttft_ms = (time.perf_counter() - began) * 1000
+        return b"data: " + orjson.dumps(strip_additions(chunk, additions)) + b"\n\n"
+
+    def _account(self, route: str, record: CallRecord) -> None:
+        policy = "" if record.policy_version is None else str(record.policy_version)
+        status = record.status if record.status != CallStatus.OK else str(record.http_status or 0)
+        self.metrics.requests.labels(route, status, policy).inc()
+        self.metrics.request_duration.labels(route, str(record.stream).lower()).observe(
+            (record.latency_ms or 0) / 1000)
+        if record.stream and record.ttft_ms is not None:
+            self.metrics.ttft.labels(route).observe(record.ttft_ms / 1000)
+        if record.prompt_token_ids is not None:
+            self.metrics.tokens.labels("prompt").inc(len(record.prompt_token_ids))
+        if record.completion_tokens:
+            self.metrics.tokens.labels("completion").inc(record.completion_tokens)
+
+
+def _has_output(chunk: dict) -> bool:
+    for choice in chunk.get("choices") or ():
+        delta = choice.get("delta") or {}
+        if choice.get("text") or delta.get("content") or delta.get("tool_calls") or choice.get("token_ids"):
+            return True
+    return False
+
+
+async def _write_quietly(response: web.StreamResponse, data: bytes) -> None:
+    try:
+        await response.write(data)
+    except ConnectionResetError:
+        pass
+
+
+async def _eof_quietly(response: web.StreamResponse) -> None:
+    try:
+        await response.write_eof()
+    except ConnectionResetError:
+        pass

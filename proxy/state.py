@@ -1,0 +1,33 @@
+"""The objects one proxy process shares between its routes, kept on the aiohttp app."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from proxy.metrics import ProxyMetrics
+from proxy.policy import PolicyRouter
+from proxy.serving import CompletionServing
+from proxy.upstream import UpstreamPool
+from proxy.writer import CaptureWriter
+from rlproxy.settings import ProxySettings
+
+
+@dataclass(slots=True)
+class ProxyState:
+    settings: ProxySettings
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    metrics: ProxyMetrics
+    upstreams: UpstreamPool
+    router: PolicyRouter
+    writer: CaptureWriter
+    serving: CompletionServing
+
+
+STATE = web.AppKey("rlproxy_state", ProxyState)
+
+
+def state(request: web.Request) -> ProxyState:
+    return request.app[STATE]

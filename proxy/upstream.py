@@ -1,0 +1,145 @@
+"""The engines behind the proxy: one pooled HTTP client, rollout-sticky replica choice, health tracking, and
+bounded retries of connection failures — only before any byte has reached the agent."""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from proxy.errors import UpstreamTimeout, UpstreamUnavailable
+
+log = logging.getLogger("rlproxy.upstream")
+
+# Only failures that prove the request never reached the engine are retried.
+RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, ConnectionRefusedError)
+
+
+@dataclass(slots=True)
+class Replica:
+    url: str
+    healthy: bool = True
+    consecutive_failures: int = 0
+    ejected_until: float = 0.0
+    base_models: list[str] = field(default_factory=list)
+
+    def available(self, now: float) -> bool:
+        return self.healthy or now >= self.ejected_until
+
+
+class UpstreamPool:
+    """All engine replicas. `open()` sends one request to a replica chosen for the rollout, failing over."""
+
+    def __init__(self, urls: list[str] | tuple[str, ...], *, timeout: float, connect_attempts: int = 3,
+                 eject_seconds: float = 5.0) -> None:
+        if not urls:
+            raise ValueError("at least one upstream URL is needed")
+        self.replicas = [Replica(u.rstrip("/")) for u in urls]
+        self.timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=10)
+        self.connect_attempts = max(1, connect_attempts)
+        self.eject_seconds = eject_seconds
+        self.session: aiohttp.ClientSession | None = None
+
+    async def start(self) -> None:
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
+        self.session = aiohttp.ClientSession(connector=connector, timeout=self.timeout, auto_decompress=False,
+                                             json_serialize=lambda o: orjson.dumps(o).decode())
+
+    async def close(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+    def choose(self, key: str | None, attempt: int = 0) -> Replica:
+        """Rendezvous hashing on the rollout id keeps a rollout on one replica (prefix-cache reuse) and
+        moves only that rollout's traffic when a replica is ejected."""
+        now = time.monotonic()
+        candidates = [r for r in self.replicas if r.available(now)] or self.replicas
+        if key is None:
+            ranked = sorted(candidates, key=lambda r: r.consecutive_failures)
+            start = int(now * 1000) % len(ranked) if all(r.consecutive_failures == 0 for r in ranked) else 0
+            ranked = ranked[start:] + ranked[:start]
+        else:
+            ranked = sorted(candidates, key=lambda r: hashlib.blake2b(f"{key}|{r.url}".encode(), digest_size=8)
+                            .digest(), reverse=True)
+        return ranked[attempt % len(ranked)]
+
+    def mark(self, replica: Replica, ok: bool) -> None:
+        if ok:
+            replica.healthy, replica.consecutive_failures = True, 0
+            return
+        replica.consecutive_failures += 1
+        replica.healthy = False
+        replica.ejected_until = time.monotonic() + self.eject_seconds
+
+    async def open(self, path: str, body: bytes, *, key: str | None = None,
+                   headers: dict[str, str] | None = None) -> tuple[Replica, aiohttp.ClientResponse]:
+        """POST `body` to `path` on a replica; returns once the response headers arrived."""
+        assert self.session is not None, "UpstreamPool.start() was not awaited"
+        attempt = 0
+        replica = self.choose(key)
+        try:
+            async for retry in AsyncRetrying(
+                stop=stop_after_attempt(self.connect_attempts),
+                wait=wait_exponential(multiplier=0.05, max=1.0),
+                retry=retry_if_exception_type(RETRYABLE),
+                reraise=True,
+            ):
+                with retry:
+                    replica = self.choose(key, attempt)
+                    attempt += 1
+                    try:
+                        response = await self.session.post(
+                            replica.url + path, data=body,
+                            headers={"Content-Type": "application/json", **(headers or {})},
+                        )
+                    except RETRYABLE:
+                        self.mark(replica, ok=False)
+                        raise
+        except RETRYABLE as exc:
+            raise UpstreamUnavailable(f"engine unreachable after {attempt} attempt(s): {exc}") from exc
+        except asyncio.TimeoutError as exc:
+            raise UpstreamTimeout("engine did not answer in time") from exc
+        except aiohttp.ClientError as exc:
+            self.mark(replica, ok=False)
+            raise UpstreamUnavailable(f"engine request failed: {exc}") from exc
+        self.mark(replica, ok=response.status < 500)
+        return replica, response
+
+    async def get_json(self, replica: Replica, path: str, *, timeout: float = 5.0) -> dict:
+        assert self.session is not None
+        async with self.session.get(replica.url + path, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            resp.raise_for_status()
+            return orjson.loads(await resp.read())
+
+    async def post_json(self, replica: Replica, path: str, payload: dict, *, timeout: float = 60.0) -> tuple[int, bytes]:
+        assert self.session is not None
+        async with self.session.post(replica.url + path, data=orjson.dumps(payload),
+                                     headers={"Content-Type": "application/json"},
+                                     timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+            return resp.status, await resp.read()
+
+    async def refresh_health(self) -> None:
+        """Ask each replica for its models; a replica that answers is healthy again."""
+        async def probe(replica: Replica) -> None:
+            try:
+                data = await self.get_json(replica, "/v1/models", timeout=3.0)
+                # vLLM lists adapters with `parent` set to their base model; the base has none.
+                replica.base_models = [m["id"] for m in data.get("data", []) if not m.get("parent")]
+                self.mark(replica, ok=True)
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                log.debug("replica %s unhealthy: %s", replica.url, exc)
+                self.mark(replica, ok=False)
+
+        await asyncio.gather(*(probe(r) for r in self.replicas))
+
+    def base_model(self) -> str | None:
+        """The base model the replicas serve (adapters are not base models)."""
+        for replica in self.replicas:
+            if replica.base_models:
+                return replica.base_models[0]
+        return None

@@ -1,0 +1,299 @@
+"""Automatic Intermediate Rewards (AIR): per-call rewards read off the OpenAI chat traffic itself.
+
+A call's response may ask for tool calls; a later call's request carries their results as
+`{"role": "tool", "tool_call_id": ...}` messages. From that pair we judge each tool call:
+
+    invalid_arguments  arguments are not a JSON object                     (default -0.5)
+    unknown_tool       the tool was not among those the request offered     (default -0.5)
+    tool_error         the tool's result reports an error                   (default -0.25)
+    tool_success       a result came back and reports no error              (default 0.0, i.e. off)
+
+A rule whose weight is 0 is off: zero-valued rewards are never emitted.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rewards._checks import loads_strict, require_finite
+
+INVALID_ARGUMENTS = "invalid_arguments"
+UNKNOWN_TOOL = "unknown_tool"
+TOOL_ERROR = "tool_error"
+TOOL_SUCCESS = "tool_success"
+
+AIR_REASONS: tuple[str, ...] = (INVALID_ARGUMENTS, UNKNOWN_TOOL, TOOL_ERROR, TOOL_SUCCESS)
+
+# Searched case-insensitively in tool results. `\b` word boundaries keep "error" from matching inside
+# words such as "terrorism" or "error_code"; the look-behinds/look-aheads skip the negations that
+# tools print on success ("no errors", "0 failed", "error-free", "errors: 0"). A missed error costs
+# less than punishing a good call, so the patterns stay specific.
+_NOT_NEGATED = r"(?<!\bno )(?<!\b0 )(?<!\bzero )(?<!\bwithout )"
+DEFAULT_ERROR_PATTERNS: tuple[str, ...] = (
+    _NOT_NEGATED + r"\b(?:errors?|exceptions?)\b(?!-free|\s*[:=]\s*(?:0|none|null)\b)",
+    _NOT_NEGATED + r"\bfailed\b(?!\s*[:=]\s*0\b)",
+    r"\btraceback\b",
+    r"\bfatal\b",
+    r"\bnon-zero exit\b",
+    r"\bexit(?:ed with)?[ _](?:code|status)\s*[:=]?\s*[-+]?0*[1-9]\d*\b",  # exit code N, N != 0
+    r"\bcommand not found\b",
+    r"\bno such file or directory\b",
+    r"\bpermission denied\b",
+    r"(?-i:\b[A-Z][A-Za-z]*(?:Error|Exception)\b)",  # exception class names: ValueError, IOException
+)
+
+# Structured results (a JSON object) are judged by these keys, not by the words inside them, so
+# `{"error": null, ...}` is not an error.
+_ERROR_STATUSES = frozenset({"error", "failed", "failure"})
+_EXIT_CODE_KEYS = ("exit_code", "exitCode", "returncode", "return_code")
+
+
+@dataclass(frozen=True)
+class AirReward:
+    value: float
+    reason: str  # one of AIR_REASONS
+    tool_call_id: str | None = None
+
+
+@dataclass(frozen=True)
+class AirRules:
+    """Weights of the AIR rules (0 turns a rule off) and the patterns that mark a tool result as an error."""
+
+    enabled: bool = True
+    invalid_arguments: float = -0.5
+    unknown_tool: float = -0.5
+    tool_error: float = -0.25
+    tool_success: float = 0.0
+    error_patterns: tuple[str, ...] = DEFAULT_ERROR_PATTERNS
+    _compiled: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for reason in AIR_REASONS:
+            require_finite(getattr(self, reason), f"AIR weight {reason}")
+        if isinstance(self.error_patterns, str):
+            raise ValueError("error_patterns must be a sequence of regular expressions, not one string")
+        patterns = tuple(self.error_patterns)
+        compiled = []
+        for pattern in patterns:
+            try:
+                compiled.append(re.compile(pattern, re.IGNORECASE))
+            except re.error as exc:
+                raise ValueError(f"invalid AIR error pattern {pattern!r}: {exc}") from None
+        object.__setattr__(self, "error_patterns", patterns)
+        object.__setattr__(self, "_compiled", tuple(compiled))
+
+    def weight(self, reason: str) -> float:
+        if reason not in AIR_REASONS:
+            raise ValueError(f"unknown AIR reason {reason!r}; expected one of {AIR_REASONS}")
+        return float(getattr(self, reason))
+
+    def reward(self, reason: str, tool_call_id: str | None = None) -> list[AirReward]:
+        """The rule's reward as a 0- or 1-element list (0 when the rule is off)."""
+        value = self.weight(reason)
+        return [AirReward(value, reason, tool_call_id)] if value != 0.0 else []
+
+
+def find_tool_results(messages: Iterable[Mapping[str, Any]]) -> dict[str, str]:
+    """Map tool_call_id -> result text for every `role: "tool"` message (first one wins)."""
+    results: dict[str, str] = {}
+    for message in messages or ():
+        if not isinstance(message, Mapping) or message.get("role") != "tool":
+            continue
+        call_id = message.get("tool_call_id")
+        if isinstance(call_id, str) and call_id not in results:
+            results[call_id] = content_text(message.get("content"))
+    return results
+
+
+def content_text(content: Any) -> str:
+    """A message's content as text: a string as is, a list of content parts as its text parts joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+        return "\n".join(texts)
+    return json.dumps(content)
+
+
+def is_tool_error(result_text: str, rules: AirRules | None = None) -> bool:
+    """Whether a tool result reports an error.
+
+    A JSON object result is an error if it has a truthy "error", "is_error"/"isError": true,
+    "status" in {error, failed, failure}, "success"/"ok": false, or a non-zero exit code key. Then,
+    for any result, the error patterns are searched in its text (for JSON: its string values only).
+    """
+    rules = rules or AirRules()
+    try:
+        parsed = loads_strict(result_text)
+    except ValueError:
+        return _matches(result_text, rules)
+    if isinstance(parsed, dict) and _structured_error(parsed):
+        return True
+    return any(_matches(text, rules) for text in _string_leaves(parsed))
+
+
+def score_text_tool_result(
+    result_text: str | None, rules: AirRules | None = None, tool_call_id: str | None = None
+) -> list[AirReward]:
+    """tool_error or tool_success for one tool result, for agents that speak a text tool protocol."""
+    rules = rules or AirRules()
+    if not rules.enabled or result_text is None:
+        return []
+    return rules.reward(TOOL_ERROR if is_tool_error(result_text, rules) else TOOL_SUCCESS, tool_call_id)
+
+
+def score_tool_calls(
+    prev_request: Mapping[str, Any] | None,
+    prev_response: Mapping[str, Any] | None,
+    later_messages: Sequence[Mapping[str, Any]] | None,
+    rules: AirRules | None = None,
+) -> list[AirReward]:
+    """AIR rewards for the tool calls that `prev_response` (choice 0) asked for.
+
+    A tool call with a malformed call site (invalid_arguments and/or unknown_tool) is judged on that
+    alone: its result is almost always an error caused by the same mistake, so it is not penalised
+    twice. Otherwise its result, if one of `later_messages` carries it, gives tool_error or
+    tool_success. A tool call without a result yet gets no result reward.
+    """
+    rules = rules or AirRules()
+    if not rules.enabled:
+        return []
+    message = _first_message(prev_response)
+    if message is None:
+        return []
+    offered = _offered_tool_names(prev_request)
+    results = find_tool_results(later_messages or ())
+
+    rewards: list[AirReward] = []
+    for call in _requested_calls(message):
+        faults = []
+        if call.is_function and not _is_json_object(call.arguments):
+            faults.append(INVALID_ARGUMENTS)
+        if call.is_function and offered and call.name not in offered:
+            faults.append(UNKNOWN_TOOL)
+        if faults:
+            for reason in faults:
+                rewards.extend(rules.reward(reason, call.tool_call_id))
+        elif call.tool_call_id in results:
+            rewards.extend(score_text_tool_result(results[call.tool_call_id], rules, call.tool_call_id))
+    return rewards
+
+
+def merge_by_reason(rewards: Iterable[AirReward]) -> list[AirReward]:
+    """One reward per reason, summing values, in order of first appearance.
+
+    For storage that keeps at most one automatic reward per (call, reason). The merged reward keeps
+    the tool_call_id only if all its parts share it.
+    """
+    merged: dict[str, AirReward] = {}
+    for reward in rewards:
+        seen = merged.get(reward.reason)
+        if seen is None:
+            merged[reward.reason] = reward
+        else:
+            same_id = seen.tool_call_id if seen.tool_call_id == reward.tool_call_id else None
+            merged[reward.reason] = AirReward(seen.value + reward.value, reward.reason, same_id)
+    return list(merged.values())
+
+
+@dataclass(frozen=True)
+class _RequestedCall:
+    tool_call_id: str | None
+    is_function: bool  # only function calls have a name and JSON arguments to check
+    name: Any = None
+    arguments: Any = None
+
+
+def _first_message(response: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    if not isinstance(response, Mapping):
+        return None
+    choices = response.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], Mapping):
+        return None
+    message = choices[0].get("message")
+    return message if isinstance(message, Mapping) else None
+
+
+def _requested_calls(message: Mapping[str, Any]) -> list[_RequestedCall]:
+    """The calls a response message asks for: its tool_calls, plus a legacy `function_call`."""
+    calls = []
+    for tool_call in message.get("tool_calls") or ():
+        if not isinstance(tool_call, Mapping):
+            continue
+        call_id = tool_call.get("id") if isinstance(tool_call.get("id"), str) else None
+        function = tool_call.get("function")
+        if tool_call.get("type", "function") == "function" and isinstance(function, Mapping):
+            calls.append(_RequestedCall(call_id, True, function.get("name"), function.get("arguments")))
+        else:
+            calls.append(_RequestedCall(call_id, False))
+    legacy = message.get("function_call")
+    if isinstance(legacy, Mapping):
+        calls.append(_RequestedCall(None, True, legacy.get("name"), legacy.get("arguments")))
+    return calls
+
+
+def _offered_tool_names(request: Mapping[str, Any] | None) -> frozenset[str]:
+    if not isinstance(request, Mapping):
+        return frozenset()
+    names = set()
+    for tool in request.get("tools") or ():
+        function = tool.get("function") if isinstance(tool, Mapping) else None
+        if isinstance(function, Mapping) and isinstance(function.get("name"), str):
+            names.add(function["name"])
+    for function in request.get("functions") or ():  # the legacy form
+        if isinstance(function, Mapping) and isinstance(function.get("name"), str):
+            names.add(function["name"])
+    return frozenset(names)
+
+
+def _is_json_object(arguments: Any) -> bool:
+    if isinstance(arguments, Mapping):  # some servers hand back parsed arguments
+        return True
+    if not isinstance(arguments, str):
+        return False
+    try:
+        return isinstance(loads_strict(arguments), dict)
+    except ValueError:
+        return False
+
+
+def _structured_error(result: Mapping[str, Any]) -> bool:
+    if result.get("error"):
+        return True
+    if result.get("is_error") is True or result.get("isError") is True:
+        return True
+    status = result.get("status")
+    if isinstance(status, str) and status.strip().casefold() in _ERROR_STATUSES:
+        return True
+    if result.get("success") is False or result.get("ok") is False:
+        return True
+    for key in _EXIT_CODE_KEYS:
+        code = result.get(key)
+        if isinstance(code, int) and not isinstance(code, bool) and code != 0:
+            return True
+    return False
+
+
+def _string_leaves(value: Any) -> Iterable[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _string_leaves(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _string_leaves(item)
+
+
+def _matches(text: str, rules: AirRules) -> bool:
+    return any(pattern.search(text) for pattern in rules._compiled)

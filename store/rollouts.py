@@ -1,0 +1,147 @@
+"""Rollouts and their rewards: creation, the final and intermediate rewards, and the full read-back."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from store.errors import Conflict, NotFound
+from store.models import Call, CallChoice, Reward, RewardKind, Rollout, RolloutStatus, utcnow
+
+
+@dataclass(slots=True, frozen=True)
+class RewardResult:
+    rollout_id: str
+    reward: float
+    call_id: str | None
+    created: bool  # False when an identical final reward was already stored
+
+
+async def create_rollout(
+    session: AsyncSession,
+    rollout_id: str,
+    *,
+    task_id: str | None = None,
+    agent: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    project: str | None = None,
+    policy_version: int | None = None,
+) -> Rollout:
+    rollout = Rollout(id=rollout_id, task_id=task_id, agent=agent, metadata_=metadata, project=project,
+                      policy_version=policy_version, status=RolloutStatus.OPEN, call_count=0)
+    session.add(rollout)
+    await session.flush()
+    return rollout
+
+
+async def _rollout_for_update(session: AsyncSession, rollout_id: str, project: str | None) -> Rollout:
+    query = select(Rollout).where(Rollout.id == rollout_id).with_for_update()
+    rollout = (await session.execute(query)).scalar_one_or_none()
+    if rollout is None or (project is not None and rollout.project not in (None, project)):
+        raise NotFound(f"rollout {rollout_id!r} does not exist")
+    return rollout
+
+
+async def post_reward(
+    session: AsyncSession,
+    rollout_id: str,
+    value: float,
+    *,
+    call_id: str | None = None,
+    task_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    project: str | None = None,
+) -> RewardResult:
+    """A final reward (no `call_id`) closes the rollout; the same value again is a no-op, another is a
+    `Conflict`. With `call_id` it is an intermediate reward for that call of the rollout."""
+    if not math.isfinite(value):
+        raise ValueError("reward must be a finite number")
+    rollout = await _rollout_for_update(session, rollout_id, project)
+    if call_id is not None:
+        owner = (await session.execute(select(Call.rollout_id).where(Call.id == call_id))).scalar_one_or_none()
+        if owner != rollout_id:
+            raise NotFound(f"call {call_id!r} is not part of rollout {rollout_id!r}")
+        session.add(Reward(rollout_id=rollout_id, call_id=call_id, kind=RewardKind.CALL, value=value,
+                           metadata_=metadata))
+        return RewardResult(rollout_id, value, call_id, True)
+
+    if rollout.status == RolloutStatus.FINISHED:
+        if rollout.reward == value:
+            return RewardResult(rollout_id, value, None, False)
+        raise Conflict(f"rollout {rollout_id!r} already has final reward {rollout.reward}, not {value}")
+    rollout.status = RolloutStatus.FINISHED
+    rollout.reward = value
+    rollout.finished_at = utcnow()
+    if task_id is not None and rollout.task_id is None:
+        rollout.task_id = task_id
+    session.add(Reward(rollout_id=rollout_id, kind=RewardKind.FINAL, value=value, metadata_=metadata))
+    return RewardResult(rollout_id, value, None, True)
+
+
+async def get_rollout(session: AsyncSession, rollout_id: str, *, project: str | None = None) -> dict[str, Any]:
+    """The rollout with its calls (token ids, logprobs) and rewards, in the contract's JSON shape."""
+    rollout = await session.get(Rollout, rollout_id)
+    if rollout is None or (project is not None and rollout.project not in (None, project)):
+        raise NotFound(f"rollout {rollout_id!r} does not exist")
+    calls = (await session.execute(select(Call).where(Call.rollout_id == rollout_id).order_by(Call.seq))).scalars()
+    calls = list(calls)
+    choices: dict[str, list[CallChoice]] = {c.id: [] for c in calls}
+    if calls:
+        rows = await session.execute(
+            select(CallChoice).where(CallChoice.call_id.in_(list(choices))).order_by(CallChoice.index)
+        )
+        for choice in rows.scalars():
+            choices[choice.call_id].append(choice)
+    rewards = (
+        await session.execute(select(Reward).where(Reward.rollout_id == rollout_id).order_by(Reward.id))
+    ).scalars()
+    return {
+        "rollout_id": rollout.id,
+        "task_id": rollout.task_id,
+        "agent": rollout.agent,
+        "status": rollout.status,
+        "reward": rollout.reward,
+        "metadata": rollout.metadata_,
+        "created_at": rollout.created_at.isoformat() if rollout.created_at else None,
+        "finished_at": rollout.finished_at.isoformat() if rollout.finished_at else None,
+        "trained": rollout.trained_at is not None,
+        "calls": [_call_json(call, choices[call.id]) for call in calls],
+        "rewards": [
+            {"call_id": r.call_id, "kind": r.kind, "value": r.value, "reason": r.reason, "metadata": r.metadata_,
+             "created_at": r.created_at.isoformat() if r.created_at else None}
+            for r in rewards
+        ],
+    }
+
+
+def _call_json(call: Call, choices: list[CallChoice]) -> dict[str, Any]:
+    first = choices[0] if choices else None
+    return {
+        "call_id": call.id,
+        "seq": call.seq,
+        "agent": call.agent,
+        "model": call.model,
+        "policy": call.policy_version,
+        "status": call.status,
+        "http_status": call.http_status,
+        "stream": call.stream,
+        "route": call.route,
+        "prompt_token_ids": call.prompt_token_ids,
+        "completion_token_ids": first.token_ids if first else None,
+        "completion_logprobs": first.logprobs if first else None,
+        "finish_reason": first.finish_reason if first else None,
+        "choices": [
+            {"index": c.index, "token_ids": c.token_ids, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
+            for c in choices
+        ],
+        "prefix_kind": call.prefix_kind,
+        "prefix_parent_id": call.prefix_parent_id,
+        "latency_ms": call.latency_ms,
+        "ttft_ms": call.ttft_ms,
+        "request": call.request,
+        "response": call.response,
+        "error": call.error,
+    }

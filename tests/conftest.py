@@ -1,0 +1,94 @@
+"""Shared fixtures: a real Postgres database, the stub engine and the proxy as real processes.
+
+Postgres: `RLPROXY_TEST_POSTGRES` (a server URL), else the server on 127.0.0.1:5432 if one answers, else one
+started for this test run by pytest-postgresql (needs PostgreSQL's server binaries, e.g. Debian's
+`postgresql` package); if none of these exist the tests stop with a message saying so.
+"""
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+from pytest_postgresql import factories
+
+from store.migrate import upgrade
+from tests.support import free_port, proxy_command, running, stub_command
+
+pytest_plugins = ["tests.engine_fixture"] if (Path(__file__).parent / "engine_fixture.py").exists() else []
+
+_PG_CTL = (sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl")) or [shutil.which("pg_ctl") or "pg_ctl"])[-1]
+postgresql_own = factories.postgresql_proc(executable=_PG_CTL, port=None)
+LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def _answers(url: str) -> bool:
+    try:
+        with psycopg.connect(url, connect_timeout=2):
+            return True
+    except psycopg.Error:
+        return False
+
+
+@pytest.fixture(scope="session")
+def postgres_server(request) -> str:
+    """A libpq URL of a Postgres server we may create databases on."""
+    url = os.environ.get("RLPROXY_TEST_POSTGRES")
+    if url:
+        return url
+    if _answers(LOCAL_SERVER):
+        return LOCAL_SERVER
+    if not os.path.exists(_PG_CTL):
+        pytest.exit("No Postgres for the tests: set RLPROXY_TEST_POSTGRES, run a server on 127.0.0.1:5432, "
+                    "or install PostgreSQL's server binaries (Debian: apt-get install postgresql).", 2)
+    proc = request.getfixturevalue("postgresql_own")
+    return f"postgresql://{proc.user}@{proc.host}:{proc.port}/postgres"
+
+
+@pytest.fixture(scope="session")
+def database_url(postgres_server: str) -> str:
+    """A fresh, migrated Postgres database for this test run (asyncpg URL)."""
+    name = f"rlproxy_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = postgres_server.rsplit("/", 1)[0]
+    url = f"{base.replace('postgresql://', 'postgresql+asyncpg://', 1)}/{name}"
+    upgrade(url)
+    yield url
+    with psycopg.connect(postgres_server, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'rlproxy.db'}"
+    upgrade(url)
+    return url
+
+
+@pytest.fixture(scope="session")
+def run_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("run")
+
+
+@pytest.fixture(scope="session")
+def stub_url(run_dir: Path) -> str:
+    """The vLLM-like stub engine, a real process."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with running(stub_command(port), url + "/health", log_path=run_dir / "stub.log"):
+        yield url
+
+
+@pytest.fixture(scope="session")
+def proxy_url(stub_url: str, database_url: str, run_dir: Path) -> str:
+    """`rlproxy serve` in front of the stub, recording into the test Postgres database."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = proxy_command(port, [stub_url], database_url, "--spool-path", str(run_dir / "spool.jsonl"))
+    with running(args, url + "/healthz", log_path=run_dir / "proxy.log"):
+        yield url

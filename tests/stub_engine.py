@@ -1,0 +1,268 @@
+"""A small local server that answers like vLLM's OpenAI server (token ids, logprobs, SSE, tool calls, LoRA
+loading), for testing and benchmarking the proxy alone. Deterministic: the same request gives the same answer.
+
+Run it: `python tests/stub_engine.py --port 8001`.
+
+Test controls, read from the request body (unknown fields pass through the proxy untouched):
+  "stub_delay": seconds to sleep per streamed token;
+  "stub_die_after": close the connection after this many stream chunks (an engine crash mid-stream);
+  "stub_status": answer with this HTTP status and an OpenAI-shaped error.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import time
+import zlib
+
+from aiohttp import web
+
+BASE_MODEL = "stub-model"
+VOCAB = ["The", "answer", "is", "42", "and", "that", "settles", "it", ".", "Sure", "here", "you", "go", "!"]
+
+
+def token_id(piece: str) -> int:
+    return 100 + zlib.crc32(piece.encode()) % 30000
+
+
+def tokenize(text: str) -> list[int]:
+    return [token_id(piece) for piece in text.split()]
+
+
+EOS_ID = token_id("<|im_end|>")  # as in ChatML models: the end-of-turn token ends a completion
+
+
+def render_chat(messages: list[dict]) -> str:
+    parts = []
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, list):
+            content = " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+        if message.get("tool_calls"):
+            content = (content or "") + " " + json.dumps(message["tool_calls"])
+        parts.append(f"<|im_start|>{message.get('role')} {content or ''} <|im_end|>")
+    return " ".join(parts) + " <|im_start|>assistant"
+
+
+def dumps(obj) -> bytes:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
+    body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return web.Response(body=dumps(body), status=status, content_type="application/json")
+
+
+class Stub:
+    def __init__(self) -> None:
+        self.adapters: dict[str, str] = {}
+        self.requests = 0
+        self.last_body: dict | None = None
+
+    def known(self, model: str) -> bool:
+        return model == BASE_MODEL or model in self.adapters
+
+    def completion_words(self, body: dict, prompt_ids: list[int]) -> list[str]:
+        seed = hashlib.sha256(dumps(prompt_ids) + str(body.get("seed")).encode()).digest()
+        length = 3 + seed[0] % 6
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
+        words = [VOCAB[(seed[i + 1]) % len(VOCAB)] for i in range(length)]
+        return words[:max_tokens]
+
+    async def models(self, request: web.Request) -> web.Response:
+        now = 1_700_000_000
+        data = [{"id": BASE_MODEL, "object": "model", "created": now, "owned_by": "vllm", "root": BASE_MODEL,
+                 "parent": None, "max_model_len": 4096}]
+        data += [{"id": name, "object": "model", "created": now, "owned_by": "vllm", "root": path,
+                  "parent": BASE_MODEL, "max_model_len": 4096} for name, path in self.adapters.items()]
+        return web.Response(body=dumps({"object": "list", "data": data}), content_type="application/json")
+
+    async def load_lora(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if body["lora_name"] in self.adapters:
+            return error(400, f"The lora adapter '{body['lora_name']}' has already been loaded.")
+        self.adapters[body["lora_name"]] = body["lora_path"]
+        return web.Response(text=f"Success: LoRA adapter '{body['lora_name']}' added successfully.")
+
+    async def unload_lora(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if self.adapters.pop(body["lora_name"], None) is None:
+            return error(404, f"The lora adapter '{body['lora_name']}' cannot be found.", "NotFoundError")
+        return web.Response(text="Success")
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self._complete(request, chat=False)
+
+    async def _complete(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        self.requests += 1
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            return error(400, "invalid JSON")
+        self.last_body = body
+        if body.get("stub_status"):
+            return error(int(body["stub_status"]), "stub error on request")
+        if not self.known(body.get("model", "")):
+            return error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        temperature = body.get("temperature", 1.0)
+        if not isinstance(temperature, (int, float)):
+            return error(400, "temperature must be a number")
+        prompt = render_chat(body["messages"]) if chat else body["prompt"]
+        prompt_ids = tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        n = body.get("n") or 1
+        choices = []
+        for index in range(n):
+            words = self.completion_words({**body, "seed": f"{body.get('seed')}-{index}"}, prompt_ids)
+            tool_call = None
+            if chat and body.get("tools") and "use tool" in json.dumps(body["messages"][-1]):
+                name = body["tools"][0]["function"]["name"]
+                tool_call = {"id": f"chatcmpl-tool-{index}{len(prompt_ids)}", "type": "function",
+                             "function": {"name": name, "arguments": json.dumps({"expression": "6*7"})}}
+                words = ["<tool_call>", json.dumps({"name": name}), "</tool_call>"]
+            max_tokens = body.get("max_tokens") or 16
+            stopped = len(words) < max_tokens
+            ids = [token_id(w) for w in words] + ([EOS_ID] if stopped else [])
+            choices.append((words, ids, tool_call, "tool_calls" if tool_call else ("stop" if stopped else "length")))
+        if body.get("stream"):
+            return await self._stream(request, body, chat, prompt_ids, choices)
+        return web.Response(body=dumps(self._full(body, chat, prompt_ids, choices)), content_type="application/json")
+
+    def _logprobs(self, body: dict, chat: bool, words: list[str], ids: list[int]):
+        wanted = body.get("logprobs") if chat else body.get("logprobs") is not None
+        if not wanted:
+            return None
+        values = [-0.05 * (1 + (i % 7)) for i in range(len(ids))]
+        pieces = words + [""] * (len(ids) - len(words))
+        if chat:
+            return {"content": [{"token": p, "logprob": v, "bytes": list(p.encode()), "top_logprobs": []}
+                                for p, v in zip(pieces, values)]}
+        return {"text_offset": list(range(len(ids))), "token_logprobs": values, "tokens": pieces,
+                "top_logprobs": [{p: v} for p, v in zip(pieces, values)]}
+
+    def _full(self, body: dict, chat: bool, prompt_ids: list[int], choices: list) -> dict:
+        want_ids = bool(body.get("return_token_ids"))
+        out_choices = []
+        for index, (words, ids, tool_call, finish) in enumerate(choices):
+            text = " ".join(words)
+            if chat:
+                message = {"role": "assistant", "content": None if tool_call else text, "refusal": None,
+                           "annotations": None, "audio": None, "function_call": None,
+                           "tool_calls": [tool_call] if tool_call else [], "reasoning": None}
+                out_choices.append({"index": index, "message": message,
+                                    "logprobs": self._logprobs(body, chat, words, ids), "finish_reason": finish,
+                                    "stop_reason": None, "token_ids": ids if want_ids else None})
+            else:
+                out_choices.append({"index": index, "text": text,
+                                    "logprobs": self._logprobs(body, chat, words, ids), "finish_reason": finish,
+                                    "stop_reason": None, "prompt_logprobs": None,
+                                    "prompt_token_ids": prompt_ids if want_ids else None,
+                                    "token_ids": ids if want_ids else None})
+        completion_tokens = sum(len(c[1]) for c in choices)
+        response = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{hashlib.md5(dumps(prompt_ids)).hexdigest()}",
+                    "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
+                    "model": body["model"], "choices": out_choices, "service_tier": None,
+                    "system_fingerprint": None,
+                    "usage": {"prompt_tokens": len(prompt_ids), "total_tokens": len(prompt_ids) + completion_tokens,
+                              "completion_tokens": completion_tokens, "prompt_tokens_details": None},
+                    "prompt_logprobs": None, "kv_transfer_params": None}
+        if chat:
+            response["prompt_token_ids"] = prompt_ids if want_ids else None
+        return response
+
+    async def _stream(self, request: web.Request, body: dict, chat: bool, prompt_ids: list[int],
+                      choices: list) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
+        await response.prepare(request)
+        want_ids = bool(body.get("return_token_ids"))
+        delay = float(body.get("stub_delay") or 0)
+        die_after = body.get("stub_die_after")
+        cid = f"{'chatcmpl' if chat else 'cmpl'}-{hashlib.md5(dumps(prompt_ids)).hexdigest()}"
+        created = int(time.time())
+        sent = 0
+
+        async def send(payload: dict) -> None:
+            nonlocal sent
+            if die_after is not None and sent >= die_after:
+                request.transport.close()
+                raise ConnectionResetError("stub engine died")
+            await response.write(b"data: " + dumps(payload) + b"\n\n")
+            sent += 1
+            if delay:
+                await asyncio.sleep(delay)
+
+        head = {"id": cid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+                "model": body["model"]}
+        try:
+            for index, (words, ids, tool_call, finish) in enumerate(choices):
+                if chat:
+                    first = {**head, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
+                                                  "logprobs": None, "finish_reason": None}],
+                             "prompt_token_ids": prompt_ids if want_ids and index == 0 else None}
+                    await send(first)
+                pieces = [(" " if i else "") + w for i, w in enumerate(words)] + [""] * (len(ids) - len(words))
+                for position, (piece, tid) in enumerate(zip(pieces, ids)):
+                    last = position == len(ids) - 1
+                    logprobs = self._logprobs(body, chat, [piece.strip()], [tid])
+                    if logprobs and chat:
+                        logprobs["content"][0]["logprob"] = -0.05 * (1 + (position % 7))
+                    elif logprobs:
+                        logprobs["token_logprobs"][0] = -0.05 * (1 + (position % 7))
+                        logprobs["text_offset"] = [position]
+                    choice = {"index": index, "logprobs": logprobs, "finish_reason": finish if last else None,
+                              "token_ids": [tid] if want_ids else None}
+                    if last:
+                        choice["stop_reason"] = None
+                    if chat:
+                        if tool_call and position == 0:
+                            choice["delta"] = {"tool_calls": [{"id": tool_call["id"], "type": "function", "index": 0,
+                                                               "function": {"name": tool_call["function"]["name"],
+                                                                            "arguments": ""}}]}
+                        elif tool_call and position == 1:
+                            choice["delta"] = {"tool_calls": [{"index": 0, "function": {
+                                "arguments": tool_call["function"]["arguments"]}}]}
+                        elif tool_call:
+                            choice["delta"] = {}
+                        else:
+                            choice["delta"] = {"content": piece}
+                    else:
+                        choice["text"] = piece
+                        if position == 0:
+                            choice["prompt_token_ids"] = prompt_ids if want_ids else None
+                    await send({**head, "choices": [choice]})
+            await response.write(b"data: [DONE]\n\n")
+        except ConnectionResetError:
+            return response
+        await response.write_eof()
+        return response
+
+
+def build_app() -> web.Application:
+    stub = Stub()
+    app = web.Application()
+    app["stub"] = stub
+    app.router.add_get("/v1/models", stub.models)
+    app.router.add_post("/v1/chat/completions", stub.chat)
+    app.router.add_post("/v1/completions", stub.completions)
+    app.router.add_post("/v1/load_lora_adapter", stub.load_lora)
+    app.router.add_post("/v1/unload_lora_adapter", stub.unload_lora)
+    app.router.add_get("/health", lambda r: web.Response(text="ok"))
+    return app
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8001)
+    args = parser.parse_args()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    web.run_app(build_app(), host=args.host, port=args.port, access_log=None, print=None)

@@ -1,0 +1,82 @@
+"""Helpers the tests share: free ports, starting real server processes, waiting for them."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 30.0, process: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"process for {url} exited with {process.returncode}")
+        try:
+            if requests.get(url, timeout=1).status_code < 500:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    raise TimeoutError(f"{url} did not answer within {timeout}s")
+
+
+@contextmanager
+def running(args: list[str], ready_url: str, *, env: dict[str, str] | None = None, timeout: float = 60.0,
+            log_path: Path | None = None):
+    """Run a server process until the block ends; its output goes to `log_path` (shown if it fails)."""
+    log = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    process = subprocess.Popen(args, cwd=ROOT, env={**os.environ, **(env or {})}, stdout=log,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        try:
+            wait_http(ready_url, timeout, process)
+        except Exception:
+            if log_path:
+                print(Path(log_path).read_text()[-4000:], file=sys.stderr)
+            raise
+        yield process
+    finally:
+        stop(process)
+        if log_path:
+            log.close()
+
+
+def stop(process: subprocess.Popen, grace: float = 10.0) -> None:
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    try:
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+def stub_command(port: int) -> list[str]:
+    return [PYTHON, str(ROOT / "tests" / "stub_engine.py"), "--port", str(port)]
+
+
+def proxy_command(port: int, upstreams: list[str], database_url: str, *extra: str) -> list[str]:
+    args = [PYTHON, "-m", "rlproxy.cli", "serve", "--port", str(port), "--database-url", database_url]
+    for upstream in upstreams:
+        args += ["--upstream", upstream]
+    return args + list(extra)
