@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from alembic import command
@@ -18,8 +19,15 @@ def alembic_config(database_url: str) -> Config:
 
 
 def upgrade(database_url: str, revision: str = "head") -> None:
-    """Upgrade `database_url` to `revision` (blocking; run it in a thread from async code)."""
-    command.upgrade(alembic_config(database_url), revision)
+    """Upgrade `database_url` to `revision` (blocking)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        command.upgrade(alembic_config(database_url), revision)
+        return
+    # Inside an event loop: the migration environment runs a loop of its own, so it needs another thread.
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(command.upgrade, alembic_config(database_url), revision).result()
 
 
 async def upgrade_async(database_url: str, revision: str = "head") -> None:

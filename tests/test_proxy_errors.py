@@ -1,0 +1,160 @@
+"""Bad input gets a clear OpenAI-shaped error with the right status and nothing accepted is lost; engine
+failures (errors, unreachable, too slow, dying mid-stream) and clients leaving mid-stream are recorded."""
+from __future__ import annotations
+
+import time
+import uuid
+
+import openai
+import pytest
+import requests
+
+from tests.support import free_port, proxy_command, running
+
+
+def assert_openai_error(response: requests.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    return error
+
+
+def recorded_calls(proxy_url: str, rollout_id: str) -> list[dict]:
+    response = requests.get(f"{proxy_url}/rollouts/{rollout_id}")
+    return response.json()["calls"] if response.status_code == 200 else []
+
+
+@pytest.mark.parametrize("body,param", [
+    (b"{not json", None),
+    (b"[1, 2]", None),
+    (b'{"messages": [{"role": "user", "content": "hi"}]}', "model"),
+    (b'{"model": "stub-model"}', "messages"),
+    (b'{"model": "stub-model", "messages": "hi"}', "messages"),
+    (b'{"model": 7, "messages": [{"role": "user", "content": "hi"}]}', "model"),
+    (b'{"model": "stub-model", "messages": []}', "messages"),
+    (b'{"model": "stub-model", "messages": [{"role": "user", "content": "hi"}], "stream": "yes"}', "stream"),
+])
+def test_malformed_chat_requests_are_400_and_not_recorded(proxy_url, body, param):
+    rollout_id = uuid.uuid4().hex
+    response = requests.post(f"{proxy_url}/rollouts/{rollout_id}/v1/chat/completions", data=body,
+                             headers={"Content-Type": "application/json"})
+    error = assert_openai_error(response, 400)
+    assert error["type"] == "invalid_request_error"
+    if param:
+        assert error["param"] == param
+    assert recorded_calls(proxy_url, rollout_id) == []
+
+
+def test_the_sdk_raises_bad_request_for_a_bad_rollout_id(proxy_url):
+    client = openai.OpenAI(base_url=f"{proxy_url}/v1", api_key="unused", default_headers={"X-Rollout-Id": "a b"})
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="stub-model", messages=[{"role": "user", "content": "hi"}])
+
+
+def test_reward_errors_follow_the_contract(proxy_url):
+    rollout_id = requests.post(f"{proxy_url}/rollouts", json={}).json()["rollout_id"]
+    url = f"{proxy_url}/reward"
+
+    assert_openai_error(requests.post(url, json={"rollout_id": "nope", "reward": 1}), 404)
+    assert_openai_error(requests.post(url, json={"rollout_id": rollout_id, "reward": 1, "call_id": "nope"}), 404)
+    assert_openai_error(requests.post(url, data=b'{"rollout_id": "%s", "reward": NaN}' % rollout_id.encode()), 422)
+    assert_openai_error(requests.post(url, json={"rollout_id": rollout_id, "reward": "high"}), 422)
+    assert_openai_error(requests.post(url, json={"rollout_id": rollout_id, "reward": True}), 422)
+    assert_openai_error(requests.post(url, data=b'{"rollout_id": "%s", "reward": 1e400}' % rollout_id.encode()), 422)
+    assert_openai_error(requests.post(url, json={"reward": 1}), 422)
+    assert_openai_error(requests.post(url, data=b"{oops"), 422)
+
+    assert requests.post(url, json={"rollout_id": rollout_id, "reward": 0.5}).status_code == 200
+    assert requests.post(url, json={"rollout_id": rollout_id, "reward": 0.5}).status_code == 200  # same: no-op
+    assert_openai_error(requests.post(url, json={"rollout_id": rollout_id, "reward": 1.0}), 409)
+    rewards = requests.get(f"{proxy_url}/rollouts/{rollout_id}").json()["rewards"]
+    assert [(r["kind"], r["value"]) for r in rewards] == [("final", 0.5)]
+
+
+def test_intermediate_reward_for_a_call(proxy_url):
+    rollout_id, base_url = (lambda d: (d["rollout_id"], d["base_url"]))(
+        requests.post(f"{proxy_url}/rollouts", json={"task_id": "t"}).json())
+    raw = openai.OpenAI(base_url=base_url, api_key="unused").chat.completions.with_raw_response.create(
+        model="stub-model", messages=[{"role": "user", "content": "hi"}])
+    call_id = raw.headers["X-Rlproxy-Call-Id"]
+    response = requests.post(f"{proxy_url}/reward", json={"rollout_id": rollout_id, "reward": -0.2,
+                                                           "call_id": call_id})
+    assert response.json() == {"rollout_id": rollout_id, "reward": -0.2, "call_id": call_id}
+    data = requests.get(f"{proxy_url}/rollouts/{rollout_id}").json()
+    assert data["status"] == "open"  # an intermediate reward does not close the rollout
+    assert data["rewards"] == [dict(data["rewards"][0], call_id=call_id, kind="call", value=-0.2)]
+
+
+def test_unknown_routes_and_methods_answer_in_openai_shape(proxy_url):
+    assert_openai_error(requests.get(f"{proxy_url}/v1/nothing-here"), 404)
+    assert_openai_error(requests.get(f"{proxy_url}/v1/chat/completions"), 405)
+    assert_openai_error(requests.get(f"{proxy_url}/rollouts/does-not-exist"), 404)
+
+
+def test_engine_errors_are_relayed_as_they_are_and_recorded(proxy_url, stub_url):
+    rollout_id = uuid.uuid4().hex
+    body = {"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]}
+    direct = requests.post(f"{stub_url}/v1/chat/completions", json=body)
+    proxied = requests.post(f"{proxy_url}/rollouts/{rollout_id}/v1/chat/completions", json=body)
+    assert proxied.status_code == direct.status_code == 404
+    assert proxied.content == direct.content
+    [call] = recorded_calls(proxy_url, rollout_id)
+    assert call["status"] == "upstream_error" and call["http_status"] == 404
+
+
+def test_unreachable_engine_is_502(database_url, run_dir):
+    port, dead = free_port(), f"http://127.0.0.1:{free_port()}"
+    url = f"http://127.0.0.1:{port}"
+    args = proxy_command(port, [dead], database_url, "--spool-path", str(run_dir / "spool-502.jsonl"))
+    with running(args, url + "/healthz", log_path=run_dir / "proxy-502.log"):
+        rollout_id = uuid.uuid4().hex
+        response = requests.post(f"{url}/rollouts/{rollout_id}/v1/chat/completions",
+                                 json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        error = assert_openai_error(response, 502)
+        assert error["code"] == "upstream_unavailable"
+        assert requests.get(url + "/readyz").status_code == 503
+        [call] = recorded_calls(url, rollout_id)
+        assert call["status"] == "upstream_error" and call["http_status"] == 502
+
+
+def test_slow_engine_is_504(stub_url, database_url, run_dir):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = proxy_command(port, [stub_url], database_url, "--upstream-timeout", "0.5",
+                         "--spool-path", str(run_dir / "spool-504.jsonl"))
+    with running(args, url + "/healthz", log_path=run_dir / "proxy-504.log"):
+        rollout_id = uuid.uuid4().hex
+        body = {"model": "stub-model", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+                "stub_delay": 0.3}
+        response = requests.post(f"{url}/rollouts/{rollout_id}/v1/chat/completions", json=body)
+        assert response.status_code == 200  # the stream had started; the error arrives as its last event
+        assert b'"code":"upstream_timeout"' in response.content.splitlines()[-2]
+        [call] = recorded_calls(url, rollout_id)
+        assert call["status"] == "timeout"
+
+
+def test_engine_dying_mid_stream_ends_the_stream_with_an_error_event(proxy_url):
+    rollout_id = uuid.uuid4().hex
+    body = {"model": "stub-model", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+            "stub_die_after": 2}
+    response = requests.post(f"{proxy_url}/rollouts/{rollout_id}/v1/chat/completions", json=body)
+    events = [line for line in response.content.split(b"\n\n") if line]
+    assert len(events) == 3 and b'"type":"upstream_error"' in events[-1]
+    [call] = recorded_calls(proxy_url, rollout_id)
+    assert call["status"] == "upstream_error"
+    assert len(call["completion_token_ids"]) == 1  # the one content chunk that did arrive
+
+
+def test_client_leaving_mid_stream_is_recorded_with_the_partial_call(proxy_url):
+    rollout_id = uuid.uuid4().hex
+    body = {"model": "stub-model", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+            "stub_delay": 0.2, "max_tokens": 50}
+    with requests.post(f"{proxy_url}/rollouts/{rollout_id}/v1/chat/completions", json=body, stream=True) as r:
+        lines = r.iter_lines()
+        next(line for line in lines if line.startswith(b"data:"))
+    deadline = time.monotonic() + 10
+    while not (calls := recorded_calls(proxy_url, rollout_id)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    [call] = calls
+    assert call["status"] == "client_disconnected"
+    assert call["finish_reason"] is None  # cut off before the engine finished

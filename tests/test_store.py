@@ -1,0 +1,121 @@
+"""The store on both databases it supports: Postgres (production) and SQLite (the embedded default)."""
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import select, text
+
+from store import policies, rollouts
+from store.calls import write_calls
+from store.db import create_engine, session_factory
+from store.errors import Conflict, NotFound
+from store.models import Base, Call, Rollout
+from store.records import CallRecord, ChoiceRecord
+from store.models import utcnow
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+async def sessions(request):
+    url = request.getfixturevalue("database_url" if request.param == "postgres" else "sqlite_url")
+    engine = create_engine(url)
+    yield session_factory(engine)
+    await engine.dispose()
+
+
+def call(rollout_id: str | None, prompt: list[int], completion: list[int], agent: str | None = "a") -> CallRecord:
+    return CallRecord(id=uuid.uuid4().hex, route="chat", started_at=utcnow(), rollout_id=rollout_id, agent=agent,
+                      prompt_token_ids=prompt,
+                      choices=[ChoiceRecord(0, completion, [-0.5] * len(completion), "stop")])
+
+
+async def test_migrations_match_the_models(sessions):
+    async with sessions() as session:
+        conn = await session.connection()
+        diff = await conn.run_sync(lambda c: compare_metadata(MigrationContext.configure(c), Base.metadata))
+    assert diff == []
+
+
+async def test_token_ids_are_typed_arrays_on_postgres(database_url):
+    engine = create_engine(database_url)
+    async with engine.connect() as conn:
+        types = dict((await conn.execute(text(
+            "SELECT column_name, udt_name FROM information_schema.columns "
+            "WHERE table_name IN ('calls', 'call_choices') AND column_name IN "
+            "('prompt_token_ids', 'token_ids', 'logprobs')"))).all())
+    await engine.dispose()
+    assert types == {"prompt_token_ids": "_int4", "token_ids": "_int4", "logprobs": "_float4"}
+
+
+async def test_a_batch_gets_sequence_numbers_and_prefix_links(sessions):
+    rollout_id = uuid.uuid4().hex
+    first = call(rollout_id, [1, 2], [3, 4])
+    second = call(rollout_id, [1, 2, 3, 4, 5], [6])
+    third = call(rollout_id, [1, 2, 3, 4, 5, 60, 61], [7])  # the agent re-encoded the answer [6]
+    other_agent = call(rollout_id, [8], [9], agent="b")
+    async with sessions() as session, session.begin():
+        written = await write_calls(session, [first, second])
+    async with sessions() as session, session.begin():
+        written += await write_calls(session, [third, other_agent])
+
+    assert [(w.seq, w.prefix_kind) for w in written] == [
+        (1, "first"), (2, "extends"), (3, "retokenized"), (4, "first")]
+    async with sessions() as session:
+        rollout = await session.get(Rollout, rollout_id)
+        assert rollout.call_count == 4 and rollout.status == "open"
+        data = await rollouts.get_rollout(session, rollout_id)
+    assert data["calls"][1]["prefix_parent_id"] == first.id
+    assert data["calls"][1]["completion_logprobs"] == [-0.5]
+
+
+async def test_replaying_a_batch_stores_each_call_once(sessions):
+    rollout_id = uuid.uuid4().hex
+    batch = [call(rollout_id, [1], [2]), call(None, [3], [4])]
+    for _ in range(2):
+        async with sessions() as session, session.begin():
+            await write_calls(session, batch)
+    async with sessions() as session:
+        ids = (await session.execute(select(Call.id).where(Call.id.in_([c.id for c in batch])))).scalars().all()
+        assert sorted(ids) == sorted(c.id for c in batch)
+        assert (await session.get(Rollout, rollout_id)).call_count == 1
+
+
+async def test_final_reward_is_idempotent_and_conflicts_are_refused(sessions):
+    async with sessions() as session, session.begin():
+        await rollouts.create_rollout(session, "r-" + uuid.uuid4().hex, task_id="t")
+        rollout_id = (await session.execute(select(Rollout.id).order_by(Rollout.created_at.desc()))).scalars().first()
+    async with sessions() as session, session.begin():
+        assert (await rollouts.post_reward(session, rollout_id, 1.0)).created
+    async with sessions() as session, session.begin():
+        assert not (await rollouts.post_reward(session, rollout_id, 1.0)).created
+    with pytest.raises(Conflict):
+        async with sessions() as session, session.begin():
+            await rollouts.post_reward(session, rollout_id, 0.0)
+    with pytest.raises(NotFound):
+        async with sessions() as session, session.begin():
+            await rollouts.post_reward(session, "missing", 1.0)
+    with pytest.raises(ValueError):
+        async with sessions() as session, session.begin():
+            await rollouts.post_reward(session, rollout_id, float("nan"))
+
+
+async def test_one_active_policy_and_rollback_to_base(sessions):
+    async with sessions() as session, session.begin():
+        start = await policies.next_version(session)
+        for version in (start, start + 1):
+            await policies.add_candidate(session, version, f"/adapters/v{version}", parent_version=None,
+                                         base_model="m")
+        await policies.activate(session, start)
+    async with sessions() as session, session.begin():
+        assert (await policies.active_policy(session)).version == start
+        await policies.activate(session, start + 1)
+    async with sessions() as session, session.begin():
+        active = await policies.active_policy(session)
+        assert (active.version, active.name) == (start + 1, f"rlproxy-v{start + 1}")
+        listed = {p["version"]: p["status"] for p in await policies.list_policies(session)}
+        assert listed[start] == "retired" and listed[0] == "retired"
+        await policies.activate(session, 0)
+    async with sessions() as session:
+        assert await policies.active_policy(session) == policies.BASE

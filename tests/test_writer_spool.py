@@ -1,0 +1,140 @@
+"""Nothing accepted is lost: with the connection to the real Postgres cut, calls go to the spool, and they
+reach the database exactly once when it answers again or when the next proxy starts."""
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+from sqlalchemy import func, select
+from sqlalchemy.engine import make_url
+
+from proxy.errors import StoreUnavailable
+from proxy.metrics import ProxyMetrics
+from proxy.writer import CaptureWriter
+from rlproxy.settings import WriterSettings
+from store.db import create_engine, session_factory
+from store.models import Call, utcnow
+from store.records import CallRecord, ChoiceRecord
+
+
+class CuttableLink:
+    """A TCP forwarder to the database that can be cut (connections reset, new ones refused) and restored."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.server: asyncio.Server | None = None
+        self.port: int | None = None
+        self.pipes: set[asyncio.StreamWriter] = set()
+
+    async def open(self) -> None:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port or 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def cut(self) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+        for writer in list(self.pipes):
+            writer.transport.abort()
+
+    async def _serve(self, reader, writer) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+        self.pipes |= {writer, up_writer}
+
+        async def pump(src, dst):
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.transport.abort()
+
+        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
+
+
+def record(rollout_id: str) -> CallRecord:
+    return CallRecord(id=uuid.uuid4().hex, route="chat", started_at=utcnow(), rollout_id=rollout_id,
+                      prompt_token_ids=[1, 2, 3], choices=[ChoiceRecord(0, [4, 5], [-0.1, -0.2], "stop")])
+
+
+async def count(sessions, rollout_id: str) -> int:
+    async with sessions() as session:
+        return (await session.execute(select(func.count()).where(Call.rollout_id == rollout_id))).scalar_one()
+
+
+@pytest.fixture
+async def link(database_url):
+    url = make_url(database_url)
+    link = CuttableLink(url.host, url.port or 5432)
+    await link.open()
+    yield link, url.set(host="127.0.0.1", port=link.port).render_as_string(hide_password=False)
+    if link.server.is_serving():
+        await link.cut()
+
+
+async def test_calls_survive_a_database_outage_and_arrive_once_in_order(link, database_url, tmp_path):
+    link, via_link = link
+    settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", flush_interval=0.01)
+    metrics = ProxyMetrics()
+    engine = create_engine(via_link)
+    writer = CaptureWriter(session_factory(engine), settings, metrics)
+    await writer.start()
+    direct = create_engine(database_url)
+    check = session_factory(direct)
+    rollout_id = uuid.uuid4().hex
+    before = [record(rollout_id) for _ in range(20)]
+    during = [record(rollout_id) for _ in range(30)]
+
+    for r in before:
+        writer.submit(r)
+    await writer.sync()
+    assert await count(check, rollout_id) == 20
+
+    await link.cut()
+    for r in during:
+        writer.submit(r)
+    with pytest.raises(StoreUnavailable):
+        await writer.sync(timeout=5)
+    assert writer.spool.pending == 30 and await count(check, rollout_id) == 20
+
+    await link.open()  # the database answers again
+    await writer.sync(timeout=15)
+    assert await count(check, rollout_id) == 50 and writer.spool.pending == 0
+    async with check() as session:
+        seqs = dict((await session.execute(select(Call.id, Call.seq).where(Call.rollout_id == rollout_id))).all())
+    assert [seqs[r.id] for r in before + during] == list(range(1, 51))
+    assert metrics.rows_spooled._value.get() == 30
+
+    await writer.close()
+    await engine.dispose()
+    await direct.dispose()
+
+
+async def test_a_spool_left_by_a_stopped_proxy_is_replayed_by_the_next(link, database_url, tmp_path):
+    link, via_link = link
+    settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", flush_interval=0.01)
+    rollout_id = uuid.uuid4().hex
+    await link.cut()
+    engine = create_engine(via_link)
+    writer = CaptureWriter(session_factory(engine), settings, ProxyMetrics())
+    await writer.start()
+    for _ in range(10):
+        writer.submit(record(rollout_id))
+    await writer.close(timeout=5)
+    await engine.dispose()
+    assert settings.spool_path.exists()
+
+    await link.open()
+    engine = create_engine(via_link)
+    writer = CaptureWriter(session_factory(engine), settings, ProxyMetrics())
+    assert writer.spool.pending == 10
+    await writer.start()
+    await writer.sync(timeout=15)
+    await writer.close()
+    await engine.dispose()
+    direct = create_engine(database_url)
+    assert await count(session_factory(direct), rollout_id) == 10
+    await direct.dispose()
+    assert not settings.spool_path.exists()
