@@ -6,6 +6,7 @@ import logging
 
 from aiohttp import web
 
+from proxy.air import automatic_rewards
 from proxy.errors import ConflictError, NotFoundError, ProxyError, error_body, json_response
 from proxy.metrics import ProxyMetrics
 from proxy.policy import PolicyRouter
@@ -14,6 +15,7 @@ from proxy.serving import CompletionServing
 from proxy.state import STATE, ProxyState
 from proxy.upstream import UpstreamPool
 from proxy.writer import CaptureWriter
+from rewards import AirRules
 from rlproxy.settings import ProxySettings
 from store import errors as store_errors
 from store.db import create_engine, session_factory
@@ -68,7 +70,8 @@ def _lifecycle(settings: ProxySettings, metrics: ProxyMetrics):
         await upstreams.start()
         await upstreams.refresh_health()
         router = PolicyRouter(sessions, settings.served_model)
-        writer = CaptureWriter(sessions, settings.writer, metrics)
+        writer = CaptureWriter(sessions, settings.writer, metrics,
+                               after_write=automatic_rewards(AirRules(enabled=settings.air), metrics))
         await writer.start()
         app[STATE] = ProxyState(settings, engine, sessions, metrics, upstreams, router, writer,
                                 CompletionServing(upstreams, router, writer, metrics))

@@ -40,6 +40,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -65,6 +66,9 @@ LOG_PREFIX = "[engine] "
 _LOG_TAIL = 200
 
 _PR_SET_PDEATHSIG = 1
+# vLLM's own lines look like "(APIServer pid=8758) WARNING 11-22 02:49:33 [file.py:12] text".
+_CAST_NOTICE = "Attempted to load weight"
+_LEVEL_RE = re.compile(r"^(?:\([^)]*\) )?(DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d ")
 
 
 class EngineError(RuntimeError):
@@ -295,7 +299,11 @@ class Engine:
             with self._tail_lock:
                 self._tail.append(line)
             if engine_log.hasHandlers():
-                engine_log.info("%s%s", self.log_prefix, line)
+                match = _LEVEL_RE.search(line)
+                level = logging.getLevelName(match.group(1)) if match else logging.INFO
+                if level == logging.WARNING and _CAST_NOTICE in line:
+                    level = logging.DEBUG  # one line per tensor when serving float32 weights in bf16
+                engine_log.log(level, "%s%s", self.log_prefix, line)
             else:
                 with contextlib.suppress(Exception):
                     sys.stderr.write(f"{self.log_prefix}{line}\n")
@@ -377,14 +385,22 @@ class Engine:
                 log.warning("engine did not stop within %.0f s of SIGTERM; killing it", grace)
                 _killpg(pgid, signal.SIGKILL)
                 proc.wait()
-        # Grandchildren (vLLM's engine-core process) may outlive the leader for a moment.
+        # vLLM's engine-core and worker processes may outlive the leader for a moment: wait for the
+        # group to empty, SIGKILL what is still alive after the grace period.
         deadline = time.monotonic() + max(grace, 1.0)
-        while _group_alive(pgid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if _group_alive(pgid):
-            _killpg(pgid, signal.SIGKILL)
-            while _group_alive(pgid) and time.monotonic() < deadline + 5:
-                time.sleep(0.1)
+        killed = False
+        while True:
+            members = _group_members(pgid)
+            if not members:
+                break
+            now = time.monotonic()
+            if now >= deadline:
+                if killed or all(state == "Z" for _, state in members):
+                    break  # zombies only (their new parent reaps them), or SIGKILL had 5 s
+                log.warning("engine processes %s outlived the grace period; killing them", members)
+                _killpg(pgid, signal.SIGKILL)
+                killed, deadline = True, now + 5.0
+            time.sleep(0.05)
         if self._reader is not None:
             self._reader.join(timeout=5)
         return proc.returncode
@@ -428,29 +444,18 @@ def _killpg(pgid: int, sig: int) -> None:
         os.killpg(pgid, sig)
 
 
-def _group_alive(pgid: int) -> bool:
-    """True while any process (not a zombie we cannot reap) is left in the group."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # killpg(0) also succeeds for zombies; look for a live member.
-    for entry in _group_members(pgid):
-        if entry[1] != "Z":
-            return True
-    return False
-
-
 def _group_members(pgid: int) -> list[tuple[int, str]]:
-    """(pid, state) of the processes in group `pgid`, from /proc (empty where /proc is missing)."""
-    members = []
-    try:
-        names = os.listdir("/proc")
-    except OSError:
+    """(pid, state) of the processes in group `pgid`, zombies included ("Z")."""
+    if not os.path.isdir("/proc"):  # no procfs: only whether the group still exists is known
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        except PermissionError:
+            pass
         return [(pgid, "?")]
-    for name in names:
+    members = []
+    for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
@@ -458,8 +463,8 @@ def _group_members(pgid: int) -> list[tuple[int, str]]:
                 stat = handle.read().decode(errors="replace")
         except OSError:
             continue
-        # pid (comm) state ppid pgrp ...; comm may hold spaces and parentheses.
+        # "pid (comm) state ppid pgrp ...", where comm may hold spaces and parentheses.
         rest = stat[stat.rfind(")") + 2 :].split()
-        if len(rest) >= 3 and int(rest[2]) == pgid:
+        if len(rest) >= 3 and rest[2] == str(pgid):
             members.append((int(name), rest[0]))
     return members

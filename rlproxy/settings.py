@@ -49,6 +49,7 @@ class ProxySettings(_Settings):
     upstream_timeout: float = Field(600.0, description="Seconds an upstream request may take in total.")
     upstream_connect_attempts: int = Field(3, description="Connection attempts per request before the first byte.")
     policy_refresh_interval: float = Field(1.0, description="Seconds between reads of the active policy.")
+    air: bool = Field(True, description="Derive automatic intermediate rewards from observed tool calls.")
     writer: WriterSettings = Field(default_factory=WriterSettings)
 
 
@@ -63,3 +64,15 @@ class EngineSettings(_Settings):
     kv_cache_gib: int = Field(2, description="KV cache size on CPU, GiB.")
     startup_timeout: float = Field(600.0, description="Seconds to wait for the engine to answer.")
     extra_args: tuple[str, ...] = Field((), description="More arguments passed to vLLM as they are.")
+
+
+class TrainerSettings(_Settings):
+    database_url: str = Field(DEFAULT_DATABASE_URL, description="SQLAlchemy async URL of the store.")
+    upstreams: tuple[str, ...] = Field((), description="Engine base URLs (no /v1) to load adapters into.")
+    model: Path | None = Field(None, description="Base model folder the engines serve; default: the bundled one.")
+    adapters_dir: Path = Field(Path("rlproxy-adapters"), description="Where adapter versions are written.")
+    worker_id: str = Field("trainer", description="Lease owner name; unique per trainer process.")
+    poll_interval: float = Field(1.0, description="Seconds between looks for ready rollouts.")
+    lease_seconds: float = Field(900.0, description="How long claimed rollouts stay reserved for one step.")
+    metrics_port: int | None = Field(8401, description="Port for the trainer's Prometheus metrics; None: off.")
+    max_steps: int | None = Field(None, description="Stop after this many training steps (None: run forever).")

@@ -6,7 +6,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
 
-def insert_ignoring_duplicates(session: AsyncSession, table: Table, index_elements: list[str]):
-    """`INSERT … ON CONFLICT DO NOTHING`: replays of the same rows are no-ops (exactly-once writes)."""
+def insert_ignoring_duplicates(session: AsyncSession, table: Table, index_elements: list[str] | None = None):
+    """`INSERT … ON CONFLICT DO NOTHING`: replays of the same rows are no-ops (exactly-once writes).
+    Without `index_elements` any unique index counts (needed for partial unique indexes)."""
     module = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
     return module.insert(table).on_conflict_do_nothing(index_elements=index_elements)

@@ -192,3 +192,23 @@ def test_async_client_with_concurrent_rollouts(proxy_url):
 
     for rollout_id, count in asyncio.run(main()):
         assert [c["seq"] for c in rollout(proxy_url, rollout_id)["calls"]] == list(range(1, count + 1))
+
+
+def test_a_failing_tool_result_becomes_an_automatic_intermediate_reward(proxy_url):
+    rollout_id, base_url = new_rollout(proxy_url)
+    client = openai.OpenAI(base_url=base_url, api_key="unused")
+    tools = [{"type": "function", "function": {"name": "calculate", "parameters": {"type": "object"}}}]
+    messages = [{"role": "user", "content": "use tool to compute 1/0"}]
+    first = client.chat.completions.create(model="stub-model", messages=messages, tools=tools)
+    tool_call = first.choices[0].message.tool_calls[0]
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": tool_call.id, "content": "Error: division by zero"}]
+    client.chat.completions.create(model="stub-model", messages=messages, tools=tools)
+    client.chat.completions.create(model="stub-model", messages=messages, tools=tools)  # a retry: scored once
+
+    data = rollout(proxy_url, rollout_id)
+    [air] = [r for r in data["rewards"] if r["kind"] == "air"]
+    assert air["call_id"] == data["calls"][0]["call_id"]
+    assert air["reason"] == "tool_error" and air["value"] < 0
+    metrics = requests.get(f"{proxy_url}/metrics").text
+    assert 'rlproxy_rewards_total{kind="air",policy="0",reason="tool_error"}' in metrics

@@ -1,0 +1,51 @@
+"""Automatic Intermediate Rewards, stored as the writer records calls (inside the same transaction).
+
+Faults of a call's own tool calls (arguments that are not JSON, a tool that was not offered) are known as
+soon as the call is recorded; the outcome of its tool calls is known when the next call of the same rollout
+and agent carries the tool results. At most one automatic reward per call and reason is stored, so
+replays and re-scoring are no-ops."""
+from __future__ import annotations
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from proxy.capture import CHAT
+from proxy.metrics import ProxyMetrics
+from rewards import AirRules, merge_by_reason, score_tool_calls
+from rewards.air import INVALID_ARGUMENTS, UNKNOWN_TOOL
+from store.calls import WrittenCall
+from store.dialect import insert_ignoring_duplicates
+from store.models import Reward, RewardKind, utcnow
+
+FAULTS = (INVALID_ARGUMENTS, UNKNOWN_TOOL)
+
+
+def automatic_rewards(rules: AirRules, metrics: ProxyMetrics):
+    async def after_write(session: AsyncSession, written: list[WrittenCall]) -> None:
+        rows = []
+        for item in written:
+            record = item.record
+            if record.rollout_id is None or record.route != CHAT or not record.request:
+                continue
+            own = [r for r in score_tool_calls(record.request, record.response, (), rules) if r.reason in FAULTS]
+            rows += [_row(record.rollout_id, record.id, reward, record.policy_version)
+                     for reward in merge_by_reason(own)]
+            parent = item.parent
+            if parent is not None and parent.response:
+                outcomes = [r for r in score_tool_calls(parent.request, parent.response,
+                                                        record.request.get("messages"), rules)
+                            if r.reason not in FAULTS]
+                rows += [_row(record.rollout_id, parent.id, reward, record.policy_version)
+                         for reward in merge_by_reason(outcomes)]
+        if rows:
+            await session.execute(insert_ignoring_duplicates(session, Reward.__table__),
+                                  [row for row, _ in rows])
+            for row, policy in rows:
+                metrics.rewards.labels(RewardKind.AIR, row["reason"], "" if policy is None else str(policy)).inc()
+
+    return after_write
+
+
+def _row(rollout_id: str, call_id: str, reward, policy: int | None):
+    return {"rollout_id": rollout_id, "call_id": call_id, "kind": RewardKind.AIR, "value": reward.value,
+            "reason": reward.reason, "metadata": {"tool_call_id": reward.tool_call_id},
+            "created_at": utcnow()}, policy

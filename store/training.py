@@ -1,0 +1,138 @@
+"""What the trainer asks of the store: which rewarded rollouts are ready, a lease on them, their calls and
+rewards, and — in one transaction with the step's record — marking them trained (so a crash trains nothing
+twice and loses nothing: an unfinished step's leases simply expire)."""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from store.models import (Call, CallChoice, CallStatus, Reward, RewardKind, Rollout, RolloutStatus, TrainStep,
+                          utcnow)
+
+
+@dataclass(slots=True)
+class CallData:
+    id: str
+    seq: int
+    agent: str | None
+    policy_version: int | None
+    prompt_ids: list[int] | None
+    prefix_kind: str | None
+    choices: list[tuple[list[int] | None, list[float] | None]]  # (token ids, logprobs) per choice
+    rewards: list[float] = field(default_factory=list)  # intermediate rewards (posted and automatic)
+
+
+@dataclass(slots=True)
+class RolloutData:
+    id: str
+    task_id: str | None
+    reward: float
+    finished_at: datetime
+    calls: list[CallData]
+
+
+def _unleased(now: datetime):
+    return or_(Rollout.lease_expires_at.is_(None), Rollout.lease_expires_at < now)
+
+
+def _trainable():
+    return and_(Rollout.status == RolloutStatus.FINISHED, Rollout.trained_at.is_(None))
+
+
+async def ready_rollouts(session: AsyncSession, *, limit: int, group_size: int, group_timeout_s: float) -> list[str]:
+    """Finished, untrained, unleased rollouts whose task group is complete (or waited long enough), oldest
+    first, whole groups only, at most about `limit`."""
+    now = utcnow()
+    rows = (await session.execute(
+        select(Rollout.id, Rollout.task_id, Rollout.finished_at)
+        .where(_trainable(), _unleased(now)).order_by(Rollout.finished_at).limit(limit * 8)
+    )).all()
+    groups: dict[str | None, list[tuple[str, datetime]]] = defaultdict(list)
+    for rollout_id, task_id, finished_at in rows:
+        groups[task_id].append((rollout_id, finished_at))
+    chosen: list[str] = []
+    for task_id, members in sorted(groups.items(), key=lambda kv: kv[1][0][1]):
+        if task_id is None:
+            picked = members
+        else:
+            full = len(members) >= group_size
+            waited = (now - _aware(members[0][1])).total_seconds() >= group_timeout_s
+            if not (full or waited):
+                continue
+            # whole groups of `group_size`; a late group that waited long enough goes as it is
+            picked = members[: len(members) - len(members) % group_size] if full else members
+        if chosen and len(chosen) + len(picked) > limit:
+            break
+        chosen.extend(rollout_id for rollout_id, _ in picked)
+    return chosen
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+async def lease(session: AsyncSession, rollout_ids: list[str], owner: str, seconds: float) -> list[str]:
+    """Take a lease on those of `rollout_ids` nobody else holds (row locks skipped, not waited for)."""
+    now = utcnow()
+    query = select(Rollout.id).where(Rollout.id.in_(rollout_ids), _trainable(), _unleased(now))
+    if session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update(skip_locked=True)
+    got = list((await session.execute(query)).scalars())
+    if got:
+        await session.execute(update(Rollout).where(Rollout.id.in_(got)).values(
+            lease_owner=owner, lease_expires_at=now + timedelta(seconds=seconds)))
+    return got
+
+
+async def release(session: AsyncSession, rollout_ids: list[str], owner: str) -> None:
+    await session.execute(update(Rollout).where(Rollout.id.in_(rollout_ids), Rollout.lease_owner == owner)
+                          .values(lease_owner=None, lease_expires_at=None))
+
+
+async def load_rollouts(session: AsyncSession, rollout_ids: list[str]) -> list[RolloutData]:
+    rollouts = (await session.execute(select(Rollout).where(Rollout.id.in_(rollout_ids)))).scalars().all()
+    calls = (await session.execute(
+        select(Call.id, Call.rollout_id, Call.seq, Call.agent, Call.policy_version, Call.prompt_token_ids,
+               Call.prefix_kind)
+        .where(Call.rollout_id.in_(rollout_ids), Call.status == CallStatus.OK).order_by(Call.seq)
+    )).all()
+    by_call: dict[str, CallData] = {}
+    per_rollout: dict[str, list[CallData]] = defaultdict(list)
+    for call_id, rollout_id, seq, agent, version, prompt_ids, prefix_kind in calls:
+        data = CallData(call_id, seq, agent, version, prompt_ids, prefix_kind, [])
+        by_call[call_id] = data
+        per_rollout[rollout_id].append(data)
+    if by_call:
+        choices = await session.execute(
+            select(CallChoice.call_id, CallChoice.token_ids, CallChoice.logprobs)
+            .where(CallChoice.call_id.in_(list(by_call))).order_by(CallChoice.call_id, CallChoice.index))
+        for call_id, token_ids, logprobs in choices:
+            by_call[call_id].choices.append((token_ids, logprobs))
+        rewards = await session.execute(
+            select(Reward.call_id, Reward.value)
+            .where(Reward.call_id.in_(list(by_call)), Reward.kind.in_([RewardKind.CALL, RewardKind.AIR])))
+        for call_id, value in rewards:
+            by_call[call_id].rewards.append(value)
+    return [RolloutData(r.id, r.task_id, float(r.reward), r.finished_at, per_rollout.get(r.id, []))
+            for r in sorted(rollouts, key=lambda r: r.finished_at)]
+
+
+async def record_step(session: AsyncSession, rollout_ids: list[str], owner: str, *, policy_version: int | None,
+                      transition_count: int, metrics: dict[str, Any]) -> int:
+    """Record a finished step and mark its rollouts trained, in the caller's transaction."""
+    step = TrainStep(policy_version=policy_version, rollout_count=len(rollout_ids),
+                     transition_count=transition_count, metrics=metrics)
+    session.add(step)
+    await session.flush()
+    await session.execute(update(Rollout).where(Rollout.id.in_(rollout_ids)).values(
+        trained_at=utcnow(), train_step_id=step.id, lease_owner=None, lease_expires_at=None))
+    return step.id
+
+
+async def waiting_rollouts(session: AsyncSession) -> int:
+    return int((await session.execute(select(func.count()).select_from(Rollout).where(_trainable()))).scalar_one())

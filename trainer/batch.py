@@ -1,0 +1,65 @@
+"""From rewarded rollouts to transitions: which calls are trained, their credit and advantage (LightningRL),
+and multi-turn merging where the proxy recorded an exact prefix link. Pure: no I/O, no torch."""
+from __future__ import annotations
+
+from rewards import assign_credit, group_advantages
+from store.models import PrefixKind
+from store.training import RolloutData
+from trainer.config import TrainConfig
+from trainer.transitions import Call, SkipReasons, Transition, merge_trajectory
+
+NOT_TRAINED_AGENT = "agent_not_trained"
+NOT_POLICY = "not_served_by_policy"
+STALE = "stale_policy"
+NO_CALLS = "rollout_without_calls"
+ZERO_ADVANTAGE = "zero_advantage"
+
+
+def build_transitions(rollouts: list[RolloutData], config: TrainConfig, active_version: int,
+                      skips: SkipReasons) -> list[Transition]:
+    """One transition per call and choice (merged along exact prefix links).
+
+    The advantage of call t in rollout i is  A_i + (G_t - R_i):  the episode's advantage within its task
+    group (config.advantage_estimator over final rewards R), plus how the call's own credited return G_t
+    (config.credit, with its intermediate rewards) departs from the episode return.
+    """
+    episode_advantages = group_advantages([(r.task_id, r.reward) for r in rollouts], config.advantage_estimator)
+    transitions: list[Transition] = []
+    for rollout, episode_advantage in zip(rollouts, episode_advantages):
+        calls = _trainable_calls(rollout, config, active_version, skips)
+        if not calls:
+            skips[NO_CALLS] += 1
+            continue
+        returns = assign_credit(rollout.reward, len(calls), mode=config.credit, gamma=config.gamma,
+                                intermediate=[call.rewards for call in calls])
+        staged: list[Call] = []
+        for call, credited in zip(calls, returns):
+            advantage = episode_advantage + (credited - rollout.reward)
+            for index, (token_ids, logprobs) in enumerate(call.choices or [(None, None)]):
+                staged.append(Call(
+                    prompt_ids=call.prompt_ids or [], completion_ids=token_ids or [], logprobs=logprobs or [],
+                    advantage=advantage, call_id=call.id, rollout_id=rollout.id,
+                    policy_version=call.policy_version,
+                    # only a single-choice call can continue a chain; n > 1 choices stand alone
+                    extends_previous=call.prefix_kind == PrefixKind.EXTENDS and len(call.choices) == 1,
+                ))
+        for transition in merge_trajectory(staged, max_seq_len=config.max_seq_len, skips=skips):
+            if all(a == 0.0 for a in transition.advantages()):
+                skips[ZERO_ADVANTAGE] += 1  # no gradient signal: not worth a forward pass
+                continue
+            transitions.append(transition)
+    return transitions
+
+
+def _trainable_calls(rollout: RolloutData, config: TrainConfig, active_version: int, skips: SkipReasons):
+    kept = []
+    for call in rollout.calls:
+        if config.train_agents and call.agent not in config.train_agents:
+            skips[NOT_TRAINED_AGENT] += 1
+        elif call.policy_version is None:
+            skips[NOT_POLICY] += 1  # the agent asked for another model by name
+        elif active_version - call.policy_version > config.max_staleness:
+            skips[STALE] += 1
+        else:
+            kept.append(call)
+    return kept

@@ -1,0 +1,36 @@
+"""Prometheus metrics of the trainer (same conventions as the proxy's)."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+STEP_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+
+
+class TrainerMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.steps = Counter("rlproxy_trainer_steps_total", "Training steps finished.", registry=r)
+        self.loss = Gauge("rlproxy_trainer_loss", "Total loss of the last step.", registry=r)
+        self.policy_loss = Gauge("rlproxy_trainer_policy_loss", "PPO policy loss of the last step.", registry=r)
+        self.kl = Gauge("rlproxy_trainer_kl", "KL to the base model in the last step.", registry=r)
+        self.clip_fraction = Gauge("rlproxy_trainer_clip_fraction", "Share of tokens clipped.", registry=r)
+        self.reward_mean = Gauge("rlproxy_trainer_reward_mean", "Mean final reward of the step's rollouts.",
+                                 registry=r)
+        self.reward_std = Gauge("rlproxy_trainer_reward_std", "Std of the step's final rewards.", registry=r)
+        self.advantage_std = Gauge("rlproxy_trainer_advantage_std", "Std of the step's advantages.", registry=r)
+        self.tokens_per_second = Gauge("rlproxy_trainer_tokens_per_second", "Training throughput.", registry=r)
+        self.tokens = Counter("rlproxy_trainer_tokens_total", "Tokens trained on.", registry=r)
+        self.step_duration = Histogram("rlproxy_trainer_step_duration_seconds", "Duration of one PPO step.",
+                                       buckets=STEP_BUCKETS, registry=r)
+        self.publish_duration = Histogram("rlproxy_trainer_publish_duration_seconds",
+                                          "From step end to the new version serving.", buckets=STEP_BUCKETS,
+                                          registry=r)
+        self.active_version = Gauge("rlproxy_trainer_active_policy_version", "Policy version serving.", registry=r)
+        self.rollouts_waiting = Gauge("rlproxy_trainer_rollouts_waiting", "Rewarded rollouts not yet trained.",
+                                      registry=r)
+        self.rollouts_trained = Counter("rlproxy_trainer_rollouts_trained_total", "Rollouts consumed.", registry=r)
+        self.skipped = Counter("rlproxy_trainer_skipped_calls_total", "Calls not trained on, by reason.",
+                               ["reason"], registry=r)
+        self.publish_failures = Counter("rlproxy_trainer_publish_failures_total", "Adapters that failed to load.",
+                                        registry=r)

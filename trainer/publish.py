@@ -1,0 +1,102 @@
+"""Publishing a trained adapter with no downtime: load it into every engine replica under a new name, and
+only then make it the active policy (the proxies follow within a second). A failed load leaves the old
+version serving and marks the new one failed. Old versions are unloaded once nothing can still use them."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+import aiohttp
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from store import policies
+from store.models import PolicyStatus
+
+log = logging.getLogger("rlproxy.publish")
+
+
+class LoadFailed(Exception):
+    """An engine refused or could not be reached to load an adapter."""
+
+
+@dataclass(slots=True, frozen=True)
+class Published:
+    version: int
+    activated: bool
+    load_seconds: float
+    error: str | None = None
+
+
+class Publisher:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], engines: list[str] | tuple[str, ...], *,
+                 attempts: int = 5, drain_seconds: float = 30.0) -> None:
+        self.sessions = sessions
+        self.engines = [e.rstrip("/") for e in engines]
+        self.attempts = attempts
+        self.drain_seconds = drain_seconds
+        self._retired: list[tuple[float, str]] = []  # (when it stopped serving, adapter name)
+
+    async def load(self, name: str, path: str) -> float:
+        """Load `name` from `path` on every engine; raises LoadFailed. Returns seconds taken."""
+        began = time.perf_counter()
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+            await asyncio.gather(*(self._load_one(http, engine, name, path) for engine in self.engines))
+        return time.perf_counter() - began
+
+    async def _load_one(self, http: aiohttp.ClientSession, engine: str, name: str, path: str) -> None:
+        async for attempt in AsyncRetrying(stop=stop_after_attempt(self.attempts), reraise=True,
+                                           wait=wait_exponential(multiplier=0.5, max=8),
+                                           retry=retry_if_exception_type((aiohttp.ClientError, asyncio.TimeoutError))):
+            with attempt:
+                async with http.post(f"{engine}/v1/load_lora_adapter",
+                                     json={"lora_name": name, "lora_path": path}) as response:
+                    body = await response.text()
+                    if response.status == 200 or (response.status == 400 and "already" in body.lower()):
+                        return
+                    if response.status >= 500:
+                        raise aiohttp.ClientResponseError(response.request_info, (), status=response.status,
+                                                          message=body[:300])
+                    raise LoadFailed(f"{engine} refused {name}: HTTP {response.status} {body[:300]}")
+
+    async def publish(self, version: int, path: str, *, activate: bool = True) -> Published:
+        name = policies.adapter_name(version)
+        try:
+            seconds = await self.load(name, path)
+        except (LoadFailed, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            log.error("policy v%d not published: %s; the current policy keeps serving", version, exc)
+            async with self.sessions() as session, session.begin():
+                await policies.set_status(session, version, PolicyStatus.FAILED)
+            return Published(version, False, 0.0, str(exc))
+        if not activate:
+            return Published(version, False, seconds)
+        async with self.sessions() as session, session.begin():
+            previous = await policies.active_policy(session)
+            await policies.activate(session, version)
+        if previous.name is not None:
+            self._retired.append((time.monotonic(), previous.name))
+        log.info("policy v%d active (loaded on %d engine(s) in %.2fs)", version, len(self.engines), seconds)
+        await self.unload_drained()
+        return Published(version, True, seconds)
+
+    async def unload_drained(self) -> None:
+        """Unload versions that stopped serving more than `drain_seconds` ago (in-flight requests done)."""
+        now = time.monotonic()
+        due = [name for since, name in self._retired if now - since >= self.drain_seconds]
+        self._retired = [(since, name) for since, name in self._retired if now - since < self.drain_seconds]
+        if due:
+            async with self.sessions() as session:
+                serving = (await policies.active_policy(session)).name
+            due = [name for name in due if name != serving]  # it may have been activated again (rollback)
+        if not due:
+            return
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+            for name in due:
+                for engine in self.engines:
+                    try:
+                        async with http.post(f"{engine}/v1/unload_lora_adapter", json={"lora_name": name}):
+                            pass
+                    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                        log.warning("could not unload %s from %s: %s", name, engine, exc)

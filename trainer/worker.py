@@ -1,0 +1,195 @@
+"""The trainer worker (`rlproxy train`), top to bottom:
+
+    resume from the active policy's adapter (or the base model)
+    loop:
+        claim ready rollouts (finished, rewarded, untrained; whole task groups) with a lease
+        build transitions from their recorded token ids (credit, advantages, prefix merging)
+        one PPO step on them
+        save the adapter atomically; record the version and mark the rollouts trained, in one transaction
+        publish: load into every engine, then activate (the proxies switch within a second)
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import statistics
+import time
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from rlproxy.settings import TrainerSettings
+from store import policies, training
+from store.db import create_engine, session_factory
+from store.models import Policy, PolicyStatus
+from trainer.batch import build_transitions
+from trainer.config import TrainConfig
+from trainer.metrics import TrainerMetrics
+from trainer.publish import Publisher
+from trainer.transitions import SkipReasons, Transition
+
+log = logging.getLogger("rlproxy.trainer")
+
+
+class TrainerWorker:
+    def __init__(self, settings: TrainerSettings, config: TrainConfig, model_path: Path,
+                 metrics: TrainerMetrics | None = None, on_published=None) -> None:
+        self.settings = settings
+        self.config = config
+        self.model_path = model_path
+        self.metrics = metrics or TrainerMetrics()
+        self.on_published = on_published  # async callback(version) -> bool: an eval gate; False keeps the parent
+        self.engine = create_engine(settings.database_url)
+        self.sessions: async_sessionmaker[AsyncSession] = session_factory(self.engine)
+        self.publisher = Publisher(self.sessions, settings.upstreams)
+        self.policy = None  # trainer.ppo.PolicyTrainer, built on start (torch is imported lazily)
+        self.parent_version = policies.BASE_VERSION
+        self.steps = 0
+
+    async def start(self) -> None:
+        from trainer.ppo import PolicyTrainer
+
+        async with self.sessions() as session:
+            active = await policies.active_policy(session)
+        self.parent_version = active.version
+        log.info("resuming from policy v%d (%s)", active.version, active.path or "base model")
+        self.policy = await asyncio.to_thread(
+            PolicyTrainer, self.model_path, self.config, Path(active.path) if active.path else None)
+        self.metrics.active_version.set(active.version)
+        await self._publish_leftover_candidates()
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        stop = stop or asyncio.Event()
+        await self.start()
+        try:
+            while not stop.is_set():
+                if self.settings.max_steps is not None and self.steps >= self.settings.max_steps:
+                    break
+                if not await self.step_once():
+                    try:
+                        await asyncio.wait_for(stop.wait(), self.settings.poll_interval)
+                    except asyncio.TimeoutError:
+                        pass
+        finally:
+            await self.engine.dispose()
+
+    async def step_once(self) -> bool:
+        """Claim, train, publish. False when nothing was ready."""
+        await self.publisher.unload_drained()
+        rollout_ids = await self._claim()
+        if not rollout_ids:
+            return False
+        async with self.sessions() as session:
+            rollouts = await training.load_rollouts(session, rollout_ids)
+        skips = SkipReasons()
+        transitions = build_transitions(rollouts, self.config, self.parent_version, skips)
+        for reason, count in skips.items():
+            self.metrics.skipped.labels(reason).inc(count)
+        rewards = [r.reward for r in rollouts]
+        self.metrics.reward_mean.set(statistics.fmean(rewards))
+        self.metrics.reward_std.set(statistics.pstdev(rewards))
+        if not transitions:
+            log.info("%d rollouts gave nothing to learn from (%s)", len(rollouts), dict(skips))
+            await self._finish(rollout_ids, None, 0, {"skipped": dict(skips)})
+            return True
+
+        began = time.perf_counter()
+        step_metrics = _as_dict(await asyncio.to_thread(self.policy.step, transitions))
+        self._observe(step_metrics, transitions, time.perf_counter() - began)
+        version, path = await self._save()
+        step_metrics.update(skipped=dict(skips), reward_mean=statistics.fmean(rewards), rollouts=len(rollouts))
+        await self._finish(rollout_ids, version, len(transitions), step_metrics, path=path)
+        self.steps += 1
+        self.metrics.steps.inc()
+        self.metrics.rollouts_trained.inc(len(rollout_ids))
+        log.info("step %d: %d rollouts, %d transitions, reward %.3f, loss %.4f -> v%d", self.steps,
+                 len(rollouts), len(transitions), statistics.fmean(rewards), step_metrics.get("loss", 0.0), version)
+        await self._publish(version, path, began)
+        return True
+
+    async def _claim(self) -> list[str]:
+        async with self.sessions() as session, session.begin():
+            self.metrics.rollouts_waiting.set(await training.waiting_rollouts(session))
+            ready = await training.ready_rollouts(session, limit=self.config.batch_rollouts,
+                                                  group_size=self.config.group_size,
+                                                  group_timeout_s=self.config.group_timeout_s)
+            if not ready:
+                return []
+            return await training.lease(session, ready, self.settings.worker_id, self.settings.lease_seconds)
+
+    async def _save(self) -> tuple[int, Path]:
+        async with self.sessions() as session:
+            version = await policies.next_version(session)
+        path = (self.settings.adapters_dir / f"v{version}").resolve()
+        if path.exists():  # left by a step that crashed before recording it: never published, safe to replace
+            shutil.rmtree(path)
+        await asyncio.to_thread(self.policy.save, path)
+        return version, path
+
+    async def _finish(self, rollout_ids: list[str], version: int | None, transitions: int,
+                      step_metrics: dict[str, Any], path: Path | None = None) -> None:
+        async with self.sessions() as session, session.begin():
+            if version is not None:
+                await policies.add_candidate(session, version, str(path), parent_version=self.parent_version,
+                                             base_model=str(self.model_path), metrics=step_metrics)
+            await training.record_step(session, rollout_ids, self.settings.worker_id, policy_version=version,
+                                       transition_count=transitions, metrics=step_metrics)
+
+    async def _publish(self, version: int, path: Path, step_began: float) -> None:
+        published = await self.publisher.publish(version, str(path), activate=self.on_published is None)
+        if published.error is not None:
+            self.metrics.publish_failures.inc()
+            await self._revert()
+            return
+        if self.on_published is not None and not published.activated:
+            if await self.on_published(version):
+                async with self.sessions() as session, session.begin():
+                    await policies.activate(session, version)
+            else:
+                async with self.sessions() as session, session.begin():
+                    await policies.set_status(session, version, PolicyStatus.RETIRED)
+                await self._revert()
+                return
+        self.parent_version = version
+        self.metrics.active_version.set(version)
+        self.metrics.publish_duration.observe(time.perf_counter() - step_began)
+
+    async def _revert(self) -> None:
+        """Continue training from the policy that serves, not from a version that did not make it."""
+        async with self.sessions() as session:
+            active = await policies.active_policy(session)
+        await asyncio.to_thread(self.policy.load, Path(active.path) if active.path else None)
+        self.parent_version = active.version
+
+    async def _publish_leftover_candidates(self) -> None:
+        """A trainer stopped between recording a version and publishing it: publish it now."""
+        async with self.sessions() as session:
+            leftovers = (await session.execute(
+                select(Policy).where(Policy.status == PolicyStatus.CANDIDATE, Policy.version > self.parent_version)
+                .order_by(Policy.version))).scalars().all()
+        for policy in leftovers:
+            if policy.path and Path(policy.path).exists():
+                log.info("publishing v%d left unpublished by an earlier run", policy.version)
+                await asyncio.to_thread(self.policy.load, Path(policy.path))
+                await self._publish(policy.version, Path(policy.path), time.perf_counter())
+
+    def _observe(self, step: dict[str, Any], transitions: list[Transition], seconds: float) -> None:
+        m = self.metrics
+        for name, gauge in (("loss", m.loss), ("policy_loss", m.policy_loss), ("kl", m.kl),
+                            ("clip_fraction", m.clip_fraction), ("tokens_per_second", m.tokens_per_second)):
+            if step.get(name) is not None:
+                gauge.set(step[name])
+        advantages = [a for t in transitions for a, keep in zip(t.advantages(), t.mask()) if keep]
+        m.advantage_std.set(statistics.pstdev(advantages) if len(advantages) > 1 else 0.0)
+        m.tokens.inc(sum(t.num_trained_tokens() for t in transitions))
+        m.step_duration.observe(seconds)
+
+
+def _as_dict(metrics: Any) -> dict[str, Any]:
+    if is_dataclass(metrics):
+        return asdict(metrics)
+    return dict(metrics)
