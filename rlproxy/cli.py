@@ -78,6 +78,140 @@ def migrate(database_url: str) -> None:
     click.echo(f"database at newest schema: {_redact(database_url)}")
 
 
+@main.group()
+def model() -> None:
+    """The bundled model."""
+
+
+@model.command("prepare")
+@option("--out", default=None, type=click.Path(path_type=Path), help="Folder to write (default: the cache).")
+def model_prepare(out: Path | None) -> None:
+    """Turn the bundled SmolLM2-135M-Instruct GGUF into a Hugging Face folder (idempotent); print its path."""
+    from rlproxy.model import prepare_model
+
+    click.echo(str(prepare_model(out)))
+
+
+@main.command()
+@option("--model", "model_path", default=None, type=click.Path(path_type=Path),
+        help="Hugging Face model folder (default: the prepared bundled model).")
+@option("--host", default="127.0.0.1", help="Interface the engine listens on.")
+@option("--port", default=8000, type=int, help="Port the engine listens on.")
+@option("--served-model-name", default=None, help="Name the base model is served under.")
+@option("--max-model-len", default=4096, type=int, help="Context length.")
+@option("--kv-cache-gib", default=2, type=int, help="KV cache size on CPU, GiB.")
+@option("--max-lora-rank", default=16, type=int, help="Largest LoRA rank accepted.")
+@option("--max-loras", default=4, type=int, help="Adapters resident at once.")
+def engine(model_path, host, port, served_model_name, max_model_len, kv_cache_gib, max_lora_rank, max_loras) -> None:
+    """Start and supervise a local vLLM with runtime LoRA loading; stops cleanly on SIGTERM or Ctrl-C."""
+    import signal
+    import threading
+
+    from rlproxy.engine import Engine
+    from rlproxy.settings import EngineSettings
+
+    settings = EngineSettings(model=model_path, host=host, port=port, served_model_name=served_model_name,
+                              max_model_len=max_model_len, kv_cache_gib=kv_cache_gib, max_lora_rank=max_lora_rank,
+                              max_loras=max_loras)
+    stopped = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopped.set())
+    with Engine(settings) as running:
+        click.echo(f"engine ready at {running.base_url}/v1 serving {running.served_model_name!r}", err=True)
+        try:
+            while not stopped.wait(1.0):
+                if not running.running:
+                    raise click.ClickException(f"engine exited with code {running.returncode}")
+        except KeyboardInterrupt:
+            pass
+
+
+@main.command()
+@database_option()
+@option("--upstream", "upstreams", multiple=True, required=True,
+        help="Engine base URL (no /v1) to load adapters into; repeat for every replica.")
+@option("--model", "model_path", default=None, type=click.Path(path_type=Path),
+        help="Base model folder the engines serve (default: the prepared bundled model).")
+@option("--adapters-dir", default="rlproxy-adapters", type=click.Path(path_type=Path),
+        help="Where adapter versions are written (must be readable by the engines).")
+@option("--worker-id", default="trainer", help="Lease owner name; unique per trainer.")
+@option("--metrics-port", default=8401, type=int, help="Prometheus metrics port (0: off).")
+@option("--max-steps", default=None, type=int, help="Stop after this many steps.")
+@option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
+        help="Any training setting, e.g. --set learning_rate=5e-5 --set group_size=8 (see `rlproxy train-config`).")
+def train(database_url, upstreams, model_path, adapters_dir, worker_id, metrics_port, max_steps, overrides) -> None:
+    """Run the trainer worker: rewarded rollouts in, LoRA PPO, new adapters hot-loaded into the engines."""
+    import asyncio
+
+    from rlproxy.settings import TrainerSettings
+    from trainer.worker import TrainerWorker
+
+    config = train_config_from(overrides)
+    settings = TrainerSettings(database_url=database_url, upstreams=tuple(upstreams), model=model_path,
+                               adapters_dir=adapters_dir, worker_id=worker_id,
+                               metrics_port=metrics_port or None, max_steps=max_steps)
+    if settings.metrics_port:
+        from prometheus_client import start_http_server
+
+        worker_metrics = _trainer_metrics()
+        start_http_server(settings.metrics_port, registry=worker_metrics.registry)
+    else:
+        worker_metrics = None
+    from rlproxy.model import default_model_path
+
+    worker = TrainerWorker(settings, config, model_path or default_model_path(), metrics=worker_metrics)
+    try:
+        asyncio.run(worker.run())
+    except KeyboardInterrupt:
+        pass
+
+
+def train_config_from(overrides: tuple[str, ...] | list[str]):
+    """A TrainConfig from FIELD=VALUE strings, each value read as the field's type (lists comma-separated)."""
+    from dataclasses import fields
+
+    from trainer.config import TrainConfig
+
+    kinds = {f.name: f.default_factory() if callable(f.default_factory) else f.default
+             for f in fields(TrainConfig)}
+    values = {}
+    for item in overrides:
+        name, sep, raw = item.partition("=")
+        name = name.strip().replace("-", "_")
+        if not sep or name not in kinds:
+            raise click.BadParameter(f"{item!r}: expected FIELD=VALUE with FIELD one of {', '.join(kinds)}")
+        default = kinds[name]
+        if isinstance(default, bool):
+            values[name] = raw.strip().lower() in ("1", "true", "yes", "on")
+        elif isinstance(default, list):
+            values[name] = [part.strip() for part in raw.split(",") if part.strip()]
+        elif default is None or isinstance(default, str):
+            values[name] = raw
+        else:
+            values[name] = type(default)(raw)
+    try:
+        return TrainConfig(**values)
+    except (TypeError, ValueError) as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _trainer_metrics():
+    from trainer.metrics import TrainerMetrics
+
+    return TrainerMetrics()
+
+
+@main.command("train-config")
+def train_config() -> None:
+    """List every training setting with its default and meaning."""
+    from dataclasses import fields
+
+    from trainer.config import TrainConfig
+
+    defaults = TrainConfig()
+    for f in fields(TrainConfig):
+        click.echo(f"{f.name} = {getattr(defaults, f.name)!r}\n    {f.metadata.get('help', '')}")
+
+
 def _redact(url: str) -> str:
     from sqlalchemy.engine import make_url
 

@@ -127,7 +127,7 @@ class TrainerWorker:
         path = (self.settings.adapters_dir / f"v{version}").resolve()
         if path.exists():  # left by a step that crashed before recording it: never published, safe to replace
             shutil.rmtree(path)
-        await asyncio.to_thread(self.policy.save, path)
+        await asyncio.to_thread(self.policy.save_adapter, path)
         return version, path
 
     async def _finish(self, rollout_ids: list[str], version: int | None, transitions: int,
