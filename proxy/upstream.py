@@ -48,6 +48,7 @@ class UpstreamPool:
     async def start(self) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
         self.session = aiohttp.ClientSession(connector=connector, timeout=self.timeout, auto_decompress=False,
+                                             cookie_jar=aiohttp.DummyCookieJar(),
                                              json_serialize=lambda o: orjson.dumps(o).decode())
 
     async def close(self) -> None:
@@ -78,37 +79,50 @@ class UpstreamPool:
 
     async def open(self, path: str, body: bytes, *, key: str | None = None,
                    headers: dict[str, str] | None = None) -> tuple[Replica, aiohttp.ClientResponse]:
-        """POST `body` to `path` on a replica; returns once the response headers arrived."""
+        """POST `body` to `path` on a replica; returns once the response headers arrived. Connection
+        failures are retried on the next replica in the rollout's order, with backoff, a bounded number of
+        times (the first attempt goes straight out: retries cost nothing until something fails)."""
         assert self.session is not None, "UpstreamPool.start() was not awaited"
+        headers = {"Content-Type": "application/json", **(headers or {})}
         attempt = 0
-        replica = self.choose(key)
+
+        async def send() -> tuple[Replica, aiohttp.ClientResponse]:
+            nonlocal attempt
+            replica = self.choose(key, attempt)
+            attempt += 1
+            try:
+                response = await self.session.post(replica.url + path, data=body, headers=headers)
+            except RETRYABLE:
+                self.mark(replica, ok=False)
+                raise
+            except aiohttp.ClientError as exc:
+                self.mark(replica, ok=False)
+                raise UpstreamUnavailable(f"engine request failed: {exc}") from exc
+            except asyncio.TimeoutError as exc:
+                raise UpstreamTimeout("engine did not answer in time") from exc
+            if response.status >= 500:
+                self.mark(replica, ok=False)
+            elif not replica.healthy:
+                self.mark(replica, ok=True)
+            return replica, response
+
         try:
+            try:
+                return await send()
+            except RETRYABLE:
+                if self.connect_attempts == 1:
+                    raise
             async for retry in AsyncRetrying(
-                stop=stop_after_attempt(self.connect_attempts),
+                stop=stop_after_attempt(self.connect_attempts - 1),
                 wait=wait_exponential(multiplier=0.05, max=1.0),
                 retry=retry_if_exception_type(RETRYABLE),
                 reraise=True,
             ):
                 with retry:
-                    replica = self.choose(key, attempt)
-                    attempt += 1
-                    try:
-                        response = await self.session.post(
-                            replica.url + path, data=body,
-                            headers={"Content-Type": "application/json", **(headers or {})},
-                        )
-                    except RETRYABLE:
-                        self.mark(replica, ok=False)
-                        raise
+                    return await send()
         except RETRYABLE as exc:
             raise UpstreamUnavailable(f"engine unreachable after {attempt} attempt(s): {exc}") from exc
-        except asyncio.TimeoutError as exc:
-            raise UpstreamTimeout("engine did not answer in time") from exc
-        except aiohttp.ClientError as exc:
-            self.mark(replica, ok=False)
-            raise UpstreamUnavailable(f"engine request failed: {exc}") from exc
-        self.mark(replica, ok=response.status < 500)
-        return replica, response
+        raise AssertionError("unreachable")
 
     async def get_json(self, replica: Replica, path: str, *, timeout: float = 5.0) -> dict:
         assert self.session is not None
