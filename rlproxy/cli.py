@@ -212,6 +212,18 @@ def train_config() -> None:
         click.echo(f"{f.name} = {getattr(defaults, f.name)!r}\n    {f.metadata.get('help', '')}")
 
 
+@main.command()
+@database_option()
+@option("--out", required=True, type=click.Path(path_type=Path), help="JSON-lines file to write.")
+@option("--untrained-only", is_flag=True, help="Only rollouts the trainer has not consumed yet.")
+def export(database_url: str, out: Path, untrained_only: bool) -> None:
+    """Write training transitions (ids, text, reward, advantage, policy) as JSON lines."""
+    from trainer.export import export_to_file
+
+    count = export_to_file(database_url, out, include_trained=not untrained_only)
+    click.echo(f"wrote {count} transitions to {out}")
+
+
 def _redact(url: str) -> str:
     from sqlalchemy.engine import make_url
 

@@ -16,7 +16,7 @@ ZERO_ADVANTAGE = "zero_advantage"
 
 
 def build_transitions(rollouts: list[RolloutData], config: TrainConfig, active_version: int,
-                      skips: SkipReasons) -> list[Transition]:
+                      skips: SkipReasons, *, keep_zero: bool = False) -> list[Transition]:
     """One transition per call and choice (merged along exact prefix links).
 
     The advantage of call t in rollout i is  A_i + (G_t - R_i):  the episode's advantage within its task
@@ -44,7 +44,7 @@ def build_transitions(rollouts: list[RolloutData], config: TrainConfig, active_v
                     extends_previous=call.prefix_kind == PrefixKind.EXTENDS and len(call.choices) == 1,
                 ))
         for transition in merge_trajectory(staged, max_seq_len=config.max_seq_len, skips=skips):
-            if all(a == 0.0 for a in transition.advantages()):
+            if not keep_zero and all(a == 0.0 for a in transition.advantages()):
                 skips[ZERO_ADVANTAGE] += 1  # no gradient signal: not worth a forward pass
                 continue
             transitions.append(transition)

@@ -1,0 +1,34 @@
+"""`rlproxy export` writes what was recorded as training transitions, for pipelines outside rlproxy."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import openai
+import requests
+
+
+def test_export_writes_one_transition_per_rewarded_call_with_exact_ids(proxy_url, database_url, tmp_path):
+    expected = {}
+    for reward in (1.0, 0.0):
+        created = requests.post(f"{proxy_url}/rollouts", json={"task_id": "export-task"}).json()
+        client = openai.OpenAI(base_url=created["base_url"], api_key="unused")
+        client.chat.completions.create(model="stub-model", messages=[{"role": "user", "content": "hi"}])
+        requests.post(f"{proxy_url}/reward", json={"rollout_id": created["rollout_id"], "reward": reward})
+        expected[created["rollout_id"]] = requests.get(f"{proxy_url}/rollouts/{created['rollout_id']}").json()
+
+    out = tmp_path / "transitions.jsonl"
+    done = subprocess.run([sys.executable, "-m", "rlproxy.cli", "export", "--database-url", database_url,
+                           "--out", str(out)], capture_output=True, text=True, check=True)
+    assert "transitions" in done.stdout
+    rows = {row["rollout_id"]: row for row in map(json.loads, out.read_text().splitlines())}
+    for rollout_id, rollout in expected.items():
+        [call] = rollout["calls"]
+        row = rows[rollout_id]
+        assert row["prompt_ids"] == call["prompt_token_ids"]
+        assert row["completion_ids"] == call["completion_token_ids"]
+        assert row["completion_text"] == [call["response"]["choices"][0]["message"]["content"]]
+        assert row["reward"] == rollout["reward"] and row["policy"] == 0
+    [good, bad] = [rows[r]["advantage"] for r in expected]
+    assert good > 0 > bad  # GRPO within the task group

@@ -1,0 +1,69 @@
+"""`rlproxy export`: recorded, rewarded rollouts as JSON lines of transitions — prompt and completion ids,
+the completion text, reward, advantage and policy — for SFT/DPO pipelines outside rlproxy."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import IO
+
+import orjson
+from sqlalchemy import select
+
+from store.db import create_engine, session_factory
+from store.models import Call, Rollout, RolloutStatus
+from store.training import load_rollouts
+from trainer.batch import build_transitions
+from trainer.config import TrainConfig
+from trainer.transitions import SkipReasons
+
+PAGE = 200
+
+
+async def export_transitions(database_url: str, out: IO[bytes], *, config: TrainConfig | None = None,
+                             include_trained: bool = True) -> int:
+    """Write one JSON object per transition to `out`; returns how many."""
+    config = config or TrainConfig(max_staleness=10**9)
+    engine = create_engine(database_url)
+    sessions = session_factory(engine)
+    written = 0
+    try:
+        offset = 0
+        while True:
+            async with sessions() as session:
+                query = select(Rollout.id).where(Rollout.status == RolloutStatus.FINISHED)
+                if not include_trained:
+                    query = query.where(Rollout.trained_at.is_(None))
+                ids = list((await session.execute(query.order_by(Rollout.finished_at).offset(offset).limit(PAGE)))
+                           .scalars())
+                if not ids:
+                    return written
+                rollouts = await load_rollouts(session, ids)
+                texts = await _completion_texts(session, ids)
+            offset += len(ids)
+            rewards = {r.id: r.reward for r in rollouts}
+            for t in build_transitions(rollouts, config, active_version=0, skips=SkipReasons(), keep_zero=True):
+                out.write(orjson.dumps({
+                    "rollout_id": t.rollout_id, "call_ids": t.call_ids, "policy": t.policy_version,
+                    "prompt_ids": t.prompt_ids, "completion_ids": t.completion_ids,
+                    "loss_mask": t.mask(), "behaviour_logprobs": t.behaviour_logprobs,
+                    "completion_text": [texts.get(c) for c in t.call_ids],
+                    "reward": rewards.get(t.rollout_id), "advantage": t.advantage,
+                }) + b"\n")
+                written += 1
+    finally:
+        await engine.dispose()
+
+
+async def _completion_texts(session, rollout_ids: list[str]) -> dict[str, str | None]:
+    rows = await session.execute(select(Call.id, Call.response).where(Call.rollout_id.in_(rollout_ids)))
+    texts = {}
+    for call_id, response in rows:
+        choice = ((response or {}).get("choices") or [{}])[0]
+        texts[call_id] = (choice.get("message") or {}).get("content") if "message" in choice else choice.get("text")
+    return texts
+
+
+def export_to_file(database_url: str, path: Path, **kwargs) -> int:
+    import asyncio
+
+    with path.open("wb") as out:
+        return asyncio.run(export_transitions(database_url, out, **kwargs))
