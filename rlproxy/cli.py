@@ -224,6 +224,48 @@ def export(database_url: str, out: Path, untrained_only: bool) -> None:
     click.echo(f"wrote {count} transitions to {out}")
 
 
+@main.command()
+@option("--minutes", default=15.0, type=float, help="How long to train.")
+@database_option()
+@option("--workdir", default=".", type=click.Path(path_type=Path, file_okay=False),
+        help="Where adapters, the demo state and the reward curve go.")
+@option("--engine-port", default=8000, type=int, help="Port of the local vLLM engine.")
+@option("--port", default=8400, type=int, help="Port of the proxy.")
+@option("--concurrency", default=8, type=int, help="Agent episodes in flight.")
+@option("--heldout", default=48, type=int, help="Held-out tasks per evaluation.")
+@option("--air/--no-air", default=True, help="Automatic intermediate rewards.")
+@option("--headless", is_flag=True, help="No live panel (logs only).")
+@option("--set", "overrides", multiple=True, metavar="FIELD=VALUE", help="Any training setting.")
+def demo(minutes, database_url, workdir, engine_port, port, concurrency, heldout, air, headless, overrides) -> None:
+    """The whole loop on the embedded default: engine + proxy + trainer + a tool-using agent, learning live."""
+    import asyncio
+
+    from demo.run import Demo, DemoSettings
+    from demo.view import reward_curve, summary
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    base = {"batch_rollouts": "16", "group_size": "4", "group_timeout_s": "60"}
+    base.update(dict(item.partition("=")[::2] for item in overrides))
+    settings = DemoSettings(minutes=minutes, database_url=database_url, workdir=workdir, engine_port=engine_port,
+                            proxy_port=port, concurrency=concurrency, heldout=heldout, air=air, headless=headless,
+                            train=train_config_from([f"{k}={v}" for k, v in base.items()]))
+    progress = asyncio.run(Demo(settings).run())
+    summary(progress, settings)
+    curve = reward_curve(progress, _database_dir(database_url, workdir) / "rlproxy-reward-curve.png")
+    if curve:
+        click.echo(f"reward curve: {curve}")
+
+
+def _database_dir(database_url: str, fallback: Path) -> Path:
+    """The folder of a SQLite database file (the curve goes next to it), else `fallback`."""
+    from sqlalchemy.engine import make_url
+
+    url = make_url(database_url)
+    if url.get_backend_name() == "sqlite" and url.database:
+        return Path(url.database).resolve().parent
+    return fallback
+
+
 def _redact(url: str) -> str:
     from sqlalchemy.engine import make_url
 

@@ -1,0 +1,229 @@
+"""`rlproxy demo`: the whole loop on one machine — vLLM on CPU, the proxy (SQLite by default), the trainer,
+and the bundled tool-using agent running episodes through the proxy — with live progress, a held-out gate
+for every new adapter, a final table and a reward curve. Ctrl-C stops everything; the next run resumes."""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import random
+import signal
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import openai
+from aiohttp import web
+
+from demo.agent import evaluate_detailed, run_episode
+from demo.tasks import Task, heldout_tasks, train_tasks
+from proxy.app import build_app
+from rlproxy.engine import Engine
+from rlproxy.model import prepare_model
+from rlproxy.settings import EngineSettings, ProxySettings, TrainerSettings, WriterSettings
+from store import policies
+from store.db import create_engine, session_factory
+from trainer.config import TrainConfig
+from trainer.worker import TrainerWorker
+
+log = logging.getLogger("rlproxy.demo")
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    minutes: float = 15.0
+    database_url: str = "sqlite+aiosqlite:///rlproxy.db"
+    workdir: Path = Path(".")
+    engine_port: int = 8000
+    proxy_port: int = 8400
+    concurrency: int = 8  # episodes in flight
+    heldout: int = 48  # held-out tasks per evaluation
+    gate_margin: float = 0.05  # a candidate may be this much worse than its parent and still serve
+    seed: int = 0
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(batch_rollouts=16, group_size=4,
+                                                                  group_timeout_s=60.0))
+    air: bool = True
+    headless: bool = False
+
+
+@dataclass
+class Progress:
+    started: float = field(default_factory=time.monotonic)
+    episodes: int = 0
+    rewards: list[tuple[float, float, int]] = field(default_factory=list)  # (seconds, reward, policy)
+    heldout: dict[int, float] = field(default_factory=dict)  # version -> success
+    active: int = 0
+    steps: int = 0
+    last_event: str = "starting"
+
+    def recent_reward(self, n: int = 64) -> float:
+        window = [r for _, r, _ in self.rewards[-n:]]
+        return statistics.fmean(window) if window else 0.0
+
+
+class Demo:
+    def __init__(self, settings: DemoSettings) -> None:
+        self.settings = settings
+        self.progress = Progress()
+        self.stop = asyncio.Event()
+        self.state_path = settings.workdir / "rlproxy-demo.json"
+        self.train_pool = train_tasks(512, seed=settings.seed)
+        self.heldout_pool = heldout_tasks(settings.heldout, seed=settings.seed)
+        self.rng = random.Random(settings.seed)
+
+    # --- the main sequence ------------------------------------------------------------------------------
+    async def run(self) -> Progress:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.stop.set)
+        self._note("preparing the bundled model")
+        model_path = await asyncio.to_thread(prepare_model)
+        engine_settings = EngineSettings(port=self.settings.engine_port, max_model_len=2048, kv_cache_gib=2,
+                                         max_loras=4)
+        self._note("starting vLLM (30-90 s on CPU)")
+        async with Engine(engine_settings, model_path=model_path) as engine:
+            served = engine.served_model_name
+            runner = await self._start_proxy(engine.base_url, served)
+            proxy = f"http://127.0.0.1:{self.settings.proxy_port}"
+            try:
+                await self._restore(proxy, served)
+                trainer = TrainerWorker(
+                    TrainerSettings(database_url=self.settings.database_url, upstreams=(engine.base_url,),
+                                    adapters_dir=self.settings.workdir / "rlproxy-adapters", metrics_port=None,
+                                    worker_id="demo-trainer"),
+                    self.settings.train, model_path, on_published=lambda v: self._gate(proxy, v))
+                tasks = [asyncio.create_task(trainer.run(self.stop), name="trainer"),
+                         asyncio.create_task(self._agents(proxy, served), name="agents"),
+                         asyncio.create_task(self._deadline(), name="deadline")]
+                await self._watch(tasks)
+            finally:
+                self.stop.set()
+                await runner.cleanup()
+        self._save()
+        return self.progress
+
+    async def _watch(self, tasks: list[asyncio.Task]) -> None:
+        from demo.view import live_view
+
+        async with live_view(self.progress, self.settings, enabled=not self.settings.headless):
+            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            self.stop.set()
+            await asyncio.wait(pending, timeout=30)
+            for task in done:
+                if task.exception() is not None:
+                    raise task.exception()
+
+    async def _deadline(self) -> None:
+        try:
+            await asyncio.wait_for(self.stop.wait(), self.settings.minutes * 60)
+        except asyncio.TimeoutError:
+            self._note("time is up")
+            self.stop.set()
+
+    async def _start_proxy(self, engine_url: str, served: str) -> web.AppRunner:
+        workdir = self.settings.workdir
+        settings = ProxySettings(port=self.settings.proxy_port, upstreams=(engine_url,),
+                                 database_url=self.settings.database_url, served_model=served,
+                                 air=self.settings.air, policy_refresh_interval=0.5,
+                                 writer=WriterSettings(spool_path=workdir / "rlproxy-spool.jsonl"))
+        runner = web.AppRunner(build_app(settings), handler_cancellation=True, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", self.settings.proxy_port).start()
+        return runner
+
+    # --- agents -------------------------------------------------------------------------------------------
+    async def _agents(self, proxy: str, served: str) -> None:
+        """Groups of `group_size` episodes of one training task at a time, `concurrency` episodes in flight."""
+        gate = asyncio.Semaphore(self.settings.concurrency)
+        async with aiohttp.ClientSession() as http:
+            running: set[asyncio.Task] = set()
+            while not self.stop.is_set():
+                task = self.rng.choice(self.train_pool)
+                for _ in range(self.settings.train.group_size):
+                    await gate.acquire()
+                    if self.stop.is_set():
+                        gate.release()
+                        break
+                    job = asyncio.create_task(self._episode(http, proxy, served, task))
+                    job.add_done_callback(lambda _: gate.release())
+                    running.add(job)
+                    job.add_done_callback(running.discard)
+            if running:
+                await asyncio.wait(running, timeout=60)
+
+    async def _episode(self, http: aiohttp.ClientSession, proxy: str, served: str, task: Task) -> None:
+        try:
+            async with http.post(f"{proxy}/rollouts", json={"task_id": task.task_id, "agent": "demo"}) as r:
+                created = await r.json()
+            client = openai.AsyncOpenAI(base_url=created["base_url"], api_key="demo", max_retries=0)
+            try:
+                result = await run_episode(client, served, task)
+            finally:
+                await client.close()
+            async with http.post(f"{proxy}/reward", json={"rollout_id": created["rollout_id"],
+                                                          "reward": result.reward}) as r:
+                r.raise_for_status()
+        except (openai.OpenAIError, aiohttp.ClientError) as exc:
+            if not self.stop.is_set():
+                log.warning("episode failed: %s", exc)
+            return
+        self.progress.episodes += 1
+        self.progress.rewards.append((time.monotonic() - self.progress.started, result.reward,
+                                      self.progress.active))
+
+    # --- the held-out gate ----------------------------------------------------------------------------------
+    async def _evaluate(self, proxy: str, model: str) -> float:
+        client = openai.AsyncOpenAI(base_url=f"{proxy}/v1", api_key="demo", max_retries=2)
+        try:
+            stats = await evaluate_detailed(client, model, self.heldout_pool, concurrency=self.settings.concurrency)
+        finally:
+            await client.close()
+        return stats.success
+
+    async def _gate(self, proxy: str, version: int) -> bool:
+        """Serve a candidate only if its held-out success is not worse than its parent's by the margin."""
+        parent = self.progress.active
+        self._note(f"evaluating candidate v{version} on {len(self.heldout_pool)} held-out tasks")
+        success = await self._evaluate(proxy, policies.adapter_name(version))
+        self.progress.heldout[version] = success
+        promoted = success >= self.progress.heldout.get(parent, 0.0) - self.settings.gate_margin
+        await self._store_evaluation(version, success, parent, promoted)
+        self.progress.steps += 1
+        if promoted:
+            self.progress.active = version
+        self._note(f"v{version}: held-out {success:.0%} vs v{parent} "
+                   f"{self.progress.heldout.get(parent, 0.0):.0%} -> {'serving' if promoted else 'kept out'}")
+        self._save()
+        return promoted
+
+    async def _store_evaluation(self, version: int, success: float, parent: int, promoted: bool) -> None:
+        engine = create_engine(self.settings.database_url)
+        try:
+            async with session_factory(engine)() as session, session.begin():
+                policy = await policies.get_policy(session, version)
+                policy.evaluation = {"heldout_success": success, "heldout_tasks": len(self.heldout_pool),
+                                     "parent": parent, "promoted": promoted}
+        finally:
+            await engine.dispose()
+
+    # --- resuming ---------------------------------------------------------------------------------------------
+    async def _restore(self, proxy: str, served: str) -> None:
+        if self.state_path.exists():
+            saved = json.loads(self.state_path.read_text())
+            self.progress.heldout = {int(k): v for k, v in saved.get("heldout", {}).items()}
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"{proxy}/policies") as r:
+                self.progress.active = (await r.json())["active"]
+        if policies.BASE_VERSION not in self.progress.heldout:
+            self._note(f"measuring the base model on {len(self.heldout_pool)} held-out tasks")
+            self.progress.heldout[policies.BASE_VERSION] = await self._evaluate(proxy, served)
+            self._save()
+
+    def _save(self) -> None:
+        self.state_path.write_text(json.dumps({"heldout": self.progress.heldout}, indent=1))
+
+    def _note(self, message: str) -> None:
+        self.progress.last_event = message
+        log.info(message)
