@@ -1,0 +1,257 @@
+"""The training core on a tiny random Llama (no downloads): transitions, packing, PPO, adapter I/O."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+
+import pytest
+
+from trainer.config import TrainConfig
+from trainer.transitions import Call, SkipReasons, Transition, merge_trajectory, pack_micro_batches
+
+torch = pytest.importorskip("torch")
+
+VOCAB = 512
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> str:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    LlamaForCausalLM(config).save_pretrained(path)
+    return str(path)
+
+
+def make_trainer(path: str, adapter_dir=None, **overrides):
+    from trainer.ppo import PolicyTrainer
+
+    settings = {"learning_rate": 1e-3, "micro_batch_tokens": 40, "kl_coef": 0.01, **overrides}
+    return PolicyTrainer(path, TrainConfig(**settings), adapter_dir=adapter_dir)
+
+
+def on_policy_batch(trainer, n: int = 4, prompt_len: int = 10, completion_len: int = 6) -> list[Transition]:
+    """Fixed random sequences, alternating +1/-1 advantages, behaviour log-probs = current policy's."""
+    g = torch.Generator().manual_seed(7)
+    batch = [
+        Transition(
+            prompt_ids=torch.randint(0, VOCAB, (prompt_len + i,), generator=g).tolist(),
+            completion_ids=torch.randint(0, VOCAB, (completion_len,), generator=g).tolist(),
+            behaviour_logprobs=[0.0] * completion_len,
+            advantage=1.0 if i % 2 == 0 else -1.0,
+        )
+        for i in range(n)
+    ]
+    for t, lp in zip(batch, trainer.logprobs(batch)):
+        t.behaviour_logprobs = lp
+    return batch
+
+
+def mean_logprob(trainer, transitions) -> list[float]:
+    return [sum(lp) / len(lp) for lp in trainer.logprobs(transitions)]
+
+
+# --- compat --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.train
+def test_openrlhf_imports_and_stubs_do_not_leak():
+    from trainer.compat import MissingDependencyError, _build_stub, import_openrlhf
+
+    parts = import_openrlhf()
+    assert parts.Actor.__name__ == "Actor" and parts.PolicyLoss.__name__ == "PolicyLoss"
+    assert float(parts.masked_mean(torch.tensor([1.0, 3.0]), torch.tensor([1.0, 0.0]))) == 1.0
+    # Stubs exist only during the import: nothing else in the process may take them for the real package.
+    for name in list(sys.modules):
+        assert not vars(sys.modules[name]).get("__rlproxy_stub__", False), name
+    stub = _build_stub("flash_attn")
+    assert stub["flash_attn"].bert_padding is stub["flash_attn.bert_padding"]
+    with pytest.raises(MissingDependencyError, match="flash_attn"):
+        stub["flash_attn.bert_padding"].pad_input(None)
+
+
+# --- transitions ---------------------------------------------------------------------------------------
+
+
+def test_merge_trajectory_masks_context_and_keeps_unlinked_calls_apart():
+    calls = [
+        Call([1, 2, 3], [4, 5], [-0.1, -0.2], advantage=1.0, call_id="a", rollout_id="r", policy_version=3),
+        # Extends a: tokens 6, 7 (e.g. a tool result) were not sampled by the model.
+        Call([1, 2, 3, 4, 5, 6, 7], [8], [-0.3], advantage=1.0, extends_previous=True, call_id="b",
+             rollout_id="r", policy_version=2),
+        Call([9, 10], [11], [-0.4], advantage=1.0, call_id="c"),
+        # Flagged, but the prefix differs (re-tokenised history): must not be merged.
+        Call([9, 99, 11, 12], [13], [-0.5], advantage=1.0, extends_previous=True, call_id="d"),
+    ]
+    merged, c, d = merge_trajectory(calls, max_seq_len=64)
+    assert merged.prompt_ids == [1, 2, 3]
+    assert merged.completion_ids == [4, 5, 6, 7, 8]
+    assert merged.loss_mask == [1, 1, 0, 0, 1]
+    assert merged.behaviour_logprobs == [-0.1, -0.2, 0.0, 0.0, -0.3]
+    assert merged.advantage == 1.0 and merged.token_advantages is None
+    assert merged.call_ids == ["a", "b"] and merged.rollout_id == "r" and merged.policy_version == 2
+    assert (c.call_id, c.loss_mask, c.completion_ids) == ("c", None, [11])
+    assert (d.call_id, d.prompt_ids) == ("d", [9, 99, 11, 12])
+
+
+def test_merge_trajectory_per_call_advantages_become_per_token():
+    calls = [Call([1], [2], [-1.0], advantage=0.5), Call([1, 2, 3], [4], [-1.0], advantage=1.0, extends_previous=True)]
+    (t,) = merge_trajectory(calls, max_seq_len=64)
+    assert t.advantages() == [0.5, 0.0, 1.0]
+
+
+def test_merge_trajectory_counts_skips_and_invalid_calls_break_the_chain():
+    skips = SkipReasons()
+    calls = [
+        {"prompt_ids": [], "completion_ids": [1], "logprobs": [-1.0]},
+        {"prompt_ids": [1], "completion_ids": [], "logprobs": []},
+        {"prompt_ids": [1], "completion_ids": [2, 3], "logprobs": [-1.0]},
+        {"prompt_ids": [1], "completion_ids": [2], "logprobs": [float("nan")]},
+        {"prompt_ids": [1] * 8, "completion_ids": [2] * 3, "logprobs": [-1.0] * 3},
+        {"prompt_ids": [1, 2], "completion_ids": [3], "logprobs": [-1.0]},
+        {"prompt_ids": [1, 2, 3, 4], "completion_ids": [5], "logprobs": [-1.0], "extends_previous": True},
+        {"prompt_ids": [1, 2, 3, 4, 5, 6], "completion_ids": [7] * 5, "logprobs": [-1.0] * 5},  # too long
+        # Extends a call that was skipped: starts afresh from its own full prompt.
+        {"prompt_ids": [1, 2, 3, 4, 5, 6, 7, 7], "completion_ids": [8], "logprobs": [-1.0], "extends_previous": True},
+    ]
+    out = merge_trajectory(calls, max_seq_len=10, skips=skips)
+    assert skips == {
+        SkipReasons.NO_TOKEN_IDS: 1, SkipReasons.EMPTY_COMPLETION: 1, SkipReasons.LOGPROB_COUNT: 1,
+        SkipReasons.NONFINITE_LOGPROB: 1, SkipReasons.TOO_LONG: 2,
+    }
+    assert [(t.prompt_ids, t.loss_mask) for t in out] == [([1, 2], [1, 0, 1]), ([1, 2, 3, 4, 5, 6, 7, 7], None)]
+
+
+def test_pack_micro_batches_respects_budget():
+    import random
+
+    rng = random.Random(0)
+    items = [Transition([0] * rng.randint(1, 60), [1] * rng.randint(1, 40), [0.0], 0.0) for _ in range(50)]
+    items.append(Transition([0] * 150, [1] * 10, [0.0] * 10, 0.0))  # longer than the budget
+    batches = pack_micro_batches(items, token_budget=128)
+    assert sorted(map(id, (t for b in batches for t in b))) == sorted(map(id, items))
+    for b in batches:
+        assert len(b) * max(len(t) for t in b) <= 128 or len(b) == 1
+    assert [len(t) for t in next(b for b in batches if len(b[0]) == 160)] == [160]
+
+
+def test_config_validates():
+    assert TrainConfig().target_modules and TrainConfig.help()["kl_coef"]
+    for bad in ({"lora_rank": 0}, {"credit": "x"}, {"advantage_estimator": "ppo"}, {"kl_estimator": "k4"},
+                {"clip_eps_low": 1.0}, {"gamma": 0.0}, {"target_modules": []}):
+        with pytest.raises(ValueError):
+            TrainConfig(**bad)
+
+
+# --- PPO -----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.train
+def test_on_policy_step_has_unit_ratio_and_no_clipping(tiny_model):
+    trainer = make_trainer(tiny_model)
+    batch = on_policy_batch(trainer)
+    # A merged two-turn sequence: its context tokens carry placeholder log-probs that must be masked out.
+    (merged,) = merge_trajectory(
+        [Call([5, 6, 7], [8, 9], [0.0, 0.0], advantage=1.0),
+         Call([5, 6, 7, 8, 9, 10, 11], [12, 13], [0.0, 0.0], advantage=1.0, extends_previous=True)],
+        max_seq_len=64,
+    )
+    scores = trainer.logprobs([merged])[0]
+    merged.behaviour_logprobs = [lp if keep else 0.0 for lp, keep in zip(scores, merged.loss_mask)]
+    batch.append(merged)
+    m = trainer.step(batch)
+    assert m.micro_batches >= 2  # gradient accumulation is exercised
+    assert m.ratio_mean == pytest.approx(1.0, abs=1e-4) and m.ratio_max == pytest.approx(1.0, abs=1e-3)
+    assert m.clip_fraction == 0.0
+    assert m.kl == pytest.approx(0.0, abs=1e-6)  # LoRA B starts at zero: policy == base
+    assert m.trained_tokens == 24 + 4 and m.tokens == sum(len(t) for t in batch)
+    assert math.isfinite(m.loss) and m.grad_norm > 0 and m.entropy > 0 and m.tokens_per_s > 0
+
+
+@pytest.mark.train
+def test_advantage_sign_drives_logprobs_and_kl_grows(tiny_model):
+    trainer = make_trainer(tiny_model)
+    batch = on_policy_batch(trainer)
+    before = mean_logprob(trainer, batch)
+    metrics = [trainer.step(batch) for _ in range(8)]
+    after = mean_logprob(trainer, batch)
+    for t, b, a in zip(batch, before, after):
+        if t.advantage > 0:
+            assert a > b + 0.02, (b, a)
+        else:
+            assert a < b - 0.02, (b, a)
+    assert metrics[-1].kl > 1e-4
+    assert metrics[-1].ratio_mean != pytest.approx(1.0, abs=1e-4)  # the policy moved away from behaviour
+
+
+@pytest.mark.train
+def test_step_is_deterministic_and_counts_skips(tiny_model):
+    results = []
+    for _ in range(2):
+        trainer = make_trainer(tiny_model)
+        batch = on_policy_batch(trainer)
+        bad = Transition([1, 2], [3, 4], [-1.0], 1.0)  # logprob count != completion length
+        m = trainer.step(batch + [bad])
+        results.append((m.loss, mean_logprob(trainer, batch)))
+    assert m.skipped == {SkipReasons.LOGPROB_COUNT: 1} and m.transitions == 4
+    assert results[0] == results[1]
+
+
+# --- adapter -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.train
+def test_saved_adapter_is_vllm_shaped_and_resumes_exactly(tiny_model, tmp_path):
+    from safetensors.torch import load_file
+
+    trainer = make_trainer(tiny_model)
+    batch = on_policy_batch(trainer)
+    for _ in range(3):
+        trainer.step(batch)
+    target = trainer.save_adapter(tmp_path / "v3")
+    assert sorted(os.listdir(tmp_path)) == ["v3"]  # no temporary directories left behind
+    config = json.loads((target / "adapter_config.json").read_text())
+    assert config["r"] == 8 and config["lora_alpha"] == 16 and config["peft_type"] == "LORA"
+    assert config["target_modules"] == sorted(TrainConfig().target_modules)
+    assert config["modules_to_save"] is None and config["base_model_name_or_path"] == tiny_model
+    keys = load_file(str(target / "adapter_model.safetensors")).keys()
+    assert keys and all(k.startswith("base_model.model.") and (".lora_A." in k or ".lora_B." in k) for k in keys)
+
+    resumed = make_trainer(tiny_model, adapter_dir=target)
+    assert resumed.step_count == 3
+    flat = lambda rows: [x for row in rows for x in row]  # noqa: E731
+    assert flat(resumed.logprobs(batch)) == pytest.approx(flat(trainer.logprobs(batch)), abs=1e-6)
+    assert resumed.optimizer.state_dict()["state"]  # AdamW moments restored, not reset
+    assert trainer.step(batch).loss == pytest.approx(resumed.step(batch).loss, abs=1e-6)
+
+
+@pytest.mark.train
+def test_failed_save_leaves_nothing_or_the_old_adapter(tiny_model, tmp_path, monkeypatch):
+    import trainer.adapter as adapter
+
+    trainer = make_trainer(tiny_model)
+    old = trainer.save_adapter(tmp_path / "current")
+    old_bytes = (old / "adapter_model.safetensors").read_bytes()
+    trainer.step(on_policy_batch(trainer))
+
+    def crash(tensors, path):  # dies half-way through the weight file
+        path.write_bytes(b"\x00" * 16)
+        raise OSError("disk full")
+
+    monkeypatch.setattr(adapter, "_write_weights", crash)
+    with pytest.raises(OSError, match="disk full"):
+        trainer.save_adapter(tmp_path / "fresh")
+    with pytest.raises(OSError, match="disk full"):
+        trainer.save_adapter(tmp_path / "current")
+    assert sorted(os.listdir(tmp_path)) == ["current"]
+    assert (old / "adapter_model.safetensors").read_bytes() == old_bytes
+
+    monkeypatch.undo()  # a successful save replaces the old adapter in one swap
+    trainer.save_adapter(tmp_path / "current")
+    assert sorted(os.listdir(tmp_path)) == ["current"]
+    assert (old / "adapter_model.safetensors").read_bytes() != old_bytes

@@ -1,0 +1,122 @@
+"""The trainer worker against real Postgres and a real engine process (the stub, which loads adapters like
+vLLM), on a tiny random model: claim → transitions → PPO step → adapter → publish → the proxy serves it."""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import uuid
+from pathlib import Path
+
+import pytest
+import requests
+from sqlalchemy import select
+
+from rlproxy.settings import TrainerSettings
+from store import rollouts as store_rollouts
+from store.calls import write_calls
+from store.db import create_engine, session_factory
+from store.models import Policy, Rollout, TrainStep, utcnow
+from store.records import CallRecord, ChoiceRecord
+from tests.support import free_port, proxy_command, running
+from trainer.config import TrainConfig
+
+torch = pytest.importorskip("torch")
+VOCAB = 512
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2)).save_pretrained(path)
+    return path
+
+
+async def record_episodes(database_url: str, groups: int, group_size: int, *, calls: int = 2) -> list[str]:
+    """Episodes as the proxy records them (multi-turn, exact prefix links), each with a final reward."""
+    rng = random.Random(0)
+    engine = create_engine(database_url)
+    sessions = session_factory(engine)
+    ids = []
+    for g in range(groups):
+        for member in range(group_size):
+            rollout_id = uuid.uuid4().hex
+            prompt = [rng.randrange(3, VOCAB) for _ in range(12)]
+            records = []
+            for _ in range(calls):
+                completion = [rng.randrange(3, VOCAB) for _ in range(5)] + [2]
+                records.append(CallRecord(
+                    id=uuid.uuid4().hex, route="chat", started_at=utcnow(), rollout_id=rollout_id, agent="solver",
+                    task_id=f"task-{g}", policy_version=0, prompt_token_ids=list(prompt),
+                    choices=[ChoiceRecord(0, completion, [-1.0] * len(completion), "stop")]))
+                prompt = prompt + completion + [rng.randrange(3, VOCAB) for _ in range(4)]
+            async with sessions() as session, session.begin():
+                await write_calls(session, records)
+            async with sessions() as session, session.begin():
+                await store_rollouts.post_reward(session, rollout_id, float(member % 2), task_id=f"task-{g}")
+            ids.append(rollout_id)
+    await engine.dispose()
+    return ids
+
+
+def test_a_step_trains_marks_rollouts_and_the_proxy_serves_the_new_version(
+        tiny_model, own_database_url, stub_url, tmp_path):
+    from trainer.worker import TrainerWorker
+
+    rollout_ids = asyncio.run(record_episodes(own_database_url, groups=2, group_size=4))
+    settings = TrainerSettings(database_url=own_database_url, upstreams=(stub_url,), adapters_dir=tmp_path,
+                               metrics_port=None, worker_id="test-trainer")
+    config = TrainConfig(batch_rollouts=8, group_size=4, micro_batch_tokens=512, learning_rate=1e-3)
+
+    async def one_step():
+        worker = TrainerWorker(settings, config, tiny_model)
+        await worker.start()
+        try:
+            return await worker.step_once(), await worker.step_once(), worker
+        finally:
+            await worker.engine.dispose()
+
+    trained, nothing_left, worker = asyncio.run(one_step())
+    assert trained and not nothing_left
+    assert worker.metrics.steps._value.get() == 1
+
+    async def stored():
+        engine = create_engine(own_database_url)
+        async with session_factory(engine)() as session:
+            policies = (await session.execute(select(Policy))).scalars().all()
+            marked = (await session.execute(select(Rollout.trained_at).where(Rollout.id.in_(rollout_ids)))).scalars()
+            steps = (await session.execute(select(TrainStep))).scalars().all()
+            result = policies, list(marked), steps
+        await engine.dispose()
+        return result
+
+    policies, marked, steps = asyncio.run(stored())
+    [policy] = policies
+    assert (policy.version, policy.status, policy.name) == (1, "active", "rlproxy-v1")
+    assert all(moment is not None for moment in marked)
+    [step] = steps
+    assert step.rollout_count == 8 and step.policy_version == 1 and step.metrics["transitions"] > 0
+    adapter = json.loads((Path(policy.path) / "adapter_config.json").read_text())
+    assert adapter["r"] == config.lora_rank
+
+    served = {m["id"]: m["parent"] for m in requests.get(f"{stub_url}/v1/models").json()["data"]}
+    assert served["rlproxy-v1"] == "stub-model"
+
+    port = free_port()
+    proxy = f"http://127.0.0.1:{port}"
+    with running(proxy_command(port, [stub_url], own_database_url, "--spool-path", str(tmp_path / "s.jsonl")),
+                 proxy + "/healthz", log_path=tmp_path / "proxy.log"):
+        answer = requests.post(f"{proxy}/v1/chat/completions",
+                               json={"model": "stub-model", "messages": [{"role": "user", "content": "hi"}]})
+        assert answer.headers["X-Rlproxy-Policy"] == "1"
+        assert answer.json()["model"] == "stub-model"  # the agent still sees the name it asked for
+        assert requests.get(f"{proxy}/policies").json()["active"] == 1
+        rolled_back = requests.post(f"{proxy}/policies/0/activate")
+        assert rolled_back.status_code == 200
+        answer = requests.post(f"{proxy}/v1/chat/completions",
+                               json={"model": "stub-model", "messages": [{"role": "user", "content": "hi"}]})
+        assert answer.headers["X-Rlproxy-Policy"] == "0"

@@ -1,0 +1,164 @@
+"""Save and load the LoRA adapter so that a reader (vLLM's /v1/load_lora_adapter) never sees half of one.
+
+A save writes everything into a temporary directory beside the target, fsyncs it, then renames it into
+place. Replacing an existing adapter swaps the two directories in one step where the kernel can
+(Linux renameat2 RENAME_EXCHANGE); elsewhere the old one is moved aside first, so the target is briefly
+absent but never partial. Publishing each policy version to a fresh directory avoids even that.
+
+Files: adapter_config.json + adapter_model.safetensors (what vLLM and peft read), optimizer.pt and
+trainer_state.json (what resuming reads; vLLM ignores them).
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+OPTIMIZER_STATE = "optimizer.pt"
+TRAINER_STATE = "trainer_state.json"
+
+
+def adapter_config(model: Any, base_model_name_or_path: str | None = None) -> dict[str, Any]:
+    """The peft LoRA config of `model` as vLLM accepts it: plain LoRA, target_modules a list, nothing saved whole."""
+    config = model.peft_config["default"].to_dict()
+    config.update(
+        base_model_name_or_path=str(base_model_name_or_path or config.get("base_model_name_or_path") or ""),
+        target_modules=sorted(config["target_modules"]) if not isinstance(config["target_modules"], str)
+        else config["target_modules"],
+        modules_to_save=None,
+        inference_mode=True,
+        peft_type="LORA",
+    )
+    unsupported = {k: config.get(k) for k in ("use_dora", "lora_bias") if config.get(k)}
+    if unsupported:
+        raise ValueError(f"vLLM cannot load this adapter: {unsupported}")
+    return json.loads(json.dumps(config, default=_json_default))
+
+
+def save_adapter_atomically(
+    model: Any,
+    optimizer_state: Mapping[str, Any] | None,
+    target_dir: str | os.PathLike[str],
+    *,
+    base_model_name_or_path: str | None = None,
+    trainer_state: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write the adapter of peft `model` (+ optimizer state) to `target_dir`, all or nothing."""
+    from peft import get_peft_model_state_dict
+
+    target = Path(target_dir).absolute()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the serving process may run as another user
+        weights = {k: v.detach().to("cpu").contiguous() for k, v in get_peft_model_state_dict(model).items()}
+        _write_json(tmp / ADAPTER_CONFIG, adapter_config(model, base_model_name_or_path))
+        _write_weights(weights, tmp / ADAPTER_WEIGHTS)
+        if optimizer_state is not None:
+            torch.save(dict(optimizer_state), tmp / OPTIMIZER_STATE)
+        _write_json(tmp / TRAINER_STATE, dict(trainer_state or {}))
+        for path in tmp.iterdir():
+            _fsync(path)
+        _fsync(tmp)
+        _move_into_place(tmp, target)
+        _fsync(target.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def load_adapter(
+    model: Any, adapter_dir: str | os.PathLike[str], optimizer: torch.optim.Optimizer | None = None
+) -> dict[str, Any]:
+    """Load a saved adapter into peft `model` (same rank/alpha/targets) and, if given, the optimizer state.
+
+    Returns the saved trainer state (empty if none).
+    """
+    from peft import set_peft_model_state_dict
+
+    adapter_dir = Path(adapter_dir)
+    saved = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())
+    ours = adapter_config(model)
+    for key in ("r", "lora_alpha", "target_modules", "use_rslora"):
+        if saved.get(key) != ours.get(key):
+            raise ValueError(f"adapter in {adapter_dir} has {key}={saved.get(key)!r}, the model {ours.get(key)!r}")
+    weights = load_file(str(adapter_dir / ADAPTER_WEIGHTS))
+    result = set_peft_model_state_dict(model, weights)
+    expected = {k for k, _ in model.named_parameters() if "lora_" in k}
+    missing = [k for k in result.missing_keys if k in expected]
+    if result.unexpected_keys or missing:
+        raise ValueError(f"adapter {adapter_dir} does not fit: unexpected {result.unexpected_keys[:3]}, "
+                         f"missing {missing[:3]}")
+    if optimizer is not None and (adapter_dir / OPTIMIZER_STATE).exists():
+        optimizer.load_state_dict(torch.load(adapter_dir / OPTIMIZER_STATE, map_location="cpu"))
+    state_path = adapter_dir / TRAINER_STATE
+    return json.loads(state_path.read_text()) if state_path.exists() else {}
+
+
+def _write_weights(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    save_file(tensors, str(path), metadata={"format": "pt"})
+
+
+def _write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, (set, frozenset)):
+        return sorted(obj)
+    if hasattr(obj, "value"):  # enums (peft's PeftType, TaskType)
+        return obj.value
+    raise TypeError(f"not JSON-serialisable: {type(obj).__name__}")
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _move_into_place(tmp: Path, target: Path) -> None:
+    if not target.exists():
+        os.rename(tmp, target)
+        return
+    if _exchange(tmp, target):  # tmp now holds the old adapter
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{target.name}.old-", dir=target.parent))
+    os.rename(target, old / "adapter")
+    try:
+        os.rename(tmp, target)
+    except BaseException:
+        os.rename(old / "adapter", target)  # put the old adapter back
+        raise
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    try:
+        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+    except (AttributeError, OSError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EXDEV):
+        return False
+    raise OSError(err, os.strerror(err), str(b))

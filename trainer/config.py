@@ -1,0 +1,138 @@
+"""Trainer settings: one dataclass, a help string per field, defaults that learn on CPU without tuning."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+CREDIT_MODES = ("identical", "discounted")
+ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce_baseline", "reinforce")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+
+
+@dataclass
+class TrainConfig:
+    # --- LoRA -------------------------------------------------------------------------------------
+    lora_rank: int = field(default=8, metadata={"help": "LoRA rank r."})
+    lora_alpha: int = field(default=16, metadata={"help": "LoRA alpha; the update is scaled by alpha / r."})
+    lora_dropout: float = field(
+        default=0.0,
+        metadata={"help": "Dropout on the LoRA input. 0 keeps the policy deterministic, so the importance "
+                          "ratio against the behaviour log-probs is not perturbed by noise."},
+    )
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"],
+        metadata={"help": "Module names that get LoRA (vLLM supports attention and MLP projections)."},
+    )
+
+    # --- optimisation -----------------------------------------------------------------------------
+    learning_rate: float = field(default=1e-4, metadata={"help": "AdamW learning rate (LoRA params only)."})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping by global norm; 0 disables."})
+    ppo_epochs: int = field(default=1, metadata={"help": "Passes over each batch of transitions per step."})
+    micro_batch_tokens: int = field(
+        default=4096,
+        metadata={"help": "Padded tokens (rows x longest row) per forward/backward; bounds peak memory."},
+    )
+    max_seq_len: int = field(
+        default=2048, metadata={"help": "Longest prompt + completion trained on; longer transitions are skipped."}
+    )
+    bf16: bool = field(
+        default=True,
+        metadata={"help": "Run forward/backward under torch.autocast(bfloat16) (CPU or CUDA); ignored, "
+                          "with a warning, where bfloat16 is not supported."},
+    )
+    seed: int = field(default=0, metadata={"help": "Seed for LoRA init and anything random in training."})
+    num_threads: int = field(
+        default=0,
+        metadata={"help": "torch intra-op threads (process-wide); 0 keeps torch's default. On a CPU shared "
+                          "with a vLLM engine, use fewer threads than cores: oversubscribed OpenMP threads "
+                          "spin-wait on each other and a step can get several times slower."},
+    )
+
+    # --- loss ---------------------------------------------------------------------------------------
+    clip_eps_low: float = field(default=0.2, metadata={"help": "PPO ratio clip below: 1 - eps."})
+    clip_eps_high: float = field(default=0.2, metadata={"help": "PPO ratio clip above: 1 + eps."})
+    kl_coef: float = field(
+        default=0.0,
+        metadata={"help": "Weight of the KL(policy || base model) penalty. 0 skips the reference forward "
+                          "pass (about a third of step time); the LoRA rank and PPO clip already bound drift."},
+    )
+    kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1, k2 or k3 (Schulman)."})
+    track_ref_kl: bool = field(
+        default=False,
+        metadata={"help": "Measure KL to the base model even when kl_coef is 0 (costs the reference pass)."},
+    )
+    temperature: float = field(
+        default=1.0,
+        metadata={"help": "Logits are divided by this before log-probs. Must match how the recorded "
+                          "behaviour log-probs were computed (vLLM's default raw logprobs: 1.0)."},
+    )
+
+    # --- pipeline (read by the worker) ------------------------------------------------------------
+    batch_rollouts: int = field(default=16, metadata={"help": "Rewarded rollouts consumed per training step."})
+    group_size: int = field(
+        default=4, metadata={"help": "Rollouts of the same task compared to compute advantages."}
+    )
+    group_timeout_s: float = field(
+        default=300.0,
+        metadata={"help": "Seconds to wait for a group to fill before using it as is (if >= 2 members)."},
+    )
+    max_staleness: int = field(
+        default=2,
+        metadata={"help": "Drop calls sampled from a policy more than this many versions behind the trainer."},
+    )
+    credit: str = field(
+        default="identical",
+        metadata={"help": "Credit per LLM call from the episode return: 'identical' (every call gets it) "
+                          "or 'discounted' (gamma ** calls-until-the-end)."},
+    )
+    gamma: float = field(default=1.0, metadata={"help": "Discount for credit='discounted'."})
+    advantage_estimator: str = field(
+        default="grpo",
+        metadata={"help": "grpo (group mean/std), rloo (leave-one-out mean), reinforce_baseline "
+                          "(group mean, batch std), reinforce (raw return)."},
+    )
+    train_agents: list[str] = field(
+        default_factory=list, metadata={"help": "Agent names whose calls are trained; empty means all."}
+    )
+
+    def __post_init__(self) -> None:
+        self.target_modules = list(self.target_modules)
+        self.train_agents = list(self.train_agents)
+        checks = {
+            "lora_rank": self.lora_rank > 0,
+            "lora_alpha": self.lora_alpha > 0,
+            "lora_dropout": 0.0 <= self.lora_dropout < 1.0,
+            "target_modules": bool(self.target_modules) and all(isinstance(m, str) for m in self.target_modules),
+            "learning_rate": self.learning_rate > 0,
+            "weight_decay": self.weight_decay >= 0,
+            "max_grad_norm": self.max_grad_norm >= 0,
+            "ppo_epochs": self.ppo_epochs >= 1,
+            "micro_batch_tokens": self.micro_batch_tokens > 0,
+            "num_threads": self.num_threads >= 0,
+            "max_seq_len": self.max_seq_len > 1,
+            "clip_eps_low": 0.0 < self.clip_eps_low < 1.0,
+            "clip_eps_high": self.clip_eps_high > 0.0,
+            "kl_coef": self.kl_coef >= 0,
+            "kl_estimator": self.kl_estimator in KL_ESTIMATORS,
+            "temperature": self.temperature > 0,
+            "batch_rollouts": self.batch_rollouts >= 1,
+            "group_size": self.group_size >= 1,
+            "group_timeout_s": self.group_timeout_s >= 0,
+            "max_staleness": self.max_staleness >= 0,
+            "credit": self.credit in CREDIT_MODES,
+            "gamma": 0.0 < self.gamma <= 1.0,
+            "advantage_estimator": self.advantage_estimator in ADVANTAGE_ESTIMATORS,
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError("invalid TrainConfig: " + ", ".join(f"{n}={getattr(self, n)!r}" for n in bad))
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether a step runs the base-model (adapter disabled) forward pass."""
+        return self.kl_coef > 0 or self.track_ref_kl
+
+    @classmethod
+    def help(cls) -> dict[str, str]:
+        """Field name -> help text (for CLIs and docs)."""
+        return {f.name: f.metadata.get("help", "") for f in fields(cls)}
