@@ -27,6 +27,8 @@ def database_option():
 def _logging(verbose: bool) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    for chatty in ("httpx", "httpx2", "openai", "aiohttp.access"):  # one line per HTTP request otherwise
+        logging.getLogger(chatty).setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
 @click.group()

