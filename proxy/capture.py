@@ -31,6 +31,11 @@ class Additions:
     def rewrites_model(self) -> bool:
         return self.requested_model != self.upstream_model
 
+    @property
+    def any(self) -> bool:
+        """Whether responses need rewriting at all; if not, the engine's bytes are relayed untouched."""
+        return self.token_ids or self.logprobs or self.rewrites_model
+
 
 def prepare_upstream_body(body: dict[str, Any], route: str, upstream_model: str) -> tuple[dict[str, Any], Additions]:
     """The body to send upstream: the agent's own, plus capture fields it did not ask for."""

@@ -110,7 +110,8 @@ class CompletionServing:
                                 content_type=upstream.content_type)
         record.prompt_token_ids, record.choices = capture_response(route, payload)
         record.response = strip_additions(payload, additions)
-        return web.Response(body=orjson.dumps(payload), headers=headers, content_type="application/json")
+        body = orjson.dumps(payload) if additions.any else raw
+        return web.Response(body=body, headers=headers, content_type="application/json")
 
     async def _relay_stream(self, request: web.Request, upstream: aiohttp.ClientResponse, route: str,
                             record: CallRecord, additions: Additions, headers: dict[str, str],
@@ -158,6 +159,8 @@ class CompletionServing:
         assembler.feed(chunk)
         if record.ttft_ms is None and _has_output(chunk):
             record.ttft_ms = (time.perf_counter() - began) * 1000
+        if not additions.any:
+            return event.raw
         return b"data: " + orjson.dumps(strip_additions(chunk, additions)) + b"\n\n"
 
     def _account(self, route: str, record: CallRecord) -> None:

@@ -91,6 +91,7 @@ def _normalise(body: bytes) -> bytes:
     ("chat/completions", {"messages": MESSAGES, "seed": 3, "stream": True}),
     ("chat/completions", {"messages": MESSAGES, "n": 2, "response_format": {"type": "json_object"}}),
     ("chat/completions", {"messages": MESSAGES, "logprobs": True, "top_logprobs": 0}),
+    ("chat/completions", {"messages": MESSAGES, "logprobs": True, "return_token_ids": True, "stream": True}),
     ("completions", {"prompt": "Once upon a time", "max_tokens": 5}),
     ("completions", {"prompt": "Once upon a time", "max_tokens": 5, "stream": True}),
 ])

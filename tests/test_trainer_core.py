@@ -255,3 +255,19 @@ def test_failed_save_leaves_nothing_or_the_old_adapter(tiny_model, tmp_path, mon
     trainer.save_adapter(tmp_path / "current")
     assert sorted(os.listdir(tmp_path)) == ["current"]
     assert (old / "adapter_model.safetensors").read_bytes() != old_bytes
+
+
+def test_load_none_returns_to_the_base_model_and_load_dir_restores_a_version(tiny_model, tmp_path):
+    trainer = make_trainer(tiny_model)
+    batch = on_policy_batch(trainer)
+    base = mean_logprob(trainer, batch)
+    for _ in range(3):
+        trainer.step(batch)
+    trained = mean_logprob(trainer, batch)
+    assert trained != pytest.approx(base, abs=1e-4)
+    trainer.save_adapter(tmp_path / "v1")
+
+    trainer.load(None)
+    assert mean_logprob(trainer, batch) == pytest.approx(base, abs=1e-5)
+    trainer.load(tmp_path / "v1")
+    assert mean_logprob(trainer, batch) == pytest.approx(trained, abs=1e-5)

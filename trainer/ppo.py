@@ -251,6 +251,19 @@ class PolicyTrainer:
             trainer_state={"step": self.step_count, "config": asdict(self.config)},
         )
 
+    def load(self, adapter_dir: str | os.PathLike[str] | None) -> None:
+        """Continue from a saved adapter (with its optimizer state), or from the base model when None."""
+        self.optimizer.state.clear()
+        if adapter_dir is not None:
+            state = load_adapter(self.model, adapter_dir, self.optimizer)
+            self.step_count = int(state.get("step", 0))
+            return
+        with torch.no_grad():  # the LoRA update is B @ A; with B = 0 the adapter is the identity
+            for name, param in self.model.named_parameters():
+                if "lora_B" in name:
+                    param.zero_()
+        self.step_count = 0
+
     def _autocast(self) -> contextlib.AbstractContextManager:
         if not self.autocast_enabled:
             return contextlib.nullcontext()
