@@ -16,8 +16,9 @@ from proxy.errors import UpstreamTimeout, UpstreamUnavailable
 
 log = logging.getLogger("rlproxy.upstream")
 
-# Only failures that prove the request never reached the engine are retried.
-RETRYABLE = (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, ConnectionRefusedError)
+# Failures before the response headers, where the engine did not take the request: refused connections, and
+# pooled keep-alive connections the engine closed while idle ("Can not write request body" is ClientOSError).
+RETRYABLE = (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError, ConnectionRefusedError)
 
 
 @dataclass(slots=True)
@@ -46,7 +47,8 @@ class UpstreamPool:
         self.session: aiohttp.ClientSession | None = None
 
     async def start(self) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60, enable_cleanup_closed=True)
+        # Idle connections are dropped before uvicorn's 5 s keep-alive ends, so we rarely meet a closed one.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4, enable_cleanup_closed=True)
         self.session = aiohttp.ClientSession(connector=connector, timeout=self.timeout, auto_decompress=False,
                                              cookie_jar=aiohttp.DummyCookieJar(),
                                              json_serialize=lambda o: orjson.dumps(o).decode())
