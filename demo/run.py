@@ -46,6 +46,7 @@ class DemoSettings:
                                                                   group_timeout_s=60.0))
     air: bool = True
     headless: bool = False
+    upstream: str | None = None  # an engine already running (with runtime LoRA loading); default: start one
 
 
 @dataclass
@@ -82,30 +83,36 @@ class Demo:
             loop.add_signal_handler(sig, self.stop.set)
         self._note("preparing the bundled model")
         model_path = await asyncio.to_thread(prepare_model)
-        engine_settings = EngineSettings(port=self.settings.engine_port, max_model_len=2048, kv_cache_gib=2,
-                                         max_loras=4)
-        self._note("starting vLLM (30-90 s on CPU)")
-        # bfloat16: three times the prefill speed of float32 on CPU, which is what bounds episodes per minute
-        async with Engine(engine_settings, model_path=model_path, dtype="bfloat16") as engine:
-            served = engine.served_model_name
-            runner = await self._start_proxy(engine.base_url, served)
-            proxy = f"http://127.0.0.1:{self.settings.proxy_port}"
-            try:
-                await self._restore(proxy, served)
-                trainer = TrainerWorker(
-                    TrainerSettings(database_url=self.settings.database_url, upstreams=(engine.base_url,),
-                                    adapters_dir=self.settings.workdir / "rlproxy-adapters", metrics_port=None,
-                                    worker_id="demo-trainer"),
-                    self.settings.train, model_path, on_published=lambda v: self._gate(proxy, v))
-                tasks = [asyncio.create_task(trainer.run(self.stop), name="trainer"),
-                         asyncio.create_task(self._agents(proxy, served), name="agents"),
-                         asyncio.create_task(self._deadline(), name="deadline")]
-                await self._watch(tasks)
-            finally:
-                self.stop.set()
-                await runner.cleanup()
+        if self.settings.upstream:
+            await self._loop(self.settings.upstream.rstrip("/"), await _served_model(self.settings.upstream),
+                             model_path)
+        else:
+            engine_settings = EngineSettings(port=self.settings.engine_port, max_model_len=2048, kv_cache_gib=2,
+                                             max_loras=4)
+            self._note("starting vLLM (30-90 s on CPU)")
+            # bfloat16: three times the prefill speed of float32 on CPU, which bounds episodes per minute
+            async with Engine(engine_settings, model_path=model_path, dtype="bfloat16") as engine:
+                await self._loop(engine.base_url, engine.served_model_name, model_path)
         self._save()
         return self.progress
+
+    async def _loop(self, engine_url: str, served: str, model_path: Path) -> None:
+        runner = await self._start_proxy(engine_url, served)
+        proxy = f"http://127.0.0.1:{self.settings.proxy_port}"
+        try:
+            await self._restore(proxy, served)
+            trainer = TrainerWorker(
+                TrainerSettings(database_url=self.settings.database_url, upstreams=(engine_url,),
+                                adapters_dir=self.settings.workdir / "rlproxy-adapters", metrics_port=None,
+                                worker_id="demo-trainer"),
+                self.settings.train, model_path, on_published=lambda v: self._gate(proxy, v))
+            tasks = [asyncio.create_task(trainer.run(self.stop), name="trainer"),
+                     asyncio.create_task(self._agents(proxy, served), name="agents"),
+                     asyncio.create_task(self._deadline(), name="deadline")]
+            await self._watch(tasks)
+        finally:
+            self.stop.set()
+            await runner.cleanup()
 
     async def _watch(self, tasks: list[asyncio.Task]) -> None:
         from demo.view import live_view
@@ -236,3 +243,10 @@ class Demo:
     def _note(self, message: str) -> None:
         self.progress.last_event = message
         log.info(message)
+
+
+async def _served_model(engine_url: str) -> str:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{engine_url.rstrip('/')}/v1/models") as response:
+            models = (await response.json())["data"]
+    return next(m["id"] for m in models if not m.get("parent"))

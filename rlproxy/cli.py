@@ -237,8 +237,10 @@ def export(database_url: str, out: Path, untrained_only: bool) -> None:
 @option("--heldout", default=48, type=int, help="Held-out tasks per evaluation.")
 @option("--air/--no-air", default=True, help="Automatic intermediate rewards.")
 @option("--headless", is_flag=True, help="No live panel (logs only).")
+@option("--upstream", default=None, help="Use this running engine (base URL, runtime LoRA on) instead of starting one.")
 @option("--set", "overrides", multiple=True, metavar="FIELD=VALUE", help="Any training setting.")
-def demo(minutes, database_url, workdir, engine_port, port, concurrency, heldout, air, headless, overrides) -> None:
+def demo(minutes, database_url, workdir, engine_port, port, concurrency, heldout, air, headless, upstream,
+         overrides) -> None:
     """The whole loop on the embedded default: engine + proxy + trainer + a tool-using agent, learning live."""
     import asyncio
 
@@ -250,6 +252,7 @@ def demo(minutes, database_url, workdir, engine_port, port, concurrency, heldout
     base.update(dict(item.partition("=")[::2] for item in overrides))
     settings = DemoSettings(minutes=minutes, database_url=database_url, workdir=workdir, engine_port=engine_port,
                             proxy_port=port, concurrency=concurrency, heldout=heldout, air=air, headless=headless,
+                            upstream=upstream,
                             train=train_config_from([f"{k}={v}" for k, v in base.items()]))
     progress = asyncio.run(Demo(settings).run())
     summary(progress, settings)
