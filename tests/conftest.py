@@ -108,3 +108,20 @@ def proxy_url(stub_url: str, database_url: str, run_dir: Path) -> str:
     args = proxy_command(port, [stub_url], database_url, "--spool-path", str(run_dir / "spool.jsonl"))
     with running(args, url + "/healthz", log_path=run_dir / "proxy.log"):
         yield url
+
+
+TINY_VOCAB = 512
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A tiny random Llama saved as a Hugging Face folder (no downloads), for fast trainer tests."""
+    torch = pytest.importorskip("torch")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    path = tmp_path_factory.mktemp("tiny-llama")
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    LlamaForCausalLM(config).save_pretrained(path)
+    return path

@@ -13,19 +13,7 @@ from trainer.transitions import Call, SkipReasons, Transition, merge_trajectory,
 
 torch = pytest.importorskip("torch")
 
-VOCAB = 512
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> str:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    LlamaForCausalLM(config).save_pretrained(path)
-    return str(path)
+from tests.conftest import TINY_VOCAB as VOCAB
 
 
 def make_trainer(path: str, adapter_dir=None, **overrides):
@@ -218,7 +206,7 @@ def test_saved_adapter_is_vllm_shaped_and_resumes_exactly(tiny_model, tmp_path):
     config = json.loads((target / "adapter_config.json").read_text())
     assert config["r"] == 8 and config["lora_alpha"] == 16 and config["peft_type"] == "LORA"
     assert config["target_modules"] == sorted(TrainConfig().target_modules)
-    assert config["modules_to_save"] is None and config["base_model_name_or_path"] == tiny_model
+    assert config["modules_to_save"] is None and config["base_model_name_or_path"] == str(tiny_model)
     keys = load_file(str(target / "adapter_model.safetensors")).keys()
     assert keys and all(k.startswith("base_model.model.") and (".lora_A." in k or ".lora_B." in k) for k in keys)
 

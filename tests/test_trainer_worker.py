@@ -22,18 +22,7 @@ from tests.support import free_port, proxy_command, running
 from trainer.config import TrainConfig
 
 torch = pytest.importorskip("torch")
-VOCAB = 512
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory) -> Path:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    path = tmp_path_factory.mktemp("tiny-llama")
-    torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2)).save_pretrained(path)
-    return path
+from tests.conftest import TINY_VOCAB as VOCAB
 
 
 async def record_episodes(database_url: str, groups: int, group_size: int, *, calls: int = 2) -> list[str]:
