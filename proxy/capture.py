@@ -9,8 +9,11 @@ key back to null where it appears.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
+
+import orjson
 
 from store.records import ChoiceRecord
 
@@ -53,6 +56,35 @@ def prepare_upstream_body(body: dict[str, Any], route: str, upstream_model: str)
             out["logprobs"] = 0
     out["model"] = upstream_model
     return out, Additions(add_ids, add_logprobs, body["model"], upstream_model)
+
+
+_ID_LISTS = re.compile(rb'"(prompt_token_ids|token_ids)":\[[0-9,\s]*\]')
+
+
+def relay_bytes(raw: bytes, payload: dict[str, Any], additions: Additions) -> bytes:
+    """The bytes the agent gets for a response or chunk the engine sent as `raw` (already parsed as `payload`).
+
+    Untouched when nothing was added. When only token ids were added (the agent asked for logprobs itself),
+    the id lists are nulled and the model name put back in the engine's own bytes, so its number formatting
+    survives exactly. Otherwise the stripped payload is serialised again (no engine floats remain in it)."""
+    if not additions.any:
+        return raw
+    if not additions.logprobs:
+        out = _ID_LISTS.sub(rb'"\1":null', raw) if additions.token_ids else raw
+        if additions.rewrites_model:
+            out = out.replace(b'"model":' + orjson.dumps(additions.upstream_model),
+                              b'"model":' + orjson.dumps(additions.requested_model), 1)
+        return out
+    return orjson.dumps(strip_additions(payload, additions))
+
+
+def only_for_capture(chunk: dict[str, Any], additions: Additions) -> bool:
+    """A chat chunk that exists only because the proxy asked for ids or logprobs: the engine sends tokens that
+    produce no text (a split multi-byte character, the end token) as empty deltas only then."""
+    if not (additions.token_ids or additions.logprobs) or chunk.get("usage"):
+        return False
+    choices = chunk.get("choices")
+    return bool(choices) and all(c.get("delta") == {} and c.get("finish_reason") is None for c in choices)
 
 
 def _token_logprobs(route: str, logprobs: Any) -> list[float] | None:

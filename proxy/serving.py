@@ -11,7 +11,8 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from proxy.capture import CHAT, Additions, StreamAssembler, capture_response, prepare_upstream_body, strip_additions
+from proxy.capture import (CHAT, Additions, StreamAssembler, capture_response, only_for_capture,
+                           prepare_upstream_body, relay_bytes, strip_additions)
 from proxy.context import call_context
 from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable, sse_error_event
 from proxy.metrics import ProxyMetrics
@@ -57,7 +58,8 @@ class CompletionServing:
         try:
             return await self._forward(request, route, record, upstream_body, additions, headers, began)
         except asyncio.CancelledError:
-            record.status = CallStatus.CLIENT_DISCONNECTED
+            if not record.complete:
+                record.status = CallStatus.CLIENT_DISCONNECTED
             raise
         except ProxyError as exc:
             record.status = CallStatus.TIMEOUT if isinstance(exc, UpstreamTimeout) else CallStatus.UPSTREAM_ERROR
@@ -109,8 +111,8 @@ class CompletionServing:
             return web.Response(body=raw, status=upstream.status, headers=headers,
                                 content_type=upstream.content_type)
         record.prompt_token_ids, record.choices = capture_response(route, payload)
+        body = relay_bytes(raw, payload, additions)
         record.response = strip_additions(payload, additions)
-        body = orjson.dumps(payload) if additions.any else raw
         return web.Response(body=body, headers=headers, content_type="application/json")
 
     async def _relay_stream(self, request: web.Request, upstream: aiohttp.ClientResponse, route: str,
@@ -123,11 +125,16 @@ class CompletionServing:
         try:
             async for data in upstream.content.iter_any():
                 for event in parser.feed(data):
-                    await response.write(self._relay_event(event, assembler, additions, record, began))
+                    await _write_some(response, self._relay_event(event, assembler, additions, record, began))
+                    if event.is_done:
+                        record.complete = True  # the agent has everything; what follows is the engine's EOF
+                if record.complete:
+                    break
             for event in parser.flush():
-                await response.write(self._relay_event(event, assembler, additions, record, began))
+                await _write_some(response, self._relay_event(event, assembler, additions, record, began))
         except ConnectionResetError:
-            record.status = CallStatus.CLIENT_DISCONNECTED
+            if not record.complete:
+                record.status = CallStatus.CLIENT_DISCONNECTED
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             timed_out = isinstance(exc, asyncio.TimeoutError)
             error = (UpstreamTimeout("engine stream timed out") if timed_out
@@ -159,9 +166,11 @@ class CompletionServing:
         assembler.feed(chunk)
         if record.ttft_ms is None and _has_output(chunk):
             record.ttft_ms = (time.perf_counter() - began) * 1000
+        if record.route == CHAT and only_for_capture(chunk, additions):
+            return b""
         if not additions.any:
             return event.raw
-        return b"data: " + orjson.dumps(strip_additions(chunk, additions)) + b"\n\n"
+        return b"data: " + relay_bytes(event.data.encode(), chunk, additions) + b"\n\n"
 
     def _account(self, route: str, record: CallRecord) -> None:
         policy = "" if record.policy_version is None else str(record.policy_version)
@@ -183,6 +192,11 @@ def _has_output(chunk: dict) -> bool:
         if choice.get("text") or delta.get("content") or delta.get("tool_calls") or choice.get("token_ids"):
             return True
     return False
+
+
+async def _write_some(response: web.StreamResponse, data: bytes) -> None:
+    if data:
+        await response.write(data)
 
 
 async def _write_quietly(response: web.StreamResponse, data: bytes) -> None:

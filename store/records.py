@@ -38,6 +38,7 @@ class CallRecord:
     latency_ms: float | None = None
     ttft_ms: float | None = None
     finished_at: datetime | None = None
+    complete: bool = False  # a stream's end marker reached the agent (a disconnect after it loses nothing)
 
     @property
     def completion_tokens(self) -> int | None:
