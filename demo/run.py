@@ -4,6 +4,7 @@ for every new adapter, a final table and a reward curve. Ctrl-C stops everything
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -105,7 +106,8 @@ class Demo:
                 TrainerSettings(database_url=self.settings.database_url, upstreams=(engine_url,),
                                 adapters_dir=self.settings.workdir / "rlproxy-adapters", metrics_port=None,
                                 worker_id="demo-trainer"),
-                self.settings.train, model_path, on_published=lambda v: self._gate(proxy, v))
+                self.settings.train, model_path, on_published=lambda v: self._gate(proxy, v),
+                while_computing=self._agents_paused)
             tasks = [asyncio.create_task(trainer.run(self.stop), name="trainer"),
                      asyncio.create_task(self._agents(proxy, served), name="agents"),
                      asyncio.create_task(self._deadline(), name="deadline")]
@@ -113,6 +115,16 @@ class Demo:
         finally:
             self.stop.set()
             await runner.cleanup()
+
+    @contextlib.asynccontextmanager
+    async def _agents_paused(self):
+        """Two cores cannot serve episodes and train at once without slowing both many times over (and the
+        agents' event loop starves the step of the GIL): agents wait while the trainer computes."""
+        self.agents_may_run.clear()
+        try:
+            yield
+        finally:
+            self.agents_may_run.set()
 
     async def _watch(self, tasks: list[asyncio.Task]) -> None:
         from demo.view import live_view
@@ -194,15 +206,22 @@ class Demo:
             await client.close()
         return stats.success
 
-    async def _gate(self, proxy: str, version: int) -> bool:
+    async def _gate(self, proxy: str, version: int) -> bool | None:
         """Serve a candidate only if its held-out success is not worse than its parent's by the margin."""
         parent = self.progress.active
         self._note(f"evaluating candidate v{version} on {len(self.heldout_pool)} held-out tasks")
         self.agents_may_run.clear()
+        evaluation = asyncio.create_task(self._evaluate(proxy, policies.adapter_name(version)))
+        stopped = asyncio.create_task(self.stop.wait())
         try:
-            success = await self._evaluate(proxy, policies.adapter_name(version))
+            await asyncio.wait({evaluation, stopped}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             self.agents_may_run.set()
+            stopped.cancel()
+        if not evaluation.done():  # Ctrl-C: stop now; the candidate is evaluated when the demo runs again
+            evaluation.cancel()
+            return None
+        success = evaluation.result()
         self.progress.heldout[version] = success
         promoted = success >= self.progress.heldout.get(parent, 0.0) - self.settings.gate_margin
         await self._store_evaluation(version, success, parent, promoted)

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import shutil
 import statistics
@@ -37,12 +38,15 @@ log = logging.getLogger("rlproxy.trainer")
 
 class TrainerWorker:
     def __init__(self, settings: TrainerSettings, config: TrainConfig, model_path: Path,
-                 metrics: TrainerMetrics | None = None, on_published=None) -> None:
+                 metrics: TrainerMetrics | None = None, on_published=None, while_computing=None) -> None:
         self.settings = settings
         self.config = config
         self.model_path = model_path
         self.metrics = metrics or TrainerMetrics()
-        self.on_published = on_published  # async callback(version) -> bool: an eval gate; False keeps the parent
+        # async callback(version) -> bool | None: an eval gate; False keeps the parent, None decides nothing
+        self.on_published = on_published
+        # Entered while a step computes, for a host that shares the machine's cores (the demo pauses its agents).
+        self.while_computing = while_computing or contextlib.nullcontext
         self.engine = create_engine(settings.database_url)
         self.sessions: async_sessionmaker[AsyncSession] = session_factory(self.engine)
         self.publisher = Publisher(self.sessions, settings.upstreams)
@@ -98,7 +102,8 @@ class TrainerWorker:
             return True
 
         began = time.perf_counter()
-        step_metrics = _as_dict(await asyncio.to_thread(self.policy.step, transitions))
+        async with self.while_computing():
+            step_metrics = _as_dict(await asyncio.to_thread(self.policy.step, transitions))
         self._observe(step_metrics, transitions, time.perf_counter() - began)
         version, path = await self._save()
         step_metrics.update(skipped=dict(skips), reward_mean=statistics.fmean(rewards), rollouts=len(rollouts))
@@ -146,7 +151,10 @@ class TrainerWorker:
             await self._revert()
             return
         if self.on_published is not None and not published.activated:
-            if await self.on_published(version):
+            decision = await self.on_published(version)
+            if decision is None:  # the gate was interrupted: the version stays a candidate for the next run
+                return
+            if decision:
                 async with self.sessions() as session, session.begin():
                     await policies.activate(session, version)
             else:
