@@ -37,6 +37,11 @@ def test_a_short_demo_trains_gates_and_draws_its_curve(engine_url, tmp_path):
     assert finished >= 4 and with_ids >= finished
     assert trained >= 4
     assert versions, "no adapter version was produced"
-    for version, status, evaluation in versions:
+    *gated, last = sorted(versions)
+    for version, status, evaluation in gated:
         assert status in ("active", "retired") and json.loads(evaluation)["heldout_tasks"] == 8
+    # the deadline may interrupt the last candidate's evaluation: it then waits, ungated, for the next run
+    assert last[1] in ("active", "retired", "candidate")
+    if last[1] != "candidate":
+        assert json.loads(last[2])["heldout_tasks"] == 8
     assert "held-out success" in done.stdout
