@@ -88,7 +88,8 @@ def test_merge_trajectory_masks_context_and_keeps_unlinked_calls_apart():
 
 
 def test_merge_trajectory_per_call_advantages_become_per_token():
-    calls = [Call([1], [2], [-1.0], advantage=0.5), Call([1, 2, 3], [4], [-1.0], advantage=1.0, extends_previous=True)]
+    calls = [Call([1], [2], [-1.0], advantage=0.5),
+             Call([1, 2, 3], [4], [-1.0], advantage=1.0, extends_previous=True)]
     (t,) = merge_trajectory(calls, max_seq_len=64)
     assert t.advantages() == [0.5, 0.0, 1.0]
 
@@ -105,14 +106,17 @@ def test_merge_trajectory_counts_skips_and_invalid_calls_break_the_chain():
         {"prompt_ids": [1, 2, 3, 4], "completion_ids": [5], "logprobs": [-1.0], "extends_previous": True},
         {"prompt_ids": [1, 2, 3, 4, 5, 6], "completion_ids": [7] * 5, "logprobs": [-1.0] * 5},  # too long
         # Extends a call that was skipped: starts afresh from its own full prompt.
-        {"prompt_ids": [1, 2, 3, 4, 5, 6, 7, 7], "completion_ids": [8], "logprobs": [-1.0], "extends_previous": True},
+        {"prompt_ids": [1, 2, 3, 4, 5, 6, 7, 7], "completion_ids": [8], "logprobs": [-1.0],
+         "extends_previous": True},
     ]
     out = merge_trajectory(calls, max_seq_len=10, skips=skips)
     assert skips == {
         SkipReasons.NO_TOKEN_IDS: 1, SkipReasons.EMPTY_COMPLETION: 1, SkipReasons.LOGPROB_COUNT: 1,
         SkipReasons.NONFINITE_LOGPROB: 1, SkipReasons.TOO_LONG: 2,
     }
-    assert [(t.prompt_ids, t.loss_mask) for t in out] == [([1, 2], [1, 0, 1]), ([1, 2, 3, 4, 5, 6, 7, 7], None)]
+    assert [(t.prompt_ids, t.loss_mask) for t in out] == [
+        ([1, 2], [1, 0, 1]), ([1, 2, 3, 4, 5, 6, 7, 7], None)
+    ]
 
 
 def test_pack_micro_batches_respects_budget():
@@ -208,7 +212,9 @@ def test_saved_adapter_is_vllm_shaped_and_resumes_exactly(tiny_model, tmp_path):
     assert config["target_modules"] == sorted(TrainConfig().target_modules)
     assert config["modules_to_save"] is None and config["base_model_name_or_path"] == str(tiny_model)
     keys = load_file(str(target / "adapter_model.safetensors")).keys()
-    assert keys and all(k.startswith("base_model.model.") and (".lora_A." in k or ".lora_B." in k) for k in keys)
+    assert keys and all(
+        k.startswith("base_model.model.") and (".lora_A." in k or ".lora_B." in k) for k in keys
+    )
 
     resumed = make_trainer(tiny_model, adapter_dir=target)
     assert resumed.step_count == 3

@@ -17,7 +17,9 @@ _LAZY = {
     "import_openrlhf": "trainer.compat",
 }
 
-__all__ = ["TrainConfig", "Call", "SkipReasons", "Transition", "merge_trajectory", "pack_micro_batches", *_LAZY]
+__all__ = [
+    "TrainConfig", "Call", "SkipReasons", "Transition", "merge_trajectory", "pack_micro_batches", *_LAZY
+]
 
 
 def __getattr__(name: str) -> Any:

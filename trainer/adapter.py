@@ -30,7 +30,7 @@ TRAINER_STATE = "trainer_state.json"
 
 
 def adapter_config(model: Any, base_model_name_or_path: str | None = None) -> dict[str, Any]:
-    """The peft LoRA config of `model` as vLLM accepts it: plain LoRA, target_modules a list, nothing saved whole."""
+    """`model`'s peft LoRA config as vLLM takes it: plain LoRA, target_modules a list, no modules_to_save."""
     config = model.peft_config["default"].to_dict()
     config.update(
         base_model_name_or_path=str(base_model_name_or_path or config.get("base_model_name_or_path") or ""),
@@ -93,7 +93,9 @@ def load_adapter(
     ours = adapter_config(model)
     for key in ("r", "lora_alpha", "target_modules", "use_rslora"):
         if saved.get(key) != ours.get(key):
-            raise ValueError(f"adapter in {adapter_dir} has {key}={saved.get(key)!r}, the model {ours.get(key)!r}")
+            raise ValueError(
+                f"adapter in {adapter_dir} has {key}={saved.get(key)!r}, the model {ours.get(key)!r}"
+            )
     weights = load_file(str(adapter_dir / ADAPTER_WEIGHTS))
     result = set_peft_model_state_dict(model, weights)
     expected = {k for k, _ in model.named_parameters() if "lora_" in k}

@@ -24,16 +24,23 @@ class TrainConfig:
     )
 
     # --- optimisation -----------------------------------------------------------------------------
-    learning_rate: float = field(default=1e-4, metadata={"help": "AdamW learning rate (LoRA params only)."})
+    learning_rate: float = field(
+        default=2e-4,
+        metadata={"help": "AdamW learning rate (LoRA params only). 2e-4 with q,k,v,o: fastest of 5e-5..2e-4 "
+                          "on a CPU GRPO sanity task (135M model), still stable there."},
+    )
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay."})
-    max_grad_norm: float = field(default=1.0, metadata={"help": "Gradient clipping by global norm; 0 disables."})
+    max_grad_norm: float = field(
+        default=1.0, metadata={"help": "Gradient clipping by global norm; 0 disables."}
+    )
     ppo_epochs: int = field(default=1, metadata={"help": "Passes over each batch of transitions per step."})
     micro_batch_tokens: int = field(
         default=4096,
         metadata={"help": "Padded tokens (rows x longest row) per forward/backward; bounds peak memory."},
     )
     max_seq_len: int = field(
-        default=2048, metadata={"help": "Longest prompt + completion trained on; longer transitions are skipped."}
+        default=2048,
+        metadata={"help": "Longest prompt + completion trained on; longer transitions are skipped."},
     )
     bf16: bool = field(
         default=True,
@@ -54,7 +61,7 @@ class TrainConfig:
     kl_coef: float = field(
         default=0.0,
         metadata={"help": "Weight of the KL(policy || base model) penalty. 0 skips the reference forward "
-                          "pass (about a third of step time); the LoRA rank and PPO clip already bound drift."},
+                          "pass (+26% CPU per step, measured); the LoRA rank and PPO clip bound drift."},
     )
     kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1, k2 or k3 (Schulman)."})
     track_ref_kl: bool = field(
@@ -68,7 +75,9 @@ class TrainConfig:
     )
 
     # --- pipeline (read by the worker) ------------------------------------------------------------
-    batch_rollouts: int = field(default=16, metadata={"help": "Rewarded rollouts consumed per training step."})
+    batch_rollouts: int = field(
+        default=16, metadata={"help": "Rewarded rollouts consumed per training step."}
+    )
     group_size: int = field(
         default=4, metadata={"help": "Rollouts of the same task compared to compute advantages."}
     )
@@ -78,7 +87,7 @@ class TrainConfig:
     )
     max_staleness: int = field(
         default=2,
-        metadata={"help": "Drop calls sampled from a policy more than this many versions behind the trainer."},
+        metadata={"help": "Drop calls sampled by a policy more than this many versions behind the trainer."},
     )
     credit: str = field(
         default="identical",
@@ -102,7 +111,8 @@ class TrainConfig:
             "lora_rank": self.lora_rank > 0,
             "lora_alpha": self.lora_alpha > 0,
             "lora_dropout": 0.0 <= self.lora_dropout < 1.0,
-            "target_modules": bool(self.target_modules) and all(isinstance(m, str) for m in self.target_modules),
+            "target_modules": bool(self.target_modules)
+            and all(isinstance(m, str) for m in self.target_modules),
             "learning_rate": self.learning_rate > 0,
             "weight_decay": self.weight_decay >= 0,
             "max_grad_norm": self.max_grad_norm >= 0,

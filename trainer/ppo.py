@@ -9,6 +9,8 @@ update of the LoRA parameters.
 Model: OpenRLHF's Actor loads the base in bfloat16 (its only CPU-usable choice, and what vLLM serves)
 and wraps it with peft LoRA; peft keeps the LoRA weights in float32, so AdamW updates full-precision
 master weights. The reference policy is the same module with the adapter disabled: no second copy.
+Log-probs come from `_forward` rather than Actor.forward, which runs the LM head over every position;
+ours skips the prompt positions (the same padded path otherwise).
 """
 from __future__ import annotations
 
@@ -57,34 +59,35 @@ class StepMetrics:
 
 @dataclass
 class _MicroBatch:
-    """Right-padded tensors; per-token tensors are aligned to log-prob positions (length T - 1)."""
+    """Right-padded sequences. Per-token tensors cover log-prob positions start .. T-2 (position j scores
+    token j + 1): from the earliest completion in the batch on, so prompt-only positions never reach the
+    vocabulary projection."""
 
     input_ids: torch.Tensor  # [B, T]
     attention_mask: torch.Tensor  # [B, T]
-    loss_mask: torch.Tensor  # [B, T-1] 1 where the next token was sampled by the model
-    behaviour_logprobs: torch.Tensor  # [B, T-1]
-    advantages: torch.Tensor  # [B, T-1]
+    start: int
+    loss_mask: torch.Tensor  # [B, K] 1 where the scored token was sampled by the model; K = T - 1 - start
+    behaviour_logprobs: torch.Tensor  # [B, K]
+    advantages: torch.Tensor  # [B, K]
     tokens: int
 
 
 def collate(transitions: list[Transition], pad_id: int = 0) -> _MicroBatch:
     rows = len(transitions)
     width = max(len(t) for t in transitions)
+    start = min(len(t.prompt_ids) for t in transitions) - 1
     ids = torch.full((rows, width), pad_id, dtype=torch.long)
     attention = torch.zeros((rows, width), dtype=torch.long)
-    mask = torch.zeros((rows, width - 1))
-    behaviour = torch.zeros((rows, width - 1))
-    advantages = torch.zeros((rows, width - 1))
+    mask, behaviour, advantages = (torch.zeros((rows, width - 1 - start)) for _ in range(3))
     for i, t in enumerate(transitions):
         seq = t.prompt_ids + t.completion_ids
         ids[i, : len(seq)] = torch.tensor(seq)
         attention[i, : len(seq)] = 1
-        # Log-prob position j scores token j + 1, so completion token k sits at len(prompt) - 1 + k.
-        span = slice(len(t.prompt_ids) - 1, len(seq) - 1)
+        span = slice(len(t.prompt_ids) - 1 - start, len(seq) - 1 - start)  # this row's completion tokens
         mask[i, span] = torch.tensor(t.mask(), dtype=torch.float32)
         behaviour[i, span] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
         advantages[i, span] = torch.tensor(t.advantages(), dtype=torch.float32) * mask[i, span]
-    return _MicroBatch(ids, attention, mask, behaviour, advantages, int(attention.sum()))
+    return _MicroBatch(ids, attention, start, mask, behaviour, advantages, int(attention.sum()))
 
 
 class PolicyTrainer:
@@ -104,7 +107,6 @@ class PolicyTrainer:
             lora_alpha=config.lora_alpha,
             lora_dropout=config.lora_dropout,
             target_modules=list(config.target_modules),
-            temperature=config.temperature,
         )
         self.model = self.actor.model  # the peft model: adapter save/load and disable_adapter()
         self.actor.train()
@@ -154,13 +156,11 @@ class PolicyTrainer:
             for i, mb in enumerate(micro_batches):
                 if cfg.needs_reference and references[i] is None:
                     references[i] = self._logprobs(mb, adapter=False)
-                with self._autocast():
-                    logprobs, output = self.actor(
-                        mb.input_ids, attention_mask=mb.attention_mask, return_logprobs=True, return_output=True
-                    )
+                logprobs, logits = self._forward(mb)
                 # Token-mean over the whole step: each micro-batch contributes its sum / all trained tokens.
                 policy_loss, clip_frac, _, _, _ = self.policy_loss(
-                    logprobs, mb.behaviour_logprobs, mb.advantages, mb.loss_mask, batch_num_tokens=trained_tokens
+                    logprobs, mb.behaviour_logprobs, mb.advantages, mb.loss_mask,
+                    batch_num_tokens=trained_tokens,
                 )
                 loss = policy_loss
                 if references[i] is not None:
@@ -179,10 +179,11 @@ class PolicyTrainer:
                     log_ratio = (logprobs.detach() - mb.behaviour_logprobs) * mb.loss_mask
                     add("ratio_mean", (log_ratio.exp() * mb.loss_mask).sum() / trained_tokens)
                     add("behaviour_kl", -log_ratio.sum() / trained_tokens)
-                    ratio_max = max(ratio_max, float(log_ratio.masked_fill(mb.loss_mask == 0, -1e9).exp().max()))
-                    add("entropy", _masked_entropy_sum(output["logits"], mb.loss_mask) / trained_tokens)
+                    masked = log_ratio.masked_fill(mb.loss_mask == 0, -1e9)
+                    ratio_max = max(ratio_max, float(masked.exp().max()))
+                    add("entropy", _masked_entropy_sum(logits, mb.loss_mask) / trained_tokens)
                 add("tokens", mb.tokens)
-                del output, logprobs, loss
+                del logits, logprobs, loss
 
             grad_norms.append(self._optimizer_step())
 
@@ -211,7 +212,8 @@ class PolicyTrainer:
         if cfg.max_grad_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
         else:
-            norm = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in self.params if p.grad is not None]))
+            grads = [p.grad.norm() for p in self.params if p.grad is not None]
+            norm = torch.linalg.vector_norm(torch.stack(grads))
         norm = float(norm)
         if math.isfinite(norm):
             self.optimizer.step()
@@ -221,11 +223,30 @@ class PolicyTrainer:
         return norm
 
     # --- scoring ----------------------------------------------------------------------------------
+    def _forward(self, mb: _MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs [B, K] of the scored tokens and their logits [B, K, V].
+
+        Actor.forward's padded path, except that only positions from `mb.start` on go through the LM
+        head: agent prompts are long and the vocabulary projection + log-softmax of every prompt
+        position would be wasted work (HF's `logits_to_keep` takes the positions).
+        """
+        position_ids = mb.attention_mask.cumsum(-1) - 1
+        position_ids.masked_fill_(mb.attention_mask == 0, 1)
+        keep = torch.arange(mb.start, mb.input_ids.shape[1] - 1)
+        with self._autocast():
+            output = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                                position_ids=position_ids, logits_to_keep=keep)
+        logits = output.logits.float()
+        if self.config.temperature != 1.0:
+            logits = logits / self.config.temperature
+        targets = mb.input_ids[:, mb.start + 1:]
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        return logprobs, logits
+
     @torch.no_grad()
     def _logprobs(self, mb: _MicroBatch, adapter: bool = True) -> torch.Tensor:
-        context = contextlib.nullcontext() if adapter else self.model.disable_adapter()
-        with context, self._autocast():
-            return self.actor(mb.input_ids, attention_mask=mb.attention_mask, return_logprobs=True).float()
+        with contextlib.nullcontext() if adapter else self.model.disable_adapter():
+            return self._forward(mb)[0]
 
     def logprobs(self, transitions: list[Transition], adapter: bool = True) -> list[list[float]]:
         """Per-completion-token log-probs under the current policy (or the base model: adapter=False).
@@ -235,10 +256,11 @@ class PolicyTrainer:
         unique = list({id(t): t for t in transitions}.values())
         results: dict[int, list[float]] = {}
         for group in pack_micro_batches(unique, self.config.micro_batch_tokens):
-            scores = self._logprobs(collate(group), adapter=adapter)
+            mb = collate(group)
+            scores = self._logprobs(mb, adapter=adapter)
             for row, t in enumerate(group):
-                start = len(t.prompt_ids) - 1
-                results[id(t)] = scores[row, start: start + len(t.completion_ids)].tolist()
+                first = len(t.prompt_ids) - 1 - mb.start
+                results[id(t)] = scores[row, first: first + len(t.completion_ids)].tolist()
         return [results[id(t)] for t in transitions]
 
     # --- persistence ------------------------------------------------------------------------------
@@ -272,7 +294,7 @@ class PolicyTrainer:
 
 def _masked_entropy_sum(logits: torch.Tensor, mask: torch.Tensor, chunk: int = 1024) -> float:
     """Sum of the policy's entropy over trained positions, in chunks to bound memory."""
-    rows = logits[:, :-1][mask.bool()]
+    rows = logits[mask.bool()]
     total = 0.0
     for start in range(0, rows.shape[0], chunk):
         x = rows[start: start + chunk].float()

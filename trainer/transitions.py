@@ -49,7 +49,7 @@ class Transition:
 
 @dataclass
 class Call:
-    """One recorded LLM call, as `merge_trajectory` reads it (any object or mapping with these names works)."""
+    """One recorded LLM call as `merge_trajectory` reads it (any object or mapping with these names works)."""
 
     prompt_ids: list[int]
     completion_ids: list[int]
