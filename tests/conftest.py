@@ -18,7 +18,7 @@ import pytest
 from pytest_postgresql import factories
 
 from store.migrate import upgrade
-from tests.support import free_port, proxy_command, running, stub_command
+from tests.support import free_port, running, running_proxy, stub_command
 
 pytest_plugins = ["tests.engine_fixture"] if (Path(__file__).parent / "engine_fixture.py").exists() else []
 
@@ -103,10 +103,7 @@ def stub_url(run_dir: Path) -> str:
 @pytest.fixture(scope="session")
 def proxy_url(stub_url: str, database_url: str, run_dir: Path) -> str:
     """`rlproxy serve` in front of the stub, recording into the test Postgres database."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    args = proxy_command(port, [stub_url], database_url, "--spool-path", str(run_dir / "spool.jsonl"))
-    with running(args, url + "/healthz", log_path=run_dir / "proxy.log"):
+    with running_proxy([stub_url], database_url, run_dir) as url:
         yield url
 
 

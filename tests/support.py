@@ -80,3 +80,14 @@ def proxy_command(port: int, upstreams: list[str], database_url: str, *extra: st
     for upstream in upstreams:
         args += ["--upstream", upstream]
     return args + list(extra)
+
+
+@contextmanager
+def running_proxy(upstreams: list[str], database_url: str, workdir: Path, name: str = "proxy", *extra: str):
+    """`rlproxy serve` as a real process on a free port, its spool and log in `workdir`; yields its URL."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = proxy_command(port, upstreams, database_url, "--spool-path", str(workdir / f"{name}-spool.jsonl"),
+                         *extra)
+    with running(args, url + "/healthz", log_path=workdir / f"{name}.log"):
+        yield url

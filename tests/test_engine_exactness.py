@@ -19,7 +19,7 @@ import openai
 import pytest
 import requests
 
-from tests.support import free_port, proxy_command, running, wait_http
+from tests.support import running_proxy, wait_http
 
 pytestmark = pytest.mark.engine
 
@@ -31,10 +31,7 @@ GREEDY = {"temperature": 0, "seed": 7}
 @pytest.fixture(scope="module")
 def proxy(engine_url: str, database_url: str, run_dir: Path) -> str:
     """One `rlproxy serve` for this module, in front of the shared real engine."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    args = proxy_command(port, [engine_url], database_url, "--spool-path", str(run_dir / "spool-engine.jsonl"))
-    with running(args, url + "/healthz", log_path=run_dir / "proxy-engine.log"):
+    with running_proxy([engine_url], database_url, run_dir, "proxy-engine") as url:
         wait_http(url + "/readyz", timeout=60)  # the proxy has reached the engine
         yield url
 

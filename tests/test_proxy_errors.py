@@ -9,7 +9,7 @@ import openai
 import pytest
 import requests
 
-from tests.support import free_port, proxy_command, running
+from tests.support import free_port, running_proxy
 
 
 def assert_openai_error(response: requests.Response, status: int) -> dict:
@@ -103,10 +103,8 @@ def test_engine_errors_are_relayed_as_they_are_and_recorded(proxy_url, stub_url)
 
 
 def test_unreachable_engine_is_502(database_url, run_dir):
-    port, dead = free_port(), f"http://127.0.0.1:{free_port()}"
-    url = f"http://127.0.0.1:{port}"
-    args = proxy_command(port, [dead], database_url, "--spool-path", str(run_dir / "spool-502.jsonl"))
-    with running(args, url + "/healthz", log_path=run_dir / "proxy-502.log"):
+    dead = f"http://127.0.0.1:{free_port()}"
+    with running_proxy([dead], database_url, run_dir, "proxy-502") as url:
         rollout_id = uuid.uuid4().hex
         response = requests.post(f"{url}/rollouts/{rollout_id}/v1/chat/completions",
                                  json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
@@ -118,11 +116,7 @@ def test_unreachable_engine_is_502(database_url, run_dir):
 
 
 def test_slow_engine_is_504(stub_url, database_url, run_dir):
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    args = proxy_command(port, [stub_url], database_url, "--upstream-timeout", "0.5",
-                         "--spool-path", str(run_dir / "spool-504.jsonl"))
-    with running(args, url + "/healthz", log_path=run_dir / "proxy-504.log"):
+    with running_proxy([stub_url], database_url, run_dir, "proxy-504", "--upstream-timeout", "0.5") as url:
         rollout_id = uuid.uuid4().hex
         body = {"model": "stub-model", "messages": [{"role": "user", "content": "hi"}], "stream": True,
                 "stub_delay": 0.3}

@@ -18,7 +18,7 @@ from store.calls import write_calls
 from store.db import create_engine, session_factory
 from store.models import Policy, Rollout, TrainStep, utcnow
 from store.records import CallRecord, ChoiceRecord
-from tests.support import free_port, proxy_command, running
+from tests.support import running_proxy
 from trainer.config import TrainConfig
 
 torch = pytest.importorskip("torch")
@@ -95,10 +95,7 @@ def test_a_step_trains_marks_rollouts_and_the_proxy_serves_the_new_version(
     served = {m["id"]: m["parent"] for m in requests.get(f"{stub_url}/v1/models").json()["data"]}
     assert served["rlproxy-v1"] == "stub-model"
 
-    port = free_port()
-    proxy = f"http://127.0.0.1:{port}"
-    with running(proxy_command(port, [stub_url], own_database_url, "--spool-path", str(tmp_path / "s.jsonl")),
-                 proxy + "/healthz", log_path=tmp_path / "proxy.log"):
+    with running_proxy([stub_url], own_database_url, tmp_path) as proxy:
         answer = requests.post(f"{proxy}/v1/chat/completions",
                                json={"model": "stub-model", "messages": [{"role": "user", "content": "hi"}]})
         assert answer.headers["X-Rlproxy-Policy"] == "1"
