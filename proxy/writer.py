@@ -188,7 +188,7 @@ class CaptureWriter:
             return replayed
         if not records:
             return True
-        if await self._write(records):
+        if await self._write(records, may_repeat=False):
             return True
         self.spool.append(records)
         self.metrics.rows_spooled.inc(len(records))
@@ -204,12 +204,12 @@ class CaptureWriter:
         log.info("replayed %d spooled calls", len(records))
         return True
 
-    async def _write(self, records: list[CallRecord]) -> bool:
+    async def _write(self, records: list[CallRecord], *, may_repeat: bool = True) -> bool:
         """Store one batch. False when the database is unreachable (the caller spools). A batch the database
         rejects for what it contains is split so one bad record cannot block the rest; a record rejected on
         its own goes to the `.rejected.jsonl` file next to the spool, kept for inspection."""
         try:
-            await self._transaction(records)
+            await self._transaction(records, may_repeat)
         except Exception as exc:  # noqa: BLE001 — classified below; nothing is dropped either way
             self.metrics.write_errors.inc()
             if not _is_transient(exc):
@@ -224,10 +224,10 @@ class CaptureWriter:
         self.database_ok = True
         return True
 
-    async def _transaction(self, records: list[CallRecord]) -> None:
+    async def _transaction(self, records: list[CallRecord], may_repeat: bool) -> None:
         began = time.perf_counter()
         async with self.sessions() as session, session.begin():
-            written = await write_calls(session, records)
+            written = await write_calls(session, records, may_repeat=may_repeat)
             if self.after_write is not None and written:
                 await self.after_write(session, written)
         self.metrics.writer_batch.observe(len(records))

@@ -63,11 +63,15 @@ async def _latest_call(session: AsyncSession, rollout_id: str, agent: str | None
     return Parent(*row) if row else None
 
 
-async def write_calls(session: AsyncSession, records: list[CallRecord]) -> list[WrittenCall]:
-    """Store `records` in the session's transaction. Replayed records (same id) are skipped."""
-    ids = [r.id for r in records]
-    known = set((await session.execute(select(Call.id).where(Call.id.in_(ids)))).scalars())
-    fresh = [r for r in records if r.id not in known]
+async def write_calls(session: AsyncSession, records: list[CallRecord], *,
+                      may_repeat: bool = True) -> list[WrittenCall]:
+    """Store `records` in the session's transaction. Replayed records (same id) are skipped; a caller that
+    knows none was stored before (the writer's first attempt) passes `may_repeat=False` to save the look-up."""
+    fresh = records
+    if may_repeat:
+        ids = [r.id for r in records]
+        known = set((await session.execute(select(Call.id).where(Call.id.in_(ids)))).scalars())
+        fresh = [r for r in records if r.id not in known]
     if not fresh:
         return []
 
