@@ -26,9 +26,12 @@ PROMPTS = ["Write a short story about a lighthouse.", "Explain how rain forms.",
            "Describe a winter morning.", "How does a bicycle work?"]
 
 
-async def stream_one(http: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int):
+async def stream_one(http: aiohttp.ClientSession, url: str, model: str, prompt: str, max_tokens: int,
+                     capture_fields: bool = False):
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
             "temperature": 0, "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}
+    if capture_fields:  # what the proxy adds upstream: separates the engine's logprob cost from the proxy's
+        body.update(logprobs=True, return_token_ids=True)
     began = time.perf_counter()
     first = None
     tokens = 0
@@ -44,11 +47,12 @@ async def stream_one(http: aiohttp.ClientSession, url: str, model: str, prompt: 
     return tokens, first or 0.0
 
 
-async def level(url: str, model: str, concurrency: int, max_tokens: int) -> tuple[float, float]:
+async def level(url: str, model: str, concurrency: int, max_tokens: int,
+                capture_fields: bool = False) -> tuple[float, float]:
     async with aiohttp.ClientSession() as http:
         began = time.perf_counter()
-        results = await asyncio.gather(*(stream_one(http, url, model, PROMPTS[i % len(PROMPTS)], max_tokens)
-                                         for i in range(concurrency)))
+        results = await asyncio.gather(*(stream_one(http, url, model, PROMPTS[i % len(PROMPTS)], max_tokens,
+                                                    capture_fields) for i in range(concurrency)))
         elapsed = time.perf_counter() - began
     return sum(t for t, _ in results) / elapsed, statistics.median(f for _, f in results)
 
@@ -56,17 +60,17 @@ async def level(url: str, model: str, concurrency: int, max_tokens: int) -> tupl
 async def measure(engine: str, proxy: str, model: str, rounds: int, max_tokens: int) -> list[tuple]:
     rows = []
     for concurrency in (1, 8):
-        samples = {"direct": [], "proxy": []}
-        for base in (engine, proxy):  # warm-up: the first request with logprobs compiles another graph
-            await level(f"{base}/v1/chat/completions", model, concurrency, 4)
+        targets = (("direct", engine, False), ("direct+logprobs", engine, True), ("proxy", proxy, False))
+        samples = {name: [] for name, _, _ in targets}
+        for _, base, fields in targets:  # warm-up: the first request with logprobs compiles another graph
+            await level(f"{base}/v1/chat/completions", model, concurrency, 4, fields)
         for _ in range(rounds):
-            for name, base in (("direct", engine), ("proxy", proxy)):
-                samples[name].append(await level(f"{base}/v1/chat/completions", model, concurrency, max_tokens))
-        d_tps = statistics.mean(s[0] for s in samples["direct"])
-        p_tps = statistics.mean(s[0] for s in samples["proxy"])
-        d_ttft = statistics.median(s[1] for s in samples["direct"])
-        p_ttft = statistics.median(s[1] for s in samples["proxy"])
-        rows.append((concurrency, d_tps, p_tps, d_ttft * 1000, p_ttft * 1000))
+            for name, base, fields in targets:
+                samples[name].append(await level(f"{base}/v1/chat/completions", model, concurrency, max_tokens,
+                                                 fields))
+        tps = {name: statistics.mean(s[0] for s in samples[name]) for name in samples}
+        ttft = {name: statistics.median(s[1] for s in samples[name]) * 1000 for name in samples}
+        rows.append((concurrency, tps, ttft))
     return rows
 
 
@@ -93,10 +97,14 @@ def main() -> None:
                                                   str(workdir / "spool.jsonl")), proxy + "/healthz",
                                     log_path=workdir / "proxy.log"))
         rows = asyncio.run(measure(engine_url, proxy, model, args.rounds, args.max_tokens))
-    print(f"{'streams':>7}{'direct tok/s':>14}{'proxy tok/s':>13}{'ratio':>8}{'direct TTFT ms':>16}"
-          f"{'proxy TTFT ms':>15}")
-    for concurrency, d_tps, p_tps, d_ttft, p_ttft in rows:
-        print(f"{concurrency:>7}{d_tps:>14.1f}{p_tps:>13.1f}{p_tps / d_tps:>8.3f}{d_ttft:>16.0f}{p_ttft:>15.0f}")
+    # proxy/direct is the whole cost of capture; proxy/direct+logprobs is the proxy's own share (the engine
+    # computing the logprobs and ids it is asked for is the rest).
+    print(f"{'streams':>7}{'direct tok/s':>14}{'+logprobs':>11}{'proxy tok/s':>13}{'proxy/direct':>14}"
+          f"{'proxy/+logprobs':>17}{'TTFT ms direct/+lp/proxy':>27}")
+    for concurrency, tps, ttft in rows:
+        d, lp, p = tps["direct"], tps["direct+logprobs"], tps["proxy"]
+        ttfts = "/".join(f"{ttft[name]:.0f}" for name in ("direct", "direct+logprobs", "proxy"))
+        print(f"{concurrency:>7}{d:>14.1f}{lp:>11.1f}{p:>13.1f}{p / d:>14.3f}{p / lp:>17.3f}{ttfts:>27}")
 
 
 async def _model(engine_url: str) -> str:

@@ -142,9 +142,14 @@ def engine(model_path, host, port, served_model_name, max_model_len, kv_cache_gi
 @option("--worker-id", default="trainer", help="Lease owner name; unique per trainer.")
 @option("--metrics-port", default=8401, type=int, help="Prometheus metrics port (0: off).")
 @option("--max-steps", default=None, type=int, help="Stop after this many steps.")
+@option("--poll-interval", default=1.0, type=float, help="Seconds between looks for ready rollouts.")
+@option("--lease-seconds", default=900.0, type=float,
+        help="How long claimed rollouts stay reserved for one step (a restart of the same --worker-id takes "
+             "its own leases back at once).")
 @option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
         help="Any training setting, e.g. --set learning_rate=5e-5 --set group_size=8 (see `rlproxy train-config`).")
-def train(database_url, upstreams, model_path, adapters_dir, worker_id, metrics_port, max_steps, overrides) -> None:
+def train(database_url, upstreams, model_path, adapters_dir, worker_id, metrics_port, max_steps, poll_interval,
+          lease_seconds, overrides) -> None:
     """Run the trainer worker: rewarded rollouts in, LoRA PPO, new adapters hot-loaded into the engines."""
     import asyncio
 
@@ -154,7 +159,8 @@ def train(database_url, upstreams, model_path, adapters_dir, worker_id, metrics_
     config = train_config_from(overrides)
     settings = TrainerSettings(database_url=database_url, upstreams=tuple(upstreams), model=model_path,
                                adapters_dir=adapters_dir, worker_id=worker_id,
-                               metrics_port=metrics_port or None, max_steps=max_steps)
+                               metrics_port=metrics_port or None, max_steps=max_steps,
+                               poll_interval=poll_interval, lease_seconds=lease_seconds)
     if settings.metrics_port:
         from prometheus_client import start_http_server
 

@@ -94,6 +94,14 @@ async def release(session: AsyncSession, rollout_ids: list[str], owner: str) -> 
                           .values(lease_owner=None, lease_expires_at=None))
 
 
+async def release_untrained(session: AsyncSession, owner: str) -> int:
+    """Drop `owner`'s leases on untrained rollouts: a restarted worker (same id) takes back what its dead
+    predecessor held instead of waiting for the leases to expire. Returns how many were released."""
+    result = await session.execute(update(Rollout).where(Rollout.lease_owner == owner, Rollout.trained_at.is_(None))
+                                   .values(lease_owner=None, lease_expires_at=None))
+    return result.rowcount or 0
+
+
 async def load_rollouts(session: AsyncSession, rollout_ids: list[str]) -> list[RolloutData]:
     rollouts = (await session.execute(select(Rollout).where(Rollout.id.in_(rollout_ids)))).scalars().all()
     calls = (await session.execute(

@@ -16,6 +16,7 @@ import hashlib
 import json
 import time
 import zlib
+from pathlib import Path
 
 from aiohttp import web
 
@@ -83,6 +84,10 @@ class Stub:
         body = await request.json()
         if body["lora_name"] in self.adapters:
             return error(400, f"The lora adapter '{body['lora_name']}' has already been loaded.")
+        folder = Path(body["lora_path"])
+        if not all((folder / name).is_file() for name in ("adapter_config.json", "adapter_model.safetensors")):
+            # vLLM refuses a folder without a complete PEFT adapter in the same way
+            return error(400, f"Loading lora {body['lora_name']} failed: No adapter found for {folder}")
         self.adapters[body["lora_name"]] = body["lora_path"]
         return web.Response(text=f"Success: LoRA adapter '{body['lora_name']}' added successfully.")
 

@@ -57,8 +57,11 @@ class TrainerWorker:
     async def start(self) -> None:
         from trainer.ppo import PolicyTrainer
 
-        async with self.sessions() as session:
+        async with self.sessions() as session, session.begin():
+            released = await training.release_untrained(session, self.settings.worker_id)
             active = await policies.active_policy(session)
+        if released:
+            log.info("took back %d rollouts leased by an earlier run of %r", released, self.settings.worker_id)
         self.parent_version = active.version
         log.info("resuming from policy v%d (%s)", active.version, active.path or "base model")
         self.policy = await asyncio.to_thread(
