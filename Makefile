@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 
 .PHONY: install demo test bench clean
 
-$(STAMP): pyproject.toml scripts/install.sh
+$(STAMP): pyproject.toml scripts/install.sh scripts/install-examples.sh $(wildcard examples/requirements-*.txt)
 	PYTHON=$(PYTHON) VENV=$(VENV) bash scripts/install.sh
 	touch $(STAMP)
 

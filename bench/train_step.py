@@ -99,6 +99,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4, help="measured steps per mode (after one warm-up)")
     ap.add_argument("--kl-coef", type=float, default=None, help="default: TrainConfig's")
     ap.add_argument("--no-bf16", action="store_true")
+    ap.add_argument("--lora-layers", type=int, default=None, help="default: TrainConfig's (0: all layers)")
     ap.add_argument("--micro-batch-tokens", type=int, default=None)
     args = ap.parse_args()
 
@@ -108,6 +109,8 @@ def main() -> None:
         overrides["kl_coef"] = args.kl_coef
     if args.micro_batch_tokens:
         overrides["micro_batch_tokens"] = args.micro_batch_tokens
+    if args.lora_layers is not None:
+        overrides["lora_layers"] = args.lora_layers
     config = TrainConfig(**overrides)
     trainer = PolicyTrainer(path, config)
     vocab = trainer.model.config.vocab_size
@@ -128,7 +131,8 @@ def main() -> None:
     tokens = metrics.tokens
     print(f"model: {source} {path} | {torch.get_num_threads()} threads "
           f"| bf16 autocast {trainer.autocast_enabled} "
-          f"| kl_coef {config.kl_coef} | lora r{config.lora_rank} {','.join(config.target_modules)}")
+          f"| kl_coef {config.kl_coef} | lora r{config.lora_rank} {','.join(config.target_modules)} "
+          f"on {'the top ' + str(config.lora_layers) if config.lora_layers else 'all'} layers")
     print(f"batch: {len(batch)} transitions, {tokens} tokens ({metrics.trained_tokens} trained), "
           f"{metrics.micro_batches} micro-batches of <= {config.micro_batch_tokens} padded tokens, "
           f"{args.steps} steps each, load average {os.getloadavg()[0]:.1f}")

@@ -18,14 +18,15 @@ import aiohttp
 import openai
 from aiohttp import web
 
-from demo.agent import evaluate_detailed, run_episode
+from demo.agent import run_episode
+from demo.evaluate import HeldoutResult, evaluate_heldout, passes, record, transaction
 from demo.tasks import Task, heldout_tasks, train_tasks
 from proxy.app import build_app
 from rlproxy.engine import Engine
+from rlproxy.hardware import fast_bf16
 from rlproxy.model import prepare_model
 from rlproxy.settings import EngineSettings, ProxySettings, TrainerSettings, WriterSettings
 from store import policies
-from store.db import create_engine, session_factory
 from trainer.config import TrainConfig
 from trainer.worker import TrainerWorker
 
@@ -91,8 +92,9 @@ class Demo:
             engine_settings = EngineSettings(port=self.settings.engine_port, max_model_len=2048, kv_cache_gib=2,
                                              max_loras=4)
             self._note("starting vLLM (30-90 s on CPU)")
-            # bfloat16: three times the prefill speed of float32 on CPU, which bounds episodes per minute
-            async with Engine(engine_settings, model_path=model_path, dtype="bfloat16") as engine:
+            # bfloat16 only where the hardware does it fast (rlproxy/hardware.py has the numbers)
+            dtype = "bfloat16" if fast_bf16() else "float32"
+            async with Engine(engine_settings, model_path=model_path, dtype=dtype) as engine:
                 await self._loop(engine.base_url, engine.served_model_name, model_path)
         self._save()
         return self.progress
@@ -198,13 +200,9 @@ class Demo:
                                       self.progress.active))
 
     # --- the held-out gate ----------------------------------------------------------------------------------
-    async def _evaluate(self, proxy: str, model: str) -> float:
-        client = openai.AsyncOpenAI(base_url=f"{proxy}/v1", api_key="demo", max_retries=2)
-        try:
-            stats = await evaluate_detailed(client, model, self.heldout_pool, concurrency=2 * self.settings.concurrency)
-        finally:
-            await client.close()
-        return stats.success
+    async def _evaluate(self, proxy: str, model: str) -> HeldoutResult:
+        return await evaluate_heldout(f"{proxy}/v1", model, self.heldout_pool,
+                                      concurrency=2 * self.settings.concurrency, api_key="demo")
 
     async def _gate(self, proxy: str, version: int) -> bool | None:
         """Serve a candidate only if its held-out success is not worse than its parent's by the margin."""
@@ -221,10 +219,11 @@ class Demo:
         if not evaluation.done():  # Ctrl-C: stop now; the candidate is evaluated when the demo runs again
             evaluation.cancel()
             return None
-        success = evaluation.result()
+        result = evaluation.result()
+        success = result.success
         self.progress.heldout[version] = success
-        promoted = success >= self.progress.heldout.get(parent, 0.0) - self.settings.gate_margin
-        await self._store_evaluation(version, success, parent, promoted)
+        promoted = passes(success, self.progress.heldout.get(parent, 0.0), self.settings.gate_margin)
+        await self._store_evaluation(version, result, parent, promoted)
         self.progress.steps += 1
         if promoted:
             self.progress.active = version
@@ -233,15 +232,10 @@ class Demo:
         self._save()
         return promoted
 
-    async def _store_evaluation(self, version: int, success: float, parent: int, promoted: bool) -> None:
-        engine = create_engine(self.settings.database_url)
-        try:
-            async with session_factory(engine)() as session, session.begin():
-                policy = await policies.get_policy(session, version)
-                policy.evaluation = {"heldout_success": success, "heldout_tasks": len(self.heldout_pool),
-                                     "parent": parent, "promoted": promoted}
-        finally:
-            await engine.dispose()
+    async def _store_evaluation(self, version: int, result: HeldoutResult, parent: int, promoted: bool) -> None:
+        async with transaction(self.settings.database_url) as session:
+            await record(session, version, result, parent=parent,
+                         parent_heldout_success=self.progress.heldout.get(parent, 0.0), promoted=promoted)
 
     # --- resuming ---------------------------------------------------------------------------------------------
     async def _restore(self, proxy: str, served: str) -> None:
@@ -253,7 +247,7 @@ class Demo:
                 self.progress.active = (await r.json())["active"]
         if policies.BASE_VERSION not in self.progress.heldout:
             self._note(f"measuring the base model on {len(self.heldout_pool)} held-out tasks")
-            self.progress.heldout[policies.BASE_VERSION] = await self._evaluate(proxy, served)
+            self.progress.heldout[policies.BASE_VERSION] = (await self._evaluate(proxy, served)).success
             self._save()
 
     def _save(self) -> None:

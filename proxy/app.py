@@ -10,7 +10,8 @@ from proxy.air import automatic_rewards
 from proxy.errors import ConflictError, NotFoundError, ProxyError, error_body, json_response
 from proxy.metrics import ProxyMetrics
 from proxy.policy import PolicyRouter
-from proxy.routes import ops, openai, policies, rollouts
+from proxy.routes import docs, ops, openai, policies, rollouts
+from proxy.security import install as install_security
 from proxy.serving import CompletionServing
 from proxy.state import STATE, ProxyState
 from proxy.upstream import UpstreamPool
@@ -18,6 +19,7 @@ from proxy.writer import CaptureWriter
 from rewards import AirRules
 from rlproxy.settings import ProxySettings
 from store import errors as store_errors
+from store import policies as store_policies
 from store.db import create_engine, session_factory
 from store.migrate import upgrade_async
 
@@ -55,7 +57,10 @@ def build_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> w
     rollouts.add_routes(app)
     policies.add_routes(app)
     ops.add_routes(app)
+    docs.add_routes(app)
+    install_security(app, settings)
     app.cleanup_ctx.append(_lifecycle(settings, metrics or ProxyMetrics()))
+    app.on_shutdown.append(_draining(settings))
     return app
 
 
@@ -66,7 +71,8 @@ def _lifecycle(settings: ProxySettings, metrics: ProxyMetrics):
         engine = create_engine(settings.database_url)
         sessions = session_factory(engine)
         upstreams = UpstreamPool(settings.upstreams, timeout=settings.upstream_timeout,
-                                 connect_attempts=settings.upstream_connect_attempts)
+                                 connect_attempts=settings.upstream_connect_attempts,
+                                 api_key=_secret(settings.auth.upstream_api_key))
         await upstreams.start()
         await upstreams.refresh_health()
         router = PolicyRouter(sessions, settings.served_model)
@@ -74,26 +80,44 @@ def _lifecycle(settings: ProxySettings, metrics: ProxyMetrics):
                                after_write=automatic_rewards(AirRules(enabled=settings.air), metrics))
         await writer.start()
         app[STATE] = ProxyState(settings, engine, sessions, metrics, upstreams, router, writer,
-                                CompletionServing(upstreams, router, writer, metrics))
+                                CompletionServing(upstreams, router, writer, metrics,
+                                                  redact=settings.auth.redact_content))
         await router.start(settings.policy_refresh_interval)
         health = asyncio.create_task(_watch_engines(app[STATE]), name="engine-health")
         try:
             yield
         finally:
+            # Requests in flight have finished (or met `shutdown_timeout`): store what they recorded (what the
+            # database does not take stays in the spool), then let go of the engines and the database.
             health.cancel()
             await router.close()
             await writer.close()
             await upstreams.close()
             await engine.dispose()
+            log.info("stopped")
 
     return lifecycle
 
 
+def _draining(settings: ProxySettings):
+    async def draining(app: web.Application) -> None:
+        """On SIGTERM the listening socket is closed already; requests and streams in flight may finish."""
+        in_flight = int(app[STATE].metrics.in_flight._value.get()) if STATE in app else 0
+        log.info("shutting down: %d requests in flight get up to %.0f s to finish", in_flight,
+                 settings.shutdown_timeout)
+
+    return draining
+
+
 async def _watch_engines(state: ProxyState, interval: float = 5.0) -> None:
-    """Keep replica health and the base model name current (an engine may start after the proxy)."""
+    """Keep replica health and the base model name current (an engine may start after the proxy), and put
+    the serving adapters back on a replica that lost them (it restarted)."""
     while True:
-        if state.router.base_model is None or not all(r.healthy for r in state.upstreams.replicas):
-            await state.upstreams.refresh_health()
+        await state.upstreams.refresh_health()
+        try:
+            await _restore_adapters(state)
+        except Exception as exc:  # noqa: BLE001 — the next look tries again
+            log.warning("could not check the engines' adapters: %s", exc)
         base = state.upstreams.base_model()
         if base and state.router.base_model != base:
             state.router.base_model = base
@@ -104,6 +128,29 @@ async def _watch_engines(state: ProxyState, interval: float = 5.0) -> None:
         await asyncio.sleep(interval if state.router.base_model else 0.5)
 
 
+async def _restore_adapters(state: ProxyState) -> None:
+    """A replica that restarted comes back without the adapters loaded at runtime; without this its rollouts
+    would get 404 until the next publish."""
+    serving = [p for p in (state.router.active, state.router.canary) if p is not None and p.name is not None]
+    for replica in state.upstreams.replicas:
+        for policy in serving:
+            if not replica.healthy or not replica.base_models or policy.name in replica.adapters:
+                continue
+            async with state.sessions() as session:
+                path = (await store_policies.get_policy(session, policy.version)).path
+            status, body = await state.upstreams.post_json(replica, "/v1/load_lora_adapter",
+                                                           {"lora_name": policy.name, "lora_path": path})
+            if status == 200 or b"already" in body.lower():
+                replica.adapters.add(policy.name)
+                log.warning("engine %s had lost %s (restarted?): loaded it again", replica.url, policy.name)
+            else:
+                log.error("engine %s lost %s and refused to load it again: %s", replica.url, policy.name, body[:300])
+
+
+def _secret(value) -> str | None:
+    return value.get_secret_value() if value is not None else None
+
+
 def run(settings: ProxySettings) -> None:
     try:
         import uvloop
@@ -112,4 +159,4 @@ def run(settings: ProxySettings) -> None:
     except ImportError:
         pass
     web.run_app(build_app(settings), host=settings.host, port=settings.port, handler_cancellation=True,
-                access_log=None, print=lambda msg: log.info(msg))
+                shutdown_timeout=settings.shutdown_timeout, access_log=None, print=lambda msg: log.info(msg))

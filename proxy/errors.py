@@ -5,7 +5,10 @@
     ├── Unprocessable       422  the rollout/reward routes' malformed bodies and non-finite rewards
     ├── NotFoundError       404
     ├── ConflictError       409
-    ├── Unauthorized        401
+    ├── Unauthorized        401  no key, or one that is unknown or revoked
+    ├── Forbidden           403  a valid key without the rights the route needs (admin)
+    ├── PayloadTooLarge     413
+    ├── RateLimited         429  with Retry-After
     ├── StoreUnavailable    503  the database did not answer in time
     ├── UpstreamUnavailable 502  no engine reachable (after bounded retries)
     └── UpstreamTimeout     504
@@ -21,6 +24,7 @@ from aiohttp import web
 class ProxyError(Exception):
     status = 500
     type = "internal_error"
+    headers: dict[str, str] | None = None
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -35,7 +39,7 @@ class ProxyError(Exception):
         return None
 
     def response(self) -> web.Response:
-        return json_response(self.body(), status=self.status)
+        return json_response(self.body(), status=self.status, headers=self.headers)
 
 
 class InvalidRequest(ProxyError):
@@ -61,6 +65,37 @@ class ConflictError(ProxyError):
 class Unauthorized(ProxyError):
     status = 401
     type = "authentication_error"
+    headers = {"WWW-Authenticate": "Bearer"}
+
+    def default_code(self) -> str:
+        return "invalid_api_key"
+
+
+class Forbidden(ProxyError):
+    status = 403
+    type = "permission_error"
+
+
+class PayloadTooLarge(ProxyError):
+    status = 413
+    type = "invalid_request_error"
+
+    def default_code(self) -> str:
+        return "request_too_large"
+
+
+class RateLimited(ProxyError):
+    """OpenAI's own shape for rate limits (type "requests"), with the seconds to wait in Retry-After."""
+
+    status = 429
+    type = "requests"
+
+    def __init__(self, message: str, *, retry_after: int) -> None:
+        super().__init__(message)
+        self.headers = {"Retry-After": str(retry_after)}
+
+    def default_code(self) -> str:
+        return "rate_limit_exceeded"
 
 
 class StoreUnavailable(ProxyError):

@@ -42,11 +42,43 @@ class ProxyMetrics:
                                     registry=r)
         self.rewards = Counter("rlproxy_rewards_total", "Rewards received, by kind and reason.",
                                ["kind", "reason", "policy"], registry=r)
-        self.reward_value = Histogram("rlproxy_reward_value", "Final reward values.", ["policy"],
-                                      buckets=(-1, -0.5, 0, 0.25, 0.5, 0.75, 1, 2, 5), registry=r)
+        self.reward_value = FinalRewards(r)
         self.active_policy = Gauge("rlproxy_active_policy_version", "Policy version served for the model.",
                                    registry=r)
         self.engine_up = Gauge("rlproxy_engine_up", "Whether an engine replica answers.", ["replica"], registry=r)
+        self.spooling = Gauge("rlproxy_capture_spooling",
+                              "1 while calls wait in the spool because the database is down or too slow.",
+                              registry=r)
+        self.spool_fsync = Histogram("rlproxy_capture_spool_fsync_seconds", "Duration of one spool fsync.",
+                                     buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1),
+                                     registry=r)
+        self.spool_fsync_calls = Histogram("rlproxy_capture_spool_fsync_calls",
+                                           "Calls made durable by one spool fsync (group commit).",
+                                           buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class FinalRewards:
+    """Final reward values by policy: a histogram, plus their sum as a gauge. prometheus_client drops a
+    histogram's `_sum` when a bucket is below zero (a sum of negative values is no counter), and without it
+    there is no mean: `sum(rlproxy_final_reward_sum) / sum(rlproxy_reward_value_count)` by policy gives it."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.histogram = Histogram("rlproxy_reward_value", "Final reward values.", ["policy"],
+                                   buckets=(-1, -0.5, 0, 0.25, 0.5, 0.75, 1, 2, 5), registry=registry)
+        self.sum = Gauge("rlproxy_final_reward_sum", "Sum of final reward values (a gauge: rewards may be "
+                         "negative).", ["policy"], registry=registry)
+
+    def labels(self, policy: str) -> _FinalReward:
+        return _FinalReward(self.histogram.labels(policy), self.sum.labels(policy))
+
+
+class _FinalReward:
+    def __init__(self, histogram, total) -> None:
+        self.histogram, self.total = histogram, total
+
+    def observe(self, value: float) -> None:
+        self.histogram.observe(value)
+        self.total.inc(value)

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator, model_validator
 
 from proxy.errors import InvalidRequest, ProxyError, Unprocessable
 
@@ -27,7 +27,29 @@ class CompletionRequest(_OpenAIRequest):
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
 
 
-class RolloutCreate(BaseModel):
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
+class _Stored(BaseModel):
+    """A body whose fields are stored as they are: Postgres text and JSONB cannot hold NUL characters, so
+    they are refused here (422) rather than by the database (500)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_nul(cls, data: Any) -> Any:
+        if _has_nul(data):
+            raise ValueError("text may not contain NUL (\\u0000) characters")
+        return data
+
+
+class RolloutCreate(_Stored):
     model_config = ConfigDict(extra="forbid")
 
     task_id: StrictStr | None = None
@@ -35,7 +57,7 @@ class RolloutCreate(BaseModel):
     metadata: dict[str, Any] | None = None
 
 
-class RewardPost(BaseModel):
+class RewardPost(_Stored):
     model_config = ConfigDict(extra="forbid")
 
     rollout_id: StrictStr = Field(min_length=1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -14,9 +15,10 @@ from aiohttp import web
 from proxy.capture import (CHAT, Additions, StreamAssembler, capture_response, only_for_capture,
                            prepare_upstream_body, relay_bytes, strip_additions)
 from proxy.context import call_context
-from proxy.errors import ProxyError, UpstreamTimeout, UpstreamUnavailable, sse_error_event
+from proxy.errors import ProxyError, StoreUnavailable, UpstreamTimeout, UpstreamUnavailable, sse_error_event
 from proxy.metrics import ProxyMetrics
 from proxy.policy import PolicyRouter
+from proxy.redact import redact_record
 from proxy.schemas import ChatCompletionRequest, CompletionRequest, parse_json_object, validate
 from proxy.sse import Event, SSEParser
 from proxy.upstream import UpstreamPool
@@ -32,18 +34,19 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
 
 class CompletionServing:
     def __init__(self, upstreams: UpstreamPool, router: PolicyRouter, writer: CaptureWriter,
-                 metrics: ProxyMetrics) -> None:
+                 metrics: ProxyMetrics, *, redact: bool = False) -> None:
         self.upstreams = upstreams
         self.router = router
         self.writer = writer
         self.metrics = metrics
+        self.redact = redact  # store text as a marker (proxy/redact.py)
 
     async def handle(self, request: web.Request, route: str) -> web.StreamResponse:
         began = time.perf_counter()
         body = parse_json_object(await request.read())
         validate(ChatCompletionRequest if route == CHAT else CompletionRequest, body)
         context = call_context(request)
-        target = self.router.route(body["model"])
+        target = self.router.route(body["model"], context.rollout_id)
         upstream_body, additions = prepare_upstream_body(body, route, target.upstream_model)
         record = CallRecord(
             id=uuid.uuid4().hex, route=route, started_at=utcnow(), rollout_id=context.rollout_id,
@@ -56,22 +59,41 @@ class CompletionServing:
             headers["X-Rlproxy-Policy"] = str(target.policy_version)
         self.metrics.in_flight.inc()
         try:
-            return await self._forward(request, route, record, upstream_body, additions, headers, began)
+            response = await self._forward(request, route, record, upstream_body, additions, headers, began)
+            if record.finished_at is None:  # (a stream hands its call over before its end)
+                await self._hand_over(route, record, began)
+            return response
         except asyncio.CancelledError:
-            if not record.complete:
+            if not record.complete and record.finished_at is None:
                 record.status = CallStatus.CLIENT_DISCONNECTED
             raise
         except ProxyError as exc:
-            record.status = CallStatus.TIMEOUT if isinstance(exc, UpstreamTimeout) else CallStatus.UPSTREAM_ERROR
-            record.http_status, record.error = exc.status, exc.message
-            self.metrics.upstream_errors.labels(exc.default_code() or exc.type).inc()
+            if record.finished_at is None:
+                timed_out = isinstance(exc, UpstreamTimeout)
+                record.status = CallStatus.TIMEOUT if timed_out else CallStatus.UPSTREAM_ERROR
+                record.http_status, record.error = exc.status, exc.message
+                self.metrics.upstream_errors.labels(exc.default_code() or exc.type).inc()
+                with contextlib.suppress(StoreUnavailable):  # the engine's error is the one to report
+                    await self._hand_over(route, record, began)
             raise
         finally:
             self.metrics.in_flight.dec()
-            record.finished_at = utcnow()
-            record.latency_ms = (time.perf_counter() - began) * 1000
-            self._account(route, record)
-            self.writer.submit(record)
+            if record.finished_at is None:  # cancelled: hand over without waiting
+                self._finish(route, record, began)
+                self.writer.submit(record)
+
+    def _finish(self, route: str, record: CallRecord, began: float) -> None:
+        record.finished_at = utcnow()
+        record.latency_ms = (time.perf_counter() - began) * 1000
+        self._account(route, record)
+        if self.redact:
+            redact_record(record)
+
+    async def _hand_over(self, route: str, record: CallRecord, began: float) -> None:
+        """Give the finished call to the writer; with `sync` durability it is on disk when this returns, so
+        the agent's answer is only completed for a call that is recorded."""
+        self._finish(route, record, began)
+        await self.writer.commit(record)
 
     async def _forward(self, request: web.Request, route: str, record: CallRecord, upstream_body: dict,
                        additions: Additions, headers: dict[str, str], began: float) -> web.StreamResponse:
@@ -122,16 +144,19 @@ class CompletionServing:
         await response.prepare(request)
         assembler = StreamAssembler(route)
         parser = SSEParser()
+        tail = b""  # the stream's last event, sent once the call is handed over
         try:
             async for data in upstream.content.iter_any():
                 for event in parser.feed(data):
-                    await _write_some(response, self._relay_event(event, assembler, additions, record, began))
                     if event.is_done:
-                        record.complete = True  # the agent has everything; what follows is the engine's EOF
+                        record.complete, tail = True, event.raw  # what follows is the engine's EOF
+                        break
+                    await _write_some(response, self._relay_event(event, assembler, additions, record, began))
                 if record.complete:
                     break
-            for event in parser.flush():
-                await _write_some(response, self._relay_event(event, assembler, additions, record, began))
+            if not record.complete:
+                for event in parser.flush():
+                    await _write_some(response, self._relay_event(event, assembler, additions, record, began))
         except ConnectionResetError:
             if not record.complete:
                 record.status = CallStatus.CLIENT_DISCONNECTED
@@ -142,11 +167,16 @@ class CompletionServing:
             record.status = CallStatus.TIMEOUT if timed_out else CallStatus.UPSTREAM_ERROR
             record.error = error.message
             self.metrics.upstream_errors.labels(error.default_code()).inc()
-            await _write_quietly(response, sse_error_event(error))
+            tail = sse_error_event(error)
         finally:
             record.prompt_token_ids = assembler.prompt_ids
             record.choices = assembler.choice_records()
             record.response = assembler.response(additions.requested_model)
+        try:
+            await self._hand_over(route, record, began)
+        except StoreUnavailable as exc:
+            tail = sse_error_event(exc)
+        await _write_some_quietly(response, tail)
         await _eof_quietly(response)
         return response
 
@@ -199,9 +229,9 @@ async def _write_some(response: web.StreamResponse, data: bytes) -> None:
         await response.write(data)
 
 
-async def _write_quietly(response: web.StreamResponse, data: bytes) -> None:
+async def _write_some_quietly(response: web.StreamResponse, data: bytes) -> None:
     try:
-        await response.write(data)
+        await _write_some(response, data)
     except ConnectionResetError:
         pass
 

@@ -28,6 +28,7 @@ class Replica:
     consecutive_failures: int = 0
     ejected_until: float = 0.0
     base_models: list[str] = field(default_factory=list)
+    adapters: set[str] = field(default_factory=set)  # adapter names it reported at the last look
 
     def available(self, now: float) -> bool:
         return self.healthy or now >= self.ejected_until
@@ -37,7 +38,7 @@ class UpstreamPool:
     """All engine replicas. `open()` sends one request to a replica chosen for the rollout, failing over."""
 
     def __init__(self, urls: list[str] | tuple[str, ...], *, timeout: float, connect_attempts: int = 3,
-                 eject_seconds: float = 5.0) -> None:
+                 eject_seconds: float = 5.0, api_key: str | None = None) -> None:
         if not urls:
             raise ValueError("at least one upstream URL is needed")
         self.replicas = [Replica(u.rstrip("/")) for u in urls]
@@ -45,11 +46,14 @@ class UpstreamPool:
         self.connect_attempts = max(1, connect_attempts)
         self.eject_seconds = eject_seconds
         self.session: aiohttp.ClientSession | None = None
+        # The proxy's own key for the engines; the agent's Authorization header is never passed on.
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
 
     async def start(self) -> None:
         # Idle connections are dropped before uvicorn's 5 s keep-alive ends, so we rarely meet a closed one.
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4, enable_cleanup_closed=True)
         self.session = aiohttp.ClientSession(connector=connector, timeout=self.timeout, auto_decompress=False,
+                                             headers=self.headers,
                                              cookie_jar=aiohttp.DummyCookieJar(),
                                              json_serialize=lambda o: orjson.dumps(o).decode())
 
@@ -146,6 +150,7 @@ class UpstreamPool:
                 data = await self.get_json(replica, "/v1/models", timeout=3.0)
                 # vLLM lists adapters with `parent` set to their base model; the base has none.
                 replica.base_models = [m["id"] for m in data.get("data", []) if not m.get("parent")]
+                replica.adapters = {m["id"] for m in data.get("data", []) if m.get("parent")}
                 self.mark(replica, ok=True)
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
                 log.debug("replica %s unhealthy: %s", replica.url, exc)

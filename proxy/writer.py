@@ -1,30 +1,39 @@
-"""The capture writer: the only task that writes calls. Request handlers `submit()` a record and move on;
-the writer drains a bounded queue and stores batches, one transaction each.
+"""The capture writer: the only task that writes calls. Request handlers hand over a record and move on; the
+writer drains a bounded queue and stores batches, one transaction each.
+
+Durability (`WriterSettings.durability`):
+- `batch`: a call is acknowledged first and written afterwards; the spool covers the database being down or
+  slow. A crash of the proxy loses the calls still queued in memory (at most a flush interval's worth).
+- `sync`: every call is appended to the spool and fsynced before the agent receives its answer (group
+  commit: concurrent calls share one fsync; see `proxy.spool`), then written to the database as usual and
+  retired from the spool. A call the agent received survives the proxy being killed.
 
 Nothing accepted is dropped:
-- queue full (the database is slower than the traffic) → the record goes straight to the spool file;
-- a batch fails (database down or slow) → the batch is appended to the spool file;
-- while the spool holds anything, new batches are appended behind it, so calls reach the database in the
-  order they were recorded; the spool is replayed oldest first once the database answers, and truncated
-  only after every line is stored. Writes are idempotent by call id, so a replay interrupted by a crash is
-  simply replayed again (exactly once).
-- on shutdown, whatever is still queued is written, or spooled if the database does not answer.
+- queue full (the database is slower than the traffic) → the call waits in the spool;
+- a batch fails (database down or slow) → its calls wait in the spool;
+- while the spool holds a backlog, new calls queue behind it, so calls reach the database in the order they
+  were recorded; the backlog is replayed oldest first once the database answers, each batch retired once
+  stored. Writes are idempotent by call id, so a replay interrupted by a crash is simply replayed again
+  (exactly once); a call already taken by a replay is skipped when its in-memory copy comes by.
+- on shutdown, whatever is still queued is written, or left in the spool if the database does not answer.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Awaitable, Callable
 
-import orjson
+from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+import orjson
+
 from proxy.errors import StoreUnavailable
 from proxy.metrics import ProxyMetrics
+from proxy.spool import Spool
 from rlproxy.settings import WriterSettings
 from store.calls import WrittenCall, write_calls
 from store.records import CallRecord
@@ -32,45 +41,9 @@ from store.records import CallRecord
 log = logging.getLogger("rlproxy.writer")
 
 AfterWrite = Callable[[AsyncSession, list[WrittenCall]], Awaitable[None]]
+Item = tuple[CallRecord, int | None]  # a call and its spool lsn (None: only in memory)
 
-
-class Spool:
-    """An append-only JSON-lines file of call records waiting for the database."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.pending = self._count()
-
-    def _count(self) -> int:
-        if not self.path.exists():
-            return 0
-        with self.path.open("rb") as fh:
-            return sum(1 for line in fh if line.strip())
-
-    def append(self, records: list[CallRecord]) -> None:
-        data = b"".join(orjson.dumps(r.to_json()) + b"\n" for r in records)
-        with self.path.open("ab") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        self.pending += len(records)
-
-    def read(self) -> list[CallRecord]:
-        if not self.path.exists():
-            return []
-        records = []
-        with self.path.open("rb") as fh:
-            for line in fh:
-                if line.strip():
-                    try:
-                        records.append(CallRecord.from_json(orjson.loads(line)))
-                    except (orjson.JSONDecodeError, TypeError, KeyError, ValueError):
-                        log.error("skipping an unreadable spool line (a torn write at a crash?)")
-        return records
-
-    def clear(self) -> None:
-        self.path.unlink(missing_ok=True)
-        self.pending = 0
+RETRY_SECONDS = 1.0  # between replay attempts while the database does not answer
 
 
 class CaptureWriter:
@@ -80,24 +53,61 @@ class CaptureWriter:
         self.settings = settings
         self.metrics = metrics
         self.after_write = after_write
-        self.queue: asyncio.Queue[CallRecord | asyncio.Future] = asyncio.Queue(settings.queue_size)
-        self.spool = Spool(settings.spool_path)
-        self.metrics.spool_pending.set(self.spool.pending)
+        self.durable = settings.durability == "sync"
+        self.queue: asyncio.Queue[Item | asyncio.Future | object] = asyncio.Queue(settings.queue_size)
+        self.spool = Spool(settings.spool_path, segment_bytes=settings.spool_segment_bytes,
+                           retain_active=self.durable, on_fsync=self._observe_fsync)
+        self.backlog = self.spool.pending > 0  # calls wait in the spool with no copy in memory
+        self._dropped = False  # (sync) a spooled call's copy in memory was dropped since the replay began
+        self._retry_at = 0.0
         self._task: asyncio.Task | None = None
+        self._in_hand: list[Item] = []  # the batch being written
         self.database_ok = True
+        self._gauges()
 
     async def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="capture-writer")
 
-    def submit(self, record: CallRecord) -> None:
-        """Hand a finished call to the writer; never blocks the request."""
+    @property
+    def spooling(self) -> bool:
+        """Whether calls are waiting in the spool for the database (it is down, or was too slow)."""
+        return self.backlog
+
+    @property
+    def awaiting_replay(self) -> int:
+        """Calls in the spool waiting for the database to take them again. (With `sync` durability every
+        call passes through the spool; those on their normal way to the database are not counted.)"""
+        return self.spool.pending if self.backlog else 0
+
+    def submit(self, record: CallRecord) -> int | None:
+        """Hand a finished call to the writer; never waits. In `sync` mode the call is appended to the spool
+        first (see `commit`); returns its spool lsn, or None when it is only in memory."""
+        lsn = None
+        if self.durable:
+            try:
+                [lsn] = self.spool.write([record])
+            except OSError as exc:
+                log.error("could not append call %s to the spool %s: %s", record.id, self.spool.path, exc)
         try:
-            self.queue.put_nowait(record)
+            self.queue.put_nowait((record, lsn))
         except asyncio.QueueFull:
-            self.spool.append([record])
-            self.metrics.rows_spooled.inc()
-            self.metrics.spool_pending.set(self.spool.pending)
-        self.metrics.writer_queue.set(self.queue.qsize())
+            if lsn is None:
+                self._overflow(record)
+            self.backlog = self._dropped = True  # the writer replays it from the spool
+        self._gauges()
+        return lsn
+
+    async def commit(self, record: CallRecord) -> None:
+        """`submit`, then in `sync` mode wait until the call is on disk (with everyone else's: one fsync)."""
+        lsn = self.submit(record)
+        if not self.durable:
+            return
+        if lsn is None:
+            raise StoreUnavailable("the call could not be written to the spool")
+        try:
+            await self.spool.flush(lsn + 1)
+        except OSError as exc:
+            raise StoreUnavailable(f"the call could not be made durable: {exc}") from None
 
     async def sync(self, timeout: float = 10.0) -> None:
         """Wait until every call submitted so far is in the database (read-your-writes for rewards)."""
@@ -109,36 +119,46 @@ class CaptureWriter:
             raise StoreUnavailable("the database did not take recorded calls in time") from None
 
     async def close(self, timeout: float = 10.0) -> None:
+        """Write what is queued within `timeout`; what the database did not take stays in the spool."""
         if self._task is None:
             return
-        await self.queue.put(_STOP)
         try:
-            await asyncio.wait_for(self._task, timeout)
+            await asyncio.wait_for(self.queue.put(_STOP), timeout)
+            await asyncio.wait_for(asyncio.shield(self._task), timeout)
         except asyncio.TimeoutError:
             self._task.cancel()
-            leftovers = self._drain_nowait()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            leftovers = [r for r, lsn in self._in_hand + self._drain_nowait() if lsn is None]
             if leftovers:
-                self.spool.append(leftovers)
-                log.warning("spooled %d calls at shutdown; they are replayed on the next start", len(leftovers))
+                await self.spool.append(leftovers)
+            log.warning("the database did not take every call in time: %d left in the spool for the next "
+                        "start", self.spool.pending)
+        finally:
+            self._task = None
+            await self.spool.close()
+            self._gauges()
 
-    def _drain_nowait(self) -> list[CallRecord]:
-        records = []
+    def _drain_nowait(self) -> list[Item]:
+        items = []
         while not self.queue.empty():
             item = self.queue.get_nowait()
-            if isinstance(item, CallRecord):
-                records.append(item)
+            if isinstance(item, tuple):
+                items.append(item)
             elif isinstance(item, asyncio.Future) and not item.done():
                 item.set_exception(StoreUnavailable("the writer stopped"))
-        return records
+        return items
 
-    async def _next_batch(self) -> tuple[list[CallRecord], list[asyncio.Future], bool]:
-        """Wait for work, then gather more for up to `flush_interval` or `batch_size` records."""
-        records: list[CallRecord] = []
+    async def _next_batch(self) -> tuple[list[Item], list[asyncio.Future], bool]:
+        """Wait for work, then gather more for up to `flush_interval` or `batch_size` calls."""
+        items: list[Item] = []
         markers: list[asyncio.Future] = []
         stop = False
-        timeout = None if not self.spool.pending else 1.0  # with a spool, wake up to retry the replay
+        timeout = RETRY_SECONDS if self.backlog else None  # with a backlog, wake up to retry the replay
         deadline = None
-        while len(records) < self.settings.batch_size:
+        while len(items) < self.settings.batch_size:
             try:
                 if deadline is None:
                     item = await asyncio.wait_for(self.queue.get(), timeout)
@@ -156,14 +176,16 @@ class CaptureWriter:
             if isinstance(item, asyncio.Future):
                 markers.append(item)
                 break  # answer the waiter promptly
-            records.append(item)
-        return records, markers, stop
+            items.append(item)
+        return items, markers, stop
 
     async def _run(self) -> None:
         while True:
-            records, markers, stop = await self._next_batch()
-            self.metrics.writer_queue.set(self.queue.qsize())
-            ok = await self._store(records)
+            items, markers, stop = await self._next_batch()
+            self._in_hand = items
+            ok = await self._store(items, retry_now=bool(markers) or stop)
+            self._in_hand = []
+            self._gauges()
             for marker in markers:
                 if marker.done():
                     continue
@@ -173,35 +195,69 @@ class CaptureWriter:
                     marker.set_exception(StoreUnavailable("the database is unavailable; calls are spooled"))
             if stop:
                 rest = self._drain_nowait()
-                if rest and not await self._store(rest):
-                    log.warning("database unavailable at shutdown: %d calls left in the spool", self.spool.pending)
+                if (rest or self.backlog) and not await self._store(rest, retry_now=True):
+                    log.warning("database unavailable at shutdown: %d calls left in the spool",
+                                self.spool.pending)
                 return
 
-    async def _store(self, records: list[CallRecord]) -> bool:
-        """Write `records` behind anything spooled; True when nothing is left waiting."""
-        if self.spool.pending:
-            if records:
-                self.spool.append(records)
-                self.metrics.rows_spooled.inc(len(records))
-            replayed = await self._replay()
-            self.metrics.spool_pending.set(self.spool.pending)
-            return replayed
-        if not records:
+    async def _store(self, items: list[Item], *, retry_now: bool = False) -> bool:
+        """Write `items` behind any backlog; True when nothing is left waiting."""
+        # A call a replay already stored (sync mode: it was in the spool) is not written twice.
+        items = [(r, lsn) for r, lsn in items if lsn is None or lsn in self.spool.live]
+        if self.backlog:
+            await self._spool([r for r, lsn in items if lsn is None])  # spooled ones are there already
+            if not retry_now and time.monotonic() < self._retry_at:
+                return False
+            return await self._replay()
+        if not items:
             return True
-        if await self._write(records, may_repeat=False):
+        if await self._write([r for r, _ in items], may_repeat=False):
+            self.spool.retire(lsn for _, lsn in items if lsn is not None)
             return True
-        self.spool.append(records)
-        self.metrics.rows_spooled.inc(len(records))
-        self.metrics.spool_pending.set(self.spool.pending)
+        await self._spool([r for r, lsn in items if lsn is None])
+        self.backlog = True
+        self._retry_at = time.monotonic() + RETRY_SECONDS
         return False
 
+    async def _spool(self, records: list[CallRecord]) -> None:
+        if records:
+            await self.spool.append(records)
+            self.metrics.rows_spooled.inc(len(records))
+
+    def _overflow(self, record: CallRecord) -> None:
+        """(batch) The queue is full: the queued calls go to the spool, then this one, so they stay in order;
+        waiters for `sync` keep their place."""
+        queued, others = [], []
+        while not self.queue.empty():
+            item = self.queue.get_nowait()
+            (queued if isinstance(item, tuple) else others).append(item)
+        self._spool_in_background([r for r, _ in queued] + [record])
+        for item in others:
+            self.queue.put_nowait(item)
+
+    def _spool_in_background(self, records: list[CallRecord]) -> None:
+        """From `submit` (it cannot wait): the records are written now, their fsync follows."""
+        self.spool.write(records)
+        self.metrics.rows_spooled.inc(len(records))
+        asyncio.ensure_future(self.spool.flush()).add_done_callback(_log_failure)
+
     async def _replay(self) -> bool:
-        records = self.spool.read()
-        for start in range(0, len(records), self.settings.batch_size):
-            if not await self._write(records[start : start + self.settings.batch_size]):
+        """Store the backlog, oldest first, retiring each batch once stored."""
+        upto = self.spool.next_lsn
+        stored = 0
+        self._dropped = False
+        for batch in self.spool.batches(self.settings.batch_size, upto):
+            records = [r for _, r in batch if r is not None]
+            if records and not await self._write(records):
+                self._retry_at = time.monotonic() + RETRY_SECONDS
                 return False
-        self.spool.clear()
-        log.info("replayed %d spooled calls", len(records))
+            self.spool.retire(lsn for lsn, _ in batch)
+            stored += len(records)
+            self._gauges()
+        # Calls spooled while the replay ran (queue full) are still waiting for the next one.
+        self.backlog = self._dropped if self.durable else self.spool.pending > 0
+        if stored:
+            log.info("replayed %d spooled calls", stored)
         return True
 
     async def _write(self, records: list[CallRecord], *, may_repeat: bool = True) -> bool:
@@ -212,7 +268,7 @@ class CaptureWriter:
             await self._transaction(records, may_repeat)
         except Exception as exc:  # noqa: BLE001 — classified below; nothing is dropped either way
             self.metrics.write_errors.inc()
-            if not _is_transient(exc):
+            if not _is_transient(exc) and await self._database_answers():
                 return await self._write_rejected(records, exc)
             if self.database_ok:
                 log.error("writing %d calls failed (%s: %s); spooling until the database answers",
@@ -223,6 +279,16 @@ class CaptureWriter:
             log.info("database answers again")
         self.database_ok = True
         return True
+
+    async def _database_answers(self) -> bool:
+        """Whether a failure could be the database refusing the data: only if it still answers at all (a
+        server shutting down fails statements in ways that look like data errors)."""
+        try:
+            async with asyncio.timeout(3), self.sessions() as session:
+                await session.execute(text("SELECT 1"))
+            return True
+        except Exception:  # noqa: BLE001 — any failure means it does not
+            return False
 
     async def _transaction(self, records: list[CallRecord], may_repeat: bool) -> None:
         began = time.perf_counter()
@@ -241,8 +307,8 @@ class CaptureWriter:
         if len(records) > 1:
             middle = len(records) // 2
             return await self._write(records[:middle]) and await self._write(records[middle:])
-        log.error("the database rejected call %s (%s: %s); kept in %s", records[0].id, type(exc).__name__, exc,
-                  self.rejected_path)
+        log.error("the database rejected call %s (%s: %s); kept in %s", records[0].id, type(exc).__name__,
+                  exc, self.rejected_path)
         with self.rejected_path.open("ab") as fh:
             fh.write(orjson.dumps(records[0].to_json()) + b"\n")
         self.metrics.rows_rejected.inc()
@@ -252,12 +318,26 @@ class CaptureWriter:
     def rejected_path(self) -> Path:
         return self.settings.spool_path.with_suffix(".rejected.jsonl")
 
+    def _observe_fsync(self, calls: int, seconds: float) -> None:
+        self.metrics.spool_fsync.observe(seconds)
+        self.metrics.spool_fsync_calls.observe(calls)
+
+    def _gauges(self) -> None:
+        self.metrics.spool_pending.set(self.awaiting_replay)
+        self.metrics.spooling.set(1 if self.backlog else 0)
+        self.metrics.writer_queue.set(self.queue.qsize())
+
 
 def _is_transient(exc: BaseException) -> bool:
     """Failures of reaching the database (retry later), as opposed to the database refusing the data."""
     if isinstance(exc, (OSError, asyncio.TimeoutError, OperationalError, InterfaceError)):
         return True
     return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+
+
+def _log_failure(future: asyncio.Future) -> None:
+    if not future.cancelled() and future.exception() is not None:
+        log.error("spool fsync failed: %s", future.exception())
 
 
 _STOP = object()

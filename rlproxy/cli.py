@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from rlproxy.settings import DEFAULT_DATABASE_URL, ProxySettings, WriterSettings
+from rlproxy.settings import DEFAULT_DATABASE_URL, AuthSettings, ProxySettings, WriterSettings
 
 
 def env(name: str) -> str:
@@ -23,6 +23,32 @@ def option(*names: str, **kwargs):
 
 def database_option():
     return option("--database-url", default=DEFAULT_DATABASE_URL, help="SQLAlchemy async database URL.")
+
+
+def auth_options(command):
+    """`serve`'s access flags; they arrive as keyword arguments named like AuthSettings' fields."""
+    flags = [
+        option("--auth", "mode", type=click.Choice(["auto", "on", "off"]), default="auto",
+               help="Require API keys. auto: when any key exists; a non-loopback --host without keys is "
+                    "refused unless --auth off."),
+        option("--admin-key", default=None,
+               help="Operator key with admin rights over every project (policy activation, metrics)."),
+        option("--key-cache-ttl", default=30.0, type=float,
+               help="Seconds key lookups are cached (a revoked key may work this long)."),
+        option("--rate-limit", default=None, type=float,
+               help="Requests per second per key (default: unlimited)."),
+        option("--rate-burst", default=None, type=int,
+               help="Requests a key may send at once (default: the rate)."),
+        option("--max-tokens", default=None, type=int, help="Largest max_tokens a request may ask for."),
+        option("--max-n", default=None, type=int, help="Largest n (completions per request) accepted."),
+        option("--redact-content/--no-redact-content", default=False,
+               help="Store message and completion text as a marker (token ids are kept)."),
+        option("--upstream-api-key", default=None,
+               help="Bearer key the proxy sends to the engines (agents' keys are never passed on)."),
+    ]
+    for flag in reversed(flags):
+        command = flag(command)
+    return command
 
 
 def _logging(verbose: bool) -> None:
@@ -54,16 +80,24 @@ def main(verbose: bool) -> None:
 @option("--upstream-timeout", default=600.0, type=float, help="Seconds an upstream request may take.")
 @option("--spool-path", default="rlproxy-spool.jsonl", type=click.Path(path_type=Path),
         help="Where calls wait when the database is unavailable.")
+@option("--durability", default="batch", type=click.Choice(["batch", "sync"]),
+        help="batch: answer, then record; sync: every call is fsynced to the spool before it is answered.")
+@option("--shutdown-timeout", default=30.0, type=float,
+        help="Seconds in-flight requests and streams may take to finish after SIGTERM.")
+@auth_options
 def serve(host, port, upstreams, database_url, served_model, migrate, client_max_size, upstream_timeout,
-          spool_path) -> None:
+          spool_path, durability, shutdown_timeout, **auth) -> None:
     """Run the proxy."""
     from proxy.app import run
 
     settings = ProxySettings(
         host=host, port=port, upstreams=tuple(u for value in upstreams for u in value.split(",") if u),
         database_url=database_url, served_model=served_model, migrate=migrate, client_max_size=client_max_size,
-        upstream_timeout=upstream_timeout, writer=WriterSettings(spool_path=spool_path),
+        upstream_timeout=upstream_timeout, shutdown_timeout=shutdown_timeout,
+        writer=WriterSettings(spool_path=spool_path, durability=durability),
+        auth=AuthSettings(**auth),
     )
+    _refuse_open_network(settings)
     if settings.upstreams:
         run(settings)
         return
@@ -72,6 +106,34 @@ def serve(host, port, upstreams, database_url, served_model, migrate, client_max
 
     with Engine(EngineSettings()) as engine:
         run(settings.model_copy(update={"upstreams": (engine.base_url,)}))
+
+
+def _refuse_open_network(settings: ProxySettings) -> None:
+    """Fail at once, before an engine starts, rather than serve a non-loopback host without keys (the server
+    checks again at startup, after migrating; this is the early, readable exit)."""
+    import asyncio
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from proxy.auth import AuthConfigError, is_loopback, resolve_auth
+    from store.db import create_engine, session_factory
+
+    if settings.auth.mode != "auto" or is_loopback(settings.host):
+        return
+
+    async def check() -> None:
+        engine = create_engine(settings.database_url)
+        try:
+            await resolve_auth(settings.auth, settings.host, session_factory(engine))
+        finally:
+            await engine.dispose()
+
+    try:
+        asyncio.run(check())
+    except AuthConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    except (SQLAlchemyError, OSError):
+        pass  # the database is not reachable now: the server says so when it starts
 
 
 @main.command()
@@ -148,8 +210,20 @@ def engine(model_path, host, port, served_model_name, max_model_len, kv_cache_gi
              "its own leases back at once).")
 @option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
         help="Any training setting, e.g. --set learning_rate=5e-5 --set group_size=8 (see `rlproxy train-config`).")
+@option("--gate", default="none", type=click.Choice(["none", "heldout", "canary"]),
+        help="What a new adapter must pass before it serves (docs/gates.md): none, heldout (held-out tasks "
+             "on the engine vs its parent) or canary (a fraction of new rollouts vs the active policy).")
+@option("--gate-margin", default=0.1, type=click.FloatRange(min=0),
+        help="How much worse than the policy it would replace a candidate may score and still be promoted.")
+@option("--heldout-tasks", default=48, type=click.IntRange(min=1),
+        help="Held-out tasks per evaluation (--gate heldout).")
+@option("--canary-fraction", default=0.1, type=click.FloatRange(0, 1, min_open=True, max_open=True),
+        help="Share of new rollouts the canary answers (--gate canary).")
+@option("--canary-min-rollouts", default=50, type=click.IntRange(min=1),
+        help="Finished rollouts the canary and the active policy each need before the judge decides.")
 def train(database_url, upstreams, model_path, adapters_dir, worker_id, metrics_port, max_steps, poll_interval,
-          lease_seconds, overrides) -> None:
+          lease_seconds, overrides, gate, gate_margin, heldout_tasks, canary_fraction,
+          canary_min_rollouts) -> None:
     """Run the trainer worker: rewarded rollouts in, LoRA PPO, new adapters hot-loaded into the engines."""
     import asyncio
 
@@ -160,7 +234,9 @@ def train(database_url, upstreams, model_path, adapters_dir, worker_id, metrics_
     settings = TrainerSettings(database_url=database_url, upstreams=tuple(upstreams), model=model_path,
                                adapters_dir=adapters_dir, worker_id=worker_id,
                                metrics_port=metrics_port or None, max_steps=max_steps,
-                               poll_interval=poll_interval, lease_seconds=lease_seconds)
+                               poll_interval=poll_interval, lease_seconds=lease_seconds, gate=gate,
+                               gate_margin=gate_margin, heldout_tasks=heldout_tasks,
+                               canary_fraction=canary_fraction, canary_min_rollouts=canary_min_rollouts)
     if settings.metrics_port:
         from prometheus_client import start_http_server
 
@@ -169,8 +245,10 @@ def train(database_url, upstreams, model_path, adapters_dir, worker_id, metrics_
     else:
         worker_metrics = None
     from rlproxy.model import default_model_path
+    from trainer.gates import build_gate
 
-    worker = TrainerWorker(settings, config, model_path or default_model_path(), metrics=worker_metrics)
+    worker = TrainerWorker(settings, config, model_path or default_model_path(), metrics=worker_metrics,
+                           on_published=build_gate(settings))
     try:
         asyncio.run(worker.run())
     except KeyboardInterrupt:
@@ -236,6 +314,57 @@ def export(database_url: str, out: Path, untrained_only: bool) -> None:
     click.echo(f"wrote {count} transitions to {out}")
 
 
+def _policy_version(value) -> int:
+    try:
+        version = int(str(value).strip().lower().removeprefix("v"))
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a version like v3") from None
+    if version < 0:
+        raise click.BadParameter("versions start at v0 (the base model)")
+    return version
+
+
+@main.command("eval")
+@option("--policy", "version", required=True, type=_policy_version, metavar="vN",
+        help="The version to measure, e.g. v3 (v0: the base model).")
+@option("--proxy", default=None,
+        help="Evaluate through this running proxy (default http://127.0.0.1:8400 when --upstream is not given).")
+@option("--upstream", default=None,
+        help="Evaluate on this engine directly (base URL, no /v1), loading the adapter if it is not loaded.")
+@option("--tasks", default=48, type=click.IntRange(min=1), help="Held-out tasks, one episode each.")
+@option("--seed", default=0, type=int, help="Which held-out tasks (the same seed gives the same tasks).")
+@option("--concurrency", default=8, type=click.IntRange(min=1), help="Episodes in flight.")
+@option("--api-key", default="rlproxy", help="Bearer key sent to the proxy (when its auth is on).")
+@database_option()
+def eval_(version, proxy, upstream, tasks, seed, concurrency, api_key, database_url) -> None:
+    """Measure a policy on the demo task family's held-out split: success with a 95% interval, stored on the
+    policy's evaluation (heldout_success, heldout_tasks, when). See docs/gates.md."""
+    import asyncio
+
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from demo.evaluate import EvalError, evaluate_policy
+
+    if proxy and upstream:
+        source = click.get_current_context().get_parameter_source
+        from_env = click.core.ParameterSource.ENVIRONMENT
+        if (source("proxy") == from_env) == (source("upstream") == from_env):
+            raise click.UsageError("give --proxy or --upstream, not both")
+        proxy, upstream = (None, upstream) if source("proxy") == from_env else (proxy, None)  # the flag wins
+    try:
+        result, stored = asyncio.run(evaluate_policy(
+            version, database_url, proxy=None if upstream else (proxy or "http://127.0.0.1:8400"),
+            upstream=upstream, tasks=tasks, seed=seed, concurrency=concurrency, api_key=api_key))
+    except EvalError as exc:
+        raise click.ClickException(str(exc)) from None
+    except SQLAlchemyError as exc:
+        raise click.ClickException(f"database {_redact(database_url)}: {exc}") from None
+    click.echo(f"v{version} ({result.model}) held-out success {result.describe()} on {result.tasks} tasks "
+               f"in {result.seconds:.0f} s")
+    click.echo(f"stored on policy v{version}" if stored else "not stored: the base model (v0) has no policy row",
+               err=True)
+
+
 @main.command()
 @option("--minutes", default=15.0, type=float, help="How long to train.")
 @database_option()
@@ -285,6 +414,85 @@ def _redact(url: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(url).render_as_string(hide_password=True)
+
+
+@main.group()
+def keys() -> None:
+    """API keys: each belongs to a project; admin keys may also activate policies and read metrics."""
+
+
+def _run_with_session(database_url: str, work):
+    """Migrate, then run `work(session)` in one transaction and return its result."""
+    import asyncio
+
+    from store.db import create_engine, session_factory
+    from store.migrate import upgrade
+
+    logging.getLogger("alembic").setLevel(logging.WARNING)  # keep the output to the key itself
+    upgrade(database_url)
+
+    async def go():
+        engine = create_engine(database_url)
+        try:
+            async with session_factory(engine)() as session, session.begin():
+                return await work(session)
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(go())
+
+
+@keys.command("create")
+@option("--project", required=True, help="Project the key belongs to (created if new).")
+@option("--admin", is_flag=True, help="Also allow admin routes (policy activation, metrics).")
+@option("--label", default=None, help="A note shown by `keys list`.")
+@option("--rate-limit", default=None, type=float,
+        help="Requests per second for this key (default: the server's).")
+@option("--rate-burst", default=None, type=int, help="Burst for this key (default: the server's).")
+@database_option()
+def keys_create(project, admin, label, rate_limit, rate_burst, database_url) -> None:
+    """Create a key and print it once (only its SHA-256 is stored)."""
+    from store.keys import create_key
+
+    async def work(session):
+        key, row = await create_key(session, project, admin=admin, label=label, rate_limit=rate_limit,
+                                    rate_burst=rate_burst)
+        return key, row.id
+
+    key, key_id = _run_with_session(database_url, work)
+    click.echo(f"created {'admin ' if admin else ''}key {key_id} for project {project!r}; it is shown only "
+               "now — store it:", err=True)
+    click.echo(key)
+
+
+@keys.command("list")
+@option("--project", default=None, help="Only this project's keys.")
+@database_option()
+def keys_list(project, database_url) -> None:
+    """Every key: id, project, admin, created, revoked (never the key itself)."""
+    from store.keys import list_keys
+
+    rows = _run_with_session(database_url, lambda session: list_keys(session, project))
+    click.echo(f"{'id':<14}{'project':<24}{'admin':<7}{'created':<22}{'revoked':<22}label")
+    for row in rows:
+        when = lambda t: t.strftime("%Y-%m-%d %H:%M:%S") if t else "-"  # noqa: E731
+        click.echo(f"{row.id:<14}{row.project:<24}{'yes' if row.admin else 'no':<7}{when(row.created_at):<22}"
+                   f"{when(row.revoked_at):<22}{row.label or ''}")
+
+
+@keys.command("revoke")
+@click.argument("key_id")
+@database_option()
+def keys_revoke(key_id, database_url) -> None:
+    """Revoke a key by its id (see `keys list`); proxies refuse it within their --key-cache-ttl."""
+    from store.errors import NotFound
+    from store.keys import revoke_key
+
+    try:
+        row = _run_with_session(database_url, lambda session: revoke_key(session, key_id))
+    except NotFound as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"revoked key {row.id} of project {row.project!r}")
 
 
 if __name__ == "__main__":

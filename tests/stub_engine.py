@@ -1,7 +1,8 @@
 """A small local server that answers like vLLM's OpenAI server (token ids, logprobs, SSE, tool calls, LoRA
 loading), for testing and benchmarking the proxy alone. Deterministic: the same request gives the same answer.
 
-Run it: `python tests/stub_engine.py --port 8001`.
+Run it: `python tests/stub_engine.py --port 8001` (`--model NAME` serves the base model under another name,
+e.g. a real engine's, so both can be replicas behind one proxy).
 
 Test controls, read from the request body (unknown fields pass through the proxy untouched):
   "stub_delay": seconds to sleep per streamed token;
@@ -57,13 +58,14 @@ def error(status: int, message: str, kind: str = "BadRequestError") -> web.Respo
 
 
 class Stub:
-    def __init__(self) -> None:
+    def __init__(self, base_model: str = BASE_MODEL) -> None:
+        self.base_model = base_model
         self.adapters: dict[str, str] = {}
         self.requests = 0
         self.last_body: dict | None = None
 
     def known(self, model: str) -> bool:
-        return model == BASE_MODEL or model in self.adapters
+        return model == self.base_model or model in self.adapters
 
     def completion_words(self, body: dict, prompt_ids: list[int]) -> list[str]:
         seed = hashlib.sha256(dumps(prompt_ids) + str(body.get("seed")).encode()).digest()
@@ -74,10 +76,11 @@ class Stub:
 
     async def models(self, request: web.Request) -> web.Response:
         now = 1_700_000_000
-        data = [{"id": BASE_MODEL, "object": "model", "created": now, "owned_by": "vllm", "root": BASE_MODEL,
-                 "parent": None, "max_model_len": 4096}]
+        base = self.base_model
+        data = [{"id": base, "object": "model", "created": now, "owned_by": "vllm", "root": base, "parent": None,
+                 "max_model_len": 4096}]
         data += [{"id": name, "object": "model", "created": now, "owned_by": "vllm", "root": path,
-                  "parent": BASE_MODEL, "max_model_len": 4096} for name, path in self.adapters.items()]
+                  "parent": base, "max_model_len": 4096} for name, path in self.adapters.items()]
         return web.Response(body=dumps({"object": "list", "data": data}), content_type="application/json")
 
     async def load_lora(self, request: web.Request) -> web.Response:
@@ -246,8 +249,8 @@ class Stub:
         return response
 
 
-def build_app() -> web.Application:
-    stub = Stub()
+def build_app(base_model: str = BASE_MODEL) -> web.Application:
+    stub = Stub(base_model)
     app = web.Application()
     app["stub"] = stub
     app.router.add_get("/v1/models", stub.models)
@@ -263,6 +266,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
+    parser.add_argument("--model", default=BASE_MODEL, help="name the base model is served under")
     args = parser.parse_args()
     try:
         import uvloop
@@ -270,4 +274,4 @@ if __name__ == "__main__":
         uvloop.install()
     except ImportError:
         pass
-    web.run_app(build_app(), host=args.host, port=args.port, access_log=None, print=None)
+    web.run_app(build_app(args.model), host=args.host, port=args.port, access_log=None, print=None)

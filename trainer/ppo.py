@@ -18,6 +18,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 
+from rlproxy.hardware import fast_bf16
 from trainer.adapter import load_adapter, save_adapter_atomically
 from trainer.compat import import_openrlhf
 from trainer.config import TrainConfig
@@ -99,6 +101,9 @@ class PolicyTrainer:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)  # LoRA A is initialised randomly
+        self.autocast_enabled = config.bf16 and fast_bf16()
+        # OpenRLHF loads the weights in bf16 (the precision vLLM serves them in); where bf16 arithmetic is
+        # slow they are then computed on in float32.
         self.actor = parts.Actor(
             self.model_path,
             attn_implementation="sdpa",
@@ -106,9 +111,14 @@ class PolicyTrainer:
             lora_rank=config.lora_rank,
             lora_alpha=config.lora_alpha,
             lora_dropout=config.lora_dropout,
-            target_modules=list(config.target_modules),
+            target_modules=lora_targets(self.model_path, config),
         )
         self.model = self.actor.model  # the peft model: adapter save/load and disable_adapter()
+        # OpenRLHF makes the embeddings require grad (for gradient checkpointing, unused here); that would carry
+        # the backward pass down to the embeddings even when only the top layers are adapted.
+        self.model.disable_input_require_grads()
+        if not self.autocast_enabled:
+            self.model.float()
         self.actor.train()
         self.policy_loss = parts.PolicyLoss(
             clip_eps_low=config.clip_eps_low, clip_eps_high=config.clip_eps_high, token_level_loss=True
@@ -123,9 +133,8 @@ class PolicyTrainer:
         if adapter_dir is not None:
             state = load_adapter(self.model, adapter_dir, self.optimizer)
             self.step_count = int(state.get("step", 0))
-        self.autocast_enabled = config.bf16 and _bf16_supported()
         if config.bf16 and not self.autocast_enabled:
-            log.warning("bf16 autocast requested but not supported on this machine; running without it")
+            log.info("no fast bfloat16 on this machine: training computes in float32")
 
     # --- one training step ------------------------------------------------------------------------
     def step(self, transitions: list[Transition]) -> StepMetrics:
@@ -307,7 +316,15 @@ def _device_type(model: torch.nn.Module) -> str:
     return next(model.parameters()).device.type
 
 
-def _bf16_supported() -> bool:
-    if torch.cuda.is_available():
-        return torch.cuda.is_bf16_supported()
-    return True  # CPU autocast supports bfloat16 everywhere; fast where AVX512-BF16 / AMX exist
+def lora_targets(model_path: str, config: TrainConfig) -> list[str] | str:
+    """What LoRA adapts: the module names, or with `lora_layers` a pattern (peft matches a string as a full
+    regex) limited to the top layers. vLLM loads such adapters as usual: it goes by the saved tensors."""
+    if not config.lora_layers:
+        return list(config.target_modules)
+    from transformers import AutoConfig
+
+    total = AutoConfig.from_pretrained(model_path).num_hidden_layers
+    layers = "|".join(str(i) for i in range(max(0, total - config.lora_layers), total))
+    modules = "|".join(re.escape(m) for m in config.target_modules)
+    return rf"(?:.*\.)?layers\.(?:{layers})\.(?:.*\.)?(?:{modules})"
+

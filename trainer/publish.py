@@ -43,7 +43,14 @@ class Publisher:
         """Load `name` from `path` on every engine; raises LoadFailed. Returns seconds taken."""
         began = time.perf_counter()
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
-            await asyncio.gather(*(self._load_one(http, engine, name, path) for engine in self.engines))
+            # Every engine's answer is awaited, so none is still loading when this gives up.
+            results = await asyncio.gather(*(self._load_one(http, engine, name, path) for engine in self.engines),
+                                           return_exceptions=True)
+            failures = [r for r in results if isinstance(r, BaseException)]
+            if failures:
+                # The engines that took it would keep an adapter that never serves: unload it there.
+                await self._unload(http, name, [e for e, r in zip(self.engines, results) if r is None])
+                raise failures[0]
         return time.perf_counter() - began
 
     async def _load_one(self, http: aiohttp.ClientSession, engine: str, name: str, path: str) -> None:
@@ -72,14 +79,22 @@ class Publisher:
             return Published(version, False, 0.0, str(exc))
         if not activate:
             return Published(version, False, seconds)
-        async with self.sessions() as session, session.begin():
-            previous = await policies.active_policy(session)
-            await policies.activate(session, version)
-        if previous.name is not None:
-            self._retired.append((time.monotonic(), previous.name))
+        await self.activate(version)
         log.info("policy v%d active (loaded on %d engine(s) in %.2fs)", version, len(self.engines), seconds)
         await self.unload_drained()
         return Published(version, True, seconds)
+
+    async def activate(self, version: int) -> None:
+        """Make a loaded version the one served; the one it replaces is unloaded once drained."""
+        async with self.sessions() as session, session.begin():
+            previous = await policies.active_policy(session)
+            await policies.activate(session, version)
+        if previous.name is not None and previous.version != version:
+            self._retired.append((time.monotonic(), previous.name))
+
+    def retire(self, version: int) -> None:
+        """A loaded version that will not serve (a gate kept it out): unload it once drained."""
+        self._retired.append((time.monotonic(), policies.adapter_name(version)))
 
     async def unload_drained(self) -> None:
         """Unload versions that stopped serving more than `drain_seconds` ago (in-flight requests done)."""
@@ -94,9 +109,13 @@ class Publisher:
             return
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
             for name in due:
-                for engine in self.engines:
-                    try:
-                        async with http.post(f"{engine}/v1/unload_lora_adapter", json={"lora_name": name}):
-                            pass
-                    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                        log.warning("could not unload %s from %s: %s", name, engine, exc)
+                await self._unload(http, name, self.engines)
+
+    async def _unload(self, http: aiohttp.ClientSession, name: str, engines: list[str]) -> None:
+        for engine in engines:
+            try:
+                async with http.post(f"{engine}/v1/unload_lora_adapter", json={"lora_name": name},
+                                     timeout=aiohttp.ClientTimeout(total=30)):
+                    pass
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                log.warning("could not unload %s from %s: %s", name, engine, exc)

@@ -158,11 +158,11 @@ class TrainerWorker:
             if decision is None:  # the gate was interrupted: the version stays a candidate for the next run
                 return
             if decision:
-                async with self.sessions() as session, session.begin():
-                    await policies.activate(session, version)
+                await self.publisher.activate(version)
             else:
                 async with self.sessions() as session, session.begin():
                     await policies.set_status(session, version, PolicyStatus.RETIRED)
+                self.publisher.retire(version)
                 await self._revert()
                 return
         self.parent_version = version
@@ -177,10 +177,12 @@ class TrainerWorker:
         self.parent_version = active.version
 
     async def _publish_leftover_candidates(self) -> None:
-        """A trainer stopped between recording a version and publishing it: publish it now."""
+        """A trainer stopped between recording a version and publishing it (or while its canary ran):
+        publish it now (a canary resumes with its original start)."""
         async with self.sessions() as session:
             leftovers = (await session.execute(
-                select(Policy).where(Policy.status == PolicyStatus.CANDIDATE, Policy.version > self.parent_version)
+                select(Policy).where(Policy.status.in_((PolicyStatus.CANDIDATE, PolicyStatus.CANARY)),
+                                     Policy.version > self.parent_version)
                 .order_by(Policy.version))).scalars().all()
         for policy in leftovers:
             if policy.path and Path(policy.path).exists():

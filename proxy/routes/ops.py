@@ -1,4 +1,5 @@
-"""Operations: `GET /healthz` (process up), `GET /readyz` (database and an engine reachable), `GET /metrics`."""
+"""Operations: `GET /healthz` (process up), `GET /readyz` (an engine reachable and calls recorded: in the database,
+or in the spool while it is down), `GET /metrics`."""
 from __future__ import annotations
 
 import asyncio
@@ -26,9 +27,14 @@ async def readyz(request: web.Request) -> web.Response:
         database = False
     await app.upstreams.refresh_health()
     engines = {r.url: r.healthy for r in app.upstreams.replicas}
-    ready = database and any(engines.values())
+    writer = app.writer
+    # Calls keep being served while the database is down: they wait in the spool, so that is still ready.
+    recording = database or writer.spool.writable()
+    ready = recording and any(engines.values())
     payload = {"status": "ready" if ready else "unavailable", "database": database, "engines": engines,
-               "spooled_calls": app.writer.spool.pending, "policy": app.router.active.version}
+               "spooled_calls": writer.awaiting_replay, "policy": app.router.active.version,
+               "spool": {"pending": writer.awaiting_replay, "spooling": writer.spooling,
+                         "durability": writer.settings.durability, "path": str(writer.spool.path)}}
     return json_response(payload, status=200 if ready else 503)
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.errors import InvalidRequest, UpstreamUnavailable, json_response
+from proxy.errors import InvalidRequest, NotFoundError, UpstreamUnavailable, json_response
 from proxy.state import state
 from store import policies as store_policies
 
@@ -19,6 +19,8 @@ async def activate_policy(request: web.Request) -> web.Response:
         version = int(request.match_info["version"].removeprefix("v"))
     except ValueError:
         raise InvalidRequest("policy version must be an integer like 3 or v3", param="version") from None
+    if not 0 <= version < 2**31:  # versions are 32-bit in the store: anything else cannot exist
+        raise NotFoundError(f"policy version {version} does not exist")
     app = state(request)
     async with app.sessions() as session, session.begin():
         if version != store_policies.BASE_VERSION:

@@ -5,7 +5,7 @@ import uuid
 
 from aiohttp import web
 
-from proxy.errors import Unprocessable, json_response
+from proxy.errors import NotFoundError, Unprocessable, json_response
 from proxy.schemas import RewardPost, RolloutCreate, parse_json_object, validate
 from proxy.state import state
 from store import rollouts as store_rollouts
@@ -19,7 +19,7 @@ async def create_rollout(request: web.Request) -> web.Response:
     async with app.sessions() as session, session.begin():
         await store_rollouts.create_rollout(
             session, rollout_id, task_id=body.task_id, agent=body.agent, metadata=body.metadata,
-            project=request.get("project"), policy_version=app.router.active.version,
+            project=request.get("project"), policy_version=app.router.version_for(rollout_id),
         )
     base_url = f"{request.url.origin()}/rollouts/{rollout_id}/v1"
     return json_response({"rollout_id": rollout_id, "base_url": base_url}, status=201)
@@ -38,7 +38,7 @@ async def post_reward(request: web.Request) -> web.Response:
         kind = "final" if body.call_id is None else "call"
         app.metrics.rewards.labels(kind, "", "").inc()
         if kind == "final":
-            app.metrics.reward_value.labels(str(app.router.active.version)).observe(body.reward)
+            app.metrics.reward_value.labels(str(app.router.version_for(body.rollout_id))).observe(body.reward)
     payload = {"rollout_id": result.rollout_id, "reward": result.reward}
     if result.call_id is not None:
         payload["call_id"] = result.call_id
@@ -46,11 +46,13 @@ async def post_reward(request: web.Request) -> web.Response:
 
 
 async def get_rollout(request: web.Request) -> web.Response:
+    rollout_id = request.match_info["rollout_id"]
+    if "\x00" in rollout_id:  # the store cannot hold NUL, so no such rollout exists
+        raise NotFoundError(f"rollout {rollout_id!r} does not exist")
     app = state(request)
     await app.writer.sync()
     async with app.sessions() as session:
-        rollout = await store_rollouts.get_rollout(session, request.match_info["rollout_id"],
-                                                   project=request.get("project"))
+        rollout = await store_rollouts.get_rollout(session, rollout_id, project=request.get("project"))
     return json_response(rollout)
 
 

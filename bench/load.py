@@ -1,0 +1,342 @@
+"""One load generator against several OpenAI-compatible proxies in front of the same stub engine: the stub
+itself, `rlproxy serve` recording into Postgres with `--durability batch` and `sync`, LiteLLM's proxy (no
+database), Agent Lightning's LLM proxy and rllm-model-gateway. Non-streaming and streaming chat at several
+concurrency levels, the targets interleaved cell by cell; prints throughput, the latency each adds to the
+stub's (p50/p99), throughput relative to LiteLLM, and lost calls (acknowledged but not stored) where the
+target stores calls somewhere we can count.
+
+    python bench/load.py [--database-url postgresql+asyncpg://postgres@127.0.0.1:5432/test]
+                         [--seconds 3] [--levels 1,16,64,256] [--only stub,rlproxy-batch,...]
+The third-party proxies are installed on first use, each into its own virtualenv under
+~/.cache/rlproxy/bench-venvs (pip from PyPI); one that cannot be installed or started is reported and
+skipped. Everything shares the machine's cores with the load generator: compare within one run.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import aiohttp
+import psycopg
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from bench.proxy_overhead import one, pct  # noqa: E402
+from store.migrate import upgrade  # noqa: E402
+from tests.support import free_port, proxy_command, running, stub_command  # noqa: E402
+
+VENVS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlproxy" / "bench-venvs"
+# Like rlproxy here (no keys), LiteLLM runs without authentication; it has to be told that this is on purpose.
+LITELLM_ENV = {"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False",
+               "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true"}
+TARGET_NAMES = ["stub", "rlproxy-batch", "rlproxy-sync", "litellm", "agentlightning", "rllm-gateway"]
+
+
+@dataclass
+class Target:
+    name: str
+    url: str  # the chat completions URL
+    stored: Callable[[], int] | None = None  # calls it has recorded, once it has settled
+    settle: Callable[[], None] = lambda: None
+    headers: dict[str, str] = field(default_factory=dict)  # sent with every request
+    acknowledged: int = 0
+    errors: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+async def load(target: Target, concurrency: int, seconds: float, stream: bool) -> tuple[list[float], float]:
+    """`concurrency` clients sending back to back for `seconds`; failures are counted, not raised."""
+    latencies: list[float] = []
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    timeout = aiohttp.ClientTimeout(total=60)
+
+    async def call(session: aiohttp.ClientSession) -> float | None:
+        try:
+            latency = await one(session, target.url, stream)
+        except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError):
+            target.errors += 1
+            return None
+        target.acknowledged += 1
+        return latency
+
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=target.headers) as session:
+        await asyncio.gather(*(call(session) for _ in range(min(concurrency, 8))))  # warm the connections
+        deadline = time.perf_counter() + seconds
+        began = time.perf_counter()
+
+        async def worker() -> None:
+            while time.perf_counter() < deadline:
+                if (latency := await call(session)) is not None:
+                    latencies.append(latency)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        elapsed = time.perf_counter() - began
+    return latencies, len(latencies) / elapsed
+
+
+async def measure(targets: list[Target], levels: list[int], seconds: float) -> list[dict]:
+    rows = []
+    for stream in (False, True):
+        for level in levels:
+            for target in targets:  # interleaved: drift affects every target alike
+                latencies, rate = await load(target, level, seconds, stream)
+                rows.append({"target": target.name, "stream": stream, "concurrency": level, "rps": rate,
+                             "p50": pct(latencies, 50) * 1000 if latencies else float("nan"),
+                             "p99": pct(latencies, 99) * 1000 if latencies else float("nan")})
+            print(f"  measured {'stream' if stream else 'json'} x{level}", file=sys.stderr, flush=True)
+    return rows
+
+
+def libpq(url: str) -> str:
+    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
+@contextlib.contextmanager
+def bench_database(server_url: str):
+    """A fresh, migrated database on the server of `server_url`, dropped afterwards."""
+    name = f"rlproxy_bench_{uuid.uuid4().hex[:8]}"
+    admin = libpq(server_url)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = server_url.rsplit("/", 1)[0] + "/" + name
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def rlproxy_target(stub: str, server_url: str, durability: str, workdir: Path):
+    with bench_database(server_url) as database_url:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        args = proxy_command(port, [stub], database_url, "--no-migrate", "--durability", durability,
+                             "--spool-path", str(workdir / f"{durability}-spool.jsonl"))
+        with running(args, url + "/readyz", log_path=workdir / f"rlproxy-{durability}.log"):
+            target = Target(f"rlproxy-{durability}", url + "/v1/chat/completions")
+
+            def settle() -> None:  # wait for the writer to catch up
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline:
+                    ready = requests.get(url + "/readyz", timeout=10).json()
+                    if not ready["spool"]["pending"] and not _metric(url, "rlproxy_capture_queue_depth"):
+                        break
+                    time.sleep(0.5)
+                time.sleep(1.0)  # the batch in the writer's hands
+                fsyncs = _metric(url, "rlproxy_capture_spool_fsync_calls_count")
+                calls = _metric(url, "rlproxy_capture_spool_fsync_calls_sum")
+                if fsyncs:
+                    target.notes.append(f"{calls:.0f} calls made durable by {fsyncs:.0f} fsyncs "
+                                        f"({calls / fsyncs:.1f} calls per fsync)")
+
+            def stored() -> int:
+                with psycopg.connect(libpq(database_url)) as conn:
+                    return conn.execute("SELECT count(*) FROM calls").fetchone()[0]
+
+            target.stored, target.settle = stored, settle
+            yield target
+
+
+def _metric(url: str, name: str) -> float:
+    for line in requests.get(url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def venv(name: str, requirement: str, probe: str) -> Path:
+    """A virtualenv of its own for a third-party proxy, installed once."""
+    root = VENVS / name
+    python = root / "bin" / "python"
+    if python.exists() and subprocess.run([python, "-c", probe], capture_output=True).returncode == 0:
+        return root
+    print(f"  installing {requirement} into {root} (once; a few minutes)", file=sys.stderr, flush=True)
+    VENVS.mkdir(parents=True, exist_ok=True)
+    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
+    result = subprocess.run([python, "-m", "pip", "install", "-q", "--disable-pip-version-check",
+                             requirement], capture_output=True, text=True)
+    if result.returncode != 0 or subprocess.run([python, "-c", probe], capture_output=True).returncode != 0:
+        raise RuntimeError(f"pip install {requirement} failed: {result.stderr.strip()[-500:]}")
+    return root
+
+
+@contextlib.contextmanager
+def litellm_target(stub: str, workdir: Path):
+    root = venv("litellm", "litellm[proxy]", "import litellm.proxy.proxy_server")
+    config = workdir / "litellm.yaml"
+    config.write_text(textwrap.dedent(f"""\
+        model_list:
+          - model_name: stub-model
+            litellm_params:
+              model: openai/stub-model
+              api_base: {stub}/v1
+              api_key: unused
+        litellm_settings:
+          num_retries: 0
+          telemetry: false
+          drop_params: true
+        """))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    os.environ.pop("DATABASE_URL", None)  # LiteLLM runs without a database here
+    env = LITELLM_ENV
+    args = [str(root / "bin" / "litellm"), "--config", str(config), "--host", "127.0.0.1",
+            "--port", str(port), "--num_workers", "1"]
+    with running(args, url + "/health/liveliness", env=env, timeout=180, log_path=workdir / "litellm.log"):
+        target = Target("litellm", url + "/v1/chat/completions")
+        target.notes.append("no database: calls are not stored")
+        yield target
+
+
+AGENTLIGHTNING_LAUNCHER = """
+import asyncio, sys
+from agentlightning import InMemoryLightningStore, LightningStoreThreaded, LLMProxy
+
+async def main(port, upstream, out):
+    store = LightningStoreThreaded(InMemoryLightningStore())  # the proxy runs in a thread of its own
+    rollout = await store.start_rollout(input={"task": "bench"})
+    model = {"model": "hosted_vllm/stub-model", "api_base": upstream + "/v1", "api_key": "unused"}
+    proxy = LLMProxy(port=port, store=store, launch_mode="thread",
+                     model_list=[{"model_name": "stub-model", "litellm_params": model}])
+    await proxy.start()
+    open(out, "w").write(f"/rollout/{rollout.rollout_id}/attempt/{rollout.attempt.attempt_id}")
+    await asyncio.Event().wait()
+
+asyncio.run(main(int(sys.argv[1]), sys.argv[2], sys.argv[3]))
+"""
+
+
+@contextlib.contextmanager
+def agentlightning_target(stub: str, workdir: Path):
+    root = venv("agentlightning", "agentlightning", "import agentlightning")
+    launcher = workdir / "agentlightning_proxy.py"
+    launcher.write_text(AGENTLIGHTNING_LAUNCHER)
+    prefix_file = workdir / "agentlightning-prefix"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = [str(root / "bin" / "python"), str(launcher), str(port), stub, str(prefix_file)]
+    with running(args, url + "/health/liveliness", env=LITELLM_ENV, timeout=180,
+                 log_path=workdir / "agentlightning.log"):
+        deadline = time.monotonic() + 30
+        while not prefix_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        target = Target("agentlightning", url + prefix_file.read_text() + "/v1/chat/completions")
+        target.notes.append("LiteLLM proxy + rollout middleware + token-id and OpenTelemetry callbacks, "
+                            "in-memory store; streams are converted to non-streaming upstream by default")
+        yield target
+
+
+@contextlib.contextmanager
+def rllm_target(stub: str, workdir: Path):
+    root = venv("rllm-model-gateway", "rllm-model-gateway", "import rllm_model_gateway")
+    database = workdir / "rllm-traces.db"
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = [str(root / "bin" / "rllm-model-gateway"), "--host", "127.0.0.1", "--port", str(port), "--worker",
+            f"{stub}/v1", "--db-path", str(database), "--log-level", "warning"]
+    with running(args, url + "/health", timeout=120, log_path=workdir / "rllm-gateway.log"):
+        def settle() -> None:
+            requests.post(url + "/admin/flush", timeout=30)
+
+        def stored() -> int:
+            with contextlib.closing(sqlite3.connect(database)) as conn:
+                return conn.execute("SELECT count(*) FROM traces").fetchone()[0]
+
+        yield Target("rllm-gateway", url + "/sessions/bench/v1/chat/completions", stored, settle,
+                     notes=["records traces into SQLite"])
+
+
+def print_table(rows: list[dict], targets: list[Target]) -> None:
+    cell = {(r["target"], r["stream"], r["concurrency"]): r for r in rows}
+    names = [t.name for t in targets]
+    for stream in (False, True):
+        kind = "streaming" if stream else "non-streaming"
+        print(f"\n{kind} chat (added latency: p50/p99 minus the stub's)")
+        print(f"{'target':<16}{'conc':>5}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'+p50 ms':>9}{'+p99 ms':>9}"
+              f"{'req/s vs LiteLLM':>18}")
+        for level in sorted({r["concurrency"] for r in rows}):
+            stub = cell.get(("stub", stream, level))
+            litellm = cell.get(("litellm", stream, level))
+            for name in names:
+                row = cell.get((name, stream, level))
+                if row is None:
+                    continue
+                added = ("", "") if stub is None or name == "stub" else (
+                    f"{row['p50'] - stub['p50']:.1f}", f"{row['p99'] - stub['p99']:.1f}")
+                ratio = f"{row['rps'] / litellm['rps']:.2f}" if litellm and litellm["rps"] else ""
+                print(f"{name:<16}{level:>5}{row['rps']:>9.0f}{row['p50']:>9.1f}{row['p99']:>9.1f}"
+                      f"{added[0]:>9}{added[1]:>9}{ratio:>18}")
+            print()
+
+
+def print_losses(targets: list[Target]) -> None:
+    print("calls: acknowledged (HTTP 200, whole body read), errors, stored, lost (acknowledged - stored)")
+    for target in targets:
+        line = f"  {target.name:<16} acknowledged={target.acknowledged} errors={target.errors}"
+        if target.stored is not None:
+            target.settle()
+            stored = target.stored()
+            line += f" stored={stored} lost={max(0, target.acknowledged - stored)}"
+        else:
+            line += " stored=n/a"
+        print(line + "".join(f"\n      {note}" for note in target.notes))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--database-url", default="postgresql+asyncpg://postgres@127.0.0.1:5432/test",
+                        help="A Postgres server (any database on it) to create the bench databases on.")
+    parser.add_argument("--seconds", type=float, default=3.0, help="Seconds of load per cell and target.")
+    parser.add_argument("--levels", default="1,16,64,256")
+    parser.add_argument("--only", default=",".join(TARGET_NAMES), help="Targets to run (stub always runs).")
+    args = parser.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    wanted = set(args.only.split(",")) | {"stub"}
+    workdir = Path(tempfile.mkdtemp(prefix="rlproxy-load-"))
+    stub_port = free_port()
+    stub = f"http://127.0.0.1:{stub_port}"
+    starters = {
+        "rlproxy-batch": lambda: rlproxy_target(stub, args.database_url, "batch", workdir),
+        "rlproxy-sync": lambda: rlproxy_target(stub, args.database_url, "sync", workdir),
+        "litellm": lambda: litellm_target(stub, workdir),
+        "agentlightning": lambda: agentlightning_target(stub, workdir),
+        "rllm-gateway": lambda: rllm_target(stub, workdir),
+    }
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(running(stub_command(stub_port), stub + "/health", log_path=workdir / "stub.log"))
+        targets = [Target("stub", stub + "/v1/chat/completions")]
+        for name in TARGET_NAMES[1:]:
+            if name not in wanted:
+                continue
+            try:
+                target = stack.enter_context(starters[name]())
+                asyncio.run(load(target, 1, 0.2, False))  # it answers at all?
+                if not target.acknowledged:
+                    raise RuntimeError(f"no successful call (see {workdir})")
+                targets.append(target)
+                print(f"  {name} ready", file=sys.stderr, flush=True)
+            except Exception as exc:  # noqa: BLE001 — one target failing must not stop the others
+                print(f"  {name} skipped: {exc}", file=sys.stderr, flush=True)
+        rows = asyncio.run(measure(targets, levels, args.seconds))
+        print(f"\nload: {args.seconds:g} s per cell and target; targets interleaved; logs in {workdir}")
+        print_table(rows, targets)
+        print_losses(targets)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""The held-out measurement behind every held-out gate (`rlproxy eval`, the demo, `rlproxy train --gate heldout`):
+one episode of the demo agent per held-out task of the demo task family, against any OpenAI-compatible base
+URL (the proxy, or the engine directly), its success with a 95% Wilson interval, and the result kept on the
+policy row's `evaluation` JSON.
+
+A candidate passes when its success is not worse than its parent's by more than a margin: 48 tasks at a
+success near 30% give an interval about ±13 points wide, so a strict "at least as good" would reject
+half of the candidates that are exactly as good as their parent.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import openai
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from demo.agent import evaluate_detailed
+from demo.tasks import Task
+from store import policies
+from store.db import create_engine, session_factory
+from store.models import Policy, utcnow
+
+Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
+
+
+class EvalError(Exception):
+    """A policy cannot be evaluated as asked (no such version, adapter not reachable, engine refused)."""
+
+
+def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of a success rate: unlike p ± z·se it stays inside [0, 1] and is not
+    zero-width at 0 or n successes, which is where small evaluations often land."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    denominator = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def task_set(tasks: list[Task]) -> str:
+    """A short digest naming the exact tasks measured, so results are only compared on the same tasks."""
+    return hashlib.sha256("\n".join(t.task_id for t in tasks).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class HeldoutResult:
+    model: str
+    success: float  # mean reward; an episode whose API call failed counts as 0
+    tasks: int
+    low: float  # 95% Wilson interval
+    high: float
+    errors: int
+    seconds: float
+    task_set: str
+    when: str  # ISO 8601, UTC
+    first_error: str | None = None  # of the episodes that failed, the first one's error
+
+    @property
+    def successes(self) -> float:
+        return self.success * self.tasks
+
+    def as_evaluation(self) -> dict[str, Any]:
+        return {"heldout_success": self.success, "heldout_tasks": self.tasks,
+                "heldout_ci95": [self.low, self.high], "heldout_errors": self.errors,
+                "heldout_task_set": self.task_set, "heldout_seconds": round(self.seconds, 2), "when": self.when}
+
+    def describe(self) -> str:
+        return (f"{self.success:.1%} ({self.successes:g}/{self.tasks}), 95% CI {self.low:.1%}–{self.high:.1%}"
+                + (f", {self.errors} episodes failed" if self.errors else ""))
+
+
+async def evaluate_heldout(base_url: str, model: str, tasks: list[Task], *, concurrency: int = 8,
+                           api_key: str = "rlproxy", max_retries: int = 2) -> HeldoutResult:
+    """One episode per task of `model` at `base_url` (ending in /v1)."""
+    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=max_retries)
+    try:
+        stats = await evaluate_detailed(client, model, tasks, concurrency=concurrency)
+    finally:
+        await client.close()
+    low, high = wilson(stats.success * stats.n, stats.n)
+    failed = next((str(r) for r in stats.results if isinstance(r, BaseException)), None)
+    return HeldoutResult(model=model, success=stats.success, tasks=stats.n, low=low, high=high, errors=stats.errors,
+                         seconds=stats.seconds, task_set=task_set(tasks), when=utcnow().isoformat(),
+                         first_error=failed)
+
+
+def passes(success: float, parent_success: float, margin: float) -> bool:
+    """The promotion rule: not worse than the parent by more than `margin`."""
+    return success >= parent_success - margin
+
+
+# --- the store ---------------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def transaction(database_url: str):
+    """A session in one transaction on its own short-lived connection pool (gates run rarely)."""
+    engine = create_engine(database_url, pool_size=1)
+    try:
+        async with session_factory(engine)() as session, session.begin():
+            yield session
+    finally:
+        await engine.dispose()
+
+
+async def record(session: AsyncSession, version: int, result: HeldoutResult, **extra: Any) -> bool:
+    """Merge the result (and `extra`, e.g. parent and verdict) into the policy's evaluation. The base model
+    (version 0) has no row: nothing is stored and False is returned."""
+    if version == policies.BASE_VERSION:
+        return False
+    policy = await policies.get_policy(session, version)
+    # a new dict (JSON changes in place are not tracked), keeping what else is there (e.g. a canary record)
+    policy.evaluation = {**(policy.evaluation or {}), **result.as_evaluation(), **extra}
+    return True
+
+
+async def known_success(session: AsyncSession, version: int, digest: str) -> float | None:
+    """A stored held-out success of `version` on exactly the tasks `digest` names: its own row's, or for the
+    base model the parent measurement an earlier gate kept on one of its children."""
+    if version != policies.BASE_VERSION:
+        policy = await session.get(Policy, version)
+        stored = (policy.evaluation or {}) if policy is not None else {}
+        return stored.get("heldout_success") if stored.get("heldout_task_set") == digest else None
+    children = (await session.execute(
+        select(Policy.evaluation).where(Policy.parent_version == version).order_by(Policy.version.desc())
+    )).scalars()
+    for stored in children:
+        stored = stored or {}
+        if stored.get("heldout_task_set") == digest and stored.get("parent_heldout_success") is not None:
+            return stored["parent_heldout_success"]
+    return None
+
+
+# --- the engine --------------------------------------------------------------------------------------
+
+
+async def _get_json(url: str, api_key: str | None = None) -> Any:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30), headers=headers) as http:
+            async with http.get(url) as response:
+                if response.status != 200:
+                    raise EvalError(f"GET {url}: HTTP {response.status} {(await response.text())[:300]}")
+                return await response.json()
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise EvalError(f"GET {url}: {exc!r}") from None
+
+
+async def listed_models(base_url: str, api_key: str | None = None) -> list[dict[str, Any]]:
+    """`GET /v1/models` of an engine or a proxy (base URL without /v1)."""
+    return (await _get_json(f"{base_url.rstrip('/')}/v1/models", api_key))["data"]
+
+
+async def base_model(base_url: str, api_key: str | None = None) -> str:
+    models = await listed_models(base_url, api_key)
+    try:
+        return next(m["id"] for m in models if not m.get("parent"))
+    except StopIteration:
+        raise EvalError(f"{base_url} lists no base model") from None
+
+
+async def ensure_loaded(engine_url: str, name: str, path: str) -> None:
+    """Load an adapter into the engine unless it is there already (it may have been unloaded after it
+    stopped serving, or the engine restarted)."""
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+            async with http.post(f"{engine_url.rstrip('/')}/v1/load_lora_adapter",
+                                 json={"lora_name": name, "lora_path": path}) as response:
+                body = await response.text()
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise EvalError(f"{engine_url} could not load {name}: {exc!r}") from None
+    if response.status != 200 and "already" not in body.lower():
+        raise EvalError(f"{engine_url} could not load {name} from {path}: HTTP {response.status} {body[:300]}")
+
+
+# --- `rlproxy eval` ------------------------------------------------------------------------------------
+
+
+async def evaluate_policy(version: int, database_url: str, *, proxy: str | None = None, upstream: str | None = None,
+                          tasks: int = 48, seed: int = 0, concurrency: int = 8,
+                          api_key: str = "rlproxy") -> tuple[HeldoutResult, bool]:
+    """Measure policy `version` (v0: the base model) on `tasks` held-out tasks, through a proxy or on an
+    engine directly, and store the result on its row. Returns the result and whether it was stored.
+
+    On an engine the adapter is loaded from the row's path if needed. Through a proxy the adapter must be
+    loaded already, and v0 is refused while the proxy serves another version under the base model's name."""
+    from demo.tasks import heldout_tasks
+
+    if (proxy is None) == (upstream is None):
+        raise EvalError("evaluate through a proxy or on an engine: give exactly one of them")
+    try:
+        chosen = heldout_tasks(tasks, seed=seed)
+    except ValueError as exc:
+        raise EvalError(str(exc)) from None
+    row = None
+    if version != policies.BASE_VERSION:
+        async with transaction(database_url) as session:
+            row = await session.get(Policy, version)
+        if row is None:
+            raise EvalError(f"policy v{version} does not exist in {_hide_password(database_url)}")
+    url = (upstream or proxy).rstrip("/")
+    if upstream is not None:
+        if row is not None:
+            await ensure_loaded(url, row.name, row.path)
+        model = row.name if row is not None else await base_model(url, api_key)
+    elif row is not None:
+        if row.name not in {m["id"] for m in await listed_models(url, api_key)}:
+            raise EvalError(f"{row.name} is not loaded on the engine behind {url}; evaluate it with "
+                            "--upstream ENGINE_URL, which loads it")
+        model = row.name
+    else:
+        active = (await _get_json(f"{url}/policies", api_key))["active"]
+        if active != policies.BASE_VERSION:
+            raise EvalError(f"{url} answers the base model's name with policy v{active}; evaluate v0 with "
+                            "--upstream ENGINE_URL")
+        model = await base_model(url, api_key)
+    result = await evaluate_heldout(f"{url}/v1", model, chosen, concurrency=concurrency, api_key=api_key)
+    if result.errors == result.tasks:  # a measurement of the connection, not of the policy: keep nothing
+        raise EvalError(f"every episode failed ({model} at {url}): {result.first_error}")
+    if row is None:
+        return result, False
+    async with transaction(database_url) as session:
+        return result, await record(session, version, result)
+
+
+def _hide_password(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).render_as_string(hide_password=True)

@@ -1,0 +1,239 @@
+"""Who is calling: bearer keys resolved to a project at the edge, admin-only routes, and rollout ownership.
+
+- Every route but `/healthz`, `/readyz` and `/openapi.json` needs a key when auth is on; `POST
+  /policies/{version}/activate` and `GET /metrics` need an admin key (403 for other keys).
+- Key lookups (found or not) are cached in-process for `key_cache_ttl` seconds, so the request path reaches
+  the database once per key and TTL, not once per call.
+- A rollout belongs to the project whose key created it (`POST /rollouts` or its first call). Another
+  project's rollout answers 404, exactly like one that does not exist, so ids do not leak. Rollouts of no
+  project (recorded before auth was on, or by the operator key) stay open to every key.
+- The agent's Authorization header is only read here: calls are recorded from their JSON bodies, and the
+  engines get the proxy's own `upstream_api_key`, if any.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import ipaddress
+import logging
+import time
+from collections import OrderedDict
+from enum import Enum
+from typing import Any
+
+from aiohttp import web
+from sqlalchemy import inspect
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from proxy.context import call_context
+from proxy.errors import Forbidden, NotFoundError, StoreUnavailable, Unauthorized
+from rlproxy.settings import AuthSettings
+from store.keys import KEY_PREFIX, KeyInfo, claim_rollout, count_active_keys, find_key, hash_key, new_key
+
+log = logging.getLogger("rlproxy.auth")
+
+OPERATOR = KeyInfo(id="operator", project=None, admin=True)  # the admin key from the settings
+_KEY_LENGTH = len(new_key())
+_MISSING = object()
+
+
+class Access(Enum):
+    PUBLIC = "public"
+    KEY = "key"
+    ADMIN = "admin"
+
+
+PUBLIC_ROUTES = {"/healthz", "/readyz", "/openapi.json"}
+ADMIN_ROUTES = {("POST", "/policies/{version}/activate"), ("GET", "/metrics")}
+OPENAI_SUFFIXES = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+
+
+def route_pattern(request: web.Request) -> str | None:
+    """The matched route's pattern (e.g. `/rollouts/{rollout_id}`), None for unknown paths."""
+    resource = request.match_info.route.resource
+    return resource.canonical if resource is not None else None
+
+
+def access_for(request: web.Request) -> Access:
+    pattern = route_pattern(request)
+    method = "GET" if request.method == "HEAD" else request.method
+    if pattern in PUBLIC_ROUTES and method == "GET":
+        return Access.PUBLIC
+    if (method, pattern) in ADMIN_ROUTES:
+        return Access.ADMIN
+    return Access.KEY  # unknown paths too: what exists is not shown to callers without a key
+
+
+def is_openai_route(request: web.Request) -> bool:
+    pattern = route_pattern(request)
+    return pattern is not None and pattern.endswith(OPENAI_SUFFIXES)
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name other than localhost may resolve anywhere
+
+
+def _admin_key(settings: AuthSettings) -> str | None:
+    key = settings.admin_key.get_secret_value() if settings.admin_key is not None else ""
+    return key or None  # an empty RLPROXY_ADMIN_KEY is no key
+
+
+class AuthConfigError(Exception):
+    """The server would be open to the network without keys."""
+
+
+class TTLCache:
+    """A bounded LRU map whose entries expire after `ttl` seconds."""
+
+    def __init__(self, ttl: float, maxsize: int) -> None:
+        self.ttl = ttl
+        self.maxsize = maxsize
+        self._data: OrderedDict[str, tuple[float, Any]] = OrderedDict()
+
+    def get(self, key: str, default: Any = _MISSING) -> Any:
+        item = self._data.get(key)
+        if item is None or item[0] < time.monotonic():
+            return default
+        self._data.move_to_end(key)
+        return item[1]
+
+    def put(self, key: str, value: Any) -> None:
+        self._data[key] = (time.monotonic() + self.ttl, value)
+        self._data.move_to_end(key)
+        if len(self._data) > self.maxsize:
+            self._data.popitem(last=False)
+
+
+async def active_key_count(sessions: async_sessionmaker[AsyncSession]) -> int:
+    """How many unrevoked keys the database holds (0 before the keys table exists)."""
+    async with sessions() as session:
+        connection = await session.connection()
+        if not await connection.run_sync(lambda c: inspect(c).has_table("api_keys")):
+            return 0
+        return await count_active_keys(session)
+
+
+async def resolve_auth(settings: AuthSettings, host: str, sessions: async_sessionmaker[AsyncSession]) -> bool:
+    """Whether keys are required. Raises AuthConfigError rather than serve a non-loopback host openly by
+    default; an explicit `mode="off"` is obeyed (and warned about)."""
+    if settings.mode != "auto":
+        return settings.mode == "on"
+    if _admin_key(settings):
+        return True
+    if await active_key_count(sessions):
+        return True
+    if not is_loopback(host):
+        raise AuthConfigError(
+            f"refusing to serve on {host} without authentication: no API keys exist and no admin key is set. "
+            "Create a key with `rlproxy keys create --project NAME`, set RLPROXY_ADMIN_KEY, bind 127.0.0.1, "
+            "or pass `--auth off` to serve without keys on purpose."
+        )
+    return False
+
+
+class Authenticator:
+    def __init__(self, settings: AuthSettings) -> None:
+        self.settings = settings
+        self.enabled = settings.mode == "on"  # "auto" is resolved by `start()`
+        self.sessions: async_sessionmaker[AsyncSession] | None = None
+        admin = _admin_key(settings)
+        self._admin_digest = hash_key(admin) if admin else None
+        self._keys = TTLCache(settings.key_cache_ttl, maxsize=10_000)
+        self._owners: OrderedDict[str, str | None] = OrderedDict()  # rollout id → project (never changes)
+
+    async def start(self, sessions: async_sessionmaker[AsyncSession], host: str) -> None:
+        self.sessions = sessions
+        self.enabled = await resolve_auth(self.settings, host, sessions)
+        if self.enabled:
+            keys = await active_key_count(sessions)
+            log.info("authentication is ON: every route but /healthz, /readyz and /openapi.json needs "
+                     "'Authorization: Bearer <key>' (%d keys in the database%s)", keys,
+                     ", plus the admin key from the settings" if self._admin_digest else "")
+        elif is_loopback(host):
+            log.info("authentication is OFF (no keys exist; listening on loopback %s only). "
+                     "`rlproxy keys create --project NAME` turns it on at the next start", host)
+        else:
+            log.warning("authentication is OFF on %s (--auth off): anyone who can reach this port may call "
+                        "the engines, read every rollout and activate policies", host)
+
+    async def identify(self, request: web.Request) -> KeyInfo:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthorized("missing API key: send the header 'Authorization: Bearer <key>'")
+        digest = hash_key(token)
+        if self._admin_digest is not None and hmac.compare_digest(digest, self._admin_digest):
+            return OPERATOR
+        info = self._keys.get(digest)
+        if info is _MISSING:
+            info = None
+            if token.startswith(KEY_PREFIX) and len(token) == _KEY_LENGTH:  # anything else is not one of ours
+                info = await self._query(find_key, digest)
+            self._keys.put(digest, info)
+        if info is None:
+            raise Unauthorized("invalid API key (unknown or revoked)")
+        return info
+
+    async def check_rollout(self, request: web.Request, key: KeyInfo) -> None:
+        """404 for a rollout-scoped OpenAI call into another project's rollout; the first call of a new
+        rollout claims it for the caller's project."""
+        if key.project is None:
+            return
+        context = call_context(request)
+        if context.rollout_id is None:
+            return
+        owner = self._owners.get(context.rollout_id, _MISSING)
+        if owner is _MISSING:
+            owner = await self._query(claim_rollout, context.rollout_id, key.project, task_id=context.task_id,
+                                      agent=context.agent, write=True)
+            self._owners[context.rollout_id] = owner
+            if len(self._owners) > 100_000:
+                self._owners.popitem(last=False)
+        if owner is not None and owner != key.project:
+            raise NotFoundError(f"rollout {context.rollout_id!r} does not exist")
+
+    async def _query(self, function, *args, write: bool = False, **kwargs):
+        assert self.sessions is not None, "Authenticator.start() was not awaited"
+        try:
+            async with asyncio.timeout(10):
+                async with self.sessions() as session:
+                    if not write:
+                        return await function(session, *args, **kwargs)
+                    async with session.begin():
+                        return await function(session, *args, **kwargs)
+        except (SQLAlchemyError, OSError, TimeoutError) as exc:
+            log.warning("key or rollout lookup failed: %s", exc)
+            raise StoreUnavailable("could not check the API key: the database did not answer") from None
+
+
+AUTH = web.AppKey("rlproxy_auth", Authenticator)
+KEY = "rlproxy_key"  # the request's KeyInfo, when auth is on
+
+
+@web.middleware
+async def authenticate(request: web.Request, handler):
+    auth = request.app[AUTH]
+    access = access_for(request)
+    if not auth.enabled or access is Access.PUBLIC:
+        return await handler(request)
+    key = await auth.identify(request)
+    if access is Access.ADMIN and not key.admin:
+        raise Forbidden("this route needs an admin key")
+    request[KEY] = key
+    request["project"] = key.project  # what the rollout routes and the recorder scope by
+    return await handler(request)
+
+
+@web.middleware
+async def scope_rollouts(request: web.Request, handler):
+    """Runs after the limits, so a caller over its rate cannot make the proxy claim rollouts."""
+    key = request.get(KEY)
+    if key is not None and is_openai_route(request):
+        await request.app[AUTH].check_rollout(request, key)
+    return await handler(request)

@@ -1,0 +1,22 @@
+"""Keys, limits and rollout scoping on one application: `install(app, settings)` from `build_app`."""
+from __future__ import annotations
+
+from aiohttp import web
+
+from proxy.auth import AUTH, Authenticator, authenticate, scope_rollouts
+from proxy.limits import LIMITS, Limits, enforce_limits
+from proxy.state import STATE
+from rlproxy.settings import ProxySettings
+
+
+def install(app: web.Application, settings: ProxySettings) -> None:
+    """Adds, inside the error middleware: who is calling → rate and size limits → rollout ownership. Whether
+    keys are needed is settled at startup, once the database is reachable (`Authenticator.start`)."""
+    app[AUTH] = Authenticator(settings.auth)
+    app[LIMITS] = Limits(settings)
+    app.middlewares.extend([authenticate, enforce_limits, scope_rollouts])
+
+    async def start_auth(app: web.Application) -> None:  # on_startup runs after the cleanup contexts started
+        await app[AUTH].start(app[STATE].sessions, settings.host)
+
+    app.on_startup.append(start_auth)

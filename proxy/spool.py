@@ -1,0 +1,319 @@
+"""The spool: calls not in the database yet, as JSON lines in append-only segment files on local disk.
+
+- `write()` appends records at once (in the page cache: they survive the process being killed) and numbers
+  them (a log sequence number, lsn: one per line, across segments). `flush()` waits until everything written
+  so far is durable (fdatasync). One flusher thread syncs back to back while anyone waits (group commit):
+  whoever arrives during an fsync is covered by the next one, so many calls share one disk flush, and the
+  pace of fsyncs does not depend on how busy the event loop is.
+- `retire()` marks records the database has taken. A segment is deleted once it is sealed (the active one is
+  sealed when it grows past `segment_bytes`) and holds no live record.
+- Segments left by an earlier process are read back at start and all their records are live again: replaying
+  them is idempotent by call id. A torn last line (a crash in the middle of a write, never acknowledged) is
+  skipped.
+
+Files: `<path>` is the first segment, then `<path>.1`, `<path>.2`, … in order; numbering starts again once
+every segment is gone.
+"""
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import os
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import orjson
+
+from store.records import CallRecord
+
+log = logging.getLogger("rlproxy.spool")
+
+OnFsync = Callable[[int, float], None]
+"""Called after each fsync with the number of records it made durable and its duration in seconds."""
+
+
+@dataclass(slots=True, eq=False)
+class Segment:
+    path: Path
+    number: int
+    first: int  # lsn of its first line
+    count: int = 0  # lines in it
+    live: int = 0  # lines the database has not taken yet
+    size: int = 0  # bytes written
+    synced: int = 0  # bytes known to be on disk
+    fd: int | None = None  # open while records may be appended to it or still need their fsync
+    new: bool = False  # its directory entry still needs an fsync
+    sealed: bool = False
+
+
+class Spool:
+    def __init__(self, path: Path, *, segment_bytes: int = 4 << 20, retain_active: bool = False,
+                 on_fsync: OnFsync | None = None) -> None:
+        """`retain_active`: keep the active segment when its last record is retired (when every call is
+        spooled, re-creating it each time would cost a directory fsync per call)."""
+        self.path = path
+        self.segment_bytes = segment_bytes
+        self.retain_active = retain_active
+        self.on_fsync = on_fsync
+        self.segments: list[Segment] = []
+        self.live: set[int] = set()
+        self.next_lsn = 0
+        self.durable_lsn = 0  # every lsn below it is on disk
+        # Segment files and sizes are shared with the flusher thread: changed and read under this lock.
+        self._lock = threading.Lock()
+        self._waiters: list[tuple[int, int, asyncio.Future]] = []  # a heap of (lsn to reach, tie, future)
+        self._tie = itertools.count()
+        self._wanted = threading.Event()
+        self._flusher: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closing = False
+        self._load()
+
+    @property
+    def pending(self) -> int:
+        """Records in the spool the database has not taken yet."""
+        return len(self.live)
+
+    def writable(self) -> bool:
+        return os.access(self.path.parent if str(self.path.parent) else Path("."), os.W_OK)
+
+    def _load(self) -> None:
+        for number, path in self._existing():
+            count = _count_lines(path)
+            size = path.stat().st_size
+            segment = Segment(path, number, self.next_lsn, count=count, live=count, size=size, synced=size,
+                              sealed=True)
+            self.segments.append(segment)
+            self.live.update(range(self.next_lsn, self.next_lsn + count))
+            self.next_lsn += count
+            self._drop_if_done(segment)
+        self.durable_lsn = self.next_lsn
+        if self.live:
+            log.warning("%d calls in the spool from an earlier run (%s); replaying them", len(self.live),
+                        self.path)
+
+    def _existing(self) -> list[tuple[int, Path]]:
+        found = [(0, self.path)] if self.path.exists() else []
+        prefix = self.path.name + "."
+        if self.path.parent.is_dir():
+            for candidate in self.path.parent.iterdir():
+                suffix = candidate.name[len(prefix):]
+                if candidate.name.startswith(prefix) and suffix.isdigit():
+                    found.append((int(suffix), candidate))
+        return sorted(found)
+
+    def batches(self, size: int, upto: int) -> Iterator[list[tuple[int, CallRecord | None]]]:
+        """The live records numbered below `upto`, oldest first, `size` at a time, as (lsn, record); a line
+        that cannot be read comes as (lsn, None)."""
+        batch: list[tuple[int, CallRecord | None]] = []
+        for segment in list(self.segments):
+            if segment.first >= upto:
+                break
+            if not segment.live:
+                continue
+            with segment.path.open("rb") as fh:
+                for lsn, line in zip(range(segment.first, min(upto, segment.first + segment.count)), fh):
+                    if lsn not in self.live:
+                        continue
+                    batch.append((lsn, _parse(line)))
+                    if len(batch) >= size:
+                        yield batch
+                        batch = []
+        if batch:
+            yield batch
+
+    def write(self, records: list[CallRecord]) -> range:
+        """Append `records` (not durable yet: see `flush`); returns their lsns."""
+        # orjson writes the dataclass as `CallRecord.to_json()` would, a hundred times faster (no asdict copy)
+        data = b"".join(orjson.dumps(r) + b"\n" for r in records)
+        with self._lock:
+            segment = self._active()
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(segment.fd, view):]
+            except OSError:
+                os.ftruncate(segment.fd, segment.size)  # no half-written line left behind
+                raise
+            lsns = range(self.next_lsn, self.next_lsn + len(records))
+            segment.count += len(records)
+            segment.live += len(records)
+            segment.size += len(data)
+            self.next_lsn = lsns.stop
+        self.live.update(lsns)
+        return lsns
+
+    async def append(self, records: list[CallRecord]) -> range:
+        """Append `records` and wait until they are on disk."""
+        lsns = self.write(records)
+        await self.flush(lsns.stop)
+        return lsns
+
+    def _active(self) -> Segment:
+        segment = self.segments[-1] if self.segments and not self.segments[-1].sealed else None
+        if segment is not None and segment.size >= self.segment_bytes:
+            self._seal(segment)
+            segment = None
+        if segment is None:
+            number = self.segments[-1].number + 1 if self.segments else 0
+            path = self.path if number == 0 else self.path.with_name(f"{self.path.name}.{number}")
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            segment = Segment(path, number, self.next_lsn, fd=fd, new=True)
+            self.segments.append(segment)
+        return segment
+
+    def _seal(self, segment: Segment) -> None:
+        segment.sealed = True
+        if segment.synced >= segment.size:
+            self._close_fd(segment)
+        self._drop_if_done(segment)
+
+    async def flush(self, upto: int | None = None) -> None:
+        """Return once every record numbered below `upto` (default: all written so far) is on disk."""
+        target = self.next_lsn if upto is None else upto
+        if self.durable_lsn >= target:
+            return
+        self._loop = asyncio.get_running_loop()
+        waiter = self._loop.create_future()
+        heapq.heappush(self._waiters, (target, next(self._tie), waiter))
+        if self._flusher is None:
+            # After each fsync the flusher needs the GIL back to wake the loop; with the default 5 ms switch
+            # interval it can wait that long behind a busy loop thread (the writer), longer than the fsync.
+            sys.setswitchinterval(min(sys.getswitchinterval(), 0.0005))
+            self._closing = False
+            self._flusher = threading.Thread(target=self._flush_forever, name="spool-flusher", daemon=True)
+            self._flusher.start()
+        self._wanted.set()
+        await waiter
+
+    def _flush_forever(self) -> None:
+        """The flusher thread: while anyone waits, sync what has been written, and tell the loop."""
+        while True:
+            self._wanted.wait()
+            self._wanted.clear()
+            if self._closing:
+                return
+            with self._lock:
+                upto = self.next_lsn
+                work = [(s, s.size, os.dup(s.fd)) for s in self.segments
+                        if s.fd is not None and s.synced < s.size]
+            error = None
+            began = time.perf_counter()
+            try:
+                _sync([fd for _, _, fd in work], self.path.parent if any(s.new for s, _, _ in work) else None)
+            except OSError as exc:
+                error = exc
+            finally:
+                for _, _, fd in work:
+                    os.close(fd)
+            seconds = time.perf_counter() - began
+            try:
+                self._loop.call_soon_threadsafe(self._synced, upto, [(s, size) for s, size, _ in work], error,
+                                                seconds)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                return
+
+    def _synced(self, upto: int, work: list[tuple[Segment, int]], error: OSError | None,
+                seconds: float) -> None:
+        """On the loop, after an fsync: wake up the waiters it covered."""
+        if error is not None:
+            log.error("spool fsync failed: %s", error)
+            while self._waiters and self._waiters[0][0] <= upto:
+                _, _, waiter = heapq.heappop(self._waiters)
+                if not waiter.done():
+                    waiter.set_exception(error)
+            return
+        with self._lock:
+            for segment, size in work:
+                segment.synced = max(segment.synced, size)
+                segment.new = False
+                if segment.sealed and segment.synced >= segment.size:
+                    self._close_fd(segment)
+                    self._drop_if_done(segment)
+        if self.on_fsync is not None and upto > self.durable_lsn:
+            self.on_fsync(upto - self.durable_lsn, seconds)
+        self.durable_lsn = max(self.durable_lsn, upto)
+        while self._waiters and self._waiters[0][0] <= self.durable_lsn:
+            _, _, waiter = heapq.heappop(self._waiters)
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def retire(self, lsns: Iterable[int]) -> None:
+        """The database has taken these records."""
+        segment = None
+        touched = []
+        for lsn in lsns:
+            if lsn not in self.live:
+                continue
+            self.live.discard(lsn)
+            if segment is None or not segment.first <= lsn < segment.first + segment.count:
+                segment = next(s for s in self.segments if s.first <= lsn < s.first + s.count)
+                touched.append(segment)
+            segment.live -= 1
+        with self._lock:
+            for segment in touched:
+                if not segment.live and not segment.sealed and not self.retain_active:
+                    self._seal(segment)
+                else:
+                    self._drop_if_done(segment)
+
+    def _drop_if_done(self, segment: Segment) -> None:
+        if segment.sealed and not segment.live and segment.fd is None and segment in self.segments:
+            segment.path.unlink(missing_ok=True)
+            self.segments.remove(segment)
+
+    def _close_fd(self, segment: Segment) -> None:
+        if segment.fd is not None:
+            os.close(segment.fd)
+            segment.fd = None
+
+    async def close(self) -> None:
+        """Flush, and delete what the database has taken; what it has not stays for the next start."""
+        try:
+            await self.flush()
+        finally:
+            self._closing = True
+            self._wanted.set()
+            if self._flusher is not None:
+                await asyncio.to_thread(self._flusher.join, 5)
+                self._flusher = None
+            with self._lock:
+                for segment in list(self.segments):
+                    segment.sealed = True
+                    self._close_fd(segment)
+                    self._drop_if_done(segment)
+
+
+def _sync(fds: list[int], directory: Path | None) -> None:
+    for fd in fds:
+        os.fdatasync(fd)
+    if directory is not None:  # a new segment's name must survive a crash too
+        dir_fd = os.open(directory if str(directory) else ".", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+def _count_lines(path: Path) -> int:
+    """Lines in a segment; a torn last line without its newline counts (it is skipped when read)."""
+    count, last = 0, b"\n"
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            count += chunk.count(b"\n")
+            last = chunk[-1:]
+    return count + (last != b"\n")
+
+
+def _parse(line: bytes) -> CallRecord | None:
+    try:
+        return CallRecord.from_json(orjson.loads(line))
+    except (orjson.JSONDecodeError, TypeError, KeyError, ValueError):
+        log.error("skipping an unreadable spool line (a torn write at a crash?)")
+        return None

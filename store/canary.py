@@ -1,0 +1,137 @@
+"""The traffic canary: a candidate policy answers a fixed fraction of new rollouts until a judge promotes or
+retires it.
+
+Which rollouts it answers is a pure function of the rollout id (a SHA-256 bucket), so every call of a
+rollout goes to the same version without any per-rollout state, and every proxy sharing the database agrees.
+The canary itself is the policy row with status `canary`; its fraction and start time live in that row's
+`evaluation` JSON under "canary", which the proxies read on their policy refresh. The proxy and the trainer
+both use this module: the proxy to route, the trainer to start the canary, gather the evidence and end it.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from store import policies
+from store.errors import Conflict
+from store.models import Call, Policy, PolicyStatus, Rollout, RolloutStatus, utcnow
+
+KEY = "canary"  # where a policy's canary record lives in its evaluation JSON
+
+
+@dataclass(slots=True, frozen=True)
+class Canary:
+    version: int
+    name: str
+    fraction: float  # of new rollouts, in (0, 1)
+    started_at: datetime
+    parent: int | None  # the version that was active when the canary started
+
+
+def serves(canary: Canary, rollout_id: str) -> bool:
+    """Whether the canary answers this rollout. Salted with the version, so successive canaries see
+    different rollouts; the same id and canary always give the same answer, in every process."""
+    digest = hashlib.sha256(f"{canary.version}:{rollout_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") < canary.fraction * 2**64
+
+
+def _parse(version: int, name: str, evaluation: dict[str, Any] | None) -> Canary | None:
+    record = (evaluation or {}).get(KEY) or {}
+    try:
+        fraction = float(record["fraction"])
+        started = datetime.fromisoformat(record["started_at"])
+    except (KeyError, TypeError, ValueError):
+        return None  # a canary row without a readable record answers nothing (it is still judged)
+    return Canary(version, name, min(max(fraction, 0.0), 1.0), started, record.get("parent"))
+
+
+async def serving(session: AsyncSession) -> tuple[policies.ActivePolicy, Canary | None]:
+    """The active policy and the running canary (if any), in one read."""
+    rows = (await session.execute(
+        select(Policy.version, Policy.name, Policy.path, Policy.status, Policy.evaluation)
+        .where(Policy.status.in_((PolicyStatus.ACTIVE, PolicyStatus.CANARY))).order_by(Policy.version)
+    )).all()
+    active, canary = policies.BASE, None
+    for version, name, path, status, evaluation in rows:
+        if status == PolicyStatus.ACTIVE:
+            active = policies.ActivePolicy(version, name, path)
+        else:
+            canary = _parse(version, name, evaluation) or canary  # the newest readable one
+    return active, canary
+
+
+async def running(session: AsyncSession) -> Canary | None:
+    return (await serving(session))[1]
+
+
+async def start(session: AsyncSession, version: int, fraction: float) -> Canary:
+    """Put `version` (a loaded candidate) in canary. Idempotent for the canary already running (a restarted
+    trainer resumes judging it with its original start); another canary running is a Conflict."""
+    if not 0 < fraction < 1:
+        raise ValueError(f"canary fraction must be between 0 and 1, not {fraction}")
+    current = await running(session)
+    if current is not None and current.version != version:
+        raise Conflict(f"policy v{current.version} is already in canary")
+    policy = await policies.get_policy(session, version)
+    if policy.status == PolicyStatus.CANARY and current is not None:
+        return current
+    if policy.status not in (PolicyStatus.CANDIDATE, PolicyStatus.CANARY):
+        raise Conflict(f"policy v{version} is {policy.status}; only a candidate can go in canary")
+    active = await policies.active_policy(session)
+    record = {"fraction": fraction, "started_at": utcnow().isoformat(), "parent": active.version}
+    policy.evaluation = {**(policy.evaluation or {}), KEY: record}  # a new dict: JSON changes are not tracked
+    policy.status = PolicyStatus.CANARY
+    await session.flush()
+    return _parse(version, policy.name, policy.evaluation)
+
+
+@dataclass(slots=True, frozen=True)
+class Arm:
+    version: int
+    rollouts: int
+    mean_reward: float | None
+
+
+async def evidence(session: AsyncSession, canary: Canary, versions: tuple[int, ...]) -> dict[int, Arm]:
+    """Finished rollouts created since the canary started, by the one version that answered all their calls.
+    A rollout whose calls span versions (it was under way when the canary started or a proxy had not yet
+    refreshed) and one with no policy call are left out: their reward says nothing about a single version."""
+    per_rollout = (
+        select(Rollout.reward.label("reward"), func.min(Call.policy_version).label("version"))
+        .join(Call, Call.rollout_id == Rollout.id)
+        .where(Rollout.status == RolloutStatus.FINISHED, Rollout.created_at >= _aware(canary.started_at),
+               Call.policy_version.is_not(None))
+        .group_by(Rollout.id, Rollout.reward)
+        .having(func.min(Call.policy_version) == func.max(Call.policy_version))
+        .subquery()
+    )
+    rows = (await session.execute(
+        select(per_rollout.c.version, func.count(), func.avg(per_rollout.c.reward))
+        .where(per_rollout.c.version.in_(versions)).group_by(per_rollout.c.version)
+    )).all()
+    arms = {v: Arm(v, 0, None) for v in versions}
+    for version, count, mean in rows:
+        arms[version] = Arm(version, int(count), float(mean))
+    return arms
+
+
+async def end(session: AsyncSession, canary: Canary, promoted: bool, verdict: dict[str, Any]) -> None:
+    """Promote (make it the active policy) or retire the canary, keeping the verdict in its evaluation."""
+    policy = await policies.get_policy(session, canary.version)
+    record = {**(policy.evaluation or {}).get(KEY, {}), **verdict, "promoted": promoted,
+              "ended_at": utcnow().isoformat()}
+    policy.evaluation = {**(policy.evaluation or {}), KEY: record}
+    await session.flush()
+    if promoted:
+        await policies.activate(session, canary.version)
+    else:
+        await policies.set_status(session, canary.version, PolicyStatus.RETIRED)
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)

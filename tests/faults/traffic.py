@@ -1,0 +1,124 @@
+"""Steady agent traffic through the real `openai` SDK, in a background thread, and the accounting the fault
+tests print: calls sent, acknowledged (the whole answer arrived), stored, lost (acknowledged, not stored)."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import openai
+import psycopg
+
+MESSAGES = [{"role": "user", "content": "What is 6 times 7?"}]
+
+
+@dataclass
+class Outcome:
+    rollout_id: str
+    call_id: str | None = None
+    acknowledged: bool = False
+    error: str | None = None
+
+
+@dataclass
+class Traffic:
+    """`workers` agents, each its own rollout, alternating plain and streamed chat calls every `pause` s."""
+
+    proxy_url: str
+    workers: int = 8
+    pause: float = 0.05
+    timeout: float = 20.0
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True)
+
+    def __enter__(self) -> "Traffic":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(self.timeout + 10)
+
+    @property
+    def acknowledged(self) -> list[Outcome]:
+        return [o for o in self.outcomes if o.acknowledged]
+
+    @property
+    def errors(self) -> Counter:
+        return Counter(o.error for o in self.outcomes if o.error)
+
+    async def _main(self) -> None:
+        await asyncio.gather(*(self._agent(f"fault{n:02d}{time.time_ns():x}") for n in range(self.workers)))
+
+    async def _agent(self, rollout_id: str) -> None:
+        client = openai.AsyncOpenAI(base_url=f"{self.proxy_url}/rollouts/{rollout_id}/v1", api_key="unused",
+                                    max_retries=0, timeout=self.timeout)  # a retry would hide a failure
+        n = 0
+        async with client:
+            while not self._stop.is_set():
+                outcome = Outcome(rollout_id)
+                self.outcomes.append(outcome)
+                await self._call(client, outcome, stream=n % 2 == 1)
+                n += 1
+                await asyncio.sleep(self.pause)
+
+    @staticmethod
+    async def _call(client: openai.AsyncOpenAI, outcome: Outcome, stream: bool) -> None:
+        try:
+            raw = await client.chat.completions.with_raw_response.create(
+                model="stub-model", messages=MESSAGES, max_tokens=8, stream=stream)
+            outcome.call_id = raw.headers.get("x-rlproxy-call-id")
+            answer = raw.parse()  # (a legacy response: parse() does not wait)
+            if stream:
+                chunks = [chunk async for chunk in answer]
+                assert chunks and chunks[-1].choices[0].finish_reason, "the stream ended early"
+            else:
+                assert answer.choices[0].finish_reason
+            outcome.acknowledged = True
+        except Exception as exc:  # noqa: BLE001 — every failure a client saw is counted, by kind
+            outcome.error = type(exc).__name__
+
+
+def libpq(url: str) -> str:
+    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
+@dataclass
+class Tally:
+    sent: int
+    acknowledged: int
+    stored: int
+    lost: int
+    client_errors: dict
+    bad_rollouts: list[str]
+
+    def show(self, title: str) -> None:
+        print(f"\n{title}: sent={self.sent} acknowledged={self.acknowledged} stored={self.stored} "
+              f"lost={self.lost} client_errors={dict(self.client_errors) or 0}")
+
+
+def tally(traffic: Traffic, database_url: str) -> Tally:
+    """Count the calls against the database; every rollout's calls must be numbered 1..n once each (a call
+    stored twice would take two numbers)."""
+    acknowledged = traffic.acknowledged
+    ids = [o.call_id for o in acknowledged]
+    rollouts = sorted({o.rollout_id for o in traffic.outcomes})
+    with psycopg.connect(libpq(database_url)) as conn:
+        stored = conn.execute("SELECT count(*) FROM calls WHERE id = ANY(%s)", (ids,)).fetchone()[0]
+        bad = []
+        for rollout_id in rollouts:
+            seqs = [row[0] for row in conn.execute(
+                "SELECT seq FROM calls WHERE rollout_id = %s ORDER BY seq", (rollout_id,))]
+            count = conn.execute("SELECT call_count FROM rollouts WHERE id = %s", (rollout_id,)).fetchone()
+            if seqs != list(range(1, len(seqs) + 1)) or (count and count[0] != len(seqs)):
+                bad.append(rollout_id)
+    return Tally(len(traffic.outcomes), len(acknowledged), stored, len(acknowledged) - stored, traffic.errors,
+                 bad)

@@ -1,0 +1,317 @@
+"""Keys, projects and limits, against real `rlproxy serve` processes with the openai SDK as the client.
+
+The secured proxy's engine is a small recording server in this process, so every request the engine gets can
+be inspected: the agents' keys must never reach it (it gets the proxy's own engine key), and they must never
+reach the database either.
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import openai
+import psycopg
+import pytest
+import requests
+
+from store.db import create_engine, session_factory
+from store.keys import create_key
+from tests.conftest import _fresh_database
+from tests.support import PYTHON, ROOT, free_port, running, running_proxy
+
+OPERATOR_KEY = "operator-" + uuid.uuid4().hex
+ENGINE_KEY = "engine-" + uuid.uuid4().hex
+MODEL = "rec-model"
+MAX_TOKENS = 32
+MAX_BODY = 64 * 1024
+CHAT = [{"role": "user", "content": "What is 6*7?"}]
+
+
+def make_key(database_url: str, project: str, **options) -> str:
+    async def go() -> str:
+        engine = create_engine(database_url)
+        try:
+            async with session_factory(engine)() as session, session.begin():
+                return (await create_key(session, project, **options))[0]
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(go())
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([PYTHON, "-m", "rlproxy.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+class RecordingEngine(ThreadingHTTPServer):
+    """An OpenAI-compatible engine that answers every chat call alike and keeps what it was sent."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", free_port()), _EngineHandler)
+        self.seen: list[tuple[str, dict[str, str], bytes]] = []
+        self.url = f"http://127.0.0.1:{self.server_address[1]}"
+
+
+class _EngineHandler(BaseHTTPRequestHandler):
+    def log_message(self, *args) -> None:  # quiet
+        pass
+
+    def _answer(self, payload: dict) -> None:
+        body = json.dumps(payload, separators=(",", ":")).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self.server.seen.append((self.path, dict(self.headers), b""))
+        self._answer({"object": "list", "data": [{"id": MODEL, "object": "model", "parent": None}]})
+
+    def do_POST(self) -> None:
+        raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.server.seen.append((self.path, dict(self.headers), raw))
+        body = json.loads(raw)
+        ids = bool(body.get("return_token_ids"))
+        logprobs = {"content": [{"token": "42", "logprob": -0.5, "bytes": [52, 50], "top_logprobs": []}]}
+        self._answer({
+            "id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": body["model"],
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": "42"},
+                         "logprobs": logprobs if body.get("logprobs") else None, "finish_reason": "stop",
+                         "token_ids": [52, 2] if ids else None}],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+            "prompt_token_ids": [1, 2, 3] if ids else None,
+        })
+
+
+@dataclass
+class Secured:
+    url: str
+    database_url: str
+    engine: RecordingEngine
+    keys: dict[str, str] = field(default_factory=dict)
+
+    def client(self, key: str, base_url: str | None = None) -> openai.OpenAI:
+        return openai.OpenAI(base_url=base_url or f"{self.url}/v1", api_key=key, max_retries=0)
+
+    def get(self, path: str, key: str | None) -> requests.Response:
+        return requests.get(self.url + path, headers={"Authorization": f"Bearer {key}"} if key else {})
+
+    def post(self, path: str, key: str | None, **kwargs) -> requests.Response:
+        return requests.post(self.url + path, headers={"Authorization": f"Bearer {key}"} if key else {},
+                             **kwargs)
+
+
+@pytest.fixture(scope="module")
+def secured(postgres_server, run_dir) -> Secured:
+    engine = RecordingEngine()
+    threading.Thread(target=engine.serve_forever, daemon=True).start()
+    with _fresh_database(postgres_server) as database_url:
+        created = cli("keys", "create", "--project", "alpha", "--database-url", database_url)
+        assert created.returncode == 0, created.stderr
+        keys = {
+            "alpha": created.stdout.strip(),
+            "beta": make_key(database_url, "beta"),
+            "admin": make_key(database_url, "ops", admin=True),
+            "slow": make_key(database_url, "gamma", rate_limit=0.5, rate_burst=2),
+        }
+        with running_proxy([engine.url], database_url, run_dir, "proxy-auth", "--admin-key", OPERATOR_KEY,
+                           "--upstream-api-key", ENGINE_KEY, "--max-tokens", str(MAX_TOKENS),
+                           "--client-max-size", str(MAX_BODY), "--key-cache-ttl", "1") as url:
+            yield Secured(url, database_url, engine, keys)
+    engine.shutdown()
+
+
+def error_of(response: requests.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    return error
+
+
+def test_the_key_is_printed_once_and_only_its_hash_is_kept(secured):
+    key = secured.keys["alpha"]
+    assert key.startswith("rlp_") and len(key) > 40
+    listing = cli("keys", "list", "--database-url", secured.database_url)
+    assert listing.returncode == 0 and "alpha" in listing.stdout and key not in listing.stdout
+    with psycopg.connect(secured.database_url.replace("+asyncpg", "")) as conn:
+        hashes = {row[0] for row in conn.execute("SELECT key_hash FROM api_keys")}
+    assert hashlib.sha256(key.encode()).hexdigest() in hashes
+
+
+def test_without_a_valid_key_everything_but_health_is_401(secured):
+    for key in ("wrong", "rlp_" + "x" * 43):
+        with pytest.raises(openai.AuthenticationError):
+            secured.client(key).chat.completions.create(model=MODEL, messages=CHAT)
+    error_of(secured.post("/v1/chat/completions", None, json={"model": MODEL, "messages": CHAT}), 401)
+    for key in (None, "wrong", "rlp_" + "x" * 43):
+        assert error_of(secured.get("/policies", key), 401)["code"] == "invalid_api_key"
+        assert error_of(secured.post("/rollouts", key, json={}), 401)
+    assert secured.get("/rollouts/anything", None).headers["WWW-Authenticate"] == "Bearer"
+    assert secured.get("/healthz", None).status_code == 200
+    assert secured.get("/openapi.json", None).status_code == 200
+    answer = secured.client(secured.keys["alpha"]).chat.completions.create(model=MODEL, messages=CHAT)
+    assert answer.choices[0].message.content == "42"
+
+
+def test_another_projects_rollout_answers_404_like_a_missing_one(secured):
+    alpha, beta = secured.keys["alpha"], secured.keys["beta"]
+    rollout = secured.post("/rollouts", alpha, json={"task_id": "t1"}).json()
+    rid = rollout["rollout_id"]
+    own = secured.client(alpha, rollout["base_url"]).chat.completions.with_raw_response.create(
+        model=MODEL, messages=CHAT)
+    call_id = own.headers["X-Rlproxy-Call-Id"]
+
+    with pytest.raises(openai.NotFoundError):
+        secured.client(beta, rollout["base_url"]).chat.completions.create(model=MODEL, messages=CHAT)
+    with pytest.raises(openai.NotFoundError):
+        secured.client(beta).with_options(default_headers={"X-Rollout-Id": rid}).chat.completions.create(
+            model=MODEL, messages=CHAT)
+    with pytest.raises(openai.NotFoundError):
+        secured.client(beta, f"{secured.url}/rollouts/{rid}/agents/a/v1").models.list()
+    missing = uuid.uuid4().hex
+    hidden, absent = error_of(secured.get(f"/rollouts/{rid}", beta), 404), \
+        error_of(secured.get(f"/rollouts/{missing}", beta), 404)
+    assert hidden["message"].replace(rid, missing) == absent["message"]  # nothing tells them apart
+    error_of(secured.post("/reward", beta, json={"rollout_id": rid, "reward": 1.0}), 404)
+    error_of(secured.post("/reward", beta, json={"rollout_id": rid, "reward": 1.0, "call_id": call_id}), 404)
+
+    assert secured.post("/reward", alpha, json={"rollout_id": rid, "reward": 1.0}).status_code == 200
+    mine = secured.get(f"/rollouts/{rid}", alpha).json()
+    assert [c["call_id"] for c in mine["calls"]] == [call_id]  # beta's tries left no trace
+    assert mine["reward"] == 1.0
+    assert secured.get(f"/rollouts/{rid}", OPERATOR_KEY).status_code == 200  # the operator sees every project
+
+
+def test_the_first_call_claims_a_new_rollout_id_for_its_project(secured):
+    rid = f"shared-{uuid.uuid4().hex[:8]}"
+    base_url = f"{secured.url}/rollouts/{rid}/v1"
+    secured.client(secured.keys["beta"], base_url).chat.completions.create(model=MODEL, messages=CHAT)
+    with pytest.raises(openai.NotFoundError):
+        secured.client(secured.keys["alpha"], base_url).chat.completions.create(model=MODEL, messages=CHAT)
+    assert len(secured.get(f"/rollouts/{rid}", secured.keys["beta"]).json()["calls"]) == 1
+
+
+def test_policy_activation_needs_an_admin_key(secured):
+    error = error_of(secured.post("/policies/0/activate", secured.keys["alpha"]), 403)
+    assert error["type"] == "permission_error"
+    error_of(secured.get("/metrics", secured.keys["alpha"]), 403)
+    activated = secured.post("/policies/0/activate", secured.keys["admin"])
+    assert activated.json() == {"version": 0, "status": "active"}
+    assert secured.post("/policies/v0/activate", OPERATOR_KEY).status_code == 200
+    assert secured.get("/metrics", secured.keys["admin"]).status_code == 200
+    assert secured.get("/policies", secured.keys["alpha"]).status_code == 200  # reading is for every key
+
+
+def test_a_key_over_its_rate_gets_429_with_retry_after(secured):
+    client = secured.client(secured.keys["slow"])  # one request every 2 s, bursts of 2
+    client.chat.completions.create(model=MODEL, messages=CHAT)
+    client.chat.completions.create(model=MODEL, messages=CHAT)
+    with pytest.raises(openai.RateLimitError) as raised:
+        client.chat.completions.create(model=MODEL, messages=CHAT)
+    response = raised.value.response
+    wait = int(response.headers["Retry-After"])
+    assert 1 <= wait <= 2
+    assert response.json()["error"]["code"] == "rate_limit_exceeded"
+    secured.client(secured.keys["beta"]).chat.completions.create(model=MODEL, messages=CHAT)  # others go on
+    time.sleep(wait)
+    client.chat.completions.create(model=MODEL, messages=CHAT)
+
+
+def test_a_body_over_the_limit_is_413(secured):
+    client = secured.client(secured.keys["alpha"])
+    with pytest.raises(openai.APIStatusError) as raised:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x" * MAX_BODY}])
+    assert raised.value.status_code == 413
+    assert raised.value.response.json()["error"]["code"] == "request_too_large"
+    chunked = requests.post(f"{secured.url}/v1/chat/completions", data=iter([b"{" + b" " * MAX_BODY + b"}"]),
+                            headers={"Authorization": f"Bearer {secured.keys['alpha']}"})
+    error_of(chunked, 413)  # no Content-Length: stopped while reading
+
+
+def test_max_tokens_over_the_limit_is_400(secured):
+    client = secured.client(secured.keys["alpha"])
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=MAX_TOKENS + 1)
+    assert raised.value.response.json()["error"]["param"] == "max_tokens"
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model=MODEL, messages=CHAT, max_completion_tokens=10 * MAX_TOKENS)
+    assert client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=MAX_TOKENS).choices
+
+
+def test_a_revoked_key_stops_working_within_the_cache_ttl(secured):
+    created = cli("keys", "create", "--project", "alpha", "--label", "short-lived",
+                  "--database-url", secured.database_url)
+    key, key_id = created.stdout.strip(), created.stderr.split("key ", 1)[1].split()[0]
+    client = secured.client(key)
+    client.models.list()
+    assert cli("keys", "revoke", key_id, "--database-url", secured.database_url).returncode == 0
+    time.sleep(1.5)  # --key-cache-ttl 1
+    with pytest.raises(openai.AuthenticationError):
+        client.models.list()
+
+
+def test_agent_keys_are_never_stored_or_forwarded(secured):
+    alpha = secured.keys["alpha"]
+    rollout = secured.post("/rollouts", alpha, json={}).json()
+    client = secured.client(alpha, rollout["base_url"])
+    client.chat.completions.create(model=MODEL, messages=CHAT)
+    client.chat.completions.create(model=MODEL, messages=CHAT, stream=False, logprobs=True)
+    client.models.list()
+    secured.get(f"/rollouts/{rollout['rollout_id']}", alpha)  # the calls are in the database now
+
+    secrets = [OPERATOR_KEY, *secured.keys.values()]
+    assert secured.engine.seen
+    for path, headers, body in secured.engine.seen:
+        assert headers.get("Authorization") == f"Bearer {ENGINE_KEY}", path
+        sent = json.dumps(headers) + body.decode()
+        assert not any(secret in sent for secret in secrets), path
+    with psycopg.connect(secured.database_url.replace("+asyncpg", "")) as conn:
+        tables = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'public'")]
+        stored = "\n".join(str(row[0]) for table in tables
+                           for row in conn.execute(f'SELECT t::text FROM "{table}" t'))
+    assert "calls" in tables and rollout["rollout_id"] in stored
+    assert not any(secret in stored for secret in secrets)
+    assert "Bearer" not in stored
+
+
+def test_redaction_keeps_token_ids_and_drops_text(stub_url, own_database_url, run_dir):
+    with running_proxy([stub_url], own_database_url, run_dir, "proxy-redact", "--redact-content") as url:
+        rollout = requests.post(f"{url}/rollouts", json={}).json()
+        client = openai.OpenAI(base_url=rollout["base_url"], api_key="unused")
+        answer = client.chat.completions.create(model="stub-model", messages=[
+            {"role": "user", "content": "my secret diagnosis"}])
+        [call] = requests.get(f"{url}/rollouts/{rollout['rollout_id']}").json()["calls"]
+    assert answer.choices[0].message.content  # the agent gets the text; only the record is redacted
+    assert call["request"]["messages"] == [{"role": "user", "content": "[redacted]"}]
+    assert call["response"]["choices"][0]["message"]["content"] == "[redacted]"
+    assert call["prompt_token_ids"] and call["completion_token_ids"] and call["completion_logprobs"]
+    assert "diagnosis" not in json.dumps(call)
+    assert "authentication is OFF" in (run_dir / "proxy-redact.log").read_text()  # loopback, no keys
+
+
+def test_a_network_bind_without_keys_refuses_to_start(stub_url, own_database_url, run_dir):
+    port = free_port()
+    args = [PYTHON, "-m", "rlproxy.cli", "serve", "--host", "0.0.0.0", "--port", str(port), "--upstream",
+            stub_url, "--database-url", own_database_url, "--spool-path", str(run_dir / "open-spool.jsonl")]
+    refused = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert refused.returncode != 0
+    assert "refusing to serve on 0.0.0.0 without authentication" in refused.stderr
+    assert "--auth off" in refused.stderr
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+
+    log = run_dir / "proxy-open.log"
+    with running(args + ["--auth", "off"], f"http://127.0.0.1:{port}/healthz", log_path=log) as _:
+        assert requests.post(f"http://127.0.0.1:{port}/rollouts", json={}).status_code == 201
+    assert "authentication is OFF on 0.0.0.0 (--auth off)" in log.read_text()
