@@ -44,8 +44,9 @@ class DemoSettings:
     heldout: int = 48  # held-out tasks per evaluation
     gate_margin: float = 0.1  # a candidate may be this much worse than its parent and still serve (sampling noise)
     seed: int = 0
+    # full batches (each version costs a held-out evaluation before it may serve)
     train: TrainConfig = field(default_factory=lambda: TrainConfig(batch_rollouts=16, group_size=4,
-                                                                  group_timeout_s=60.0))
+                                                                  group_timeout_s=60.0, batch_timeout_s=120.0))
     air: bool = True
     headless: bool = False
     upstream: str | None = None  # an engine already running (with runtime LoRA loading); default: start one

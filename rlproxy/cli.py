@@ -382,17 +382,19 @@ def demo(minutes, database_url, workdir, engine_port, port, concurrency, heldout
          overrides) -> None:
     """The whole loop on the embedded default: engine + proxy + trainer + a tool-using agent, learning live."""
     import asyncio
+    import dataclasses
 
     from demo.run import Demo, DemoSettings
     from demo.view import reward_curve, summary
 
     workdir.mkdir(parents=True, exist_ok=True)
-    base = {"batch_rollouts": "16", "group_size": "4", "group_timeout_s": "60"}
-    base.update(dict(item.partition("=")[::2] for item in overrides))
+    # the demo's own training defaults, with what --set changes
+    typed = train_config_from(overrides)
+    changed = {item.partition("=")[0].strip() for item in overrides}
+    train = dataclasses.replace(DemoSettings().train, **{name: getattr(typed, name) for name in changed})
     settings = DemoSettings(minutes=minutes, database_url=database_url, workdir=workdir, engine_port=engine_port,
                             proxy_port=port, concurrency=concurrency, heldout=heldout, air=air, headless=headless,
-                            upstream=upstream,
-                            train=train_config_from([f"{k}={v}" for k, v in base.items()]))
+                            upstream=upstream, train=train)
     progress = asyncio.run(Demo(settings).run())
     summary(progress, settings)
     curve = reward_curve(progress, _database_dir(database_url, workdir) / "rlproxy-reward-curve.png")

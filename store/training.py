@@ -44,9 +44,11 @@ def _trainable():
     return and_(Rollout.status == RolloutStatus.FINISHED, Rollout.trained_at.is_(None))
 
 
-async def ready_rollouts(session: AsyncSession, *, limit: int, group_size: int, group_timeout_s: float) -> list[str]:
+async def ready_rollouts(session: AsyncSession, *, limit: int, group_size: int, group_timeout_s: float,
+                         batch_timeout_s: float = 0.0) -> list[str]:
     """Finished, untrained, unleased rollouts whose task group is complete (or waited long enough), oldest
-    first, whole groups only, at most about `limit`."""
+    first, whole groups only, at most about `limit`; fewer than `limit` only once the oldest of them has
+    waited `batch_timeout_s`."""
     now = utcnow()
     rows = (await session.execute(
         select(Rollout.id, Rollout.task_id, Rollout.finished_at)
@@ -56,6 +58,7 @@ async def ready_rollouts(session: AsyncSession, *, limit: int, group_size: int, 
     for rollout_id, task_id, finished_at in rows:
         groups[task_id].append((rollout_id, finished_at))
     chosen: list[str] = []
+    finished: list[datetime] = []
     for task_id, members in sorted(groups.items(), key=lambda kv: kv[1][0][1]):
         if task_id is None:
             picked = members
@@ -69,6 +72,9 @@ async def ready_rollouts(session: AsyncSession, *, limit: int, group_size: int, 
         if chosen and len(chosen) + len(picked) > limit:
             break
         chosen.extend(rollout_id for rollout_id, _ in picked)
+        finished.extend(_aware(moment) for _, moment in picked)
+    if chosen and len(chosen) < limit and (now - min(finished)).total_seconds() < batch_timeout_s:
+        return []  # a fuller batch is worth the wait
     return chosen
 
 

@@ -25,7 +25,8 @@ torch = pytest.importorskip("torch")
 from tests.conftest import TINY_VOCAB as VOCAB
 
 
-async def record_episodes(database_url: str, groups: int, group_size: int, *, calls: int = 2) -> list[str]:
+async def record_episodes(database_url: str, groups: int, group_size: int, *, calls: int = 2,
+                          task_prefix: str = "task") -> list[str]:
     """Episodes as the proxy records them (multi-turn, exact prefix links), each with a final reward."""
     rng = random.Random(0)
     engine = create_engine(database_url)
@@ -40,13 +41,13 @@ async def record_episodes(database_url: str, groups: int, group_size: int, *, ca
                 completion = [rng.randrange(3, VOCAB) for _ in range(5)] + [2]
                 records.append(CallRecord(
                     id=uuid.uuid4().hex, route="chat", started_at=utcnow(), rollout_id=rollout_id, agent="solver",
-                    task_id=f"task-{g}", policy_version=0, prompt_token_ids=list(prompt),
+                    task_id=f"{task_prefix}-{g}", policy_version=0, prompt_token_ids=list(prompt),
                     choices=[ChoiceRecord(0, completion, [-1.0] * len(completion), "stop")]))
                 prompt = prompt + completion + [rng.randrange(3, VOCAB) for _ in range(4)]
             async with sessions() as session, session.begin():
                 await write_calls(session, records)
             async with sessions() as session, session.begin():
-                await store_rollouts.post_reward(session, rollout_id, float(member % 2), task_id=f"task-{g}")
+                await store_rollouts.post_reward(session, rollout_id, float(member % 2), task_id=f"{task_prefix}-{g}")
             ids.append(rollout_id)
     await engine.dispose()
     return ids
@@ -106,3 +107,23 @@ def test_a_step_trains_marks_rollouts_and_the_proxy_serves_the_new_version(
         answer = requests.post(f"{proxy}/v1/chat/completions",
                                json={"model": "stub-model", "messages": [{"role": "user", "content": "hi"}]})
         assert answer.headers["X-Rlproxy-Policy"] == "0"
+
+
+def test_ready_rollouts_takes_whole_groups_and_waits_for_a_fuller_batch(own_database_url):
+    from store import training
+
+    asyncio.run(record_episodes(own_database_url, groups=2, group_size=4))
+    asyncio.run(record_episodes(own_database_url, groups=1, group_size=3, task_prefix="late"))  # still filling
+
+    async def ready(**kwargs) -> list[str]:
+        engine = create_engine(own_database_url)
+        async with session_factory(engine)() as session:
+            chosen = await training.ready_rollouts(session, group_size=4, **kwargs)
+        await engine.dispose()
+        return chosen
+
+    assert len(asyncio.run(ready(limit=16, group_timeout_s=300))) == 8  # two full groups; the third waits
+    assert len(asyncio.run(ready(limit=4, group_timeout_s=300))) == 4  # whole groups only, up to the limit
+    assert asyncio.run(ready(limit=16, group_timeout_s=300, batch_timeout_s=60)) == []  # worth waiting for more
+    assert len(asyncio.run(ready(limit=8, group_timeout_s=300, batch_timeout_s=60))) == 8  # a full batch goes
+    assert len(asyncio.run(ready(limit=16, group_timeout_s=0, batch_timeout_s=0))) == 11  # late group as it is

@@ -91,6 +91,12 @@ class TrainConfig:
         default=300.0,
         metadata={"help": "Seconds to wait for a group to fill before using it as is (if >= 2 members)."},
     )
+    batch_timeout_s: float = field(
+        default=0.0,
+        metadata={"help": "Seconds the oldest ready rollout may wait for a full batch of batch_rollouts before a "
+                          "smaller step runs (0: train on whatever is ready). Fewer, fuller steps mean fewer "
+                          "adapter versions to publish and gate."},
+    )
     max_staleness: int = field(
         default=2,
         metadata={"help": "Drop calls sampled by a policy more than this many versions behind the trainer."},
@@ -135,6 +141,7 @@ class TrainConfig:
             "batch_rollouts": self.batch_rollouts >= 1,
             "group_size": self.group_size >= 1,
             "group_timeout_s": self.group_timeout_s >= 0,
+            "batch_timeout_s": self.batch_timeout_s >= 0,
             "max_staleness": self.max_staleness >= 0,
             "credit": self.credit in CREDIT_MODES,
             "gamma": 0.0 < self.gamma <= 1.0,

@@ -124,7 +124,8 @@ class TrainerWorker:
             self.metrics.rollouts_waiting.set(await training.waiting_rollouts(session))
             ready = await training.ready_rollouts(session, limit=self.config.batch_rollouts,
                                                   group_size=self.config.group_size,
-                                                  group_timeout_s=self.config.group_timeout_s)
+                                                  group_timeout_s=self.config.group_timeout_s,
+                                                  batch_timeout_s=self.config.batch_timeout_s)
             if not ready:
                 return []
             return await training.lease(session, ready, self.settings.worker_id, self.settings.lease_seconds)
