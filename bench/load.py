@@ -23,7 +23,6 @@ import sys
 import tempfile
 import textwrap
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -34,8 +33,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.proxy_overhead import one, pct  # noqa: E402
-from store.migrate import upgrade  # noqa: E402
-from tests.support import free_port, proxy_command, running, stub_command  # noqa: E402
+from tests.support import free_port, fresh_database, proxy_command, running, stub_command  # noqa: E402
 
 VENVS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlproxy" / "bench-venvs"
 # Like rlproxy here (no keys), LiteLLM runs without authentication; it has to be told that this is on purpose.
@@ -104,24 +102,8 @@ def libpq(url: str) -> str:
 
 
 @contextlib.contextmanager
-def bench_database(server_url: str):
-    """A fresh, migrated database on the server of `server_url`, dropped afterwards."""
-    name = f"rlproxy_bench_{uuid.uuid4().hex[:8]}"
-    admin = libpq(server_url)
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = server_url.rsplit("/", 1)[0] + "/" + name
-    try:
-        upgrade(url)
-        yield url
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
-@contextlib.contextmanager
 def rlproxy_target(stub: str, server_url: str, durability: str, workdir: Path):
-    with bench_database(server_url) as database_url:
+    with fresh_database(libpq(server_url), prefix="rlproxy_bench") as database_url:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         args = proxy_command(port, [stub], database_url, "--no-migrate", "--durability", durability,

@@ -9,8 +9,6 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import uuid
-from contextlib import contextmanager
 from pathlib import Path
 
 import psycopg
@@ -18,7 +16,7 @@ import pytest
 from pytest_postgresql import factories
 
 from store.migrate import upgrade
-from tests.support import free_port, running, running_proxy, stub_command
+from tests.support import free_port, fresh_database, running, running_proxy, stub_command
 
 pytest_plugins = ["tests.engine_fixture"] if (Path(__file__).parent / "engine_fixture.py").exists() else []
 
@@ -50,32 +48,17 @@ def postgres_server(request) -> str:
     return f"postgresql://{proc.user}@{proc.host}:{proc.port}/postgres"
 
 
-@contextmanager
-def _fresh_database(server: str):
-    name = f"rlproxy_test_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(server, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    base = server.rsplit("/", 1)[0]
-    url = f"{base.replace('postgresql://', 'postgresql+asyncpg://', 1)}/{name}"
-    try:
-        upgrade(url)
-        yield url
-    finally:
-        with psycopg.connect(server, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-
-
 @pytest.fixture(scope="session")
 def database_url(postgres_server: str) -> str:
     """A fresh, migrated Postgres database shared by this test run (asyncpg URL)."""
-    with _fresh_database(postgres_server) as url:
+    with fresh_database(postgres_server) as url:
         yield url
 
 
 @pytest.fixture
 def own_database_url(postgres_server: str) -> str:
     """A fresh, migrated Postgres database for one test alone."""
-    with _fresh_database(postgres_server) as url:
+    with fresh_database(postgres_server) as url:
         yield url
 
 

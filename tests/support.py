@@ -7,9 +7,11 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
+import psycopg
 import requests
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -91,3 +93,36 @@ def running_proxy(upstreams: list[str], database_url: str, workdir: Path, name: 
                          *extra)
     with running(args, url + "/healthz", log_path=workdir / f"{name}.log"):
         yield url
+
+
+@contextmanager
+def fresh_database(server: str, prefix: str = "rlproxy_test"):
+    """A new, migrated database on the Postgres server at libpq URL `server`, dropped afterwards; yields its
+    asyncpg URL."""
+    from store.migrate import upgrade
+
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    base = server.rsplit("/", 1)[0]
+    url = f"{base.replace('postgresql://', 'postgresql+asyncpg://', 1)}/{name}"
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        with psycopg.connect(server, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def pump(src, dst, observe=None) -> None:
+    """Copy one direction of a relayed TCP connection until it ends, then abort the other side."""
+    try:
+        while data := await src.read(65536):
+            if observe is not None:
+                observe(data)
+            dst.write(data)
+            await dst.drain()
+    except (ConnectionError, OSError):
+        pass
+    finally:
+        dst.transport.abort()

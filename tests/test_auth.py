@@ -23,8 +23,7 @@ import requests
 
 from store.db import create_engine, session_factory
 from store.keys import create_key
-from tests.conftest import _fresh_database
-from tests.support import PYTHON, ROOT, free_port, running, running_proxy
+from tests.support import PYTHON, ROOT, free_port, fresh_database, running, running_proxy
 
 OPERATOR_KEY = "operator-" + uuid.uuid4().hex
 ENGINE_KEY = "engine-" + uuid.uuid4().hex
@@ -116,7 +115,7 @@ class Secured:
 def secured(postgres_server, run_dir) -> Secured:
     engine = RecordingEngine()
     threading.Thread(target=engine.serve_forever, daemon=True).start()
-    with _fresh_database(postgres_server) as database_url:
+    with fresh_database(postgres_server) as database_url:
         created = cli("keys", "create", "--project", "alpha", "--database-url", database_url)
         assert created.returncode == 0, created.stderr
         keys = {

@@ -20,8 +20,7 @@ from proxy.openapi import openapi_document
 from rlproxy.settings import AuthSettings, ProxySettings
 from store.db import create_engine, session_factory
 from store.keys import create_key
-from tests.conftest import _fresh_database
-from tests.support import running_proxy
+from tests.support import fresh_database, running_proxy
 
 ADMIN_KEY = "openapi-test-admin-key"
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance, response_headers_conformance,
@@ -66,7 +65,7 @@ def make_key(database_url: str, project: str) -> str:
 
 @pytest.fixture(scope="module")
 def api(stub_url, postgres_server, run_dir) -> Api:
-    with _fresh_database(postgres_server) as database_url:
+    with fresh_database(postgres_server) as database_url:
         key = make_key(database_url, "schema")
         limits = ["--max-tokens", str(SETTINGS.auth.max_tokens), "--max-n", str(SETTINGS.auth.max_n)]
         with running_proxy([stub_url], database_url, run_dir, "proxy-openapi", "--admin-key", ADMIN_KEY,

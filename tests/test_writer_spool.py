@@ -16,6 +16,7 @@ from rlproxy.settings import WriterSettings
 from store.db import create_engine, session_factory
 from store.models import Call, utcnow
 from store.records import CallRecord, ChoiceRecord
+from tests.support import pump
 
 
 class CuttableLink:
@@ -40,17 +41,6 @@ class CuttableLink:
     async def _serve(self, reader, writer) -> None:
         up_reader, up_writer = await asyncio.open_connection(*self.target)
         self.pipes |= {writer, up_writer}
-
-        async def pump(src, dst):
-            try:
-                while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                dst.transport.abort()
-
         await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
 
 

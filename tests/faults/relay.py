@@ -7,6 +7,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from tests.support import pump
+
 
 @dataclass
 class Link:
@@ -54,19 +56,12 @@ class Relay:
         self.links.append(link)
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
 
-        async def pump(src, dst, upstream: bool) -> None:
-            try:
-                while data := await src.read(65536):
-                    if upstream:
-                        link.received += len(data)
-                    elif len(link.request) < 4096:
-                        link.request += data
-                    dst.write(data)
-                    await dst.drain()
-            except (ConnectionError, OSError):
-                pass
-            finally:
-                dst.transport.abort()
+        def sent(data: bytes) -> None:
+            if len(link.request) < 4096:
+                link.request += data
 
-        await asyncio.gather(pump(reader, up_writer, False), pump(up_reader, writer, True))
+        def received(data: bytes) -> None:
+            link.received += len(data)
+
+        await asyncio.gather(pump(reader, up_writer, sent), pump(up_reader, writer, received))
         link.closed_at = time.monotonic()
