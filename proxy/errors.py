@@ -25,6 +25,7 @@ class ProxyError(Exception):
     status = 500
     type = "internal_error"
     headers: dict[str, str] | None = None
+    default_code: str | None = None  # the body's `code` when the raiser gives none
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -33,10 +34,7 @@ class ProxyError(Exception):
         self.code = code
 
     def body(self) -> dict[str, Any]:
-        return error_body(self.message, self.type, param=self.param, code=self.code or self.default_code())
-
-    def default_code(self) -> str | None:
-        return None
+        return error_body(self.message, self.type, param=self.param, code=self.code or self.default_code)
 
     def response(self) -> web.Response:
         return json_response(self.body(), status=self.status, headers=self.headers)
@@ -66,9 +64,7 @@ class Unauthorized(ProxyError):
     status = 401
     type = "authentication_error"
     headers = {"WWW-Authenticate": "Bearer"}
-
-    def default_code(self) -> str:
-        return "invalid_api_key"
+    default_code = "invalid_api_key"
 
 
 class Forbidden(ProxyError):
@@ -79,9 +75,7 @@ class Forbidden(ProxyError):
 class PayloadTooLarge(ProxyError):
     status = 413
     type = "invalid_request_error"
-
-    def default_code(self) -> str:
-        return "request_too_large"
+    default_code = "request_too_large"
 
 
 class RateLimited(ProxyError):
@@ -89,37 +83,29 @@ class RateLimited(ProxyError):
 
     status = 429
     type = "requests"
+    default_code = "rate_limit_exceeded"
 
     def __init__(self, message: str, *, retry_after: int) -> None:
         super().__init__(message)
         self.headers = {"Retry-After": str(retry_after)}
 
-    def default_code(self) -> str:
-        return "rate_limit_exceeded"
-
 
 class StoreUnavailable(ProxyError):
     status = 503
     type = "service_unavailable"
-
-    def default_code(self) -> str:
-        return "store_unavailable"
+    default_code = "store_unavailable"
 
 
 class UpstreamUnavailable(ProxyError):
     status = 502
     type = "upstream_error"
-
-    def default_code(self) -> str:
-        return "upstream_unavailable"
+    default_code = "upstream_unavailable"
 
 
 class UpstreamTimeout(ProxyError):
     status = 504
     type = "upstream_error"
-
-    def default_code(self) -> str:
-        return "upstream_timeout"
+    default_code = "upstream_timeout"
 
 
 def error_body(message: str, type_: str, *, param: str | None = None, code: str | int | None = None) -> dict:

@@ -72,7 +72,7 @@ class CompletionServing:
                 timed_out = isinstance(exc, UpstreamTimeout)
                 record.status = CallStatus.TIMEOUT if timed_out else CallStatus.UPSTREAM_ERROR
                 record.http_status, record.error = exc.status, exc.message
-                self.metrics.upstream_errors.labels(exc.default_code() or exc.type).inc()
+                self.metrics.upstream_errors.labels(exc.default_code or exc.type).inc()
                 with contextlib.suppress(StoreUnavailable):  # the engine's error is the one to report
                     await self._hand_over(route, record, began)
             raise
@@ -166,7 +166,7 @@ class CompletionServing:
                      else UpstreamUnavailable(f"engine connection lost mid-stream: {exc}"))
             record.status = CallStatus.TIMEOUT if timed_out else CallStatus.UPSTREAM_ERROR
             record.error = error.message
-            self.metrics.upstream_errors.labels(error.default_code()).inc()
+            self.metrics.upstream_errors.labels(error.default_code).inc()
             tail = sse_error_event(error)
         finally:
             record.prompt_token_ids = assembler.prompt_ids
