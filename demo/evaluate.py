@@ -168,13 +168,14 @@ async def base_model(base_url: str, api_key: str | None = None) -> str:
         raise EvalError(f"{base_url} lists no base model") from None
 
 
-async def ensure_loaded(engine_url: str, name: str, path: str) -> None:
+async def ensure_loaded(engine_url: str, name: str, path: str, api_key: str | None = None) -> None:
     """Load an adapter into the engine unless it is there already (it may have been unloaded after it
     stopped serving, or the engine restarted)."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120), headers=headers) as http:
             async with http.post(f"{engine_url.rstrip('/')}/v1/load_lora_adapter",
-                                 json={"lora_name": name, "lora_path": path}) as response:
+                                 json={"lora_name": name, "lora_path": path, "load_inplace": True}) as response:
                 body = await response.text()
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise EvalError(f"{engine_url} could not load {name}: {exc!r}") from None

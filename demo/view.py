@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import statistics
 import time
 from pathlib import Path
@@ -22,22 +23,45 @@ def _panel(progress, settings) -> Panel:
                  "episodes/min", f"{rate:5.1f}")
     head.add_row("serving", f"v{progress.active}", "train reward (last 64)", f"{progress.recent_reward():.2f}",
                  "versions", str(progress.steps))
-    return Panel(Group(head, heldout_table(progress), f"[dim]{progress.last_event}[/dim]"),
+    recent = progress.recent_probe_success()
+    if recent is not None:
+        head.add_row("held-out probes", f"{recent[0]:.0%} of last {recent[1]}", "", "", "", "")
+    return Panel(Group(head, heldout_table(progress, settings), f"[dim]{progress.last_event}[/dim]"),
                  title="rlproxy demo — a tool-using agent learning from its own traffic")
 
 
-def heldout_table(progress) -> Table:
+def heldout_rows(progress, settings) -> dict[int, tuple[int, int]]:
+    """version -> (held-out successes, episodes): a full evaluation (the base model's, or every candidate's
+    with gate=heldout) plus the held-out probes the version served."""
+    rows: dict[int, tuple[int, int]] = {}
+    for version, success in progress.heldout.items():
+        rows[version] = (round(success * settings.heldout), settings.heldout)
+    for version, (success, n) in progress.probe_success().items():
+        wins, total = rows.get(version, (0, 0))
+        rows[version] = (wins + round(success * n), total + n)
+    return dict(sorted(rows.items()))
+
+
+def _base_rate(rows: dict[int, tuple[int, int]]) -> float | None:
+    wins, n = rows.get(0, (0, 0))
+    return wins / n if n else None
+
+
+def heldout_table(progress, settings) -> Table:
+    from demo.evaluate import wilson
+
     table = Table(title="held-out success by policy version", expand=False)
-    table.add_column("version")
-    table.add_column("held-out success", justify="right")
-    table.add_column("vs base", justify="right")
-    table.add_column("status")
-    base = progress.heldout.get(0)
-    for version in sorted(progress.heldout):
-        success = progress.heldout[version]
-        delta = "" if base is None or version == 0 else f"{(success - base) * 100:+.0f} pts"
+    for name in ("version", "held-out success", "episodes", "95% interval", "vs base", "status"):
+        table.add_column(name, justify="left" if name in ("version", "status") else "right")
+    rows = heldout_rows(progress, settings)
+    base_rate = _base_rate(rows)
+    for version, (wins, n) in rows.items():
+        rate = wins / n if n else 0.0
+        low, high = wilson(wins, n)
+        delta = "" if base_rate is None or version == 0 else f"{(rate - base_rate) * 100:+.0f} pts"
         status = "serving" if version == progress.active else ""
-        table.add_row("base" if version == 0 else f"v{version}", f"{success:.0%}", delta, status)
+        table.add_row("base" if version == 0 else f"v{version}", f"{rate:.0%}", str(n), f"{low:.0%}-{high:.0%}",
+                      delta, status)
     return table
 
 
@@ -61,14 +85,53 @@ async def live_view(progress, settings, *, enabled: bool = True):
             live.update(_panel(progress, settings))
 
 
+def probe_periods(progress, parts: int = 3) -> list[tuple[float, float, list[int], int, int]]:
+    """The run cut into `parts` equal stretches of time from the first probe on: (from min, to min, versions
+    served, successes, probes) each. Single versions serve too briefly to score alone; stretches can."""
+    if not progress.probes:
+        return []
+    first, last = progress.probes[0][0], progress.probes[-1][0]
+    width = max((last - first) / parts, 1e-9)
+    periods = []
+    for i in range(parts):
+        low, high = first + i * width, first + (i + 1) * width
+        inside = [(r, v) for t, r, v in progress.probes if low <= t < high or (i == parts - 1 and t == high)]
+        periods.append((low / 60, high / 60, sorted({v for _, v in inside}), round(sum(r for r, _ in inside)),
+                        len(inside)))
+    return periods
+
+
 def summary(progress, settings, console: Console | None = None) -> None:
+    from demo.evaluate import wilson
+
     console = console or Console()
-    console.print(heldout_table(progress))
-    base = progress.heldout.get(0)
-    best = max((v for k, v in progress.heldout.items() if k != 0), default=None)
-    if base is not None and best is not None:
-        console.print(f"held-out success: base {base:.0%} -> best {best:.0%} ({(best - base) * 100:+.0f} points), "
-                      f"{progress.episodes} episodes")
+    console.print(heldout_table(progress, settings))
+    rows = heldout_rows(progress, settings)
+    base_rate = _base_rate(rows)
+    for low, high, versions, wins, n in probe_periods(progress):
+        if not n:
+            continue
+        lo, hi = wilson(wins, n)
+        served = f"v{versions[0]}" + (f"-v{versions[-1]}" if len(versions) > 1 else "")
+        delta = "" if base_rate is None else f", {(wins / n - base_rate) * 100:+.0f} points vs base"
+        console.print(f"held-out probes, minutes {low:4.1f}-{high:4.1f} ({served}): {wins / n:.0%} of {n} "
+                      f"(95% {lo:.0%}-{hi:.0%}){delta}")
+    recent = progress.recent_probe_success()
+    if base_rate is not None and recent is not None:
+        console.print(f"held-out success: base {base_rate:.0%} -> last {recent[1]} probes {recent[0]:.0%} "
+                      f"({(recent[0] - base_rate) * 100:+.0f} points), {progress.episodes} training episodes, "
+                      f"{progress.steps} versions")
+    elif base_rate is not None:
+        best = max((wins / n for v, (wins, n) in rows.items() if v != 0 and n), default=None)
+        if best is not None:
+            console.print(f"held-out success: base {base_rate:.0%} -> best {best:.0%} "
+                          f"({(best - base_rate) * 100:+.0f} points), {progress.episodes} episodes")
+
+
+def rolling(values: list[float], window: int, warmup: int = 8) -> list[float]:
+    """Mean of the last `window` values; NaN (not drawn) until `warmup` values exist: a mean of two is noise."""
+    return [statistics.fmean(values[max(0, i - window + 1): i + 1]) if i + 1 >= min(warmup, window) else math.nan
+            for i in range(len(values))]
 
 
 def reward_curve(progress, path: Path, window: int = 32) -> Path | None:
@@ -81,14 +144,18 @@ def reward_curve(progress, path: Path, window: int = 32) -> Path | None:
     import matplotlib.pyplot as plt
 
     times = [t / 60 for t, _, _ in progress.rewards]
-    values = [r for _, r, _ in progress.rewards]
-    rolling = [statistics.fmean(values[max(0, i - window + 1): i + 1]) for i in range(len(values))]
+    training = rolling([r for _, r, _ in progress.rewards], window)
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
-    ax.plot(times, rolling, label=f"training episodes (mean of last {window})")
-    if progress.heldout:
-        ax.axhline(progress.heldout.get(0, 0.0), linestyle="--", color="grey", label="base model, held-out")
-        best = max(progress.heldout.values())
-        ax.axhline(best, linestyle=":", color="green", label=f"best version, held-out ({best:.0%})")
+    ax.plot(times, training, label=f"training episodes (mean of last {window})")
+    if progress.probes:
+        probe_times = [t / 60 for t, _, _ in progress.probes]
+        probe_rolling = rolling([r for _, r, _ in progress.probes], window)
+        ax.plot(probe_times, probe_rolling, label=f"held-out probes (mean of last {window})")
+    if 0 in progress.heldout:
+        ax.axhline(progress.heldout[0], linestyle="--", color="grey", label="base model, held-out")
+    evaluated = [v for k, v in progress.heldout.items() if k != 0]  # full evaluations (gate=heldout)
+    if evaluated:
+        ax.axhline(max(evaluated), linestyle=":", color="green", label=f"best version, held-out ({max(evaluated):.0%})")
     ax.set_xlabel("minutes")
     ax.set_ylabel("reward / success")
     ax.set_ylim(-0.02, 1.02)

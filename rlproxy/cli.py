@@ -221,22 +221,43 @@ def engine(model_path, host, port, served_model_name, max_model_len, kv_cache_gi
         help="Share of new rollouts the canary answers (--gate canary).")
 @option("--canary-min-rollouts", default=50, type=click.IntRange(min=1),
         help="Finished rollouts the canary and the active policy each need before the judge decides.")
+@option("--upstream-api-key", default=None, help="Bearer key sent to the engines (vLLM --api-key).")
+@option("--nproc-per-node", default=1, type=click.IntRange(min=1),
+        help="Data-parallel training processes on this machine (one per GPU; on a CPU they share its cores). "
+             "Starts torchrun; for several machines run torchrun yourself (see trainer/parallel.py).")
 def train(database_url, upstreams, model_path, adapters_dir, worker_id, metrics_port, max_steps, poll_interval,
           lease_seconds, overrides, gate, gate_margin, heldout_tasks, canary_fraction,
-          canary_min_rollouts) -> None:
+          canary_min_rollouts, upstream_api_key, nproc_per_node) -> None:
     """Run the trainer worker: rewarded rollouts in, LoRA PPO, new adapters hot-loaded into the engines."""
     import asyncio
 
     from rlproxy.settings import TrainerSettings
+    from trainer import parallel
     from trainer.worker import TrainerWorker
 
+    if nproc_per_node > 1 and not parallel.launched_by_torchrun():
+        _exec_torchrun(nproc_per_node)
     config = train_config_from(overrides)
+    collective = parallel.init_from_environment() if parallel.launched_by_torchrun() else None
+    if collective is not None and collective.rank != 0:  # a follower: no database, engines or metrics port
+        from rlproxy.model import default_model_path
+        from trainer.ppo import PolicyTrainer
+
+        def build(adapter_dir):
+            return PolicyTrainer(model_path or default_model_path(), config, adapter_dir, collective)
+
+        try:
+            parallel.follow(build, collective)
+        except KeyboardInterrupt:
+            pass
+        return
     settings = TrainerSettings(database_url=database_url, upstreams=tuple(upstreams), model=model_path,
                                adapters_dir=adapters_dir, worker_id=worker_id,
                                metrics_port=metrics_port or None, max_steps=max_steps,
                                poll_interval=poll_interval, lease_seconds=lease_seconds, gate=gate,
                                gate_margin=gate_margin, heldout_tasks=heldout_tasks,
-                               canary_fraction=canary_fraction, canary_min_rollouts=canary_min_rollouts)
+                               canary_fraction=canary_fraction, canary_min_rollouts=canary_min_rollouts,
+                               upstream_api_key=upstream_api_key)
     if settings.metrics_port:
         from prometheus_client import start_http_server
 
@@ -248,11 +269,25 @@ def train(database_url, upstreams, model_path, adapters_dir, worker_id, metrics_
     from trainer.gates import build_gate
 
     worker = TrainerWorker(settings, config, model_path or default_model_path(), metrics=worker_metrics,
-                           on_published=build_gate(settings))
+                           on_published=build_gate(settings), collective=collective)
     try:
         asyncio.run(worker.run())
     except KeyboardInterrupt:
         pass
+
+
+def _exec_torchrun(nproc_per_node: int) -> None:
+    """Replace this process with torchrun running the same `rlproxy train` command once per rank."""
+    args, skip = [], False
+    for arg in sys.argv[1:]:
+        if skip:
+            skip = False
+        elif arg == "--nproc-per-node":
+            skip = True
+        elif not arg.startswith("--nproc-per-node="):
+            args.append(arg)
+    os.execv(sys.executable, [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                              f"--nproc-per-node={nproc_per_node}", "-m", "rlproxy.cli", *args])
 
 
 def train_config_from(overrides: tuple[str, ...] | list[str]):
@@ -373,13 +408,17 @@ def eval_(version, proxy, upstream, tasks, seed, concurrency, api_key, database_
 @option("--engine-port", default=8000, type=int, help="Port of the local vLLM engine.")
 @option("--port", default=8400, type=int, help="Port of the proxy.")
 @option("--concurrency", default=8, type=int, help="Agent episodes in flight.")
-@option("--heldout", default=48, type=int, help="Held-out tasks per evaluation.")
+@option("--heldout", default=48, type=int, help="Held-out tasks per full evaluation (the base model; gate heldout).")
+@option("--gate", default="probes", type=click.Choice(["probes", "heldout"]),
+        help="probes: new versions serve at once and a share of episodes are held-out probes that measure them; "
+             "heldout: every candidate is evaluated on the held-out set before it may serve.")
+@option("--probe-share", default=0.25, type=click.FloatRange(0.0, 0.9), help="Share of episodes that are held-out probes.")
 @option("--air/--no-air", default=True, help="Automatic intermediate rewards.")
 @option("--headless", is_flag=True, help="No live panel (logs only).")
 @option("--upstream", default=None, help="Use this running engine (base URL, runtime LoRA on) instead of starting one.")
 @option("--set", "overrides", multiple=True, metavar="FIELD=VALUE", help="Any training setting.")
-def demo(minutes, database_url, workdir, engine_port, port, concurrency, heldout, air, headless, upstream,
-         overrides) -> None:
+def demo(minutes, database_url, workdir, engine_port, port, concurrency, heldout, gate, probe_share, air, headless,
+         upstream, overrides) -> None:
     """The whole loop on the embedded default: engine + proxy + trainer + a tool-using agent, learning live."""
     import asyncio
     import dataclasses
@@ -393,7 +432,8 @@ def demo(minutes, database_url, workdir, engine_port, port, concurrency, heldout
     changed = {item.partition("=")[0].strip() for item in overrides}
     train = dataclasses.replace(DemoSettings().train, **{name: getattr(typed, name) for name in changed})
     settings = DemoSettings(minutes=minutes, database_url=database_url, workdir=workdir, engine_port=engine_port,
-                            proxy_port=port, concurrency=concurrency, heldout=heldout, air=air, headless=headless,
+                            proxy_port=port, concurrency=concurrency, heldout=heldout, gate=gate,
+                            probe_share=probe_share, air=air, headless=headless,
                             upstream=upstream, train=train)
     progress = asyncio.run(Demo(settings).run())
     summary(progress, settings)

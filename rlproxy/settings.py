@@ -101,6 +101,8 @@ class EngineSettings(_Settings):
 class TrainerSettings(_Settings):
     database_url: str = Field(DEFAULT_DATABASE_URL, description="SQLAlchemy async URL of the store.")
     upstreams: tuple[str, ...] = Field((), description="Engine base URLs (no /v1) to load adapters into.")
+    upstream_api_key: SecretStr | None = Field(
+        None, description="Bearer key sent to the engines (vLLM --api-key): adapter loads and held-out evaluations.")
     model: Path | None = Field(None, description="Base model folder the engines serve; default: the bundled one.")
     adapters_dir: Path = Field(Path("rlproxy-adapters"), description="Where adapter versions are written.")
     worker_id: str = Field("trainer", description="Lease owner name; unique per trainer process.")

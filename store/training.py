@@ -4,6 +4,7 @@ twice and loses nothing: an unfinished step's leases simply expire)."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -11,8 +12,17 @@ from typing import Any
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from store.models import (Call, CallChoice, CallStatus, Reward, RewardKind, Rollout, RolloutStatus, TrainStep,
-                          utcnow)
+from store.models import (
+    Call,
+    CallChoice,
+    CallStatus,
+    Reward,
+    RewardKind,
+    Rollout,
+    RolloutStatus,
+    TrainStep,
+    utcnow,
+)
 
 
 @dataclass(slots=True)
@@ -34,25 +44,31 @@ class RolloutData:
     reward: float
     finished_at: datetime
     calls: list[CallData]
+    agent: str | None = None  # the agent the rollout was created for: its calls' agent unless they name one
 
 
 def _unleased(now: datetime):
     return or_(Rollout.lease_expires_at.is_(None), Rollout.lease_expires_at < now)
 
 
-def _trainable():
-    return and_(Rollout.status == RolloutStatus.FINISHED, Rollout.trained_at.is_(None))
+def _trainable(agents: Sequence[str] = ()):
+    """Finished and untrained; with `agents`, also not created for some other agent (an evaluation agent's
+    rollouts, say, are never training data). Rollouts created without an agent always qualify."""
+    condition = and_(Rollout.status == RolloutStatus.FINISHED, Rollout.trained_at.is_(None))
+    if agents:
+        condition = and_(condition, or_(Rollout.agent.is_(None), Rollout.agent.in_(list(agents))))
+    return condition
 
 
 async def ready_rollouts(session: AsyncSession, *, limit: int, group_size: int, group_timeout_s: float,
-                         batch_timeout_s: float = 0.0) -> list[str]:
+                         batch_timeout_s: float = 0.0, agents: Sequence[str] = ()) -> list[str]:
     """Finished, untrained, unleased rollouts whose task group is complete (or waited long enough), oldest
     first, whole groups only, at most about `limit`; fewer than `limit` only once the oldest of them has
     waited `batch_timeout_s`."""
     now = utcnow()
     rows = (await session.execute(
         select(Rollout.id, Rollout.task_id, Rollout.finished_at)
-        .where(_trainable(), _unleased(now)).order_by(Rollout.finished_at).limit(limit * 8)
+        .where(_trainable(agents), _unleased(now)).order_by(Rollout.finished_at).limit(limit * 8)
     )).all()
     groups: dict[str | None, list[tuple[str, datetime]]] = defaultdict(list)
     for rollout_id, task_id, finished_at in rows:
@@ -117,8 +133,10 @@ async def load_rollouts(session: AsyncSession, rollout_ids: list[str]) -> list[R
     )).all()
     by_call: dict[str, CallData] = {}
     per_rollout: dict[str, list[CallData]] = defaultdict(list)
+    rollout_agent = {r.id: r.agent for r in rollouts}
     for call_id, rollout_id, seq, agent, version, prompt_ids, prefix_kind in calls:
-        data = CallData(call_id, seq, agent, version, prompt_ids, prefix_kind, [])
+        # a call made on the rollout's plain base_url (no /agents/{name}/) is the rollout's agent's
+        data = CallData(call_id, seq, agent or rollout_agent.get(rollout_id), version, prompt_ids, prefix_kind, [])
         by_call[call_id] = data
         per_rollout[rollout_id].append(data)
     if by_call:
@@ -132,8 +150,14 @@ async def load_rollouts(session: AsyncSession, rollout_ids: list[str]) -> list[R
             .where(Reward.call_id.in_(list(by_call)), Reward.kind.in_([RewardKind.CALL, RewardKind.AIR])))
         for call_id, value in rewards:
             by_call[call_id].rewards.append(value)
-    return [RolloutData(r.id, r.task_id, float(r.reward), r.finished_at, per_rollout.get(r.id, []))
+    return [RolloutData(r.id, r.task_id, float(r.reward), r.finished_at, per_rollout.get(r.id, []), r.agent)
             for r in sorted(rollouts, key=lambda r: r.finished_at)]
+
+
+async def load_call_texts(session: AsyncSession, call_ids: list[str]) -> dict[str, tuple[dict | None, dict | None]]:
+    """call id -> (request, response) as recorded (for the re-tokenization ablation, trainer/retokenize.py)."""
+    rows = await session.execute(select(Call.id, Call.request, Call.response).where(Call.id.in_(call_ids)))
+    return {call_id: (request, response) for call_id, request, response in rows}
 
 
 async def record_step(session: AsyncSession, rollout_ids: list[str], owner: str, *, policy_version: int | None,
@@ -148,5 +172,6 @@ async def record_step(session: AsyncSession, rollout_ids: list[str], owner: str,
     return step.id
 
 
-async def waiting_rollouts(session: AsyncSession) -> int:
-    return int((await session.execute(select(func.count()).select_from(Rollout).where(_trainable()))).scalar_one())
+async def waiting_rollouts(session: AsyncSession, agents: Sequence[str] = ()) -> int:
+    return int((await session.execute(
+        select(func.count()).select_from(Rollout).where(_trainable(agents)))).scalar_one())

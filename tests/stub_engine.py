@@ -85,7 +85,7 @@ class Stub:
 
     async def load_lora(self, request: web.Request) -> web.Response:
         body = await request.json()
-        if body["lora_name"] in self.adapters:
+        if body["lora_name"] in self.adapters and not body.get("load_inplace"):
             return error(400, f"The lora adapter '{body['lora_name']}' has already been loaded.")
         folder = Path(body["lora_path"])
         if not all((folder / name).is_file() for name in ("adapter_config.json", "adapter_model.safetensors")):
@@ -249,9 +249,19 @@ class Stub:
         return response
 
 
-def build_app(base_model: str = BASE_MODEL) -> web.Application:
+def require_key(api_key: str):
+    """Like `vllm serve --api-key`: every /v1 route wants `Authorization: Bearer <key>`."""
+    @web.middleware
+    async def check(request: web.Request, handler):
+        if request.path.startswith("/v1") and request.headers.get("Authorization") != f"Bearer {api_key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return await handler(request)
+    return check
+
+
+def build_app(base_model: str = BASE_MODEL, api_key: str | None = None) -> web.Application:
     stub = Stub(base_model)
-    app = web.Application()
+    app = web.Application(middlewares=[require_key(api_key)] if api_key else [])
     app["stub"] = stub
     app.router.add_get("/v1/models", stub.models)
     app.router.add_post("/v1/chat/completions", stub.chat)
@@ -267,6 +277,7 @@ if __name__ == "__main__":
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8001)
     parser.add_argument("--model", default=BASE_MODEL, help="name the base model is served under")
+    parser.add_argument("--api-key", default=None, help="refuse /v1 requests without this bearer key")
     args = parser.parse_args()
     try:
         import uvloop
@@ -274,4 +285,4 @@ if __name__ == "__main__":
         uvloop.install()
     except ImportError:
         pass
-    web.run_app(build_app(args.model), host=args.host, port=args.port, access_log=None, print=None)
+    web.run_app(build_app(args.model, args.api_key), host=args.host, port=args.port, access_log=None, print=None)

@@ -1,5 +1,6 @@
 """`rlproxy demo`, short, end to end on the embedded default (SQLite) against the real engine: episodes are
-recorded, the base model is measured, the trainer produces and gates at least one adapter version."""
+recorded, the base model is measured, the trainer produces at least one adapter version, which serves at once
+and is measured by held-out probes (default) or is evaluated on the held-out set before it may serve."""
 from __future__ import annotations
 
 import json
@@ -14,34 +15,53 @@ from tests.support import free_port
 pytestmark = pytest.mark.engine
 
 
-def test_a_short_demo_trains_gates_and_draws_its_curve(engine_url, tmp_path):
+def run_demo(engine_url, tmp_path, *extra: str) -> tuple[subprocess.CompletedProcess, str]:
     database = tmp_path / "rlproxy.db"
     done = subprocess.run(
         [sys.executable, "-m", "rlproxy.cli", "demo", "--upstream", engine_url, "--minutes", "3",
          "--headless", "--heldout", "8", "--concurrency", "4", "--port", str(free_port()),
          "--workdir", str(tmp_path), "--database-url", f"sqlite+aiosqlite:///{database}",
-         "--set", "batch_rollouts=4", "--set", "group_size=4", "--set", "group_timeout_s=15"],
+         "--set", "batch_rollouts=4", "--set", "group_size=4", "--set", "group_timeout_s=15", *extra],
         capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-
     state = json.loads((tmp_path / "rlproxy-demo.json").read_text())
     assert "0" in state["heldout"]  # the base model was measured on the held-out split
     assert (tmp_path / "rlproxy-reward-curve.png").stat().st_size > 10_000
+    assert "held-out success" in done.stdout
+    return done, str(database)
+
+
+def test_a_short_demo_trains_serves_and_measures_versions_on_heldout_probes(engine_url, tmp_path):
+    done, database = run_demo(engine_url, tmp_path, "--probe-share", "0.5")
     with sqlite3.connect(database) as db:
-        rollouts, finished = db.execute(
-            "SELECT count(*), sum(status = 'finished') FROM rollouts").fetchone()
+        by_agent = dict(db.execute("SELECT agent, count(*) FROM rollouts WHERE status = 'finished' GROUP BY agent"))
         with_ids = db.execute("SELECT count(*) FROM calls WHERE prompt_token_ids IS NOT NULL "
                               "AND rollout_id IS NOT NULL").fetchone()[0]
-        versions = db.execute("SELECT version, status, evaluation FROM policies").fetchall()
-        trained = db.execute("SELECT count(*) FROM rollouts WHERE trained_at IS NOT NULL").fetchone()[0]
-    assert finished >= 4 and with_ids >= finished
-    assert trained >= 4
+        trained = dict(db.execute("SELECT agent, count(*) FROM rollouts WHERE trained_at IS NOT NULL GROUP BY agent"))
+        versions = db.execute("SELECT version, status FROM policies ORDER BY version").fetchall()
+    assert by_agent.get("demo", 0) >= 4 and by_agent.get("demo-heldout", 0) >= 1, by_agent
+    assert with_ids >= sum(by_agent.values())
+    assert trained.get("demo", 0) >= 4
+    assert "demo-heldout" not in trained  # probes measure; they are never training data
     assert versions, "no adapter version was produced"
-    *gated, last = sorted(versions)
+    # with probes, a new version serves at once (the deadline may stop a step before it is published)
+    assert all(status in ("active", "retired") for _, status in versions[:-1])
+    assert versions[-1][1] in ("active", "candidate")
+    assert len(versions) >= 2 or versions[0][1] == "active"
+    assert "episodes" in done.stdout and "95% interval" in done.stdout
+
+
+def test_a_short_demo_with_the_heldout_gate_evaluates_every_candidate(engine_url, tmp_path):
+    _, database = run_demo(engine_url, tmp_path, "--gate", "heldout")
+    with sqlite3.connect(database) as db:
+        versions = db.execute("SELECT version, status, evaluation FROM policies ORDER BY version").fetchall()
+        probes = db.execute("SELECT count(*) FROM rollouts WHERE agent = 'demo-heldout'").fetchone()[0]
+    assert probes == 0
+    assert versions, "no adapter version was produced"
+    *gated, last = versions
     for version, status, evaluation in gated:
         assert status in ("active", "retired") and json.loads(evaluation)["heldout_tasks"] == 8
     # the deadline may interrupt the last candidate's evaluation: it then waits, ungated, for the next run
     assert last[1] in ("active", "retired", "candidate")
     if last[1] != "candidate":
         assert json.loads(last[2])["heldout_tasks"] == 8
-    assert "held-out success" in done.stdout

@@ -132,8 +132,15 @@ def test_everything_on_renders_valid_manifests():
     assert proxy["args"] == ["serve", "--client-max-size", "33554432"]
     trainer = deployments["prod-rlproxy-trainer"]["spec"]["template"]["spec"]["containers"][0]
     assert env_of(trainer)["RLPROXY_UPSTREAM"].split() == upstreams  # adapters go to every engine
-    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert "learning_rate=5e-5" in trainer["args"] and trainer["args"][0] == "train"
+    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert "learning_rate=5e-5" in trainer["args"] and trainer["args"][:3] == ["train", "--nproc-per-node", "4"]
+    trainer_pod = deployments["prod-rlproxy-trainer"]["spec"]["template"]["spec"]
+    assert {"name": "shm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}} in trainer_pod["volumes"]
+    # engines behind a key: they require it, the proxy and the trainer send it
+    key = {"secretKeyRef": {"name": "engine-key", "key": "api-key"}}
+    assert env_of(proxy)["RLPROXY_UPSTREAM_API_KEY"] == key and env_of(trainer)["RLPROXY_UPSTREAM_API_KEY"] == key
+    for name in engines:
+        assert env_of(deployments[name]["spec"]["template"]["spec"]["containers"][0])["VLLM_API_KEY"] == key
 
     monitors = by_kind(documents, "ServiceMonitor")
     assert set(monitors) == {"prod-rlproxy-proxy", "prod-rlproxy-trainer"}

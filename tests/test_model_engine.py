@@ -446,3 +446,9 @@ def test_lora_adapter_loads_serves_and_unloads(engine_url, engine_model, tmp_pat
     status, raw = http("POST", engine_url + "/v1/chat/completions",
                        {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1})
     assert status == 404 and json.loads(raw)["error"]["type"] == "NotFoundError"
+
+
+def test_the_engine_gets_the_tightest_lora_slot_vllm_accepts():
+    from rlproxy.engine import lora_rank_slot
+
+    assert [lora_rank_slot(r) for r in (1, 4, 8, 9, 16, 64)] == [1, 8, 8, 16, 16, 64]

@@ -194,6 +194,32 @@ def test_step_is_deterministic_and_counts_skips(tiny_model):
     assert results[0] == results[1]
 
 
+def test_split_mini_batches_partitions_the_batch_reproducibly():
+    from trainer.ppo import split_mini_batches
+
+    batch = [Transition([1, 2], [i], [0.0], 1.0) for i in range(10)]
+    shares = split_mini_batches(batch, 4, seed=3)
+    assert [len(s) for s in shares] == [3, 3, 2, 2]
+    assert sorted(t.completion_ids[0] for s in shares for t in s) == list(range(10))  # each exactly once
+    assert split_mini_batches(batch, 4, seed=3) == shares and split_mini_batches(batch, 4, seed=4) != shares
+    assert len(split_mini_batches(batch[:2], 4, seed=0)) == 2  # never an empty share
+
+
+@pytest.mark.train
+def test_mini_batches_take_one_update_each_and_learn_more_from_one_batch(tiny_model):
+    moved = {}
+    for mini_batches in (1, 4):
+        trainer = make_trainer(tiny_model, mini_batches=mini_batches, ppo_epochs=2, kl_coef=0.0)
+        batch = on_policy_batch(trainer, n=8)
+        before = mean_logprob(trainer, batch)
+        m = trainer.step(batch)
+        assert m.updates == 2 * mini_batches
+        after = mean_logprob(trainer, batch)
+        # how far the step pushed log-probs in the direction of each transition's advantage
+        moved[mini_batches] = sum((a - b) * t.advantage for t, b, a in zip(batch, before, after))
+    assert moved[1] > 0 and moved[4] > moved[1]
+
+
 # --- adapter -------------------------------------------------------------------------------------------
 
 

@@ -26,7 +26,8 @@ from tests.conftest import TINY_VOCAB as VOCAB
 
 
 async def record_episodes(database_url: str, groups: int, group_size: int, *, calls: int = 2,
-                          task_prefix: str = "task") -> list[str]:
+                          task_prefix: str = "task", call_agent: str | None = "solver",
+                          rollout_agent: str | None = None) -> list[str]:
     """Episodes as the proxy records them (multi-turn, exact prefix links), each with a final reward."""
     rng = random.Random(0)
     engine = create_engine(database_url)
@@ -35,12 +36,16 @@ async def record_episodes(database_url: str, groups: int, group_size: int, *, ca
     for g in range(groups):
         for member in range(group_size):
             rollout_id = uuid.uuid4().hex
+            if rollout_agent is not None:  # as `POST /rollouts {"agent": ...}` does
+                async with sessions() as session, session.begin():
+                    await store_rollouts.create_rollout(session, rollout_id, task_id=f"{task_prefix}-{g}",
+                                                        agent=rollout_agent)
             prompt = [rng.randrange(3, VOCAB) for _ in range(12)]
             records = []
             for _ in range(calls):
                 completion = [rng.randrange(3, VOCAB) for _ in range(5)] + [2]
                 records.append(CallRecord(
-                    id=uuid.uuid4().hex, route="chat", started_at=utcnow(), rollout_id=rollout_id, agent="solver",
+                    id=uuid.uuid4().hex, route="chat", started_at=utcnow(), rollout_id=rollout_id, agent=call_agent,
                     task_id=f"{task_prefix}-{g}", policy_version=0, prompt_token_ids=list(prompt),
                     choices=[ChoiceRecord(0, completion, [-1.0] * len(completion), "stop")]))
                 prompt = prompt + completion + [rng.randrange(3, VOCAB) for _ in range(4)]
@@ -127,3 +132,101 @@ def test_ready_rollouts_takes_whole_groups_and_waits_for_a_fuller_batch(own_data
     assert asyncio.run(ready(limit=16, group_timeout_s=300, batch_timeout_s=60)) == []  # worth waiting for more
     assert len(asyncio.run(ready(limit=8, group_timeout_s=300, batch_timeout_s=60))) == 8  # a full batch goes
     assert len(asyncio.run(ready(limit=16, group_timeout_s=0, batch_timeout_s=0))) == 11  # late group as it is
+
+
+def test_rollouts_created_for_an_agent_that_is_not_trained_are_never_claimed(own_database_url):
+    """An evaluation agent's rollouts (the demo's held-out probes, say) share the store but are not training data."""
+    from sqlalchemy import update
+
+    from store import training
+
+    asyncio.run(record_episodes(own_database_url, groups=1, group_size=4))
+    probes = asyncio.run(record_episodes(own_database_url, groups=1, group_size=4, task_prefix="probe"))
+
+    async def work() -> tuple[list[str], list[str], int, int]:
+        engine = create_engine(own_database_url)
+        async with session_factory(engine)() as session, session.begin():
+            await session.execute(update(Rollout).where(Rollout.id.in_(probes)).values(agent="evaluator"))
+        async with session_factory(engine)() as session:
+            trained_only = await training.ready_rollouts(session, limit=16, group_size=4, group_timeout_s=300,
+                                                         agents=["solver"])
+            everything = await training.ready_rollouts(session, limit=16, group_size=4, group_timeout_s=300)
+            waiting = (await training.waiting_rollouts(session, ["solver"]), await training.waiting_rollouts(session))
+        await engine.dispose()
+        return trained_only, everything, *waiting
+
+    trained_only, everything, waiting_for_solver, waiting_at_all = asyncio.run(work())
+    assert len(trained_only) == 4 and not set(trained_only) & set(probes)  # rollouts without an agent still qualify
+    assert set(probes) <= set(everything)  # with no agents named, every agent is trained
+    assert (waiting_for_solver, waiting_at_all) == (4, 8)
+
+
+def test_calls_on_a_rollouts_plain_base_url_belong_to_the_rollouts_agent(own_database_url):
+    """`POST /rollouts {"agent": "demo"}` then calls on its `/rollouts/{id}/v1`: trained as agent "demo"."""
+    from store import training
+    from store.training import load_rollouts
+    from trainer.batch import build_transitions
+    from trainer.transitions import SkipReasons
+
+    ids = asyncio.run(record_episodes(own_database_url, groups=1, group_size=4, call_agent=None,
+                                      rollout_agent="demo"))
+
+    async def load():
+        engine = create_engine(own_database_url)
+        async with session_factory(engine)() as session:
+            ready = await training.ready_rollouts(session, limit=8, group_size=4, group_timeout_s=300,
+                                                  agents=["demo"])
+            loaded = await load_rollouts(session, ids)
+        await engine.dispose()
+        return ready, loaded
+
+    ready, rollouts = asyncio.run(load())
+    assert sorted(ready) == sorted(ids)
+    assert {call.agent for r in rollouts for call in r.calls} == {"demo"}
+    skips = SkipReasons()
+    transitions = build_transitions(rollouts, TrainConfig(train_agents=["demo"]), 0, skips)
+    assert transitions and "agent_not_trained" not in skips
+
+
+def test_adapters_reach_an_engine_that_wants_a_key_only_with_the_key(own_database_url, tmp_path):
+    """Engines behind `--api-key`: the trainer sends RLPROXY_UPSTREAM_API_KEY; without it the load is refused
+    and the version is marked failed rather than served. A same-named adapter already on the engine is
+    replaced, not taken for ours."""
+    from store import policies
+    from tests.support import free_port, running, stub_command
+    from trainer.publish import Publisher
+
+    def adapter_folder(name: str) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "adapter_config.json").write_text("{}")
+        (folder / "adapter_model.safetensors").write_bytes(b"")
+        return folder
+
+    stale, ours = adapter_folder("elsewhere"), adapter_folder("ours")
+    port = free_port()
+    engine = f"http://127.0.0.1:{port}"
+    auth = {"Authorization": "Bearer engine-secret"}
+
+    async def publish(version: int, key: str | None):
+        db = create_engine(own_database_url)
+        sessions = session_factory(db)
+        async with sessions() as session, session.begin():
+            await policies.add_candidate(session, version, str(ours), parent_version=0, base_model="m", metrics={})
+        published = await Publisher(sessions, [engine], attempts=1, api_key=key).publish(version, str(ours))
+        async with sessions() as session:
+            status = (await session.get(Policy, version)).status
+        await db.dispose()
+        return published, status
+
+    with running(stub_command(port) + ["--api-key", "engine-secret"], engine + "/health"):
+        # an adapter of the same name, left on the engine by another store (say, a database that was reset)
+        left = requests.post(engine + "/v1/load_lora_adapter", headers=auth,
+                             json={"lora_name": "rlproxy-v2", "lora_path": str(stale)})
+        assert left.status_code == 200
+        refused, refused_status = asyncio.run(publish(1, None))
+        loaded, loaded_status = asyncio.run(publish(2, "engine-secret"))
+        models = requests.get(engine + "/v1/models", headers=auth).json()
+    assert refused.error is not None and "401" in refused.error and refused_status == "failed"
+    assert loaded.error is None and loaded.activated and loaded_status == "active"
+    assert {m["id"]: m["root"] for m in models["data"]}["rlproxy-v2"] == str(ours)  # replaced in place

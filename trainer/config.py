@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 CREDIT_MODES = ("identical", "discounted")
 ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce_baseline", "reinforce")
 KL_ESTIMATORS = ("k1", "k2", "k3")
+TOKEN_SOURCES = ("recorded", "retokenized")
 
 
 @dataclass
@@ -39,6 +40,12 @@ class TrainConfig:
         default=1.0, metadata={"help": "Gradient clipping by global norm; 0 disables."}
     )
     ppo_epochs: int = field(default=1, metadata={"help": "Passes over each batch of transitions per step."})
+    mini_batches: int = field(
+        default=1,
+        metadata={"help": "Optimizer updates per epoch: the batch is shuffled and split into this many shares, "
+                          "one AdamW step each. More updates per batch learn more from each (expensive) batch of "
+                          "episodes; the PPO clip keeps the later updates near the behaviour policy."},
+    )
     micro_batch_tokens: int = field(
         default=4096,
         metadata={"help": "Padded tokens (rows x longest row) per forward/backward; bounds peak memory."},
@@ -112,6 +119,12 @@ class TrainConfig:
         metadata={"help": "grpo (group mean/std), rloo (leave-one-out mean), reinforce_baseline "
                           "(group mean, batch std), reinforce (raw return)."},
     )
+    token_source: str = field(
+        default="recorded",
+        metadata={"help": "'recorded': the ids and log-probs the engine sampled (exact). 'retokenized': the "
+                          "recorded text re-tokenized, behaviour log-probs recomputed by the trainer; an "
+                          "ablation only (bench/learning.py), to measure what exact capture buys."},
+    )
     train_agents: list[str] = field(
         default_factory=list, metadata={"help": "Agent names whose calls are trained; empty means all."}
     )
@@ -130,6 +143,7 @@ class TrainConfig:
             "weight_decay": self.weight_decay >= 0,
             "max_grad_norm": self.max_grad_norm >= 0,
             "ppo_epochs": self.ppo_epochs >= 1,
+            "mini_batches": self.mini_batches >= 1,
             "micro_batch_tokens": self.micro_batch_tokens > 0,
             "num_threads": self.num_threads >= 0,
             "max_seq_len": self.max_seq_len > 1,
@@ -146,6 +160,7 @@ class TrainConfig:
             "credit": self.credit in CREDIT_MODES,
             "gamma": 0.0 < self.gamma <= 1.0,
             "advantage_estimator": self.advantage_estimator in ADVANTAGE_ESTIMATORS,
+            "token_source": self.token_source in TOKEN_SOURCES,
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:

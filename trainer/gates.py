@@ -49,6 +49,8 @@ class HeldoutGate:
         from demo.tasks import heldout_tasks
 
         engine_url = self.settings.upstreams[0].rstrip("/")
+        key = self.settings.upstream_api_key.get_secret_value() if self.settings.upstream_api_key else None
+        engine_key = key or "unused"  # the openai client insists on some key
         tasks = heldout_tasks(self.settings.heldout_tasks, seed=self.seed)
         digest = evaluate.task_set(tasks)
         async with evaluate.transaction(self.settings.database_url) as session:
@@ -58,15 +60,16 @@ class HeldoutGate:
             parent_row = None if parent == policies.BASE_VERSION else await policies.get_policy(session, parent)
         if parent_success is None:
             if parent_row is not None:
-                await evaluate.ensure_loaded(engine_url, parent_row.name, parent_row.path)
-            model = parent_row.name if parent_row is not None else await evaluate.base_model(engine_url)
+                await evaluate.ensure_loaded(engine_url, parent_row.name, parent_row.path, key)
+            model = parent_row.name if parent_row is not None else await evaluate.base_model(engine_url, key)
             log.info("measuring parent v%d on %d held-out tasks", parent, len(tasks))
-            measured = await evaluate.evaluate_heldout(f"{engine_url}/v1", model, tasks)
+            measured = await evaluate.evaluate_heldout(f"{engine_url}/v1", model, tasks, api_key=engine_key)
             parent_success = measured.success
             async with evaluate.transaction(self.settings.database_url) as session:
                 await evaluate.record(session, parent, measured)
         log.info("measuring candidate v%d on %d held-out tasks", version, len(tasks))
-        result = await evaluate.evaluate_heldout(f"{engine_url}/v1", policies.adapter_name(version), tasks)
+        result = await evaluate.evaluate_heldout(f"{engine_url}/v1", policies.adapter_name(version), tasks,
+                                                 api_key=engine_key)
         promoted = evaluate.passes(result.success, parent_success, self.settings.gate_margin)
         async with evaluate.transaction(self.settings.database_url) as session:
             await evaluate.record(session, version, result, parent=parent, parent_heldout_success=parent_success,

@@ -32,5 +32,9 @@ class TrainerMetrics:
         self.rollouts_trained = Counter("rlproxy_trainer_rollouts_trained_total", "Rollouts consumed.", registry=r)
         self.skipped = Counter("rlproxy_trainer_skipped_calls_total", "Calls not trained on, by reason.",
                                ["reason"], registry=r)
+        self.retokenized_mismatches = Counter(
+            "rlproxy_trainer_retokenized_mismatches_total",
+            "Sequences whose re-tokenized ids differ from the recorded ones (token_source=retokenized only).",
+            registry=r)
         self.publish_failures = Counter("rlproxy_trainer_publish_failures_total", "Adapters that failed to load.",
                                         registry=r)

@@ -3,8 +3,8 @@
 One step = for each micro-batch: (optionally) base-model log-probs with the adapter disabled, policy
 log-probs with it enabled, PPO clipped loss with the importance ratio taken against the behaviour
 log-probs vLLM recorded while sampling, plus an optional KL penalty to the base model; gradients are
-accumulated over micro-batches as a mean over all trained tokens of the step; then one clipped AdamW
-update of the LoRA parameters.
+accumulated over the micro-batches of a mini-batch as a mean over its trained tokens, then one clipped
+AdamW update of the LoRA parameters per mini-batch (`mini_batches` updates per epoch, `ppo_epochs` epochs).
 
 Model: OpenRLHF's Actor loads the base in bfloat16 (its only CPU-usable choice, and what vLLM serves)
 and wraps it with peft LoRA; peft keeps the LoRA weights in float32, so AdamW updates full-precision
@@ -18,6 +18,7 @@ import contextlib
 import logging
 import math
 import os
+import random
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -30,6 +31,7 @@ from rlproxy.hardware import fast_bf16
 from trainer.adapter import load_adapter, save_adapter_atomically
 from trainer.compat import import_openrlhf
 from trainer.config import TrainConfig
+from trainer.parallel import Collective
 from trainer.transitions import SkipReasons, Transition, pack_micro_batches, validate_transition
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,7 @@ class StepMetrics:
     grad_norm: float = 0.0
     transitions: int = 0
     micro_batches: int = 0
+    updates: int = 0  # optimizer steps taken (ppo_epochs x mini-batches)
     tokens: int = 0  # prompt + completion tokens through the model (all epochs)
     trained_tokens: int = 0  # model-sampled tokens in the loss (one epoch)
     tokens_per_s: float = 0.0
@@ -73,6 +76,13 @@ class _MicroBatch:
     advantages: torch.Tensor  # [B, K]
     tokens: int
 
+    def to(self, device: torch.device) -> "_MicroBatch":
+        if device.type == "cpu":
+            return self
+        move = {name: getattr(self, name).to(device) for name in
+                ("input_ids", "attention_mask", "loss_mask", "behaviour_logprobs", "advantages")}
+        return _MicroBatch(**move, start=self.start, tokens=self.tokens)
+
 
 def collate(transitions: list[Transition], pad_id: int = 0) -> _MicroBatch:
     rows = len(transitions)
@@ -93,10 +103,16 @@ def collate(transitions: list[Transition], pad_id: int = 0) -> _MicroBatch:
 
 
 class PolicyTrainer:
+    """One replica of the policy. With a `collective` of several ranks (trainer/parallel.py), each rank trains
+    on its share of every mini-batch and gradients are summed across ranks before each update."""
+
     def __init__(self, model_path: str | os.PathLike[str], config: TrainConfig | None = None,
-                 adapter_dir: str | os.PathLike[str] | None = None) -> None:
+                 adapter_dir: str | os.PathLike[str] | None = None, collective: Collective | None = None) -> None:
         self.config = config = config or TrainConfig()
         self.model_path = str(model_path)
+        self.collective = collective or Collective()
+        self.device = (torch.device("cuda", self.collective.local_rank) if torch.cuda.is_available()
+                       else torch.device("cpu"))
         parts = import_openrlhf()
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -119,6 +135,10 @@ class PolicyTrainer:
         self.model.disable_input_require_grads()
         if not self.autocast_enabled:
             self.model.float()
+            # The bf16 load rounded the weights; the engine that sampled the behaviour log-probs serves the
+            # checkpoint's own float32 ones here, so the importance ratio must be taken against those.
+            _restore_checkpoint_weights(self.model, self.model_path)
+        self.model.to(self.device)
         self.actor.train()
         self.policy_loss = parts.PolicyLoss(
             clip_eps_low=config.clip_eps_low, clip_eps_high=config.clip_eps_high, token_level_loss=True
@@ -126,6 +146,7 @@ class PolicyTrainer:
         self._approx_kl = parts.compute_approx_kl
         self._masked_mean = parts.masked_mean
         self.params = [p for p in self.actor.parameters() if p.requires_grad]
+        self._broadcast_parameters()  # LoRA A is random: every rank starts from rank 0's draw
         self.optimizer = torch.optim.AdamW(
             self.params, lr=config.learning_rate, weight_decay=config.weight_decay
         )
@@ -133,6 +154,7 @@ class PolicyTrainer:
         if adapter_dir is not None:
             state = load_adapter(self.model, adapter_dir, self.optimizer)
             self.step_count = int(state.get("step", 0))
+            _move_optimizer_state(self.optimizer, self.device)
         if config.bf16 and not self.autocast_enabled:
             log.info("no fast bfloat16 on this machine: training computes in float32")
 
@@ -151,9 +173,17 @@ class PolicyTrainer:
         metrics = StepMetrics(transitions=len(batch), skipped=dict(skipped), step=self.step_count)
         if not batch:
             return metrics
-        micro_batches = [collate(mb) for mb in pack_micro_batches(batch, cfg.micro_batch_tokens)]
-        trained_tokens = sum(float(mb.loss_mask.sum()) for mb in micro_batches)
-        references: list[torch.Tensor | None] = [None] * len(micro_batches)
+        # `mini_batches` optimizer updates per epoch, each on its own share of the transitions, each share
+        # packed into micro-batches by token budget (gradients accumulate over a share's micro-batches).
+        # With several ranks, each computes every other transition of a share (and divides by the tokens of
+        # the whole share, so the gradients summed over ranks are the one-process gradient).
+        rank, world = self.collective.rank, self.collective.world_size
+        shares = split_mini_batches(batch, cfg.mini_batches, seed=cfg.seed + self.step_count)
+        minis = [[collate(mb).to(self.device) for mb in pack_micro_batches(share[rank::world], cfg.micro_batch_tokens)]
+                 for share in shares]
+        mini_tokens = [float(sum(sum(t.mask()) for t in share)) for share in shares]
+        trained_tokens = sum(mini_tokens)
+        references: dict[tuple[int, int], torch.Tensor] = {}
         sums: dict[str, float] = {}
         grad_norms: list[float] = []
         ratio_max = 0.0
@@ -162,53 +192,60 @@ class PolicyTrainer:
             sums[name] = sums.get(name, 0.0) + float(value) * weight
 
         for _ in range(cfg.ppo_epochs):
-            for i, mb in enumerate(micro_batches):
-                if cfg.needs_reference and references[i] is None:
-                    references[i] = self._logprobs(mb, adapter=False)
-                logprobs, logits = self._forward(mb)
-                # Token-mean over the whole step: each micro-batch contributes its sum / all trained tokens.
-                policy_loss, clip_frac, _, _, _ = self.policy_loss(
-                    logprobs, mb.behaviour_logprobs, mb.advantages, mb.loss_mask,
-                    batch_num_tokens=trained_tokens,
-                )
-                loss = policy_loss
-                if references[i] is not None:
-                    kl = self._approx_kl(logprobs, references[i], kl_estimator=cfg.kl_estimator)
-                    kl_loss = (kl * mb.loss_mask).sum() / trained_tokens
-                    if cfg.kl_coef > 0:
-                        loss = loss + cfg.kl_coef * kl_loss
-                    add("kl", kl_loss.detach())
-                loss.backward()
+            for m, (mini, tokens_in_mini) in enumerate(zip(minis, mini_tokens)):
+                for i, mb in enumerate(mini):
+                    if cfg.needs_reference and (m, i) not in references:
+                        references[m, i] = self._logprobs(mb, adapter=False)
+                    logprobs, logits = self._forward(mb)
+                    # Token-mean over the update: each micro-batch contributes its sum / the share's tokens.
+                    policy_loss, clip_frac, _, _, _ = self.policy_loss(
+                        logprobs, mb.behaviour_logprobs, mb.advantages, mb.loss_mask,
+                        batch_num_tokens=tokens_in_mini,
+                    )
+                    loss = policy_loss
+                    if (m, i) in references:
+                        kl = self._approx_kl(logprobs, references[m, i], kl_estimator=cfg.kl_estimator)
+                        kl_loss = (kl * mb.loss_mask).sum() / tokens_in_mini
+                        if cfg.kl_coef > 0:
+                            loss = loss + cfg.kl_coef * kl_loss
+                        add("kl", kl_loss.detach())
+                    loss.backward()
 
-                mb_tokens = float(mb.loss_mask.sum())
-                add("loss", loss.detach())
-                add("policy_loss", policy_loss.detach())
-                add("clip_fraction", clip_frac, mb_tokens / trained_tokens)
-                with torch.no_grad():
-                    log_ratio = (logprobs.detach() - mb.behaviour_logprobs) * mb.loss_mask
-                    add("ratio_mean", (log_ratio.exp() * mb.loss_mask).sum() / trained_tokens)
-                    add("behaviour_kl", -log_ratio.sum() / trained_tokens)
-                    masked = log_ratio.masked_fill(mb.loss_mask == 0, -1e9)
-                    ratio_max = max(ratio_max, float(masked.exp().max()))
-                    add("entropy", _masked_entropy_sum(logits, mb.loss_mask) / trained_tokens)
-                add("tokens", mb.tokens)
-                del logits, logprobs, loss
+                    mb_tokens = float(mb.loss_mask.sum())
+                    add("loss", loss.detach())
+                    add("policy_loss", policy_loss.detach())
+                    add("clip_fraction", clip_frac, mb_tokens / trained_tokens)
+                    with torch.no_grad():
+                        log_ratio = (logprobs.detach() - mb.behaviour_logprobs) * mb.loss_mask
+                        add("ratio_mean", (log_ratio.exp() * mb.loss_mask).sum() / trained_tokens)
+                        add("behaviour_kl", -log_ratio.sum() / trained_tokens)
+                        masked = log_ratio.masked_fill(mb.loss_mask == 0, -1e9)
+                        ratio_max = max(ratio_max, float(masked.exp().max()))
+                        add("entropy", _masked_entropy_sum(logits, mb.loss_mask) / trained_tokens)
+                    add("tokens", mb.tokens)
+                    del logits, logprobs, loss
 
-            grad_norms.append(self._optimizer_step())
+                grad_norms.append(self._optimizer_step())
 
         self.step_count += 1
+        sums = self._sum_over_ranks(sums, ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean",
+                                           "behaviour_kl", "entropy", "tokens", "micro_batches"),
+                                    micro_batches=sum(len(mini) for mini in minis))
+        ratio_max = self.collective.max(ratio_max)
         epochs = cfg.ppo_epochs
+        updates = len(grad_norms)
         duration = time.perf_counter() - started
-        metrics.loss = sums["loss"] / epochs
-        metrics.policy_loss = sums["policy_loss"] / epochs
-        metrics.kl = sums["kl"] / epochs if "kl" in sums else None
+        metrics.loss = sums["loss"] / updates
+        metrics.policy_loss = sums["policy_loss"] / updates
+        metrics.kl = sums["kl"] / updates if "kl" in sums else None
         metrics.clip_fraction = sums["clip_fraction"] / epochs
         metrics.ratio_mean = sums["ratio_mean"] / epochs
         metrics.ratio_max = ratio_max
         metrics.behaviour_kl = sums["behaviour_kl"] / epochs
         metrics.entropy = sums["entropy"] / epochs
         metrics.grad_norm = sum(grad_norms) / len(grad_norms)
-        metrics.micro_batches = len(micro_batches)
+        metrics.micro_batches = int(sums["micro_batches"])
+        metrics.updates = updates
         metrics.tokens = int(sums["tokens"])
         metrics.trained_tokens = int(trained_tokens)
         metrics.duration_s = duration
@@ -216,8 +253,37 @@ class PolicyTrainer:
         metrics.step = self.step_count
         return metrics
 
+    def _sum_over_ranks(self, sums: dict[str, float], names: tuple[str, ...], **more: float) -> dict[str, float]:
+        """Every rank's sums added up (names a rank never saw count 0 there; they stay absent if no rank saw them)."""
+        local = {**sums, **more}
+        if self.collective.world_size == 1:
+            return local
+        values = torch.tensor([local.get(n, 0.0) for n in names] + [float(n in local) for n in names],
+                              dtype=torch.float64, device=self.device)
+        self.collective.sum_(values)
+        return {n: float(values[i]) for i, n in enumerate(names) if values[len(names) + i] > 0}
+
+    def _sum_gradients_over_ranks(self) -> None:
+        if self.collective.world_size == 1:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        self.collective.sum_(flat)
+        offset = 0
+        for param in self.params:
+            param.grad = flat[offset: offset + param.numel()].view_as(param).clone()
+            offset += param.numel()
+
+    def _broadcast_parameters(self) -> None:
+        if self.collective.world_size == 1:
+            return
+        with torch.no_grad():
+            for param in self.params:
+                self.collective.broadcast_(param.data)
+
     def _optimizer_step(self) -> float:
         cfg = self.config
+        self._sum_gradients_over_ranks()
         if cfg.max_grad_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
         else:
@@ -265,7 +331,7 @@ class PolicyTrainer:
         unique = list({id(t): t for t in transitions}.values())
         results: dict[int, list[float]] = {}
         for group in pack_micro_batches(unique, self.config.micro_batch_tokens):
-            mb = collate(group)
+            mb = collate(group).to(self.device)
             scores = self._logprobs(mb, adapter=adapter)
             for row, t in enumerate(group):
                 first = len(t.prompt_ids) - 1 - mb.start
@@ -288,6 +354,7 @@ class PolicyTrainer:
         if adapter_dir is not None:
             state = load_adapter(self.model, adapter_dir, self.optimizer)
             self.step_count = int(state.get("step", 0))
+            _move_optimizer_state(self.optimizer, self.device)
             return
         with torch.no_grad():  # the LoRA update is B @ A; with B = 0 the adapter is the identity
             for name, param in self.model.named_parameters():
@@ -295,10 +362,55 @@ class PolicyTrainer:
                     param.zero_()
         self.step_count = 0
 
+    def close(self) -> None:
+        """Nothing to release in one process (a LeaderPolicy stops its followers here)."""
+
     def _autocast(self) -> contextlib.AbstractContextManager:
         if not self.autocast_enabled:
             return contextlib.nullcontext()
         return torch.autocast(device_type=_device_type(self.model), dtype=torch.bfloat16)
+
+
+def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    """AdamW moments are loaded onto the CPU; on a GPU they must live beside their parameters."""
+    if device.type == "cpu":
+        return
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor) and key != "step":
+                state[key] = value.to(device)
+
+
+def _restore_checkpoint_weights(peft_model: torch.nn.Module, model_path: str) -> None:
+    """Copy the checkpoint's base weights (float32 safetensors) over the bf16-rounded ones OpenRLHF loaded."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(model_path).glob("*.safetensors"))
+    if not files:
+        log.warning("no safetensors in %s: base weights stay as loaded", model_path)
+        return
+    base = peft_model.get_base_model()
+    own = {name.replace(".base_layer.", "."): param for name, param in base.named_parameters()
+           if "lora_" not in name}
+    copied = 0
+    with torch.no_grad():
+        for file in files:
+            for name, tensor in load_file(str(file)).items():
+                if name in own and own[name].shape == tensor.shape:
+                    own[name].copy_(tensor.to(own[name].dtype))
+                    copied += 1
+    if copied == 0:
+        raise RuntimeError(f"none of the checkpoint tensors in {model_path} matched the model's parameters")
+    log.debug("restored %d checkpoint tensors in float32", copied)
+
+
+def split_mini_batches(batch: list[Transition], count: int, seed: int) -> list[list[Transition]]:
+    """`count` shares of near-equal size (fewer if there are fewer transitions), shuffled with `seed` so an
+    update does not see one task group only."""
+    order = list(batch)
+    random.Random(seed).shuffle(order)
+    count = max(1, min(count, len(order)))
+    return [order[i::count] for i in range(count)]
 
 
 def _masked_entropy_sum(logits: torch.Tensor, mask: torch.Tensor, chunk: int = 1024) -> float:

@@ -32,8 +32,9 @@ class Published:
 
 class Publisher:
     def __init__(self, sessions: async_sessionmaker[AsyncSession], engines: list[str] | tuple[str, ...], *,
-                 attempts: int = 5, drain_seconds: float = 30.0) -> None:
+                 attempts: int = 5, drain_seconds: float = 30.0, api_key: str | None = None) -> None:
         self.sessions = sessions
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}  # engines run with --api-key
         self.engines = [e.rstrip("/") for e in engines]
         self.attempts = attempts
         self.drain_seconds = drain_seconds
@@ -42,7 +43,7 @@ class Publisher:
     async def load(self, name: str, path: str) -> float:
         """Load `name` from `path` on every engine; raises LoadFailed. Returns seconds taken."""
         began = time.perf_counter()
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as http:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120), headers=self.headers) as http:
             # Every engine's answer is awaited, so none is still loading when this gives up.
             results = await asyncio.gather(*(self._load_one(http, engine, name, path) for engine in self.engines),
                                            return_exceptions=True)
@@ -58,8 +59,10 @@ class Publisher:
                                            wait=wait_exponential(multiplier=0.5, max=8),
                                            retry=retry_if_exception_type((aiohttp.ClientError, asyncio.TimeoutError))):
             with attempt:
+                # In place: an engine may hold an adapter of this name from another store (a reset database,
+                # another demo run); never serve that one under our version's name.
                 async with http.post(f"{engine}/v1/load_lora_adapter",
-                                     json={"lora_name": name, "lora_path": path}) as response:
+                                     json={"lora_name": name, "lora_path": path, "load_inplace": True}) as response:
                     body = await response.text()
                     if response.status == 200 or (response.status == 400 and "already" in body.lower()):
                         return
@@ -107,7 +110,7 @@ class Publisher:
             due = [name for name in due if name != serving]  # it may have been activated again (rollback)
         if not due:
             return
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)) as http:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30), headers=self.headers) as http:
             for name in due:
                 await self._unload(http, name, self.engines)
 

@@ -30,6 +30,7 @@ from store.models import Policy, PolicyStatus
 from trainer.batch import build_transitions
 from trainer.config import TrainConfig
 from trainer.metrics import TrainerMetrics
+from trainer.parallel import Collective, LeaderPolicy
 from trainer.publish import Publisher
 from trainer.transitions import SkipReasons, Transition
 
@@ -38,7 +39,8 @@ log = logging.getLogger("rlproxy.trainer")
 
 class TrainerWorker:
     def __init__(self, settings: TrainerSettings, config: TrainConfig, model_path: Path,
-                 metrics: TrainerMetrics | None = None, on_published=None, while_computing=None) -> None:
+                 metrics: TrainerMetrics | None = None, on_published=None, while_computing=None,
+                 collective: Collective | None = None) -> None:
         self.settings = settings
         self.config = config
         self.model_path = model_path
@@ -49,14 +51,15 @@ class TrainerWorker:
         self.while_computing = while_computing or contextlib.nullcontext
         self.engine = create_engine(settings.database_url)
         self.sessions: async_sessionmaker[AsyncSession] = session_factory(self.engine)
-        self.publisher = Publisher(self.sessions, settings.upstreams)
+        engine_key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
+        self.publisher = Publisher(self.sessions, settings.upstreams, api_key=engine_key)
         self.policy = None  # trainer.ppo.PolicyTrainer, built on start (torch is imported lazily)
+        self.collective = collective or Collective()  # several ranks: this worker is rank 0 (trainer/parallel.py)
         self.parent_version = policies.BASE_VERSION
         self.steps = 0
+        self.tokenizer = None  # only for token_source="retokenized"
 
     async def start(self) -> None:
-        from trainer.ppo import PolicyTrainer
-
         async with self.sessions() as session, session.begin():
             released = await training.release_untrained(session, self.settings.worker_id)
             active = await policies.active_policy(session)
@@ -64,8 +67,11 @@ class TrainerWorker:
             log.info("took back %d rollouts leased by an earlier run of %r", released, self.settings.worker_id)
         self.parent_version = active.version
         log.info("resuming from policy v%d (%s)", active.version, active.path or "base model")
-        self.policy = await asyncio.to_thread(
-            PolicyTrainer, self.model_path, self.config, Path(active.path) if active.path else None)
+        adapter = Path(active.path) if active.path else None
+        if self.collective.world_size > 1:
+            self.policy = await asyncio.to_thread(LeaderPolicy.start, self.build_policy, adapter, self.collective)
+        else:
+            self.policy = await asyncio.to_thread(self.build_policy, adapter)
         self.metrics.active_version.set(active.version)
         await self._publish_leftover_candidates()
 
@@ -82,7 +88,14 @@ class TrainerWorker:
                     except asyncio.TimeoutError:
                         pass
         finally:
+            if self.policy is not None:
+                await asyncio.to_thread(self.policy.close)
             await self.engine.dispose()
+
+    def build_policy(self, adapter_dir: Path | None):
+        from trainer.ppo import PolicyTrainer
+
+        return PolicyTrainer(self.model_path, self.config, adapter_dir, self.collective)
 
     async def step_once(self) -> bool:
         """Claim, train, publish. False when nothing was ready."""
@@ -92,8 +105,12 @@ class TrainerWorker:
             return False
         async with self.sessions() as session:
             rollouts = await training.load_rollouts(session, rollout_ids)
+            if self.config.token_source == "retokenized":
+                await self._retokenize(session, rollouts)
         skips = SkipReasons()
         transitions = build_transitions(rollouts, self.config, self.parent_version, skips)
+        if self.config.token_source == "retokenized":
+            await asyncio.to_thread(self._recompute_behaviour, transitions)
         for reason, count in skips.items():
             self.metrics.skipped.labels(reason).inc(count)
         rewards = [r.reward for r in rollouts]
@@ -119,13 +136,33 @@ class TrainerWorker:
         await self._publish(version, path, began)
         return True
 
+    async def _retokenize(self, session: AsyncSession, rollouts: list[training.RolloutData]) -> None:
+        from transformers import AutoTokenizer
+
+        from trainer.retokenize import retokenize
+
+        if self.tokenizer is None:
+            self.tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(self.model_path))
+        texts = await training.load_call_texts(session, [c.id for r in rollouts for c in r.calls])
+        changed = retokenize(rollouts, texts, self.tokenizer)
+        self.metrics.retokenized_mismatches.inc(changed)
+        log.info("re-tokenized %d calls: %d sequences differ from the recorded ids",
+                 sum(len(r.calls) for r in rollouts), changed)
+
+    def _recompute_behaviour(self, transitions: list[Transition]) -> None:
+        """What a text-only pipeline must do: take the trainer's own log-probs as the behaviour policy's."""
+        for t, scores in zip(transitions, self.policy.logprobs(transitions)):
+            mask = t.mask()
+            t.behaviour_logprobs = [lp if keep else 0.0 for lp, keep in zip(scores, mask)]
+
     async def _claim(self) -> list[str]:
         async with self.sessions() as session, session.begin():
-            self.metrics.rollouts_waiting.set(await training.waiting_rollouts(session))
+            agents = self.config.train_agents
+            self.metrics.rollouts_waiting.set(await training.waiting_rollouts(session, agents))
             ready = await training.ready_rollouts(session, limit=self.config.batch_rollouts,
                                                   group_size=self.config.group_size,
                                                   group_timeout_s=self.config.group_timeout_s,
-                                                  batch_timeout_s=self.config.batch_timeout_s)
+                                                  batch_timeout_s=self.config.batch_timeout_s, agents=agents)
             if not ready:
                 return []
             return await training.lease(session, ready, self.settings.worker_id, self.settings.lease_seconds)
