@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
 
@@ -11,7 +13,7 @@ import pytest
 import requests
 
 from tests.support import ROOT, free_port, running, stub_command
-from tests.test_trainer_faults import is_complete_adapter, snapshot
+from tests.test_trainer_faults import is_complete_adapter, snapshot, wait_for
 from tests.test_trainer_worker import record_episodes
 
 torch = pytest.importorskip("torch")
@@ -63,3 +65,41 @@ def test_rlproxy_train_on_two_ranks_trains_publishes_and_stops_cleanly(tiny_mode
     assert [(version, status) for version, status, _ in state["policies"]] == [(1, "retired"), (2, "active")]
     assert all(is_complete_adapter(path) for _, _, path in state["policies"])
     assert "rlproxy-v2" in served
+
+
+def test_a_rank_killed_stops_the_whole_trainer_and_a_restart_trains_every_rollout_once(
+        tiny_model, own_database_url, tmp_path):
+    import psutil
+
+    asyncio.run(record_episodes(own_database_url, groups=6, group_size=4, calls=3))
+    port = free_port()
+    engine = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "rlproxy.cli", "train", "--nproc-per-node", "2", "--database-url",
+               own_database_url, "--upstream", engine, "--model", str(tiny_model), "--adapters-dir",
+               str(tmp_path / "adapters"), "--metrics-port", "0", "--poll-interval", "0.1", "--set",
+               "batch_rollouts=4", "--set", "group_size=4", "--set", "micro_batch_tokens=256",
+               "--set", "ppo_epochs=10"]
+    with running(stub_command(port), engine + "/health", log_path=tmp_path / "stub.log"), \
+            open(tmp_path / "trainer.log", "ab") as log:
+        trainer = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            wait_for(own_database_url, lambda s: s["trained"] >= 4)  # both ranks are at work
+            [rank_1] = [p for p in psutil.Process(trainer.pid).children(recursive=True)
+                        if p.environ().get("RANK") == "1"]
+            rank_1.kill()
+            assert trainer.wait(timeout=120) != 0  # torchrun stops rank 0 too: nobody waits forever
+        finally:
+            if trainer.poll() is None:
+                os.killpg(trainer.pid, signal.SIGKILL)
+
+        trainer = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            final = wait_for(own_database_url, lambda s: s["trained"] == 24
+                             and not any(status == "candidate" for _, status, _ in s["policies"]))
+        finally:
+            os.killpg(trainer.pid, signal.SIGKILL)
+            trainer.wait()
+    assert final["stepped"] == final["trained"] == 24  # none trained twice, none lost
+    versions = [version for version, _, _ in final["policies"]]
+    assert versions == list(range(1, len(versions) + 1))
+    assert all(is_complete_adapter(path) for _, _, path in final["policies"])

@@ -87,9 +87,10 @@ class TrainerWorker:
                         await asyncio.wait_for(stop.wait(), self.settings.poll_interval)
                     except asyncio.TimeoutError:
                         pass
+            # Only on a clean stop: after a failure other ranks may be inside a step's collective; torchrun
+            # stops them when this process exits.
+            await asyncio.to_thread(self.policy.close)
         finally:
-            if self.policy is not None:
-                await asyncio.to_thread(self.policy.close)
             await self.engine.dispose()
 
     def build_policy(self, adapter_dir: Path | None):
