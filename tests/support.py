@@ -84,6 +84,19 @@ def proxy_command(port: int, upstreams: list[str], database_url: str, *extra: st
     return args + list(extra)
 
 
+def trainer_command(database_url: str, upstream: str, model: Path, adapters: Path, *extra: str,
+                    settings: dict[str, object] | None = None) -> list[str]:
+    """`rlproxy train` against one engine, metrics on a free port unless `extra` says otherwise;
+    `settings` are TrainConfig fields (`--set name=value`)."""
+    args = [PYTHON, "-m", "rlproxy.cli", "train", "--database-url", database_url, "--upstream", upstream,
+            "--model", str(model), "--adapters-dir", str(adapters)]
+    if "--metrics-port" not in extra:
+        args += ["--metrics-port", "0"]
+    for name, value in (settings or {}).items():
+        args += ["--set", f"{name}={value}"]
+    return args + list(extra)
+
+
 @contextmanager
 def running_proxy(upstreams: list[str], database_url: str, workdir: Path, name: str = "proxy", *extra: str):
     """`rlproxy serve` as a real process on a free port, its spool and log in `workdir`; yields its URL."""

@@ -19,7 +19,7 @@ import pytest
 import requests
 
 from proxy.metrics import ProxyMetrics
-from tests.support import PYTHON, free_port, running, running_proxy, stub_command
+from tests.support import free_port, running, running_proxy, stub_command, trainer_command
 from trainer.metrics import TrainerMetrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -233,12 +233,10 @@ def test_every_dashboard_query_returns_data(wide_tiny_model, own_database_url, t
         stack.enter_context(running(stub_command(stub_port), stub + "/health",
                                     log_path=tmp_path / "stub.log"))
         # The trainer first (its imports take a while); its metrics answer before the model is loaded.
-        train = [PYTHON, "-m", "rlproxy.cli", "train", "--database-url", own_database_url, "--upstream", stub,
-                 "--model", str(wide_tiny_model), "--adapters-dir", str(tmp_path / "adapters"),
-                 "--metrics-port", str(trainer_port), "--worker-id", "dashboard-trainer"]
-        for setting in ("batch_rollouts=4", "group_size=2", "micro_batch_tokens=512", "learning_rate=1e-3",
-                        "track_ref_kl=true", "num_threads=1"):
-            train += ["--set", setting]
+        train = trainer_command(own_database_url, stub, wide_tiny_model, tmp_path / "adapters",
+                                "--metrics-port", str(trainer_port), "--worker-id", "dashboard-trainer",
+                                settings={"batch_rollouts": 4, "group_size": 2, "micro_batch_tokens": 512,
+                                          "learning_rate": 1e-3, "track_ref_kl": "true", "num_threads": 1})
         stack.enter_context(running(train, f"http://{trainer_metrics}/metrics",
                                     log_path=tmp_path / "trainer.log"))
         proxy = stack.enter_context(running_proxy([stub], own_database_url, tmp_path))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -22,7 +21,7 @@ import pytest
 from demo.agent import run_episode
 from demo.evaluate import evaluate_heldout
 from demo.tasks import heldout_tasks, train_tasks
-from tests.support import running_proxy, wait_http
+from tests.support import running_proxy, trainer_command, wait_http
 
 pytestmark = [pytest.mark.engine, pytest.mark.train, pytest.mark.slow]
 
@@ -38,11 +37,10 @@ def trainer(engine_url: str, own_database_url: str, tmp_path: Path):
 
     log = open(tmp_path / "trainer.log", "wb")
     process = subprocess.Popen(
-        [sys.executable, "-m", "rlproxy.cli", "train", "--database-url", own_database_url, "--upstream", engine_url,
-         "--model", str(prepare_model()), "--adapters-dir", str(tmp_path / "adapters"), "--metrics-port", "0",
-         "--poll-interval", "0.2", "--set", f"batch_rollouts={BATCH}", "--set", f"group_size={GROUP}",
-         "--set", "mini_batches=4", "--set", "learning_rate=1e-3", "--set", "group_timeout_s=120",
-         "--set", "batch_timeout_s=600"],  # one step per round of BATCH episodes, never half a round
+        trainer_command(own_database_url, engine_url, prepare_model(), tmp_path / "adapters", "--poll-interval", "0.2",
+                        settings={"batch_rollouts": BATCH, "group_size": GROUP, "mini_batches": 4,
+                                  "learning_rate": 1e-3, "group_timeout_s": 120,
+                                  "batch_timeout_s": 600}),  # one step per round of BATCH episodes, never half
         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     yield process
     process.terminate()

@@ -12,8 +12,8 @@ import sys
 import pytest
 import requests
 
-from tests.support import ROOT, free_port, running, stub_command
-from tests.test_trainer_faults import is_complete_adapter, snapshot, wait_for
+from tests.support import ROOT, free_port, running, stub_command, trainer_command
+from tests.test_trainer_faults import SMALL_STEPS, is_complete_adapter, snapshot, wait_for
 from tests.test_trainer_worker import record_episodes
 
 torch = pytest.importorskip("torch")
@@ -50,10 +50,9 @@ def test_rlproxy_train_on_two_ranks_trains_publishes_and_stops_cleanly(tiny_mode
     engine = f"http://127.0.0.1:{port}"
     with running(stub_command(port), engine + "/health", log_path=tmp_path / "stub.log"):
         done = subprocess.run(
-            [sys.executable, "-m", "rlproxy.cli", "train", "--nproc-per-node", "2", "--database-url",
-             own_database_url, "--upstream", engine, "--model", str(tiny_model), "--adapters-dir",
-             str(tmp_path / "adapters"), "--metrics-port", "0", "--max-steps", "2", "--poll-interval", "0.1",
-             "--set", "batch_rollouts=8", "--set", "group_size=4", "--set", "micro_batch_tokens=256"],
+            trainer_command(own_database_url, engine, tiny_model, tmp_path / "adapters", "--nproc-per-node", "2",
+                            "--max-steps", "2", "--poll-interval", "0.1",
+                            settings={**SMALL_STEPS, "batch_rollouts": 8}),
             cwd=ROOT, capture_output=True, text=True, timeout=300)
         served = {m["id"] for m in requests.get(f"{engine}/v1/models").json()["data"]}
     output = done.stdout + done.stderr
@@ -74,11 +73,8 @@ def test_a_rank_killed_stops_the_whole_trainer_and_a_restart_trains_every_rollou
     asyncio.run(record_episodes(own_database_url, groups=6, group_size=4, calls=3))
     port = free_port()
     engine = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "rlproxy.cli", "train", "--nproc-per-node", "2", "--database-url",
-               own_database_url, "--upstream", engine, "--model", str(tiny_model), "--adapters-dir",
-               str(tmp_path / "adapters"), "--metrics-port", "0", "--poll-interval", "0.1", "--set",
-               "batch_rollouts=4", "--set", "group_size=4", "--set", "micro_batch_tokens=256",
-               "--set", "ppo_epochs=10"]
+    command = trainer_command(own_database_url, engine, tiny_model, tmp_path / "adapters", "--nproc-per-node", "2",
+                              "--poll-interval", "0.1", settings={**SMALL_STEPS, "ppo_epochs": 10})
     with running(stub_command(port), engine + "/health", log_path=tmp_path / "stub.log"), \
             open(tmp_path / "trainer.log", "ab") as log:
         trainer = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

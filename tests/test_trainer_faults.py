@@ -6,7 +6,6 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,19 +15,13 @@ from sqlalchemy import func, select
 
 from store.db import create_engine, session_factory
 from store.models import Policy, Rollout, TrainStep
-from tests.support import ROOT, free_port, running, stub_command
+from tests.support import ROOT, free_port, running, stub_command, trainer_command
 from tests.test_trainer_worker import record_episodes
 
 pytest.importorskip("torch")
 
-ROLLOUTS = 24  # six groups of four; a step takes one group
-
-
-def trainer_command(database_url: str, engine: str, model: Path, adapters: Path) -> list[str]:
-    return [sys.executable, "-m", "rlproxy.cli", "train", "--database-url", database_url, "--upstream", engine,
-            "--model", str(model), "--adapters-dir", str(adapters), "--metrics-port", "0",
-            "--poll-interval", "0.1", "--set", "batch_rollouts=4", "--set", "group_size=4",
-            "--set", "micro_batch_tokens=256", "--set", "ppo_epochs=10", "--set", "learning_rate=1e-3"]
+ROLLOUTS = 24  # six groups of four
+SMALL_STEPS = {"batch_rollouts": 4, "group_size": 4, "micro_batch_tokens": 256}  # a step takes one group
 
 
 async def snapshot(database_url: str) -> dict:
@@ -64,7 +57,8 @@ def test_sigkill_at_any_point_trains_every_rollout_exactly_once(tiny_model, own_
     port = free_port()
     engine = f"http://127.0.0.1:{port}"
     adapters = tmp_path / "adapters"
-    command = trainer_command(own_database_url, engine, tiny_model, adapters)
+    command = trainer_command(own_database_url, engine, tiny_model, adapters, "--poll-interval", "0.1",
+                              settings={**SMALL_STEPS, "ppo_epochs": 10, "learning_rate": 1e-3})
     log = open(tmp_path / "trainer.log", "ab")
     with running(stub_command(port), engine + "/health", log_path=tmp_path / "stub.log"):
         # Each run is killed a little later after it claims work, so the kills land in different phases.
