@@ -117,7 +117,7 @@ class Demo:
     async def run(self) -> Progress:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, self.stop.set)
+            loop.add_signal_handler(sig, self._interrupted)
         self._note("preparing the bundled model")
         model_path = await asyncio.to_thread(prepare_model)
         if self.settings.upstream:
@@ -326,6 +326,11 @@ class Demo:
                          "versions": p.steps, "gate": self.settings.gate,
                          "rewards": [list(r) for r in p.rewards], "probes": [list(r) for r in p.probes]},
         }, indent=1))
+
+    def _interrupted(self) -> None:
+        if not self.stop.is_set():  # a step in progress is computed in a thread and cannot be cut short
+            self._note("stopping: a training step in progress finishes first; the next run resumes from here")
+        self.stop.set()
 
     def _note(self, message: str) -> None:
         self.progress.last_event = message

@@ -4,9 +4,11 @@ and is measured by held-out probes (default) or is evaluated on the held-out set
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -65,3 +67,55 @@ def test_a_short_demo_with_the_heldout_gate_evaluates_every_candidate(engine_url
     assert last[1] in ("active", "retired", "candidate")
     if last[1] != "candidate":
         assert json.loads(last[2])["heldout_tasks"] == 8
+
+
+def test_ctrl_c_stops_the_demo_cleanly_and_the_next_run_resumes(engine_url, tmp_path):
+    database = tmp_path / "rlproxy.db"
+    command = [sys.executable, "-m", "rlproxy.cli", "demo", "--upstream", engine_url, "--headless",
+               "--heldout", "8", "--concurrency", "4", "--workdir", str(tmp_path),
+               "--database-url", f"sqlite+aiosqlite:///{database}",
+               "--set", "batch_rollouts=4", "--set", "group_size=4", "--set", "group_timeout_s=15"]
+
+    def policies() -> list[tuple[int, str]]:
+        if not database.exists():
+            return []
+        with sqlite3.connect(database, timeout=10) as db:
+            try:
+                return db.execute("SELECT version, status FROM policies ORDER BY version").fetchall()
+            except sqlite3.OperationalError:  # not migrated yet
+                return []
+
+    out_path, err_path = tmp_path / "first.out", tmp_path / "first.err"
+    with open(out_path, "w") as out, open(err_path, "w") as err:  # files, not pipes: nobody reads them meanwhile
+        first = subprocess.Popen([*command, "--minutes", "10", "--port", str(free_port())], stdout=out, stderr=err)
+    try:
+        deadline = time.monotonic() + 420
+        while not any(status == "active" for _, status in policies()):
+            assert first.poll() is None and time.monotonic() < deadline, "no version served before Ctrl-C"
+            time.sleep(2)
+        first.send_signal(signal.SIGINT)
+        first.wait(timeout=240)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    out, err = out_path.read_text(), err_path.read_text()
+    assert first.returncode == 0, err[-3000:]
+    assert "stopping:" in err and "held-out success" in out  # it said why it waited, then summed up
+    before = policies()
+    [active] = [version for version, status in before if status == "active"]
+    with sqlite3.connect(database) as db:
+        earlier = {id_ for (id_,) in db.execute("SELECT id FROM rollouts")}
+        trained_before = dict(db.execute("SELECT id, trained_at FROM rollouts WHERE trained_at IS NOT NULL"))
+
+    second = subprocess.run([*command, "--minutes", "1", "--port", str(free_port())], capture_output=True,
+                            text=True, timeout=400)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "measuring the base model" not in second.stderr  # the base measurement was kept
+    with sqlite3.connect(database) as db:
+        served = [(rollout, version) for rollout, version in db.execute(
+            "SELECT rollout_id, policy_version FROM calls WHERE rollout_id IS NOT NULL ORDER BY rowid")
+            if rollout not in earlier]
+        trained_after = dict(db.execute("SELECT id, trained_at FROM rollouts WHERE trained_at IS NOT NULL"))
+    assert served and min(version for _, version in served) == active  # it went on from the version it had made
+    assert all(trained_after[id_] == at for id_, at in trained_before.items())  # nothing trained twice
+    assert [v for v, _ in policies()][:len(before)] == [v for v, _ in before]
