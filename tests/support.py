@@ -85,13 +85,11 @@ def proxy_command(port: int, upstreams: list[str], database_url: str, *extra: st
 
 
 def trainer_command(database_url: str, upstream: str, model: Path, adapters: Path, *extra: str,
-                    settings: dict[str, object] | None = None) -> list[str]:
-    """`rlproxy train` against one engine, metrics on a free port unless `extra` says otherwise;
-    `settings` are TrainConfig fields (`--set name=value`)."""
+                    metrics_port: int = 0, settings: dict[str, object] | None = None) -> list[str]:
+    """`rlproxy train` against one engine (metrics port 0: any free one); `settings` are TrainConfig fields
+    (`--set name=value`)."""
     args = [PYTHON, "-m", "rlproxy.cli", "train", "--database-url", database_url, "--upstream", upstream,
-            "--model", str(model), "--adapters-dir", str(adapters)]
-    if "--metrics-port" not in extra:
-        args += ["--metrics-port", "0"]
+            "--model", str(model), "--adapters-dir", str(adapters), "--metrics-port", str(metrics_port)]
     for name, value in (settings or {}).items():
         args += ["--set", f"{name}={value}"]
     return args + list(extra)

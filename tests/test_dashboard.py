@@ -234,7 +234,7 @@ def test_every_dashboard_query_returns_data(wide_tiny_model, own_database_url, t
                                     log_path=tmp_path / "stub.log"))
         # The trainer first (its imports take a while); its metrics answer before the model is loaded.
         train = trainer_command(own_database_url, stub, wide_tiny_model, tmp_path / "adapters",
-                                "--metrics-port", str(trainer_port), "--worker-id", "dashboard-trainer",
+                                "--worker-id", "dashboard-trainer", metrics_port=trainer_port,
                                 settings={"batch_rollouts": 4, "group_size": 2, "micro_batch_tokens": 512,
                                           "learning_rate": 1e-3, "track_ref_kl": "true", "num_threads": 1})
         stack.enter_context(running(train, f"http://{trainer_metrics}/metrics",

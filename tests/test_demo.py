@@ -17,14 +17,17 @@ from tests.support import free_port
 pytestmark = pytest.mark.engine
 
 
+def demo_command(engine_url, tmp_path, minutes: float, *extra: str) -> list[str]:
+    """A small `rlproxy demo` on the shared engine, its SQLite store and state in `tmp_path`."""
+    return [sys.executable, "-m", "rlproxy.cli", "demo", "--upstream", engine_url, "--minutes", str(minutes),
+            "--headless", "--heldout", "8", "--concurrency", "4", "--port", str(free_port()),
+            "--workdir", str(tmp_path), "--database-url", f"sqlite+aiosqlite:///{tmp_path / 'rlproxy.db'}",
+            "--set", "batch_rollouts=4", "--set", "group_size=4", "--set", "group_timeout_s=15", *extra]
+
+
 def run_demo(engine_url, tmp_path, *extra: str) -> tuple[subprocess.CompletedProcess, str]:
     database = tmp_path / "rlproxy.db"
-    done = subprocess.run(
-        [sys.executable, "-m", "rlproxy.cli", "demo", "--upstream", engine_url, "--minutes", "3",
-         "--headless", "--heldout", "8", "--concurrency", "4", "--port", str(free_port()),
-         "--workdir", str(tmp_path), "--database-url", f"sqlite+aiosqlite:///{database}",
-         "--set", "batch_rollouts=4", "--set", "group_size=4", "--set", "group_timeout_s=15", *extra],
-        capture_output=True, text=True, timeout=600)
+    done = subprocess.run(demo_command(engine_url, tmp_path, 3, *extra), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     state = json.loads((tmp_path / "rlproxy-demo.json").read_text())
     assert "0" in state["heldout"]  # the base model was measured on the held-out split
@@ -71,10 +74,6 @@ def test_a_short_demo_with_the_heldout_gate_evaluates_every_candidate(engine_url
 
 def test_ctrl_c_stops_the_demo_cleanly_and_the_next_run_resumes(engine_url, tmp_path):
     database = tmp_path / "rlproxy.db"
-    command = [sys.executable, "-m", "rlproxy.cli", "demo", "--upstream", engine_url, "--headless",
-               "--heldout", "8", "--concurrency", "4", "--workdir", str(tmp_path),
-               "--database-url", f"sqlite+aiosqlite:///{database}",
-               "--set", "batch_rollouts=4", "--set", "group_size=4", "--set", "group_timeout_s=15"]
 
     def policies() -> list[tuple[int, str]]:
         if not database.exists():
@@ -87,7 +86,7 @@ def test_ctrl_c_stops_the_demo_cleanly_and_the_next_run_resumes(engine_url, tmp_
 
     out_path, err_path = tmp_path / "first.out", tmp_path / "first.err"
     with open(out_path, "w") as out, open(err_path, "w") as err:  # files, not pipes: nobody reads them meanwhile
-        first = subprocess.Popen([*command, "--minutes", "10", "--port", str(free_port())], stdout=out, stderr=err)
+        first = subprocess.Popen(demo_command(engine_url, tmp_path, 10), stdout=out, stderr=err)
     try:
         deadline = time.monotonic() + 420
         while not any(status == "active" for _, status in policies()):
@@ -107,8 +106,7 @@ def test_ctrl_c_stops_the_demo_cleanly_and_the_next_run_resumes(engine_url, tmp_
         earlier = {id_ for (id_,) in db.execute("SELECT id FROM rollouts")}
         trained_before = dict(db.execute("SELECT id, trained_at FROM rollouts WHERE trained_at IS NOT NULL"))
 
-    second = subprocess.run([*command, "--minutes", "1", "--port", str(free_port())], capture_output=True,
-                            text=True, timeout=400)
+    second = subprocess.run(demo_command(engine_url, tmp_path, 1), capture_output=True, text=True, timeout=400)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "measuring the base model" not in second.stderr  # the base measurement was kept
     with sqlite3.connect(database) as db:
