@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from proxy.capture import CHAT
+from proxy.dialects import chat_view
 from proxy.metrics import ProxyMetrics
 from rewards import AirRules, merge_by_reason, score_tool_calls
 from rewards.air import INVALID_ARGUMENTS, UNKNOWN_TOOL
@@ -24,15 +24,20 @@ def automatic_rewards(rules: AirRules, metrics: ProxyMetrics):
         rows = []
         for item in written:
             record = item.record
-            if record.rollout_id is None or record.route != CHAT or not record.request:
+            if record.rollout_id is None or record.route == "completions" or not record.request:
                 continue
-            own = [r for r in score_tool_calls(record.request, record.response, (), rules) if r.reason in FAULTS]
+            # Whatever API the calls came through, AIR reads them in chat form (proxy/dialects).
+            request, response = chat_view(record.route, record.request, record.response)
+            if request is None:
+                continue
+            own = [r for r in score_tool_calls(request, response, (), rules) if r.reason in FAULTS]
             rows += [_row(record.rollout_id, record.id, reward, record.policy_version)
                      for reward in merge_by_reason(own)]
             parent = item.parent
             if parent is not None and parent.response:
-                outcomes = [r for r in score_tool_calls(parent.request, parent.response,
-                                                        record.request.get("messages"), rules)
+                parent_request, parent_response = chat_view(parent.route, parent.request, parent.response)
+                outcomes = [r for r in score_tool_calls(parent_request, parent_response,
+                                                        request.get("messages"), rules)
                             if r.reason not in FAULTS]
                 rows += [_row(record.rollout_id, parent.id, reward, record.policy_version)
                          for reward in merge_by_reason(outcomes)]

@@ -7,10 +7,11 @@ import logging
 from aiohttp import web
 
 from proxy.air import automatic_rewards
-from proxy.errors import ConflictError, NotFoundError, ProxyError, error_body, json_response
+from proxy.errors import ConflictError, NotFoundError, ProxyError, json_response
 from proxy.metrics import ProxyMetrics
 from proxy.policy import PolicyRouter
-from proxy.routes import docs, ops, openai, policies, rollouts
+from proxy.dialects.messages import error_body as anthropic_error_body
+from proxy.routes import docs, messages, ops, openai, passthrough, policies, responses, rollouts
 from proxy.security import install as install_security
 from proxy.serving import CompletionServing
 from proxy.state import STATE, ProxyState
@@ -29,35 +30,45 @@ HTTP_ERROR_TYPES = {404: "not_found_error", 405: "invalid_request_error", 413: "
 
 
 @web.middleware
-async def openai_errors(request: web.Request, handler):
-    """Every error leaves as an OpenAI-shaped JSON body; lower-level errors are mapped here, at the edge."""
+async def api_errors(request: web.Request, handler):
+    """Every error leaves as a JSON body in the route's own shape (Anthropic's on the Messages routes, OpenAI's
+    everywhere else); lower-level errors are mapped here, at the edge."""
     try:
         return await handler(request)
     except ProxyError as exc:
-        return exc.response()
+        error = exc
     except store_errors.NotFound as exc:
-        return NotFoundError(str(exc)).response()
+        error = NotFoundError(str(exc))
     except store_errors.Conflict as exc:
-        return ConflictError(str(exc)).response()
+        error = ConflictError(str(exc))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        kind = HTTP_ERROR_TYPES.get(exc.status, "invalid_request_error" if exc.status < 500 else "internal_error")
-        return json_response(error_body(exc.reason, kind, code=exc.status), status=exc.status)
+        error = ProxyError(f"{exc.reason}: {request.method} {request.path}")
+        error.status = exc.status
+        error.type = HTTP_ERROR_TYPES.get(exc.status, "invalid_request_error" if exc.status < 500 else "internal_error")
+        error.code = exc.status
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
-        return json_response(error_body("internal error", "internal_error"), status=500)
+        error = ProxyError("internal error")
+    if request.path.endswith(messages.SUFFIXES):
+        return json_response(anthropic_error_body(error.status, error.message), status=error.status,
+                             headers=error.headers)
+    return error.response()
 
 
 def build_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> web.Application:
-    app = web.Application(middlewares=[openai_errors], client_max_size=settings.client_max_size)
+    app = web.Application(middlewares=[api_errors], client_max_size=settings.client_max_size)
     openai.add_routes(app)
+    responses.add_routes(app)
+    messages.add_routes(app)
     rollouts.add_routes(app)
     policies.add_routes(app)
     ops.add_routes(app)
     docs.add_routes(app)
+    passthrough.add_routes(app)  # last: whatever the proxy does not own goes to the engine
     install_security(app, settings)
     app.cleanup_ctx.append(_lifecycle(settings, metrics or ProxyMetrics()))
     app.on_shutdown.append(_draining(settings))

@@ -46,7 +46,9 @@ class Access(Enum):
 
 PUBLIC_ROUTES = {"/healthz", "/readyz", "/openapi.json"}
 ADMIN_ROUTES = {("POST", "/policies/{version}/activate"), ("GET", "/metrics")}
-OPENAI_SUFFIXES = ("/v1/chat/completions", "/v1/completions", "/v1/models")
+# Routes whose calls belong to the rollout in their path (so a key may only use its own project's rollouts).
+OPENAI_SUFFIXES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/responses",
+                   "/v1/responses/{response_id}", "/v1/messages", "/v1/messages/count_tokens", "/{tail:.*}")
 
 
 def route_pattern(request: web.Request) -> str | None:
@@ -164,9 +166,10 @@ class Authenticator:
 
     async def identify(self, request: web.Request) -> KeyInfo:
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        token = token.strip()
-        if scheme.lower() != "bearer" or not token:
-            raise Unauthorized("missing API key: send the header 'Authorization: Bearer <key>'")
+        token = token.strip() if scheme.lower() == "bearer" else ""
+        token = token or request.headers.get("x-api-key", "").strip()  # what Anthropic's clients send
+        if not token:
+            raise Unauthorized("missing API key: send the header 'Authorization: Bearer <key>' (or 'x-api-key')")
         digest = hash_key(token)
         if self._admin_digest is not None and hmac.compare_digest(digest, self._admin_digest):
             return OPERATOR

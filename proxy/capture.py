@@ -58,7 +58,8 @@ def prepare_upstream_body(body: dict[str, Any], route: str, upstream_model: str)
     return out, Additions(add_ids, add_logprobs, body["model"], upstream_model)
 
 
-_ID_LISTS = re.compile(rb'"(prompt_token_ids|token_ids)":\[[0-9,\s]*\]')
+# An id list as any JSON writer may lay it out (`"token_ids":[1,2]` or `"token_ids": [1, 2]`).
+_ID_LISTS = re.compile(rb'"(prompt_token_ids|token_ids)"(\s*):(\s*)\[[0-9,\s]*\]')
 
 
 def relay_bytes(raw: bytes, payload: dict[str, Any], additions: Additions) -> bytes:
@@ -66,16 +67,34 @@ def relay_bytes(raw: bytes, payload: dict[str, Any], additions: Additions) -> by
 
     Untouched when nothing was added. When only token ids were added (the agent asked for logprobs itself),
     the id lists are nulled and the model name put back in the engine's own bytes, so its number formatting
-    survives exactly. Otherwise the stripped payload is serialised again (no engine floats remain in it)."""
+    survives exactly; the edit is checked against the parsed payload (every id list found, the model name found
+    once), and when the engine's JSON is laid out in a way the edit does not recognise, the stripped payload is
+    serialised again instead. Otherwise (logprobs added) it is serialised again anyway: no engine floats remain."""
     if not additions.any:
         return raw
     if not additions.logprobs:
-        out = _ID_LISTS.sub(rb'"\1":null', raw) if additions.token_ids else raw
-        if additions.rewrites_model:
-            out = out.replace(b'"model":' + orjson.dumps(additions.upstream_model),
-                              b'"model":' + orjson.dumps(additions.requested_model), 1)
+        out = raw
+        if additions.token_ids:
+            out, found = _ID_LISTS.subn(rb'"\1"\2:\3null', out)
+            if found != _id_list_count(payload):
+                return orjson.dumps(strip_additions(payload, additions))
+        if additions.rewrites_model and payload.get("model") == additions.upstream_model:
+            name = re.compile(rb'"model"(\s*):(\s*)' + re.escape(orjson.dumps(additions.upstream_model)))
+            requested = orjson.dumps(additions.requested_model)
+            out, found = name.subn(lambda m: b'"model"' + m[1] + b":" + m[2] + requested, out, count=1)
+            if found != 1:
+                return orjson.dumps(strip_additions(payload, additions))
         return out
     return orjson.dumps(strip_additions(payload, additions))
+
+
+def _id_list_count(payload: dict[str, Any]) -> int:
+    """How many id lists (not nulls) the payload holds: top-level prompt ids, and each choice's."""
+    count = isinstance(payload.get("prompt_token_ids"), list)
+    for choice in payload.get("choices") or ():
+        if isinstance(choice, dict):
+            count += isinstance(choice.get("token_ids"), list) + isinstance(choice.get("prompt_token_ids"), list)
+    return count
 
 
 def only_for_capture(chunk: dict[str, Any], additions: Additions) -> bool:

@@ -45,6 +45,9 @@ class ProxyMetrics:
         self.reward_value = FinalRewards(r)
         self.active_policy = Gauge("rlproxy_active_policy_version", "Policy version served for the model.",
                                    registry=r)
+        self.passthrough = Counter("rlproxy_passthrough_requests_total",
+                                   "Engine routes the proxy relays without recording (embeddings, tokenize, ...), "
+                                   "by path and status.", ["path", "status"], registry=r)
         self.engine_up = Gauge("rlproxy_engine_up", "Whether an engine replica answers.", ["replica"], registry=r)
         self.spooling = Gauge("rlproxy_capture_spooling",
                               "1 while calls wait in the spool because the database is down or too slow.",

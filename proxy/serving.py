@@ -7,6 +7,8 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import orjson
@@ -14,7 +16,8 @@ from aiohttp import web
 
 from proxy.capture import (CHAT, Additions, StreamAssembler, capture_response, only_for_capture,
                            prepare_upstream_body, relay_bytes, strip_additions)
-from proxy.context import call_context
+from proxy.context import CallContext, call_context
+from proxy.dialects import Dialect, Output, StreamTranslator
 from proxy.errors import ProxyError, StoreUnavailable, UpstreamTimeout, UpstreamUnavailable, sse_error_event
 from proxy.metrics import ProxyMetrics
 from proxy.policy import PolicyRouter
@@ -30,6 +33,8 @@ log = logging.getLogger("rlproxy.serving")
 
 PATHS = {CHAT: "/v1/chat/completions", "completions": "/v1/completions"}
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# Earlier turns the proxy keeps for a dialect request (Responses' previous_response_id), as chat messages.
+HistoryLoader = Callable[[dict[str, Any], CallContext], Awaitable[list[dict[str, Any]]]]
 
 
 class CompletionServing:
@@ -41,17 +46,25 @@ class CompletionServing:
         self.metrics = metrics
         self.redact = redact  # store text as a marker (proxy/redact.py)
 
-    async def handle(self, request: web.Request, route: str) -> web.StreamResponse:
+    async def handle(self, request: web.Request, route: str, dialect: Dialect | None = None,
+                     history: HistoryLoader | None = None) -> web.StreamResponse:
+        """Serve one policy call on `route` (chat or completions). With a `dialect` (Responses, Messages) the
+        agent's body is translated to a chat request, and the engine's answer back (proxy/dialects/)."""
         began = time.perf_counter()
         body = parse_json_object(await request.read())
-        validate(ChatCompletionRequest if route == CHAT else CompletionRequest, body)
         context = call_context(request)
+        engine_body = body
+        if dialect is None:
+            validate(ChatCompletionRequest if route == CHAT else CompletionRequest, body)
+        else:
+            dialect.validate(body)
+            engine_body = dialect.to_chat(body, await history(body, context) if history is not None else [])
         target = self.router.route(body["model"], context.rollout_id)
-        upstream_body, additions = prepare_upstream_body(body, route, target.upstream_model)
+        upstream_body, additions = prepare_upstream_body(engine_body, route, target.upstream_model)
         record = CallRecord(
-            id=uuid.uuid4().hex, route=route, started_at=utcnow(), rollout_id=context.rollout_id,
-            agent=context.agent, task_id=context.task_id, project=context.project, model=body["model"],
-            upstream_model=target.upstream_model, policy_version=target.policy_version,
+            id=uuid.uuid4().hex, route=dialect.route if dialect else route, started_at=utcnow(),
+            rollout_id=context.rollout_id, agent=context.agent, task_id=context.task_id, project=context.project,
+            model=body["model"], upstream_model=target.upstream_model, policy_version=target.policy_version,
             stream=bool(body.get("stream")), request=body,
         )
         headers = {"X-Rlproxy-Call-Id": record.id}
@@ -59,7 +72,8 @@ class CompletionServing:
             headers["X-Rlproxy-Policy"] = str(target.policy_version)
         self.metrics.in_flight.inc()
         try:
-            response = await self._forward(request, route, record, upstream_body, additions, headers, began)
+            response = await self._forward(request, route, record, upstream_body, additions, headers, began,
+                                           dialect)
             if record.finished_at is None:  # (a stream hands its call over before its end)
                 await self._hand_over(route, record, began)
             return response
@@ -96,16 +110,23 @@ class CompletionServing:
         await self.writer.commit(record)
 
     async def _forward(self, request: web.Request, route: str, record: CallRecord, upstream_body: dict,
-                       additions: Additions, headers: dict[str, str], began: float) -> web.StreamResponse:
+                       additions: Additions, headers: dict[str, str], began: float,
+                       dialect: Dialect | None) -> web.StreamResponse:
         replica, upstream = await self.upstreams.open(PATHS[route], orjson.dumps(upstream_body),
                                                       key=record.rollout_id)
         record.upstream = replica.url
         record.http_status = upstream.status
         try:
             if upstream.status != 200:
-                return await self._relay_error(upstream, record, headers)
+                return await self._relay_error(upstream, record, headers, dialect)
+            if record.stream and upstream.content_type != "text/event-stream":
+                record.stream = False  # the engine answered a stream request with one body: record what it was
             if record.stream:
-                return await self._relay_stream(request, upstream, route, record, additions, headers, began)
+                translator = dialect.stream(record.request, record.id, _now()) if dialect else None
+                return await self._relay_stream(request, upstream, route, record, additions, headers, began,
+                                                translator)
+            if dialect is not None:
+                return await self._translate_json(upstream, record, headers, dialect)
             return await self._relay_json(upstream, route, record, additions, headers)
         except asyncio.TimeoutError:
             raise UpstreamTimeout("engine did not finish in time") from None
@@ -115,13 +136,28 @@ class CompletionServing:
             upstream.close()  # releases an unfinished request so the engine aborts it
 
     async def _relay_error(self, upstream: aiohttp.ClientResponse, record: CallRecord,
-                           headers: dict[str, str]) -> web.Response:
-        """Engine errors (4xx/5xx) reach the agent as they are, and are recorded."""
+                           headers: dict[str, str], dialect: Dialect | None) -> web.Response:
+        """Engine errors (4xx/5xx) reach the agent as they are (in its dialect's shape), and are recorded."""
         raw = await upstream.read()
         record.status = CallStatus.UPSTREAM_ERROR
         record.error = raw.decode("utf-8", errors="replace")[:4000]
+        if dialect is not None:
+            return web.Response(body=dialect.engine_error(upstream.status, raw), status=upstream.status,
+                                headers=headers, content_type="application/json")
         return web.Response(body=raw, status=upstream.status, headers=headers,
                             content_type=upstream.content_type or "application/json")
+
+    async def _translate_json(self, upstream: aiohttp.ClientResponse, record: CallRecord,
+                              headers: dict[str, str], dialect: Dialect) -> web.Response:
+        raw = await upstream.read()
+        try:
+            payload = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            record.status, record.error = CallStatus.UPSTREAM_ERROR, "engine returned invalid JSON"
+            raise UpstreamUnavailable("engine returned invalid JSON") from None
+        record.prompt_token_ids, record.choices = capture_response(CHAT, payload)
+        record.response = dialect.build_response(record.request, _output(record, payload), record.id, _now())
+        return web.Response(body=orjson.dumps(record.response), headers=headers, content_type="application/json")
 
     async def _relay_json(self, upstream: aiohttp.ClientResponse, route: str, record: CallRecord,
                           additions: Additions, headers: dict[str, str]) -> web.Response:
@@ -139,7 +175,7 @@ class CompletionServing:
 
     async def _relay_stream(self, request: web.Request, upstream: aiohttp.ClientResponse, route: str,
                             record: CallRecord, additions: Additions, headers: dict[str, str],
-                            began: float) -> web.StreamResponse:
+                            began: float, translator: StreamTranslator | None) -> web.StreamResponse:
         response = web.StreamResponse(headers={**headers, **SSE_HEADERS})
         await response.prepare(request)
         assembler = StreamAssembler(route)
@@ -151,12 +187,14 @@ class CompletionServing:
                     if event.is_done:
                         record.complete, tail = True, event.raw  # what follows is the engine's EOF
                         break
-                    await _write_some(response, self._relay_event(event, assembler, additions, record, began))
+                    await _write_some(response, self._relay_event(event, assembler, additions, record, began,
+                                                                  translator))
                 if record.complete:
                     break
             if not record.complete:
                 for event in parser.flush():
-                    await _write_some(response, self._relay_event(event, assembler, additions, record, began))
+                    await _write_some(response, self._relay_event(event, assembler, additions, record, began,
+                                                                  translator))
         except ConnectionResetError:
             if not record.complete:
                 record.status = CallStatus.CLIENT_DISCONNECTED
@@ -167,23 +205,28 @@ class CompletionServing:
             record.status = CallStatus.TIMEOUT if timed_out else CallStatus.UPSTREAM_ERROR
             record.error = error.message
             self.metrics.upstream_errors.labels(error.default_code).inc()
-            tail = sse_error_event(error)
+            tail = _error_event(error, translator)
         finally:
             record.prompt_token_ids = assembler.prompt_ids
             record.choices = assembler.choice_records()
             record.response = assembler.response(additions.requested_model)
+        if translator is not None and record.complete:
+            tail = translator.finish(_output(record, record.response))
+            record.response = translator.final
+        elif translator is not None and not tail and record.status == CallStatus.OK:
+            tail = translator.error(502, "the engine ended the stream early", "upstream_error", None)
         try:
             await self._hand_over(route, record, began)
         except StoreUnavailable as exc:
-            tail = sse_error_event(exc)
+            tail = _error_event(exc, translator)
         await _write_some_quietly(response, tail)
         await _eof_quietly(response)
         return response
 
     def _relay_event(self, event: Event, assembler: StreamAssembler, additions: Additions,
-                     record: CallRecord, began: float) -> bytes:
+                     record: CallRecord, began: float, translator: StreamTranslator | None) -> bytes:
         if event.data is None or event.is_done:
-            return event.raw
+            return event.raw if translator is None else b""
         try:
             chunk = orjson.loads(event.data)
         except orjson.JSONDecodeError:
@@ -192,10 +235,15 @@ class CompletionServing:
             return event.raw
         if "error" in chunk and "choices" not in chunk:
             record.status, record.error = CallStatus.UPSTREAM_ERROR, orjson.dumps(chunk["error"]).decode()
+            if translator is not None:
+                error = chunk["error"] if isinstance(chunk["error"], dict) else {"message": str(chunk["error"])}
+                return translator.error(500, str(error.get("message")), str(error.get("type")), None)
             return event.raw
         assembler.feed(chunk)
         if record.ttft_ms is None and _has_output(chunk):
             record.ttft_ms = (time.perf_counter() - began) * 1000
+        if translator is not None:
+            return translator.feed(chunk, len(assembler.prompt_ids or ()))
         if record.route == CHAT and only_for_capture(chunk, additions):
             return b""
         if not additions.any:
@@ -203,6 +251,7 @@ class CompletionServing:
         return b"data: " + relay_bytes(event.data.encode(), chunk, additions) + b"\n\n"
 
     def _account(self, route: str, record: CallRecord) -> None:
+        route = record.route  # a dialect's calls are counted under their own route
         policy = "" if record.policy_version is None else str(record.policy_version)
         status = record.status if record.status != CallStatus.OK else str(record.http_status or 0)
         self.metrics.requests.labels(route, status, policy).inc()
@@ -214,6 +263,26 @@ class CompletionServing:
             self.metrics.tokens.labels("prompt").inc(len(record.prompt_token_ids))
         if record.completion_tokens:
             self.metrics.tokens.labels("completion").inc(record.completion_tokens)
+
+
+def _now() -> int:
+    return int(time.time())
+
+
+def _output(record: CallRecord, payload: dict) -> Output:
+    """The engine's answer (choice 0) with token counts from the recorded ids, which are exact."""
+    usage = payload.get("usage") or {}
+    first = record.choices[0] if record.choices else None
+    prompt = len(record.prompt_token_ids) if record.prompt_token_ids is not None else usage.get("prompt_tokens", 0)
+    completion = (len(first.token_ids) if first is not None and first.token_ids is not None
+                  else usage.get("completion_tokens", 0))
+    return Output.from_chat(payload, prompt or 0, completion or 0)
+
+
+def _error_event(error: ProxyError, translator: StreamTranslator | None) -> bytes:
+    if translator is None:
+        return sse_error_event(error)
+    return translator.error(error.status, error.message, error.type, error.code or error.default_code)
 
 
 def _has_output(chunk: dict) -> bool:

@@ -22,6 +22,7 @@ class Parent:
     completion_ids: list[int] | None
     request: dict | None
     response: dict | None
+    route: str = "chat"  # the wire format its request and response are in
 
 
 @dataclass(slots=True)
@@ -53,7 +54,7 @@ async def _latest_call(session: AsyncSession, rollout_id: str, agent: str | None
     agent_filter = Call.agent.is_(None) if agent is None else Call.agent == agent
     row = (
         await session.execute(
-            select(Call.id, Call.prompt_token_ids, CallChoice.token_ids, Call.request, Call.response)
+            select(Call.id, Call.prompt_token_ids, CallChoice.token_ids, Call.request, Call.response, Call.route)
             .outerjoin(CallChoice, (CallChoice.call_id == Call.id) & (CallChoice.index == 0))
             .where(Call.rollout_id == rollout_id, agent_filter)
             .order_by(Call.seq.desc())
@@ -116,7 +117,7 @@ async def write_calls(session: AsyncSession, records: list[CallRecord], *,
             kind = classify_prefix(record.prompt_token_ids, parent)
             first = record.choices[0] if record.choices else None
             parents[key] = Parent(record.id, record.prompt_token_ids, first.token_ids if first else None,
-                                  record.request, record.response)
+                                  record.request, record.response, record.route)
         call_rows.append(_call_row(record, seqs.get(record.id), parent, kind))
         choice_rows.extend(
             {"call_id": record.id, "index": c.index, "token_ids": c.token_ids, "logprobs": c.logprobs,
@@ -162,3 +163,23 @@ def _call_row(record: CallRecord, seq: int | None, parent: Parent | None, kind: 
         "started_at": record.started_at,
         "finished_at": record.finished_at,
     }
+
+
+@dataclass(slots=True)
+class StoredCall:
+    """A recorded call as a later request refers to it (Responses' `previous_response_id`, `GET /v1/responses`)."""
+
+    id: str
+    route: str
+    status: str
+    request: dict | None
+    response: dict | None
+
+
+async def get_call(session: AsyncSession, call_id: str, *, project: str | None = None) -> StoredCall | None:
+    """The call with this id, or None; with `project`, only that project's calls are visible."""
+    query = select(Call.id, Call.route, Call.status, Call.request, Call.response).where(Call.id == call_id)
+    if project is not None:
+        query = query.where(Call.project == project)
+    row = (await session.execute(query)).first()
+    return StoredCall(*row) if row else None

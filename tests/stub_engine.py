@@ -100,6 +100,13 @@ class Stub:
             return error(404, f"The lora adapter '{body['lora_name']}' cannot be found.", "NotFoundError")
         return web.Response(text="Success")
 
+    async def tokenize(self, request: web.Request) -> web.Response:
+        """vLLM's `/tokenize`: chat form (`messages`, rendered as the chat route does) or prompt form."""
+        body = json.loads(await request.read())
+        ids = tokenize(render_chat(body["messages"]) if "messages" in body else body["prompt"])
+        return web.Response(body=dumps({"count": len(ids), "max_model_len": 4096, "tokens": ids,
+                                        "token_strs": None}), content_type="application/json")
+
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, chat=True)
 
@@ -266,6 +273,7 @@ def build_app(base_model: str = BASE_MODEL, api_key: str | None = None) -> web.A
     app.router.add_get("/v1/models", stub.models)
     app.router.add_post("/v1/chat/completions", stub.chat)
     app.router.add_post("/v1/completions", stub.completions)
+    app.router.add_post("/tokenize", stub.tokenize)
     app.router.add_post("/v1/load_lora_adapter", stub.load_lora)
     app.router.add_post("/v1/unload_lora_adapter", stub.unload_lora)
     app.router.add_get("/health", lambda r: web.Response(text="ok"))

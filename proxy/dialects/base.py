@@ -1,0 +1,102 @@
+"""What every dialect shares: the engine's answer in neutral terms, and the interface a dialect implements."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import orjson
+
+
+@dataclass(slots=True)
+class Output:
+    """One chat choice the engine produced, in the terms every wire format needs."""
+
+    text: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # chat form: {id, type, function{name, arguments}}
+    finish_reason: str | None = None
+    stop_reason: Any = None  # vLLM: the stop string that matched (str), a stop token id (int) or None
+    logprobs: list[dict[str, Any]] | None = None  # chat `logprobs.content` entries, when the agent asked for them
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    @classmethod
+    def from_chat(cls, payload: dict[str, Any], prompt_tokens: int, completion_tokens: int) -> "Output":
+        """From a chat completion (the engine's, or one assembled from its stream): choice 0."""
+        choices = payload.get("choices") or [{}]
+        choice = choices[0] if isinstance(choices[0], dict) else {}
+        message = choice.get("message") or {}
+        logprobs = choice.get("logprobs")
+        return cls(
+            text=message.get("content"),
+            reasoning=message.get("reasoning") or message.get("reasoning_content"),
+            tool_calls=[c for c in message.get("tool_calls") or () if isinstance(c, dict)],
+            finish_reason=choice.get("finish_reason"),
+            stop_reason=choice.get("stop_reason"),
+            logprobs=logprobs.get("content") if isinstance(logprobs, dict) else None,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+        )
+
+
+class StreamTranslator(Protocol):
+    """Turns the engine's chat chunks into the agent's stream events, as bytes ready to send."""
+
+    def feed(self, chunk: dict[str, Any], prompt_tokens: int) -> bytes: ...
+
+    def finish(self, output: Output) -> bytes: ...
+
+    def error(self, status: int, message: str, kind: str, code: str | None) -> bytes: ...
+
+
+class Dialect(Protocol):
+    route: str  # the recorded call's route, and the metrics label
+    path: str  # where agents send it, under /v1
+
+    def validate(self, body: dict[str, Any]) -> None:
+        """Raise `InvalidRequest` naming the parameter for a body the dialect cannot serve."""
+
+    def to_chat(self, body: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
+        """The chat request for the engine; `history` is earlier chat messages the proxy keeps (Responses)."""
+
+    def build_response(self, body: dict[str, Any], output: Output, call_id: str, created: int) -> dict[str, Any]:
+        """The agent's response body for a finished call."""
+
+    def stream(self, body: dict[str, Any], call_id: str, created: int) -> StreamTranslator: ...
+
+    def engine_error(self, status: int, raw: bytes) -> bytes:
+        """The engine's error body (OpenAI-shaped) as this dialect's error body."""
+
+    def chat_view(self, request: dict[str, Any] | None, response: dict[str, Any] | None
+                  ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """A recorded request/response in chat form, for automatic rewards."""
+
+
+def sse(event: str, payload: dict[str, Any]) -> bytes:
+    """One named server-sent event, as both OpenAI's Responses and Anthropic's streams write them."""
+    return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
+def text_of(content: Any) -> str:
+    """The text of a content value: a string, or the text of a list of parts (any `text` field)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(part.get("text") or "" if isinstance(part, dict) else str(part) for part in content)
+    return str(content)
+
+
+def engine_error_message(raw: bytes) -> tuple[str, str | None]:
+    """The message and type of an engine's OpenAI-shaped error body (or its text when it is not one)."""
+    try:
+        payload = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw.decode("utf-8", errors="replace")[:2000] or "engine error", None
+    error = payload.get("error") if isinstance(payload, dict) else None
+    if isinstance(error, dict):
+        return str(error.get("message") or "engine error"), error.get("type")
+    if isinstance(error, str):
+        return error, None
+    return str(payload)[:2000], None

@@ -1,0 +1,84 @@
+"""The engine's chat stream as Anthropic's Messages event stream.
+
+`message_start` (with the prompt's token count), `ping`, then per content block `content_block_start`,
+its deltas (`text_delta`, `input_json_delta`, `thinking_delta`) and `content_block_stop`; last `message_delta`
+(stop reason and output tokens) and `message_stop`. An error becomes an `error` event.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from proxy.dialects import messages as M
+from proxy.dialects.base import Output, sse
+
+
+class MessagesStream:
+    def __init__(self, dialect: "M.MessagesDialect", body: dict[str, Any], call_id: str) -> None:
+        self.dialect = dialect
+        self.body = body
+        self.call_id = call_id
+        self.started = False
+        self.blocks = 0  # content blocks opened so far
+        self.open: tuple[str, Any] | None = None  # (kind, tool index) of the block being written
+        self.final: dict[str, Any] | None = None  # the whole Message, once finished
+
+    def _start(self, prompt_tokens: int) -> bytes:
+        self.started = True
+        message = {"id": M.message_id(self.call_id), "type": "message", "role": "assistant",
+                   "model": self.body["model"], "content": [], "stop_reason": None, "stop_sequence": None,
+                   "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
+        return sse("message_start", {"type": "message_start", "message": message}) + sse("ping", {"type": "ping"})
+
+    def _block(self, kind: str, key: Any, block: dict[str, Any]) -> bytes:
+        """Close the open block unless it is this one, and open this one."""
+        if self.open == (kind, key):
+            return b""
+        out = self._stop_block()
+        self.open = (kind, key)
+        out += sse("content_block_start", {"type": "content_block_start", "index": self.blocks,
+                                           "content_block": block})
+        return out
+
+    def _stop_block(self) -> bytes:
+        if self.open is None:
+            return b""
+        self.open = None
+        self.blocks += 1
+        return sse("content_block_stop", {"type": "content_block_stop", "index": self.blocks - 1})
+
+    def _delta(self, delta: dict[str, Any]) -> bytes:
+        return sse("content_block_delta", {"type": "content_block_delta", "index": self.blocks, "delta": delta})
+
+    def feed(self, chunk: dict[str, Any], prompt_tokens: int) -> bytes:
+        out = b"" if self.started else self._start(prompt_tokens)
+        for choice in chunk.get("choices") or ():
+            if choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning") or delta.get("reasoning_content")
+            if reasoning:
+                out += self._block("thinking", None, {"type": "thinking", "thinking": "", "signature": ""})
+                out += self._delta({"type": "thinking_delta", "thinking": reasoning})
+            if delta.get("content"):
+                out += self._block("text", None, {"type": "text", "text": ""})
+                out += self._delta({"type": "text_delta", "text": delta["content"]})
+            for call in delta.get("tool_calls") or ():
+                function = call.get("function") or {}
+                out += self._block("tool_use", call.get("index", 0),
+                                   {"type": "tool_use", "id": call.get("id") or "",
+                                    "name": function.get("name") or "", "input": {}})
+                if function.get("arguments"):
+                    out += self._delta({"type": "input_json_delta", "partial_json": function["arguments"]})
+        return out
+
+    def finish(self, output: Output) -> bytes:
+        out = (b"" if self.started else self._start(output.prompt_tokens)) + self._stop_block()
+        stop_reason, stop_sequence = M.stop_of(output)
+        out += sse("message_delta", {"type": "message_delta",
+                                     "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
+                                     "usage": {"output_tokens": output.completion_tokens}})
+        self.final = self.dialect.build_response(self.body, output, self.call_id, 0)
+        return out + sse("message_stop", {"type": "message_stop"})
+
+    def error(self, status: int, message: str, kind: str, code: str | None) -> bytes:
+        return sse("error", M.error_body(status, message))

@@ -1,0 +1,51 @@
+"""Anthropic Messages API: `POST /v1/messages` and `POST /v1/messages/count_tokens`, under the same prefixes as
+chat. Errors on these routes are in Anthropic's shape (the error middleware knows these paths)."""
+from __future__ import annotations
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from proxy.capture import CHAT
+from proxy.context import call_context
+from proxy.dialects import MESSAGES
+from proxy.dialects.messages import CountTokensRequest, chat_messages
+from proxy.errors import UpstreamUnavailable, json_response
+from proxy.routes.openai import PREFIXES
+from proxy.schemas import parse_json_object
+from proxy.state import state
+
+SUFFIXES = ("/v1/messages", "/v1/messages/count_tokens")
+
+
+async def create_message(request: web.Request) -> web.StreamResponse:
+    return await state(request).serving.handle(request, CHAT, MESSAGES)
+
+
+async def count_tokens(request: web.Request) -> web.Response:
+    """The prompt's length as the engine tokenizes the same chat rendering it would serve (`/tokenize`)."""
+    body = parse_json_object(await request.read())
+    MESSAGES.validate(body, CountTokensRequest)
+    context = call_context(request)
+    app = state(request)
+    target = app.router.route(body["model"], context.rollout_id)
+    tokenize = {"model": target.upstream_model, "messages": chat_messages(body), "add_generation_prompt": True}
+    if body.get("tools"):
+        tokenize["tools"] = MESSAGES.to_chat({**body, "max_tokens": 1}, [])["tools"]
+    replica, upstream = await app.upstreams.open("/tokenize", orjson.dumps(tokenize), key=context.rollout_id)
+    try:
+        raw = await upstream.read()
+    except aiohttp.ClientError as exc:
+        raise UpstreamUnavailable(f"engine connection failed: {exc}") from None
+    finally:
+        upstream.close()
+    if upstream.status != 200:
+        return web.Response(body=MESSAGES.engine_error(upstream.status, raw), status=upstream.status,
+                            content_type="application/json")
+    return json_response({"input_tokens": int(orjson.loads(raw)["count"])})
+
+
+def add_routes(app: web.Application) -> None:
+    for prefix in PREFIXES:
+        app.router.add_post(prefix + "/v1/messages", create_message)
+        app.router.add_post(prefix + "/v1/messages/count_tokens", count_tokens)
