@@ -7,7 +7,9 @@ e.g. a real engine's, so both can be replicas behind one proxy).
 Test controls, read from the request body (unknown fields pass through the proxy untouched):
   "stub_delay": seconds to sleep per streamed token;
   "stub_die_after": close the connection after this many stream chunks (an engine crash mid-stream);
-  "stub_status": answer with this HTTP status and an OpenAI-shaped error.
+  "stub_status": answer with this HTTP status and an OpenAI-shaped error;
+  "stub_spaced": write JSON with spaces after separators (`"token_ids": [1, 2]`), as other servers do;
+  "stub_plain_json": answer a `stream: true` request with one JSON body, as a server without streaming does.
 """
 from __future__ import annotations
 
@@ -143,9 +145,11 @@ class Stub:
             stopped = len(words) < max_tokens
             ids = [token_id(w) for w in words] + ([EOS_ID] if stopped else [])
             choices.append((words, ids, tool_call, "tool_calls" if tool_call else ("stop" if stopped else "length")))
-        if body.get("stream"):
+        if body.get("stream") and not body.get("stub_plain_json"):
             return await self._stream(request, body, chat, prompt_ids, choices)
-        return web.Response(body=dumps(self._full(body, chat, prompt_ids, choices)), content_type="application/json")
+        full = self._full(body, chat, prompt_ids, choices)
+        raw = json.dumps(full, ensure_ascii=False).encode() if body.get("stub_spaced") else dumps(full)
+        return web.Response(body=raw, content_type="application/json")
 
     def _logprobs(self, body: dict, chat: bool, words: list[str], ids: list[int]):
         wanted = body.get("logprobs") if chat else body.get("logprobs") is not None

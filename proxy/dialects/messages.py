@@ -36,7 +36,7 @@ class MessagesRequest(BaseModel):
     model: StrictStr = Field(min_length=1)
     max_tokens: StrictInt = Field(ge=1)
     messages: list[dict[str, Any]] = Field(min_length=1)
-    system: StrictStr | list[dict[str, Any]] | None = None
+    system: Any = None
     stream: StrictBool | None = None
     stop_sequences: list[StrictStr] | None = None
     tools: list[dict[str, Any]] | None = None
@@ -47,7 +47,7 @@ class CountTokensRequest(BaseModel):
 
     model: StrictStr = Field(min_length=1)
     messages: list[dict[str, Any]] = Field(min_length=1)
-    system: StrictStr | list[dict[str, Any]] | None = None
+    system: Any = None
     tools: list[dict[str, Any]] | None = None
 
 
@@ -57,9 +57,13 @@ class MessagesDialect:
 
     def validate(self, body: dict[str, Any], model: type[BaseModel] = MessagesRequest) -> None:
         validate(model, body)
+        system = body.get("system")
+        if system is not None and not isinstance(system, str) and not (
+                isinstance(system, list) and all(isinstance(b, dict) and b.get("type") == "text" for b in system)):
+            raise InvalidRequest("system: expected a string or a list of text blocks", param="system")
         for index, message in enumerate(body["messages"]):
-            if message.get("role") not in ("user", "assistant"):
-                raise InvalidRequest(f"messages.{index}.role: expected user or assistant",
+            if message.get("role") not in ("user", "assistant", "system"):  # system: a mid-conversation turn
+                raise InvalidRequest(f"messages.{index}.role: expected user, assistant or system",
                                      param=f"messages.{index}.role")
             content = message.get("content")
             if not isinstance(content, (str, list)):

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
 from proxy.dialects.base import Output
 from proxy.errors import InvalidRequest
@@ -24,8 +24,8 @@ CUSTOM_INPUT_KEY = "input"  # custom (free-form) tools take one string, as vLLM 
 # Sampling fields the Responses API shares with chat, and vLLM's own extensions, passed on as they are.
 SAMPLING = ("temperature", "top_p", "user", "parallel_tool_calls", "seed", "top_k", "min_p", "repetition_penalty",
             "presence_penalty", "frequency_penalty", "stop", "service_tier", "top_logprobs")
-UNSUPPORTED_TOOLS = ("web_search", "web_search_preview", "file_search", "computer_use_preview", "computer",
-                     "code_interpreter", "image_generation", "mcp", "local_shell")
+SERVED_TOOLS = ("function", "custom")  # hosted tools (web_search, file_search, …) are OpenAI's to run: the
+# engine has none, and vLLM's own route does not show them to chat-template models either, so they are left out
 
 
 class ResponsesRequest(BaseModel):
@@ -34,7 +34,7 @@ class ResponsesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: StrictStr = Field(min_length=1)
-    input: StrictStr | list[dict[str, Any]]
+    input: Any
     instructions: StrictStr | None = None
     stream: StrictBool | None = None
     store: StrictBool | None = None
@@ -42,6 +42,13 @@ class ResponsesRequest(BaseModel):
     previous_response_id: StrictStr | None = None
     tools: list[dict[str, Any]] | None = None
     max_output_tokens: StrictInt | None = Field(None, ge=1)
+
+    @field_validator("input")
+    @classmethod
+    def _input(cls, value: Any) -> Any:
+        if isinstance(value, str) or (isinstance(value, list) and value):
+            return value
+        raise ValueError("expected a string or a non-empty list of input items")
 
 
 class ResponsesDialect:
@@ -55,13 +62,10 @@ class ResponsesDialect:
                                  param="background", code="unsupported_parameter")
         for index, tool in enumerate(body.get("tools") or ()):
             kind = tool.get("type")
-            if kind in UNSUPPORTED_TOOLS:
-                raise InvalidRequest(f"tools[{index}]: hosted tool {kind!r} is not available on this engine; "
-                                     "offer it as a function tool", param=f"tools.{index}.type",
-                                     code="unsupported_tool")
-            if kind not in ("function", "custom") or not isinstance(tool.get("name"), str):
-                raise InvalidRequest(f"tools[{index}]: expected a function or custom tool with a name",
-                                     param=f"tools.{index}")
+            if kind in ("function", "custom") and not isinstance(tool.get("name"), str):
+                raise InvalidRequest(f"tools[{index}].name: required", param=f"tools.{index}.name")
+            if not isinstance(kind, str):
+                raise InvalidRequest(f"tools[{index}].type: required", param=f"tools.{index}.type")
         if isinstance(body["input"], list):
             for index, item in enumerate(body["input"]):
                 _check_item(item, index)
@@ -81,14 +85,14 @@ class ResponsesDialect:
             chat["max_tokens"] = body["max_output_tokens"]
         if body.get("stream"):
             chat["stream"] = True
-        tools = [_chat_tool(t) for t in body.get("tools") or ()]
+        tools = [_chat_tool(t) for t in body.get("tools") or () if t.get("type") in SERVED_TOOLS]
         if tools:
             chat["tools"] = tools
             chat["tool_choice"] = _chat_tool_choice(body.get("tool_choice", "auto"))
         response_format = _response_format((body.get("text") or {}).get("format"))
         if response_format is not None:
             chat["response_format"] = response_format
-        if "message.output_text.logprobs" in (body.get("include") or ()):
+        if wants_logprobs(body):
             chat["logprobs"] = True
         return chat
 
@@ -115,7 +119,8 @@ class ResponsesDialect:
         if isinstance(request, dict) and "input" in request:
             try:
                 chat_request = {"messages": input_messages(request["input"]),
-                                "tools": [_chat_tool(t) for t in request.get("tools") or () if isinstance(t, dict)]}
+                                "tools": [_chat_tool(t) for t in request.get("tools") or ()
+                                          if isinstance(t, dict) and t.get("type") in SERVED_TOOLS]}
             except (InvalidRequest, AttributeError, TypeError, KeyError):
                 chat_request = None
         chat_response = None
@@ -123,6 +128,10 @@ class ResponsesDialect:
             message = output_message(response["output"])
             chat_response = {"choices": [{"index": 0, "message": message}]}
         return chat_request, chat_response
+
+
+def wants_logprobs(body: dict[str, Any]) -> bool:
+    return "message.output_text.logprobs" in (body.get("include") or ())
 
 
 def _check_item(item: Any, index: int) -> None:
@@ -325,7 +334,8 @@ def output_items(body: dict[str, Any], output: Output, call_id: str) -> list[dic
         items.append(reasoning_item(call_id, output.reasoning))
     if output.text or not output.tool_calls:
         status = "incomplete" if output.finish_reason == "length" else "completed"
-        items.append(message_item(call_id, output.text or "", output.logprobs, status))
+        logprobs = output.logprobs if wants_logprobs(body) else None  # the proxy asks for them on its own
+        items.append(message_item(call_id, output.text or "", logprobs, status))
     items += [tool_item(body, call_id, i, call, "completed") for i, call in enumerate(output.tool_calls)]
     return items
 

@@ -36,7 +36,7 @@ class ResponsesStream:
         self.reasoning: _Item | None = None
         self.tools: dict[int, _Item] = {}
         self.final: dict[str, Any] | None = None  # the whole Response, once finished
-        self.want_logprobs = "message.output_text.logprobs" in (body.get("include") or ())
+        self.want_logprobs = R.wants_logprobs(body)
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         payload = {"type": kind, "sequence_number": self.sequence, **fields}

@@ -1,0 +1,136 @@
+"""A scripted local engine for driving real agent harnesses (Claude Code, Codex CLI) through the proxy.
+
+It speaks Chat Completions exactly as tests/stub_engine.py does (same tokenizer, token ids when
+`return_token_ids`, logprobs when asked, the same streaming chunks) but answers any model name, and plays the
+part of a model that follows a harness's tool protocol:
+
+  - when the offered tools include the harness's shell tool (Claude Code's `Bash`, Codex's `shell`,
+    `shell_command` or `exec_command`) and the conversation has no tool result yet, it calls that tool with
+    `SHELL_COMMAND`, shaped as the tool's schema wants it (a string, or an argv list);
+  - once a tool result is in the conversation, it answers with `FINAL_TEXT`;
+  - anything else (a harness's side calls: titles, summaries, topic checks) gets `SIDE_TEXT`.
+
+Every request is appended to `--log` as one JSON line (path, model, tool names, whether a tool result was seen,
+what was answered), so a test can show what a harness sent.
+
+Run it: `python tests/harness_engine.py --port 8002 --log /tmp/harness.jsonl`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from aiohttp import web
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from tests.stub_engine import EOS_ID, Stub, dumps, error, render_chat, token_id, tokenize  # noqa: E402
+
+MARKER = "rlproxy-marker.txt"
+SHELL_COMMAND = f"echo rlproxy-ok > {MARKER}"
+FINAL_TEXT = "Done. The marker file is written."
+SIDE_TEXT = "Marker file"
+SHELL_TOOLS = ("Bash", "shell", "shell_command", "exec_command", "local_shell")
+
+
+def _function(tool: dict) -> dict:
+    return tool.get("function") or tool
+
+
+def shell_tool(tools: list[dict] | None) -> dict | None:
+    """The harness's shell tool among the offered chat tools: a known name taking a `command` or `cmd`."""
+    for tool in tools or ():
+        function = _function(tool)
+        properties = (function.get("parameters") or {}).get("properties") or {}
+        if function.get("name") in SHELL_TOOLS and ({"command", "cmd"} & set(properties)):
+            return function
+    return None
+
+
+def shell_arguments(function: dict) -> dict:
+    properties = (function.get("parameters") or {}).get("properties") or {}
+    key = "command" if "command" in properties else "cmd"
+    if properties[key].get("type") == "array":  # an argv list, as Codex's `shell` takes it
+        return {key: ["bash", "-lc", SHELL_COMMAND]}
+    return {key: SHELL_COMMAND}
+
+
+def has_tool_result(messages: list[dict]) -> bool:
+    return any(m.get("role") == "tool" for m in messages)
+
+
+class HarnessEngine(Stub):
+    def __init__(self, log_path: Path | None = None) -> None:
+        super().__init__()
+        self.log_path = log_path
+
+    def known(self, model: str) -> bool:
+        return bool(model)  # whatever the harness calls its model
+
+    def _log(self, entry: dict) -> None:
+        if self.log_path is not None:
+            with open(self.log_path, "a") as log:
+                log.write(json.dumps(entry) + "\n")
+
+    def answer(self, body: dict) -> tuple[list[str], dict | None]:
+        """The words to say and the tool call to make (or None) for this conversation."""
+        messages = body.get("messages") or []
+        shell = shell_tool(body.get("tools"))
+        if shell is not None and not has_tool_result(messages):
+            arguments = json.dumps(shell_arguments(shell))
+            call = {"id": f"call_{token_id(render_chat(messages)) % 10**8}", "type": "function",
+                    "function": {"name": shell["name"], "arguments": arguments}}
+            return ["<tool_call>", json.dumps({"name": shell["name"], "arguments": arguments}), "</tool_call>"], call
+        if has_tool_result(messages):
+            return FINAL_TEXT.split(), None
+        return SIDE_TEXT.split(), None
+
+    async def _complete(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        self.requests += 1
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            return error(400, "invalid JSON")
+        self.last_body = body
+        if not chat or not isinstance(body.get("messages"), list):
+            return error(400, "the harness engine serves chat completions only")
+        if not self.known(body.get("model", "")):
+            return error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
+        prompt_ids = tokenize(render_chat(body["messages"]))
+        words, tool_call = self.answer(body)
+        max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
+        words = words[:max_tokens]
+        stopped = len(words) < max_tokens
+        ids = [token_id(w) for w in words] + ([EOS_ID] if stopped else [])
+        finish = "tool_calls" if tool_call else ("stop" if stopped else "length")
+        self._log({"path": request.path, "model": body.get("model"), "stream": bool(body.get("stream")),
+                   "tools": [_function(t).get("name") for t in body.get("tools") or ()],
+                   "messages": len(body["messages"]), "tool_result": has_tool_result(body["messages"]),
+                   "return_token_ids": bool(body.get("return_token_ids")), "logprobs": body.get("logprobs"),
+                   "answer": tool_call["function"] if tool_call else " ".join(words)})
+        choices = [(words, ids, tool_call, finish)]
+        if body.get("stream"):
+            return await self._stream(request, body, True, prompt_ids, choices)
+        return web.Response(body=dumps(self._full(body, True, prompt_ids, choices)), content_type="application/json")
+
+
+def build_app(log_path: Path | None = None) -> web.Application:
+    engine = HarnessEngine(log_path)
+    app = web.Application()
+    app["stub"] = engine
+    app.router.add_get("/v1/models", engine.models)
+    app.router.add_post("/v1/chat/completions", engine.chat)
+    app.router.add_post("/v1/completions", engine.completions)
+    app.router.add_post("/tokenize", engine.tokenize)
+    app.router.add_get("/health", lambda r: web.Response(text="ok"))
+    return app
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8002)
+    parser.add_argument("--log", type=Path, default=None, help="append one JSON line per request here")
+    args = parser.parse_args()
+    web.run_app(build_app(args.log), host=args.host, port=args.port, access_log=None, print=None)

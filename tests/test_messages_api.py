@@ -1,0 +1,189 @@
+"""Anthropic's Messages API through the proxy, as agents use it: the real `anthropic` SDK pointed at
+`rlproxy serve` by base URL only (the rollout in the path), in front of the stub engine, recording into Postgres.
+Also: a rollout that mixes APIs, and every other engine route relayed as it is."""
+from __future__ import annotations
+
+import anthropic
+import openai
+import pytest
+import requests
+
+from tests.stub_engine import EOS_ID, render_chat, tokenize
+
+TOOLS = [{"name": "calculator", "description": "Evaluate an arithmetic expression.",
+          "input_schema": {"type": "object", "properties": {"expression": {"type": "string"}},
+                           "required": ["expression"]}}]
+
+
+def new_rollout(proxy_url: str, **body) -> tuple[str, str]:
+    response = requests.post(f"{proxy_url}/rollouts", json=body)
+    assert response.status_code == 201, response.text
+    return response.json()["rollout_id"], response.json()["base_url"]
+
+
+def client_for(base_url: str) -> anthropic.Anthropic:
+    """The Anthropic SDK appends /v1/messages itself: its base URL is the rollout's, without /v1."""
+    return anthropic.Anthropic(base_url=base_url.removesuffix("/v1"), api_key="unused", max_retries=0)
+
+
+def rollout(proxy_url: str, rollout_id: str) -> dict:
+    response = requests.get(f"{proxy_url}/rollouts/{rollout_id}")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def test_messages_create_is_recorded_with_the_engines_token_ids(proxy_url):
+    rollout_id, base_url = new_rollout(proxy_url, task_id="messages-1")
+    client = client_for(base_url)
+
+    raw = client.messages.with_raw_response.create(
+        model="stub-model", max_tokens=32, system=[{"type": "text", "text": "Answer briefly."}],
+        messages=[{"role": "user", "content": [{"type": "text", "text": "What is 6 times 7?"}]}])
+    message = raw.parse()
+
+    [call] = rollout(proxy_url, rollout_id)["calls"]
+    assert call["status"] == "ok" and call["call_id"] == raw.headers["X-Rlproxy-Call-Id"]
+    chat = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "What is 6 times 7?"}]
+    assert call["prompt_token_ids"] == tokenize(render_chat(chat))
+    [block] = message.content
+    assert call["completion_token_ids"] == tokenize(block.text) + [EOS_ID]
+    assert len(call["completion_logprobs"]) == len(call["completion_token_ids"])
+    assert message.stop_reason == "end_turn" and message.id == f"msg_{call['call_id']}"
+    assert (message.usage.input_tokens, message.usage.output_tokens) == (
+        len(call["prompt_token_ids"]), len(call["completion_token_ids"]))
+    assert "token_ids" not in raw.http_response.text and "logprob" not in raw.http_response.text
+    assert call["request"]["system"] == [{"type": "text", "text": "Answer briefly."}]
+
+
+def test_streamed_message_sends_anthropics_events_and_records_the_same_ids(proxy_url):
+    rollout_id, base_url = new_rollout(proxy_url)
+    client = client_for(base_url)
+    request = {"model": "stub-model", "max_tokens": 32, "messages": [{"role": "user", "content": "Say something."}]}
+
+    whole = client.messages.create(**request)
+    with client.messages.stream(**request) as stream:
+        kinds = [event.type for event in stream]
+        final = stream.get_final_message()
+
+    assert final.content[0].text == whole.content[0].text and final.usage.output_tokens == whole.usage.output_tokens
+    assert kinds[0] == "message_start" and kinds[-1] == "message_stop"
+    assert {"content_block_start", "content_block_delta", "content_block_stop", "message_delta"} <= set(kinds)
+    first, second = rollout(proxy_url, rollout_id)["calls"]
+    assert second["completion_token_ids"] == first["completion_token_ids"]
+    assert second["completion_logprobs"] == pytest.approx(first["completion_logprobs"])
+    assert second["response"]["content"] == [{"type": "text", "text": final.content[0].text}]
+
+
+def test_tool_use_round_trip_and_an_is_error_result_gives_an_automatic_reward(proxy_url):
+    rollout_id, base_url = new_rollout(proxy_url)
+    client = client_for(base_url)
+    question = {"role": "user", "content": "Please use tool to compute 6*7."}
+
+    asked = client.messages.create(model="stub-model", max_tokens=64, tools=TOOLS, messages=[question])
+    with client.messages.stream(model="stub-model", max_tokens=64, tools=TOOLS, messages=[question]) as stream:
+        streamed = stream.get_final_message()
+    [use] = asked.content
+    assert asked.stop_reason == streamed.stop_reason == "tool_use"
+    assert use.type == "tool_use" and use.name == "calculator" and use.input == {"expression": "6*7"}
+    assert streamed.content[0].input == use.input
+    client.messages.create(model="stub-model", max_tokens=64, tools=TOOLS, messages=[
+        question, {"role": "assistant", "content": [use.model_dump(exclude_none=True)]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "is_error": True,
+                                      "content": "division by zero"}]}])
+
+    calls = rollout(proxy_url, rollout_id)["calls"]
+    assert [c["status"] for c in calls] == ["ok"] * 3
+    # The third call's prompt is the conversation rendered by the engine's chat template: it extends the second.
+    assert calls[2]["prompt_token_ids"][: len(calls[1]["prompt_token_ids"])] == calls[1]["prompt_token_ids"]
+    [air] = rollout(proxy_url, rollout_id)["rewards"]
+    assert (air["reason"], air["call_id"], air["metadata"]["tool_call_id"]) == ("tool_error", calls[1]["call_id"],
+                                                                                use.id)
+
+
+def test_count_tokens_is_the_engines_count_for_the_same_prompt(proxy_url):
+    client = anthropic.Anthropic(base_url=proxy_url, api_key="unused", max_retries=0)
+    messages = [{"role": "user", "content": "What is 6 times 7?"}]
+
+    counted = client.messages.count_tokens(model="stub-model", messages=messages, system="Answer briefly.")
+
+    chat = [{"role": "system", "content": "Answer briefly."}, *messages]
+    assert counted.input_tokens == len(tokenize(render_chat(chat)))
+
+
+def test_bad_requests_get_anthropic_errors(proxy_url):
+    client = anthropic.Anthropic(base_url=proxy_url, api_key="unused", max_retries=0)
+
+    with pytest.raises(anthropic.BadRequestError) as no_max_tokens:
+        client.messages.create(model="stub-model", max_tokens=0, messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(anthropic.BadRequestError) as bad_role:
+        client.messages.create(model="stub-model", max_tokens=8, messages=[{"role": "tool", "content": "x"}])
+    with pytest.raises(anthropic.NotFoundError) as unknown_model:
+        client.messages.create(model="no-such-model", max_tokens=8, messages=[{"role": "user", "content": "x"}])
+    broken = requests.post(f"{proxy_url}/v1/messages", data=b"{not json", headers={"x-api-key": "unused"})
+
+    assert no_max_tokens.value.body == {"type": "error", "error": {
+        "type": "invalid_request_error", "message": "max_tokens: Input should be greater than or equal to 1"}}
+    assert "messages.0.role" in bad_role.value.body["error"]["message"]
+    assert unknown_model.value.body["error"]["type"] == "not_found_error"  # the engine's 404, in Anthropic's shape
+    assert broken.status_code == 400 and broken.json()["type"] == "error"
+
+
+def test_one_rollout_may_mix_apis_and_every_call_is_trainable(proxy_url):
+    rollout_id, base_url = new_rollout(proxy_url)
+    openai_client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+
+    openai_client.chat.completions.create(model="stub-model", messages=[{"role": "user", "content": "a"}])
+    openai_client.responses.create(model="stub-model", input="b")
+    client_for(base_url).messages.create(model="stub-model", max_tokens=16,
+                                         messages=[{"role": "user", "content": "c"}])
+    requests.post(f"{proxy_url}/reward", json={"rollout_id": rollout_id, "reward": 1.0}).raise_for_status()
+
+    data = rollout(proxy_url, rollout_id)
+    assert [c["seq"] for c in data["calls"]] == [1, 2, 3] and data["status"] == "finished"
+    assert all(c["prompt_token_ids"] and len(c["completion_logprobs"]) == len(c["completion_token_ids"])
+               for c in data["calls"])
+
+
+def test_other_engine_routes_are_relayed_byte_for_byte_and_admin_routes_are_not(proxy_url, stub_url):
+    rollout_id, base_url = new_rollout(proxy_url)
+    body = {"model": "stub-model", "prompt": "one two three"}
+
+    direct = requests.post(f"{stub_url}/tokenize", json=body)
+    relayed = requests.post(f"{proxy_url}/tokenize", json=body)
+    under_rollout = requests.post(f"{proxy_url}/rollouts/{rollout_id}/tokenize", json=body)
+    unknown = requests.get(f"{base_url}/embeddings-nowhere")
+    admin = requests.post(f"{base_url}/load_lora_adapter", json={"lora_name": "x", "lora_path": "/tmp"})
+    own = requests.get(f"{proxy_url}/rollouts")
+
+    assert relayed.content == under_rollout.content == direct.content and relayed.status_code == 200
+    assert unknown.status_code == 404 and unknown.content == requests.get(f"{stub_url}/v1/embeddings-nowhere").content
+    assert admin.status_code == 404 and "not exposed" in admin.json()["error"]["message"]
+    assert own.status_code == 404 and "GET /rollouts" in own.json()["error"]["message"]
+    assert rollout(proxy_url, rollout_id)["calls"] == []  # relayed, never recorded
+    metrics = requests.get(f"{proxy_url}/metrics").text
+    assert 'rlproxy_passthrough_requests_total{path="/tokenize",status="200"}' in metrics
+
+
+def test_engine_json_laid_out_with_spaces_is_still_stripped(proxy_url):
+    client = openai.OpenAI(base_url=f"{proxy_url}/v1", api_key="unused", max_retries=0)
+
+    raw = client.chat.completions.with_raw_response.create(
+        model="stub-model", messages=[{"role": "user", "content": "x"}], logprobs=True,
+        extra_body={"stub_spaced": True})
+
+    assert '"token_ids": null' in raw.http_response.text and "prompt_token_ids\": null" in raw.http_response.text
+    assert raw.parse().choices[0].logprobs.content  # what the agent asked for stays
+
+
+def test_a_stream_request_answered_with_one_json_body_is_relayed_and_recorded_as_it_was(proxy_url):
+    rollout_id, base_url = new_rollout(proxy_url)
+
+    answer = requests.post(f"{base_url}/chat/completions", json={
+        "model": "stub-model", "messages": [{"role": "user", "content": "x"}], "stream": True,
+        "stub_plain_json": True})
+
+    assert answer.headers["Content-Type"].startswith("application/json")
+    [call] = rollout(proxy_url, rollout_id)["calls"]
+    assert call["stream"] is False and call["status"] == "ok"
+    assert call["completion_token_ids"] and call["response"]["choices"][0]["message"]["content"] == \
+        answer.json()["choices"][0]["message"]["content"]
