@@ -12,6 +12,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from proxy.dialects.messages import CountTokensRequest, MessagesRequest
+from proxy.dialects.responses import ResponsesRequest
 from proxy.routes.openai import PREFIXES
 from proxy.schemas import ChatCompletionRequest, CompletionRequest, RewardPost, RolloutCreate
 from rlproxy.settings import ProxySettings
@@ -93,6 +95,21 @@ _SCHEMAS: dict[str, Any] = {
                              "database": {"type": "boolean"},
                              "engines": {"type": "object", "additionalProperties": {"type": "boolean"}}}},
     "EngineObject": {"type": "object", "description": "The engine's own response, passed through."},
+    "Response": {"type": "object", "required": ["id", "object", "status", "output", "model"],
+                 "description": "An OpenAI Response (id `resp_<call id>`).",
+                 "properties": {"id": {"type": "string"}, "object": {"const": "response"},
+                                "status": {"type": "string"}, "output": {"type": "array"},
+                                "model": {"type": "string"}}},
+    "Message": {"type": "object", "required": ["id", "type", "role", "content", "stop_reason", "usage"],
+                "description": "An Anthropic Message (id `msg_<call id>`).",
+                "properties": {"id": {"type": "string"}, "type": {"const": "message"}, "role": {"const": "assistant"},
+                               "content": {"type": "array"}, "stop_reason": _nullable("string"),
+                               "usage": {"type": "object"}}},
+    "TokenCount": {"type": "object", "required": ["input_tokens"], "properties": {"input_tokens": {"type": "integer"}}},
+    "AnthropicError": {"type": "object", "required": ["type", "error"], "properties": {
+        "type": {"const": "error"},
+        "error": {"type": "object", "required": ["type", "message"],
+                  "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}},
 }
 
 _ERRORS = {
@@ -114,16 +131,16 @@ def _json(schema: dict[str, Any]) -> dict[str, Any]:
     return {"content": {"application/json": {"schema": schema}}}
 
 
-def _responses(ok: dict[str, Any], *errors: int, engine: bool = False) -> dict[str, Any]:
+def _responses(ok: dict[str, Any], *errors: int, engine: bool = False, shape: str = "Error") -> dict[str, Any]:
     out = dict(ok)
     for status in errors:
-        response: dict[str, Any] = {"description": _ERRORS[status], **_json(_ref("Error"))}
+        response: dict[str, Any] = {"description": _ERRORS[status], **_json(_ref(shape))}
         if status == 429:
             response["headers"] = {"Retry-After": {"required": True,
                                                    "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
         out[str(status)] = response
     if engine:
-        out["4XX"] = {"description": "The engine's own error, passed through.", **_json(_ref("Error"))}
+        out["4XX"] = {"description": "The engine's own error, passed through.", **_json(_ref(shape))}
     return out
 
 
@@ -137,28 +154,32 @@ class _Builder:
     def operation(self, path: str, method: str, summary: str, responses: dict[str, Any], *,
                   body: dict[str, Any] | None = None, body_required: bool = True,
                   parameters: list[dict[str, Any]] | None = None, public: bool = False,
-                  admin: bool = False) -> None:
+                  admin: bool = False, shape: str = "Error") -> None:
         auth_errors = () if public or not self.auth_enabled else ((401, 403) if admin else (401,))
         operation: dict[str, Any] = {"summary": summary, "operationId": _operation_id(method, path),
-                                     "responses": {**responses, **_responses({}, *auth_errors)}}
+                                     "responses": {**responses, **_responses({}, *auth_errors, shape=shape)}}
         if parameters:
             operation["parameters"] = parameters
         if body is not None:
             operation["requestBody"] = {"required": body_required, **body}
-            operation["responses"].update(_responses({}, 413))
+            operation["responses"].update(_responses({}, 413, shape=shape))
         if not public and self.auth_enabled:
             operation["security"] = [{"bearerAuth": []}]
-            operation["responses"].update(_responses({}, 429))
+            operation["responses"].update(_responses({}, 429, shape=shape))
         elif not public and self.settings.auth.rate_limit:
-            operation["responses"].update(_responses({}, 429))
+            operation["responses"].update(_responses({}, 429, shape=shape))
         self.paths.setdefault(path, {})[method] = operation
 
     def openai_body(self, model: type[BaseModel], example: dict[str, Any]) -> dict[str, Any]:
         schema = copy.deepcopy(_model_schema(model))
         limits = self.settings.auth
         if limits.max_tokens:
-            for name in ("max_tokens", "max_completion_tokens"):
-                schema["properties"][name] = {"type": ["integer", "null"], "maximum": limits.max_tokens}
+            for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+                if model in (ChatCompletionRequest, CompletionRequest):
+                    schema["properties"][name] = {"type": ["integer", "null"], "maximum": limits.max_tokens}
+                elif name in schema["properties"]:
+                    schema["properties"][name] = {"type": ["integer", "null"], "minimum": 1,
+                                                  "maximum": limits.max_tokens}
         if limits.max_n:
             schema["properties"]["n"] = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": limits.max_n},
                                                    {"type": "null"}]}
@@ -200,6 +221,15 @@ def openapi_document(settings: ProxySettings, *, auth_enabled: bool,
     chat = b.openai_body(ChatCompletionRequest, {"model": b.served_model,
                                                  "messages": [{"role": "user", "content": "What is 6*7?"}]})
     completion = b.openai_body(CompletionRequest, {"model": b.served_model, "prompt": "6*7 ="})
+    responses_body = b.openai_body(ResponsesRequest, {"model": b.served_model, "input": "What is 6*7?"})
+    user = [{"role": "user", "content": "What is 6*7?"}]
+    messages_body = b.openai_body(MessagesRequest, {"model": b.served_model, "max_tokens": 64, "messages": user})
+    count_body = b.openai_body(CountTokensRequest, {"model": b.served_model, "messages": user})
+
+    def dialect_ok(schema: str) -> dict[str, Any]:
+        return {"200": {"description": "The answer (events when `stream` is true).",
+                        "headers": {"X-Rlproxy-Call-Id": {"required": True, "schema": {"type": "string"}}},
+                        "content": {"application/json": {"schema": _ref(schema)}, "text/event-stream": {}}}}
     for prefix in PREFIXES:
         params = ([ROLLOUT_ID] if "{rollout_id}" in prefix else []) + ([AGENT] if "{agent}" in prefix else [])
         where = " (recorded into the rollout in the path)" if params else ""
@@ -213,6 +243,19 @@ def openapi_document(settings: ProxySettings, *, auth_enabled: bool,
                     _responses({"200": {"description": "The engine's model list.",
                                         **_json(_ref("EngineObject"))}}, 400, 404, 502, engine=True),
                     parameters=params + CONTEXT_HEADERS)
+        b.operation(prefix + "/v1/responses", "post", "OpenAI Responses API" + where,
+                    _responses(dialect_ok("Response"), *openai_errors, engine=True), body=responses_body,
+                    parameters=params + CONTEXT_HEADERS)
+        b.operation(prefix + "/v1/responses/{response_id}", "get", "A stored Response (kept by the proxy)",
+                    _responses({"200": {"description": "The Response.", **_json(_ref("Response"))}}, 400, 404, 503),
+                    parameters=params + [_path_param("response_id", {"type": "string"})] + CONTEXT_HEADERS)
+        b.operation(prefix + "/v1/messages", "post", "Anthropic Messages API" + where,
+                    _responses(dialect_ok("Message"), *openai_errors, engine=True, shape="AnthropicError"),
+                    body=messages_body, parameters=params + CONTEXT_HEADERS, shape="AnthropicError")
+        b.operation(prefix + "/v1/messages/count_tokens", "post", "Anthropic token counting (the engine's count)",
+                    _responses({"200": {"description": "Tokens.", **_json(_ref("TokenCount"))}}, *openai_errors,
+                               engine=True, shape="AnthropicError"),
+                    body=count_body, parameters=params + CONTEXT_HEADERS, shape="AnthropicError")
 
     b.operation("/rollouts", "post", "Start a rollout; its base_url records every call made through it",
                 _responses({"201": {"description": "Created.", **_json(_ref("RolloutCreated"))}}, 422, 503),

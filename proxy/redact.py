@@ -1,7 +1,8 @@
 """Optional redaction of text before a call is recorded (`redact_content`): the stored request and response
 keep their shape, roles, tool names and every token id (all that training needs), but message text, prompt
 strings, completion text, reasoning and tool-call arguments become MARKER, and logprobs entries (which spell
-out tokens) are dropped (the sampled logprobs stay in their own columns).
+out tokens) are dropped (the sampled logprobs stay in their own columns). Responses and Messages calls are
+scrubbed the same way (`input`/`instructions`/`output`, `system`/`messages`/`content`).
 
 Tool-call arguments become "{}" when they were a JSON object and MARKER otherwise, so the automatic reward
 for malformed arguments still fires; whether a tool's result reported an error can no longer be seen.
@@ -18,11 +19,49 @@ MARKER = "[redacted]"
 _TEXT_FIELDS = ("content", "reasoning", "reasoning_content", "refusal")
 
 
+# The text-bearing fields of the Responses and Messages APIs (request, response); their items are scrubbed
+# whole: every string but the structural ones below becomes MARKER.
+DIALECT_FIELDS = {"responses": (("input", "instructions"), ("output",)),
+                  "messages": (("system", "messages"), ("content",))}
+_STRUCTURAL = frozenset({"type", "role", "id", "call_id", "tool_call_id", "tool_use_id", "name", "status"})
+
+
 def redact_record(record: CallRecord) -> None:
+    fields = DIALECT_FIELDS.get(record.route)
+    if fields is not None:
+        record.request = _scrub_fields(record.request, fields[0])
+        record.response = _scrub_fields(record.response, fields[1])
+        return
     if record.request is not None:
         record.request = redact_request(record.request)
     if record.response is not None:
         record.response = redact_response(record.response)
+
+
+def _scrub_fields(body: dict[str, Any] | None, names: tuple[str, ...]) -> dict[str, Any] | None:
+    if body is None:
+        return None
+    return {k: _scrub(v) if k in names else v for k, v in body.items()}
+
+
+def _scrub(value: Any) -> Any:
+    """Every string becomes MARKER but structural fields (types, roles, ids, tool names); tool-call arguments keep
+    whether they were a JSON object; per-token logprobs (which spell out the text) are emptied."""
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if key in _STRUCTURAL and not isinstance(item, (dict, list)):
+                out[key] = item
+            elif key == "arguments" and isinstance(item, str):
+                out[key] = "{}" if _is_json_object(item) else MARKER
+            elif key in ("logprobs", "top_logprobs"):
+                out[key] = []
+            else:
+                out[key] = _scrub(item)
+        return out
+    if isinstance(value, list):
+        return [_scrub(item) for item in value]
+    return MARKER if isinstance(value, str) else value
 
 
 def redact_request(body: dict[str, Any]) -> dict[str, Any]:

@@ -28,4 +28,17 @@ if ! command -v prometheus >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) \
     || echo "warning: could not install prometheus; tests/test_dashboard.py will be skipped" >&2
 fi
+# The real Node clients tests/test_node_clients.py drives (Vercel AI SDK, Claude Code, Codex CLI), pinned, into
+# $VENV/node; only where npm exists (the tests skip without node), and only when not already there at these versions.
+NODE_PACKAGES=(ai@6.0.325 @ai-sdk/openai@3.0.141 zod@4.1.12 @anthropic-ai/claude-code@2.1.330 @openai/codex@0.169.0)
+NODE_DIR="$(cd "$VENV" && pwd)/node"
+if command -v npm >/dev/null 2>&1 && command -v node >/dev/null 2>&1; then
+  if ! node -e 'const [dir, ...specs] = process.argv.slice(1); for (const spec of specs) {
+      const at = spec.lastIndexOf("@"), name = spec.slice(0, at);
+      try { if (require(`${dir}/${name}/package.json`).version !== spec.slice(at + 1)) process.exit(1); }
+      catch { process.exit(1); } }' "$NODE_DIR/node_modules" "${NODE_PACKAGES[@]}"; then
+    npm install --prefix "$NODE_DIR" --save-exact --no-audit --no-fund --loglevel=error "${NODE_PACKAGES[@]}" \
+      || echo "warning: npm install failed; tests/test_node_clients.py will fail until it succeeds" >&2
+  fi
+fi
 PYTHON="$PYTHON" VENV="$VENV" bash scripts/install-examples.sh  # frameworks that need venvs of their own

@@ -4,11 +4,13 @@ It speaks Chat Completions exactly as tests/stub_engine.py does (same tokenizer,
 `return_token_ids`, logprobs when asked, the same streaming chunks) but answers any model name, and plays the
 part of a model that follows a harness's tool protocol:
 
-  - when the offered tools include the harness's shell tool (Claude Code's `Bash`, Codex's `shell`,
-    `shell_command` or `exec_command`) and the conversation has no tool result yet, it calls that tool with
-    `SHELL_COMMAND`, shaped as the tool's schema wants it (a string, or an argv list);
+  - when the offered tools include the harness's shell tool and the conversation has no tool result yet, it
+    calls that tool with `SHELL_COMMAND`, shaped as the tool's schema wants it (a string, or an argv list);
+    Claude Code 2.1 offers `Bash` taking `command`, Codex 0.169 `exec_command` taking `cmd` (older Codex
+    versions: `shell` with an argv list, or `shell_command`);
   - once a tool result is in the conversation, it answers with `FINAL_TEXT`;
   - anything else (a harness's side calls: titles, summaries, topic checks) gets `SIDE_TEXT`.
+Plain completions (`/v1/completions`) are answered as the stub answers them, for any model name.
 
 Every request is appended to `--log` as one JSON line (path, model, tool names, whether a tool result was seen,
 what was answered), so a test can show what a harness sent.
@@ -18,6 +20,7 @@ Run it: `python tests/harness_engine.py --port 8002 --log /tmp/harness.jsonl`.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from pathlib import Path
@@ -54,6 +57,11 @@ def shell_arguments(function: dict) -> dict:
     if properties[key].get("type") == "array":  # an argv list, as Codex's `shell` takes it
         return {key: ["bash", "-lc", SHELL_COMMAND]}
     return {key: SHELL_COMMAND}
+
+
+def prompt_sha(ids: list[int]) -> str:
+    """A short fingerprint of prompt ids, so the log can name long prompts exactly."""
+    return hashlib.sha256(dumps(ids)).hexdigest()[:16]
 
 
 def has_tool_result(messages: list[dict]) -> bool:
@@ -93,8 +101,11 @@ class HarnessEngine(Stub):
         except ValueError:
             return error(400, "invalid JSON")
         self.last_body = body
-        if not chat or not isinstance(body.get("messages"), list):
-            return error(400, "the harness engine serves chat completions only")
+        if not chat:
+            self.requests -= 1
+            return await super()._complete(request, chat=False)  # the body read above is cached
+        if not isinstance(body.get("messages"), list):
+            return error(400, "messages: required")
         if not self.known(body.get("model", "")):
             return error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
         prompt_ids = tokenize(render_chat(body["messages"]))
@@ -108,7 +119,8 @@ class HarnessEngine(Stub):
                    "tools": [_function(t).get("name") for t in body.get("tools") or ()],
                    "messages": len(body["messages"]), "tool_result": has_tool_result(body["messages"]),
                    "return_token_ids": bool(body.get("return_token_ids")), "logprobs": body.get("logprobs"),
-                   "answer": tool_call["function"] if tool_call else " ".join(words)})
+                   "answer": tool_call["function"] if tool_call else " ".join(words),
+                   "prompt_sha": prompt_sha(prompt_ids), "completion_ids": ids})
         choices = [(words, ids, tool_call, finish)]
         if body.get("stream"):
             return await self._stream(request, body, True, prompt_ids, choices)

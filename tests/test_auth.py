@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+import anthropic
 import openai
 import psycopg
 import pytest
@@ -290,12 +291,22 @@ def test_redaction_keeps_token_ids_and_drops_text(stub_url, own_database_url, ru
         client = openai.OpenAI(base_url=rollout["base_url"], api_key="unused")
         answer = client.chat.completions.create(model="stub-model", messages=[
             {"role": "user", "content": "my secret diagnosis"}])
-        [call] = requests.get(f"{url}/rollouts/{rollout['rollout_id']}").json()["calls"]
+        client.responses.create(model="stub-model", instructions="secret instructions",
+                                input=[{"role": "user", "content": [{"type": "input_text", "text": "secret x"}]}])
+        anthropic.Anthropic(base_url=rollout["base_url"].removesuffix("/v1"), api_key="unused").messages.create(
+            model="stub-model", max_tokens=16, system="secret system", messages=[{"role": "user",
+                                                                              "content": "secret y"}])
+        chat, responses, messages = requests.get(f"{url}/rollouts/{rollout['rollout_id']}").json()["calls"]
     assert answer.choices[0].message.content  # the agent gets the text; only the record is redacted
-    assert call["request"]["messages"] == [{"role": "user", "content": "[redacted]"}]
-    assert call["response"]["choices"][0]["message"]["content"] == "[redacted]"
-    assert call["prompt_token_ids"] and call["completion_token_ids"] and call["completion_logprobs"]
-    assert "diagnosis" not in json.dumps(call)
+    assert chat["request"]["messages"] == [{"role": "user", "content": "[redacted]"}]
+    assert chat["response"]["choices"][0]["message"]["content"] == "[redacted]"
+    assert responses["request"]["input"] == [{"role": "user", "content": [{"type": "input_text",
+                                                                           "text": "[redacted]"}]}]
+    assert responses["response"]["output"][0]["content"][0]["text"] == "[redacted]"
+    assert messages["request"]["system"] == "[redacted]" and messages["response"]["content"][0]["text"] == "[redacted]"
+    for call in (chat, responses, messages):
+        assert call["prompt_token_ids"] and call["completion_token_ids"] and call["completion_logprobs"]
+        assert "diagnosis" not in json.dumps(call) and "secret" not in json.dumps(call)
     assert "authentication is OFF" in (run_dir / "proxy-redact.log").read_text()  # loopback, no keys
 
 

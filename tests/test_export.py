@@ -32,3 +32,31 @@ def test_export_writes_one_transition_per_rewarded_call_with_exact_ids(proxy_url
         assert row["reward"] == rollout["reward"] and row["policy"] == 0
     [good, bad] = [rows[r]["advantage"] for r in expected]
     assert good > 0 > bad  # GRPO within the task group
+
+
+def test_export_reads_responses_and_messages_calls_like_chat(proxy_url, database_url, tmp_path):
+    import anthropic
+
+    expected = {}
+    for reward in (1.0, 0.0):
+        created = requests.post(f"{proxy_url}/rollouts", json={"task_id": "export-dialects"}).json()
+        openai.OpenAI(base_url=created["base_url"], api_key="unused").responses.create(
+            model="stub-model", input=f"first {reward}")
+        anthropic.Anthropic(base_url=created["base_url"].removesuffix("/v1"), api_key="unused").messages.create(
+            model="stub-model", max_tokens=16, messages=[{"role": "user", "content": f"second {reward}"}])
+        requests.post(f"{proxy_url}/reward", json={"rollout_id": created["rollout_id"], "reward": reward})
+        expected[created["rollout_id"]] = requests.get(f"{proxy_url}/rollouts/{created['rollout_id']}").json()
+
+    out = tmp_path / "transitions.jsonl"
+    subprocess.run([sys.executable, "-m", "rlproxy.cli", "export", "--database-url", database_url,
+                    "--out", str(out)], capture_output=True, text=True, check=True)
+    rows = [row for row in map(json.loads, out.read_text().splitlines()) if row["rollout_id"] in expected]
+    texts = {c["call_id"]: (c["response"].get("output") or [{"content": c["response"].get("content")}])[0]
+             ["content"][0]["text"] for r in expected.values() for c in r["calls"]}
+    assert len(rows) == 4  # two calls per rollout, each its own transition (the prompts do not extend each other)
+    for row in rows:
+        [call_id] = row["call_ids"]
+        [call] = [c for r in expected.values() for c in r["calls"] if c["call_id"] == call_id]
+        assert row["prompt_ids"] == call["prompt_token_ids"] and row["completion_ids"] == call["completion_token_ids"]
+        assert row["completion_text"] == [texts[call_id]]
+        assert (row["advantage"] > 0) == (row["reward"] == 1.0)

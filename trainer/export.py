@@ -10,6 +10,7 @@ from sqlalchemy import select
 
 from store.db import create_engine, session_factory
 from store.models import Call, Rollout, RolloutStatus
+from store.texts import completion_text
 from store.training import load_rollouts
 from trainer.batch import build_transitions
 from trainer.config import TrainConfig
@@ -54,12 +55,8 @@ async def export_transitions(database_url: str, out: IO[bytes], *, config: Train
 
 
 async def _completion_texts(session, rollout_ids: list[str]) -> dict[str, str | None]:
-    rows = await session.execute(select(Call.id, Call.response).where(Call.rollout_id.in_(rollout_ids)))
-    texts = {}
-    for call_id, response in rows:
-        choice = ((response or {}).get("choices") or [{}])[0]
-        texts[call_id] = (choice.get("message") or {}).get("content") if "message" in choice else choice.get("text")
-    return texts
+    rows = await session.execute(select(Call.id, Call.route, Call.response).where(Call.rollout_id.in_(rollout_ids)))
+    return {call_id: completion_text(route, response) for call_id, route, response in rows}
 
 
 def export_to_file(database_url: str, path: Path, **kwargs) -> int:

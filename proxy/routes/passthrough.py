@@ -1,7 +1,8 @@
 """Every engine route the proxy does not own (`/v1/embeddings`, `/tokenize`, `/detokenize`, `/v1/rerank`,
 `/v1/score`, `/pooling`, audio, …) is relayed to the rollout's engine replica byte for byte, streamed bodies
 included, also under the `/rollouts/{id}[/agents/{agent}]` prefixes. Such calls are counted in metrics
-(`rlproxy_passthrough_requests_total`), never recorded or trained on.
+(`rlproxy_passthrough_requests_total`), never recorded or trained on. A path or method the engine has no route
+for either gets the proxy's own error, which names it (errors keep the route's shape everywhere).
 
 The engine's administration routes are not relayed: adapters are loaded and unloaded by the proxy's policy
 lifecycle alone, so an agent cannot change what the engine serves. The agent's own `Authorization` header is
@@ -12,6 +13,7 @@ import asyncio
 import re
 
 import aiohttp
+import orjson
 from aiohttp import web
 
 from proxy.context import call_context
@@ -54,6 +56,12 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     except (aiohttp.ClientError, OSError) as exc:
         app.upstreams.mark(replica, ok=False)
         raise UpstreamUnavailable(f"engine unreachable: {exc}") from None
+    if upstream.status in (404, 405) and not await _is_openai_error(upstream):
+        upstream.close()
+        app.metrics.passthrough.labels(label, str(upstream.status)).inc()
+        error = NotFoundError(f"no route {request.method} {request.path} on this proxy or its engine")
+        error.status = upstream.status
+        raise error
     try:
         response = web.StreamResponse(status=upstream.status, reason=upstream.reason, headers={
             k: v for k, v in upstream.headers.items() if k.lower() not in DROPPED})
@@ -70,6 +78,16 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     finally:
         upstream.close()
         app.metrics.passthrough.labels(label, str(upstream.status)).inc()
+
+
+async def _is_openai_error(upstream: aiohttp.ClientResponse) -> bool:
+    """Whether a 404/405 is the engine's answer about something it serves (a model it does not know: relayed),
+    rather than about a path or method it has no route for (the proxy answers that in its own error shape)."""
+    try:
+        body = orjson.loads(await upstream.read())
+    except (orjson.JSONDecodeError, aiohttp.ClientError, asyncio.TimeoutError):
+        return False
+    return isinstance(body, dict) and isinstance(body.get("error"), dict)
 
 
 def add_routes(app: web.Application) -> None:

@@ -8,6 +8,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+import anthropic
 import openai
 import psycopg
 
@@ -24,7 +25,8 @@ class Outcome:
 
 @dataclass
 class Traffic:
-    """`workers` agents, each its own rollout, alternating plain and streamed chat calls every `pause` s."""
+    """`workers` agents, each its own rollout, cycling through plain and streamed chat, Responses and Messages
+    calls every `pause` s."""
 
     proxy_url: str
     workers: int = 8
@@ -59,32 +61,56 @@ class Traffic:
         await asyncio.gather(*(self._agent(f"fault{n:02d}{time.time_ns():x}") for n in range(self.workers)))
 
     async def _agent(self, rollout_id: str) -> None:
-        client = openai.AsyncOpenAI(base_url=f"{self.proxy_url}/rollouts/{rollout_id}/v1", api_key="unused",
-                                    max_retries=0, timeout=self.timeout)  # a retry would hide a failure
+        base_url = f"{self.proxy_url}/rollouts/{rollout_id}"
+        client = openai.AsyncOpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0,
+                                    timeout=self.timeout)  # a retry would hide a failure
+        messages = anthropic.AsyncAnthropic(base_url=base_url, api_key="unused", max_retries=0, timeout=self.timeout)
         n = 0
-        async with client:
+        async with client, messages:
             while not self._stop.is_set():
                 outcome = Outcome(rollout_id)
                 self.outcomes.append(outcome)
-                await self._call(client, outcome, stream=n % 2 == 1)
+                api, stream = KINDS[n % len(KINDS)]
+                await self._call(client if api != "messages" else messages, api, outcome, stream)
                 n += 1
                 await asyncio.sleep(self.pause)
 
     @staticmethod
-    async def _call(client: openai.AsyncOpenAI, outcome: Outcome, stream: bool) -> None:
+    async def _call(client, api: str, outcome: Outcome, stream: bool) -> None:
         try:
-            raw = await client.chat.completions.with_raw_response.create(
-                model="stub-model", messages=MESSAGES, max_tokens=8, stream=stream)
-            outcome.call_id = raw.headers.get("x-rlproxy-call-id")
-            answer = raw.parse()  # (a legacy response: parse() does not wait)
-            if stream:
-                chunks = [chunk async for chunk in answer]
-                assert chunks and chunks[-1].choices[0].finish_reason, "the stream ended early"
+            if api == "chat":
+                raw = await client.chat.completions.with_raw_response.create(
+                    model="stub-model", messages=MESSAGES, max_tokens=8, stream=stream)
+            elif api == "responses":
+                raw = await client.responses.with_raw_response.create(
+                    model="stub-model", input=MESSAGES[0]["content"], max_output_tokens=16, stream=stream)
             else:
-                assert answer.choices[0].finish_reason
+                raw = await client.messages.with_raw_response.create(
+                    model="stub-model", messages=MESSAGES, max_tokens=8, stream=stream)
+            outcome.call_id = raw.headers.get("x-rlproxy-call-id")
+            answer = await raw.parse() if api != "chat" else raw.parse()  # (chat: a legacy response)
+            if not stream:
+                assert _finished(api, answer), "no finished answer"
+            else:
+                events = [event async for event in answer]
+                assert events and _finished(api, events[-1]), "the stream ended early"
             outcome.acknowledged = True
         except Exception as exc:  # noqa: BLE001 — every failure a client saw is counted, by kind
             outcome.error = type(exc).__name__
+
+
+# Each agent cycles through every API the proxy records, plain and streamed.
+KINDS = [(api, stream) for api in ("chat", "responses", "messages") for stream in (False, True)]
+
+
+def _finished(api: str, answer) -> bool:
+    """Whether an answer (or a stream's last event) says the call finished."""
+    if api == "chat":
+        return bool(answer.choices[0].finish_reason)
+    if api == "responses":
+        return getattr(answer, "type", "response.completed") == "response.completed" and (
+            getattr(answer, "response", answer).status == "completed")
+    return getattr(answer, "type", None) in ("message", "message_stop")
 
 
 def libpq(url: str) -> str:
