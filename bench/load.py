@@ -5,6 +5,11 @@ concurrency levels, the targets interleaved cell by cell; prints throughput, the
 stub's (p50/p99), throughput relative to LiteLLM, and lost calls (acknowledged but not stored) where the
 target stores calls somewhere we can count.
 
+`rlproxy-responses` and `rlproxy-messages` send the same prompt and token budget as the OpenAI Responses API
+(`/v1/responses`) and Anthropic Messages (`/v1/messages`) to the very `rlproxy-batch` process, which translates
+them to chat for the stub: their cells differ from its chat cells by the wire format alone, and the table is
+followed by their added p50 minus chat's, per concurrency level.
+
     python bench/load.py [--database-url postgresql+asyncpg://postgres@127.0.0.1:5432/test]
                          [--seconds 3] [--levels 1,16,64,256] [--only stub,rlproxy-batch,...]
 The third-party proxies are installed on first use, each into its own virtualenv under
@@ -32,23 +37,29 @@ import psycopg
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench.proxy_overhead import one, pct  # noqa: E402
+from bench.proxy_overhead import PATHS, one, pct  # noqa: E402
 from tests.support import free_port, fresh_database, proxy_command, running, stub_command  # noqa: E402
 
 VENVS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlproxy" / "bench-venvs"
 # Like rlproxy here (no keys), LiteLLM runs without authentication; it has to be told that this is on purpose.
 LITELLM_ENV = {"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False",
                "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true"}
-TARGET_NAMES = ["stub", "rlproxy-batch", "rlproxy-sync", "litellm", "agentlightning", "rllm-gateway"]
+# The targets each process serves, and the API each target speaks (chat unless named here).
+PROCESSES = {"rlproxy-batch": ["rlproxy-batch", "rlproxy-responses", "rlproxy-messages"],
+             "rlproxy-sync": ["rlproxy-sync"], "litellm": ["litellm"], "agentlightning": ["agentlightning"],
+             "rllm-gateway": ["rllm-gateway"]}
+APIS = {"rlproxy-responses": "responses", "rlproxy-messages": "messages"}
+TARGET_NAMES = ["stub"] + [name for names in PROCESSES.values() for name in names]
 
 
 @dataclass
 class Target:
     name: str
-    url: str  # the chat completions URL
+    url: str  # the URL of its API's route
     stored: Callable[[], int] | None = None  # calls it has recorded, once it has settled
     settle: Callable[[], None] = lambda: None
     headers: dict[str, str] = field(default_factory=dict)  # sent with every request
+    api: str = "chat"  # the wire format it speaks: "chat", "responses" or "messages"
     acknowledged: int = 0
     errors: int = 0
     notes: list[str] = field(default_factory=list)
@@ -62,7 +73,7 @@ async def load(target: Target, concurrency: int, seconds: float, stream: bool) -
 
     async def call(session: aiohttp.ClientSession) -> float | None:
         try:
-            latency = await one(session, target.url, stream)
+            latency = await one(session, target.url, stream, target.api)
         except (aiohttp.ClientError, asyncio.TimeoutError, RuntimeError):
             target.errors += 1
             return None
@@ -102,16 +113,21 @@ def libpq(url: str) -> str:
 
 
 @contextlib.contextmanager
-def rlproxy_target(stub: str, server_url: str, durability: str, workdir: Path):
+def rlproxy_targets(stub: str, server_url: str, durability: str, workdir: Path, names: list[str]):
+    """One `rlproxy serve` process and a target per name, each speaking its API to that process; the calls each
+    target stored are those of its route (the calls' `route` column: "chat", "responses" or "messages")."""
     with fresh_database(libpq(server_url), prefix="rlproxy_bench") as database_url:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         args = proxy_command(port, [stub], database_url, "--no-migrate", "--durability", durability,
                              "--spool-path", str(workdir / f"{durability}-spool.jsonl"))
         with running(args, url + "/readyz", log_path=workdir / f"rlproxy-{durability}.log"):
-            target = Target(f"rlproxy-{durability}", url + "/v1/chat/completions")
+            settled: list[bool] = []
 
-            def settle() -> None:  # wait for the writer to catch up
+            def settle() -> None:  # wait for the writer to catch up; once for all the process's targets
+                if settled:
+                    return
+                settled.append(True)
                 deadline = time.monotonic() + 60
                 while time.monotonic() < deadline:
                     ready = requests.get(url + "/readyz", timeout=10).json()
@@ -122,15 +138,21 @@ def rlproxy_target(stub: str, server_url: str, durability: str, workdir: Path):
                 fsyncs = _metric(url, "rlproxy_capture_spool_fsync_calls_count")
                 calls = _metric(url, "rlproxy_capture_spool_fsync_calls_sum")
                 if fsyncs:
-                    target.notes.append(f"{calls:.0f} calls made durable by {fsyncs:.0f} fsyncs "
-                                        f"({calls / fsyncs:.1f} calls per fsync)")
+                    shared = f" (one process: {', '.join(names)})" if len(names) > 1 else ""
+                    targets[0].notes.append(f"{calls:.0f} calls made durable by {fsyncs:.0f} fsyncs "
+                                            f"({calls / fsyncs:.1f} calls per fsync){shared}")
 
-            def stored() -> int:
-                with psycopg.connect(libpq(database_url)) as conn:
-                    return conn.execute("SELECT count(*) FROM calls").fetchone()[0]
+            def counter(route: str) -> Callable[[], int]:
+                def stored() -> int:
+                    with psycopg.connect(libpq(database_url)) as conn:
+                        query = "SELECT count(*) FROM calls WHERE route = %s"
+                        return conn.execute(query, (route,)).fetchone()[0]
+                return stored
 
-            target.stored, target.settle = stored, settle
-            yield target
+            apis = [APIS.get(name, "chat") for name in names]
+            targets = [Target(name, url + PATHS[api], counter(api), settle, api=api)
+                       for name, api in zip(names, apis)]
+            yield targets
 
 
 def _metric(url: str, name: str) -> float:
@@ -247,8 +269,8 @@ def print_table(rows: list[dict], targets: list[Target]) -> None:
     names = [t.name for t in targets]
     for stream in (False, True):
         kind = "streaming" if stream else "non-streaming"
-        print(f"\n{kind} chat (added latency: p50/p99 minus the stub's)")
-        print(f"{'target':<16}{'conc':>5}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'+p50 ms':>9}{'+p99 ms':>9}"
+        print(f"\n{kind} (added latency: p50/p99 minus the stub's)")
+        print(f"{'target':<18}{'conc':>5}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'+p50 ms':>9}{'+p99 ms':>9}"
               f"{'req/s vs LiteLLM':>18}")
         for level in sorted({r["concurrency"] for r in rows}):
             stub = cell.get(("stub", stream, level))
@@ -260,15 +282,32 @@ def print_table(rows: list[dict], targets: list[Target]) -> None:
                 added = ("", "") if stub is None or name == "stub" else (
                     f"{row['p50'] - stub['p50']:.1f}", f"{row['p99'] - stub['p99']:.1f}")
                 ratio = f"{row['rps'] / litellm['rps']:.2f}" if litellm and litellm["rps"] else ""
-                print(f"{name:<16}{level:>5}{row['rps']:>9.0f}{row['p50']:>9.1f}{row['p99']:>9.1f}"
+                print(f"{name:<18}{level:>5}{row['rps']:>9.0f}{row['p50']:>9.1f}{row['p99']:>9.1f}"
                       f"{added[0]:>9}{added[1]:>9}{ratio:>18}")
             print()
+        print_wire_formats(cell, stream)
+
+
+def print_wire_formats(cell: dict, stream: bool) -> None:
+    """The Responses and Messages cells' added p50 minus the chat cell's, on the same rlproxy-batch process
+    (the stub's p50 cancels out: this is their p50 minus chat's)."""
+    others = [name for name in APIS if any(key[0] == name for key in cell)]
+    levels = sorted({key[2] for key in cell if key[0] == "rlproxy-batch" and key[1] == stream})
+    if not others or not levels:
+        return
+    print("wire format on rlproxy-batch: added p50 minus chat's, ms (bound: 0.2)")
+    print(f"{'conc':>5}" + "".join(f"{APIS[name]:>12}" for name in others))
+    for level in levels:
+        chat = cell[("rlproxy-batch", stream, level)]["p50"]
+        deltas = [cell[(name, stream, level)]["p50"] - chat if (name, stream, level) in cell else float("nan")
+                  for name in others]
+        print(f"{level:>5}" + "".join(f"{delta:>+12.2f}" for delta in deltas))
 
 
 def print_losses(targets: list[Target]) -> None:
-    print("calls: acknowledged (HTTP 200, whole body read), errors, stored, lost (acknowledged - stored)")
+    print("\ncalls: acknowledged (HTTP 200, whole body read), errors, stored, lost (acknowledged - stored)")
     for target in targets:
-        line = f"  {target.name:<16} acknowledged={target.acknowledged} errors={target.errors}"
+        line = f"  {target.name:<18} acknowledged={target.acknowledged} errors={target.errors}"
         if target.stored is not None:
             target.settle()
             stored = target.stored()
@@ -292,28 +331,33 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="rlproxy-load-"))
     stub_port = free_port()
     stub = f"http://127.0.0.1:{stub_port}"
-    starters = {
-        "rlproxy-batch": lambda: rlproxy_target(stub, args.database_url, "batch", workdir),
-        "rlproxy-sync": lambda: rlproxy_target(stub, args.database_url, "sync", workdir),
-        "litellm": lambda: litellm_target(stub, workdir),
-        "agentlightning": lambda: agentlightning_target(stub, workdir),
-        "rllm-gateway": lambda: rllm_target(stub, workdir),
+    starters = {  # each a process, yielding its targets among `names`
+        "rlproxy-batch": lambda names: rlproxy_targets(stub, args.database_url, "batch", workdir, names),
+        "rlproxy-sync": lambda names: rlproxy_targets(stub, args.database_url, "sync", workdir, names),
+        "litellm": lambda names: litellm_target(stub, workdir),
+        "agentlightning": lambda names: agentlightning_target(stub, workdir),
+        "rllm-gateway": lambda names: rllm_target(stub, workdir),
     }
     with contextlib.ExitStack() as stack:
         stack.enter_context(running(stub_command(stub_port), stub + "/health", log_path=workdir / "stub.log"))
         targets = [Target("stub", stub + "/v1/chat/completions")]
-        for name in TARGET_NAMES[1:]:
-            if name not in wanted:
+        for process, served in PROCESSES.items():
+            names = [name for name in served if name in wanted]
+            if not names:
                 continue
             try:
-                target = stack.enter_context(starters[name]())
-                asyncio.run(load(target, 1, 0.2, False))  # it answers at all?
-                if not target.acknowledged:
-                    raise RuntimeError(f"no successful call (see {workdir})")
-                targets.append(target)
-                print(f"  {name} ready", file=sys.stderr, flush=True)
+                started = stack.enter_context(starters[process](names))
             except Exception as exc:  # noqa: BLE001 — one target failing must not stop the others
-                print(f"  {name} skipped: {exc}", file=sys.stderr, flush=True)
+                print(f"  {', '.join(names)} skipped: {exc}", file=sys.stderr, flush=True)
+                continue
+            for target in started if isinstance(started, list) else [started]:
+                asyncio.run(load(target, 1, 0.2, False))  # it answers at all?
+                if target.acknowledged:
+                    targets.append(target)
+                    print(f"  {target.name} ready", file=sys.stderr, flush=True)
+                else:
+                    print(f"  {target.name} skipped: no successful call (see {workdir})", file=sys.stderr,
+                          flush=True)
         rows = asyncio.run(measure(targets, levels, args.seconds))
         print(f"\nload: {args.seconds:g} s per cell and target; targets interleaved; logs in {workdir}")
         print_table(rows, targets)

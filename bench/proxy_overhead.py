@@ -22,16 +22,28 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.support import free_port, proxy_command, running, stub_command  # noqa: E402
 
-BODY = {"model": "stub-model", "messages": [{"role": "user", "content": "What is 6 times 7?"}], "max_tokens": 8}
+MESSAGES = [{"role": "user", "content": "What is 6 times 7?"}]
+BODY = {"model": "stub-model", "messages": MESSAGES, "max_tokens": 8}
+# The same prompt and token budget in each wire format the proxy serves, and the route each is posted to.
+BODIES = {"chat": BODY,
+          "responses": {"model": "stub-model", "input": MESSAGES[0]["content"], "max_output_tokens": 8},
+          "messages": {"model": "stub-model", "max_tokens": 8, "messages": MESSAGES}}
+PATHS = {"chat": "/v1/chat/completions", "responses": "/v1/responses", "messages": "/v1/messages"}
+# A Responses or Messages stream answers HTTP 200 before it knows how it ends: it counts only once its last
+# event arrived (a failure there is an `error` event, which would otherwise pass for a quick answer).
+STREAM_ENDS = {"responses": (b"event: response.completed", b"event: response.incomplete"),
+               "messages": (b"event: message_stop",)}
 
 
-async def one(session: aiohttp.ClientSession, url: str, stream: bool) -> float:
+async def one(session: aiohttp.ClientSession, url: str, stream: bool, api: str = "chat") -> float:
     began = time.perf_counter()
-    async with session.post(url, data=orjson.dumps({**BODY, "stream": stream}),
+    async with session.post(url, data=orjson.dumps({**BODIES[api], "stream": stream}),
                             headers={"Content-Type": "application/json"}) as response:
-        await response.read()
+        body = await response.read()
         if response.status != 200:
             raise RuntimeError(f"{url}: HTTP {response.status}")
+        if stream and api in STREAM_ENDS and not any(end in body for end in STREAM_ENDS[api]):
+            raise RuntimeError(f"{url}: the stream ended without its last event")
     return time.perf_counter() - began
 
 
