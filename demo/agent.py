@@ -45,6 +45,11 @@ REMINDER = {
     LOOKUP: "Reply with one line: LOOKUP: <name> or ANSWER: <number>",
 }
 
+# The protocol's markers as the proxy's AIR text rules (docs/air.md; `rlproxy demo` passes them to its proxy):
+# a reply with a tool action, answered by a user turn starting ERROR:, earns that reply's call a tool_error.
+AIR_TEXT_ACTION = r"(?i)\b(?:CALC|LOOKUP)\s*:"  # as _ACTION below reads them (ANSWER is no tool)
+AIR_TEXT_ERROR = r"ERROR:"
+
 # --- prompts ---------------------------------------------------------------------------------------
 
 _CALC_RULES = (

@@ -26,7 +26,7 @@ import aiohttp
 import openai
 from aiohttp import web
 
-from demo.agent import run_episode
+from demo.agent import AIR_TEXT_ACTION, AIR_TEXT_ERROR, run_episode
 from demo.evaluate import HeldoutResult, evaluate_heldout, passes, record, transaction
 from demo.tasks import Task, heldout_tasks, train_tasks
 from proxy.app import build_app
@@ -188,6 +188,8 @@ class Demo:
         settings = ProxySettings(port=self.settings.proxy_port, upstreams=(engine_url,),
                                  database_url=self.settings.database_url, served_model=served,
                                  air=self.settings.air, policy_refresh_interval=0.5,
+                                 # the agent's text protocol: a failed CALC/LOOKUP earns its call a tool_error
+                                 air_text_action=AIR_TEXT_ACTION, air_text_error=AIR_TEXT_ERROR,
                                  writer=WriterSettings(spool_path=workdir / "rlproxy-spool.jsonl"))
         runner = web.AppRunner(build_app(settings), handler_cancellation=True, access_log=None)
         await runner.setup()

@@ -2,21 +2,33 @@
 
 Faults of a call's own tool calls (arguments that are not JSON, a tool that was not offered) are known as
 soon as the call is recorded; the outcome of its tool calls is known when the next call of the same rollout
-and agent carries the tool results. At most one automatic reward per call and reason is stored, so
-replays and re-scoring are no-ops."""
+and agent carries the tool results (or, for a text tool protocol, the turn that answers its reply). At most
+one automatic reward per call and reason is stored, so replays and re-scoring are no-ops."""
 from __future__ import annotations
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from proxy.dialects import chat_view
 from proxy.metrics import ProxyMetrics
-from rewards import AirRules, merge_by_reason, score_tool_calls
+from rewards import AirRules, merge_by_reason, score_text_tools, score_tool_calls
 from rewards.air import INVALID_ARGUMENTS, UNKNOWN_TOOL
+from rlproxy.settings import ProxySettings
 from store.calls import WrittenCall
 from store.dialect import insert_ignoring_duplicates
 from store.models import Reward, RewardKind, utcnow
 
 FAULTS = (INVALID_ARGUMENTS, UNKNOWN_TOOL)
+
+
+def air_rules(settings: ProxySettings) -> AirRules:
+    """The rules a proxy scores with; ValueError for a text pattern that is invalid or lacks its pair."""
+    def patterns(value: str | None) -> tuple[str, ...]:
+        return (value,) if value else ()
+
+    return AirRules(enabled=settings.air, tool_success=settings.air_tool_success,
+                    text_action_patterns=patterns(settings.air_text_action),
+                    text_error_patterns=patterns(settings.air_text_error),
+                    text_success_patterns=patterns(settings.air_text_success))
 
 
 def automatic_rewards(rules: AirRules, metrics: ProxyMetrics):
@@ -39,6 +51,8 @@ def automatic_rewards(rules: AirRules, metrics: ProxyMetrics):
                 outcomes = [r for r in score_tool_calls(parent_request, parent_response,
                                                         request.get("messages"), rules)
                             if r.reason not in FAULTS]
+                # agents with a text tool protocol: markers in the reply and in the turn that answers it
+                outcomes += score_text_tools(parent_request, parent_response, request.get("messages"), rules)
                 rows += [_row(record.rollout_id, parent.id, reward, record.policy_version)
                          for reward in merge_by_reason(outcomes)]
         if rows:

@@ -6,7 +6,7 @@ import logging
 
 from aiohttp import web
 
-from proxy.air import automatic_rewards
+from proxy.air import air_rules, automatic_rewards
 from proxy.errors import ConflictError, NotFoundError, ProxyError, json_response
 from proxy.metrics import ProxyMetrics
 from proxy.policy import PolicyRouter
@@ -17,7 +17,6 @@ from proxy.serving import CompletionServing
 from proxy.state import STATE, ProxyState
 from proxy.upstream import UpstreamPool
 from proxy.writer import CaptureWriter
-from rewards import AirRules
 from rlproxy.settings import ProxySettings
 from store import errors as store_errors
 from store import policies as store_policies
@@ -88,7 +87,7 @@ def _lifecycle(settings: ProxySettings, metrics: ProxyMetrics):
         await upstreams.refresh_health()
         router = PolicyRouter(sessions, settings.served_model)
         writer = CaptureWriter(sessions, settings.writer, metrics,
-                               after_write=automatic_rewards(AirRules(enabled=settings.air), metrics))
+                               after_write=automatic_rewards(air_rules(settings), metrics))
         await writer.start()
         app[STATE] = ProxyState(settings, engine, sessions, metrics, upstreams, router, writer,
                                 CompletionServing(upstreams, router, writer, metrics,

@@ -11,6 +11,8 @@ from proxy.errors import InvalidRequest
 _ID = re.compile(r"^[A-Za-z0-9._:@\-]+$")  # safe in a URL path segment
 _TEXT = re.compile(r"^[^\x00-\x1f\x7f]+$")  # task ids are free text (e.g. "gsm8k/train/17")
 LIMITS = {"rollout": 128, "agent": 128, "task": 256}
+EVAL_HEADER = "X-Rlproxy-Eval"
+_FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
 @dataclass(slots=True, frozen=True)
@@ -19,6 +21,7 @@ class CallContext:
     agent: str | None
     task_id: str | None
     project: str | None = None
+    eval: bool = False  # `X-Rlproxy-Eval: 1`: the call's rollout is evaluation traffic, never trained on
 
 
 def _clean(value: str | None, what: str) -> str | None:
@@ -32,6 +35,17 @@ def _clean(value: str | None, what: str) -> str | None:
     return value
 
 
+def eval_flag(request: web.Request) -> bool:
+    """The `X-Rlproxy-Eval` header: 1/true/yes/on or 0/false/no/off (any case); absent or empty is false."""
+    value = request.headers.get(EVAL_HEADER, "").strip().lower()
+    if value == "":
+        return False
+    if value not in _FLAGS:
+        raise InvalidRequest(f"{EVAL_HEADER} must be 1 or 0 (or true/false, yes/no, on/off)", param=EVAL_HEADER,
+                             code="invalid_header")
+    return _FLAGS[value]
+
+
 def call_context(request: web.Request) -> CallContext:
     match, headers = request.match_info, request.headers
     return CallContext(
@@ -39,4 +53,5 @@ def call_context(request: web.Request) -> CallContext:
         agent=_clean(match.get("agent") or headers.get("X-Agent-Name"), "agent"),
         task_id=_clean(headers.get("X-Task-Id"), "task"),
         project=request.get("project"),
+        eval=eval_flag(request),
     )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+REWARD_BUCKETS = (-1, -0.5, 0, 0.25, 0.5, 0.75, 1, 2, 5)
 
 
 class ProxyMetrics:
@@ -43,6 +44,7 @@ class ProxyMetrics:
         self.rewards = Counter("rlproxy_rewards_total", "Rewards received, by kind and reason.",
                                ["kind", "reason", "policy"], registry=r)
         self.reward_value = FinalRewards(r)
+        self.eval_reward_value = EvalRewards(r)
         self.active_policy = Gauge("rlproxy_active_policy_version", "Policy version served for the model.",
                                    registry=r)
         self.passthrough = Counter("rlproxy_passthrough_requests_total",
@@ -68,14 +70,25 @@ class FinalRewards:
     histogram's `_sum` when a bucket is below zero (a sum of negative values is no counter), and without it
     there is no mean: `sum(rlproxy_final_reward_sum) / sum(rlproxy_reward_value_count)` by policy gives it."""
 
+    NAME, SUM = "rlproxy_reward_value", "rlproxy_final_reward_sum"
+    WHAT = "Final reward values"
+
     def __init__(self, registry: CollectorRegistry) -> None:
-        self.histogram = Histogram("rlproxy_reward_value", "Final reward values.", ["policy"],
-                                   buckets=(-1, -0.5, 0, 0.25, 0.5, 0.75, 1, 2, 5), registry=registry)
-        self.sum = Gauge("rlproxy_final_reward_sum", "Sum of final reward values (a gauge: rewards may be "
+        self.histogram = Histogram(self.NAME, f"{self.WHAT}.", ["policy"],
+                                   buckets=REWARD_BUCKETS, registry=registry)
+        self.sum = Gauge(self.SUM, f"Sum of {self.WHAT[0].lower()}{self.WHAT[1:]} (a gauge: rewards may be "
                          "negative).", ["policy"], registry=registry)
 
     def labels(self, policy: str) -> _FinalReward:
         return _FinalReward(self.histogram.labels(policy), self.sum.labels(policy))
+
+
+class EvalRewards(FinalRewards):
+    """Final rewards of evaluation rollouts (`rollouts.eval`), by the policy version that served them. The
+    trainer exports the same two metrics for the rollouts it marks by agent name (`--eval-agents`)."""
+
+    NAME, SUM = "rlproxy_eval_reward_value", "rlproxy_eval_reward_sum"
+    WHAT = "Final reward values of evaluation rollouts"
 
 
 class _FinalReward:

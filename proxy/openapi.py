@@ -74,6 +74,7 @@ _SCHEMAS: dict[str, Any] = {
         "properties": {
             "rollout_id": {"type": "string"}, "task_id": _nullable("string"),
             "status": {"type": "string", "enum": ["open", "finished"]}, "reward": _nullable("number"),
+            "eval": {"type": "boolean"}, "policy": _nullable("integer"),
             "calls": {"type": "array", "items": _ref("Call")},
             "rewards": {"type": "array", "items": {
                 "type": "object", "required": ["call_id", "kind", "value"],
@@ -81,10 +82,20 @@ _SCHEMAS: dict[str, Any] = {
                                "value": {"type": "number"}, "reason": _nullable("string")}}},
         },
     },
-    "Policy": {"type": "object", "required": ["version", "status"],
+    "Policy": {"type": "object", "required": ["version", "status", "evaluation_traffic"],
                "properties": {"version": {"type": "integer"}, "name": _nullable("string"),
                               "status": {"enum": ["candidate", "active", "retired", "failed", "canary"]},
-                              "metrics": _nullable("object")}},
+                              "metrics": _nullable("object"),
+                              "evaluation_traffic": _ref("EvaluationTraffic")}},
+    "EvaluationTraffic": {
+        "type": "object", "required": ["n", "mean", "ci95", "interval"],
+        "description": "Final rewards of the finished evaluation rollouts this version served. ci95: Wilson's "
+                       "interval when every reward is 0 or 1, else Student's t interval on the mean (null for "
+                       "a single non-binary reward).",
+        "properties": {"n": {"type": "integer", "minimum": 0}, "mean": _nullable("number"),
+                       "ci95": {"type": ["array", "null"], "items": {"type": "number"}, "minItems": 2,
+                                "maxItems": 2},
+                       "interval": {"enum": ["wilson", "t", None]}}},
     "PolicyList": {"type": "object", "required": ["data", "active"],
                    "properties": {"data": {"type": "array", "items": _ref("Policy")},
                                   "active": {"type": "integer"}}},
@@ -205,7 +216,11 @@ def _header(name: str, limit: int, pattern: str | None) -> dict[str, Any]:
 _ID = {"type": "string", "minLength": 1, "maxLength": 128, "pattern": ID_PATTERN}
 ROLLOUT_ID, AGENT = _path_param("rollout_id", _ID), _path_param("agent", _ID)
 CONTEXT_HEADERS = [_header("X-Rollout-Id", 128, ID_PATTERN), _header("X-Agent-Name", 128, ID_PATTERN),
-                   _header("X-Task-Id", 256, r"^[^\x00-\x1f\x7f]+$")]
+                   _header("X-Task-Id", 256, r"^[^\x00-\x1f\x7f]+$"),
+                   {"name": "X-Rlproxy-Eval", "in": "header", "required": False,
+                    "description": "1: the call's rollout is evaluation traffic (never trained on); any case of "
+                                   "1/0, true/false, yes/no, on/off.",
+                    "schema": {"type": "string", "enum": ["1", "0", "true", "false", "yes", "no", "on", "off"]}}]
 
 
 def openapi_document(settings: ProxySettings, *, auth_enabled: bool,

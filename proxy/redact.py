@@ -19,9 +19,9 @@ MARKER = "[redacted]"
 _TEXT_FIELDS = ("content", "reasoning", "reasoning_content", "refusal")
 
 
-# The text-bearing fields of the Responses and Messages APIs (request, response); their items are scrubbed
-# whole: every string but the structural ones below becomes MARKER.
-DIALECT_FIELDS = {"responses": (("input", "instructions"), ("output",)),
+# The text-bearing fields of the Responses and Messages APIs (request, response; a Response echoes its
+# instructions); their items are scrubbed whole: every string but the structural ones below becomes MARKER.
+DIALECT_FIELDS = {"responses": (("input", "instructions"), ("output", "instructions")),
                   "messages": (("system", "messages"), ("content",))}
 _STRUCTURAL = frozenset({"type", "role", "id", "call_id", "tool_call_id", "tool_use_id", "name", "status"})
 

@@ -55,6 +55,8 @@ class RolloutCreate(_Stored):
     task_id: StrictStr | None = None
     agent: StrictStr | None = None
     metadata: dict[str, Any] | None = None
+    eval: StrictBool = Field(False, description="Evaluation traffic: served like any other rollout, never "
+                                                "trained on; its final reward is reported per policy version.")
 
 
 class RewardPost(_Stored):

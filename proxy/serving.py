@@ -65,7 +65,7 @@ class CompletionServing:
             id=uuid.uuid4().hex, route=dialect.route if dialect else route, started_at=utcnow(),
             rollout_id=context.rollout_id, agent=context.agent, task_id=context.task_id, project=context.project,
             model=body["model"], upstream_model=target.upstream_model, policy_version=target.policy_version,
-            stream=bool(body.get("stream")), request=body,
+            stream=bool(body.get("stream")), request=body, eval=context.eval,
         )
         headers = {"X-Rlproxy-Call-Id": record.id}
         if target.policy_version is not None:

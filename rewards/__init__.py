@@ -8,6 +8,7 @@ The pipeline, one module per step:
                 reinforce_baseline, reinforce) or against the batch when there is no group
     air         Automatic Intermediate Rewards read off chat traffic: malformed or unknown tool
                 calls, and tool results that report errors
+    text_tools  the same tool outcomes for agents with a text tool protocol (markers in the turns)
     scorers     ready-made outcome checks (exact, numeric, contains, JSON) for an agent's final reward
 """
 from rewards.advantages import (
@@ -44,6 +45,7 @@ from rewards.air import (
 )
 from rewards.credit import CREDIT_MODES, CreditMode, assign_credit
 from rewards.scorers import contains, exact_match, json_valid, last_number, numeric_match
+from rewards.text_tools import score_text_tools, text_tool_outcome
 
 __all__ = [
     "AIR_REASONS",
@@ -81,5 +83,7 @@ __all__ = [
     "reinforce_baseline",
     "rloo",
     "score_text_tool_result",
+    "score_text_tools",
     "score_tool_calls",
+    "text_tool_outcome",
 ]

@@ -9,6 +9,9 @@ A call's response may ask for tool calls; a later call's request carries their r
     tool_success       a result came back and reports no error              (default 0.0, i.e. off)
 
 A rule whose weight is 0 is off: zero-valued rewards are never emitted.
+
+Agents that speak a text tool protocol (no native tool calls) get tool_error / tool_success from the
+`text_*_patterns` rules instead (rewards/text_tools.py); they are off while no action pattern is set.
 """
 from __future__ import annotations
 
@@ -68,22 +71,41 @@ class AirRules:
     tool_error: float = -0.25
     tool_success: float = 0.0
     error_patterns: tuple[str, ...] = DEFAULT_ERROR_PATTERNS
+    # Text tool protocols (rewards/text_tools.py), regular expressions (case-sensitive; `(?i)` ignores case):
+    # an action pattern found in a reply marks it as a tool call; the turn that answers it is a tool_error
+    # when an error pattern matches at its start, a tool_success when a success pattern does. No action
+    # pattern: off.
+    text_action_patterns: tuple[str, ...] = ()
+    text_error_patterns: tuple[str, ...] = ()
+    text_success_patterns: tuple[str, ...] = ()
     _compiled: tuple[re.Pattern[str], ...] = field(init=False, repr=False, compare=False)
+    _text_compiled: dict[str, tuple[re.Pattern[str], ...]] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for reason in AIR_REASONS:
             require_finite(getattr(self, reason), f"AIR weight {reason}")
-        if isinstance(self.error_patterns, str):
-            raise ValueError("error_patterns must be a sequence of regular expressions, not one string")
-        patterns = tuple(self.error_patterns)
+        object.__setattr__(self, "_compiled", self._compile("error_patterns", re.IGNORECASE, "error"))
+        text = {kind: self._compile(f"text_{kind}_patterns", re.MULTILINE, f"text {kind}")
+                for kind in ("action", "error", "success")}
+        if text["action"] and not (text["error"] or text["success"]):
+            raise ValueError("AIR text_action_patterns need text_error_patterns or text_success_patterns")
+        if not text["action"] and (text["error"] or text["success"]):
+            raise ValueError("AIR text error/success patterns need text_action_patterns (what a tool call is)")
+        object.__setattr__(self, "_text_compiled", text)
+
+    def _compile(self, name: str, flags: int, what: str) -> tuple[re.Pattern[str], ...]:
+        patterns = getattr(self, name)
+        if isinstance(patterns, str):
+            raise ValueError(f"{name} must be a sequence of regular expressions, not one string")
+        patterns = tuple(patterns)
         compiled = []
         for pattern in patterns:
             try:
-                compiled.append(re.compile(pattern, re.IGNORECASE))
-            except re.error as exc:
-                raise ValueError(f"invalid AIR error pattern {pattern!r}: {exc}") from None
-        object.__setattr__(self, "error_patterns", patterns)
-        object.__setattr__(self, "_compiled", tuple(compiled))
+                compiled.append(re.compile(pattern, flags))
+            except (re.error, TypeError) as exc:
+                raise ValueError(f"invalid AIR {what} pattern {pattern!r}: {exc}") from None
+        object.__setattr__(self, name, patterns)
+        return tuple(compiled)
 
     def weight(self, reason: str) -> float:
         if reason not in AIR_REASONS:

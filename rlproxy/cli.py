@@ -84,19 +84,37 @@ def main(verbose: bool) -> None:
         help="batch: answer, then record; sync: every call is fsynced to the spool before it is answered.")
 @option("--shutdown-timeout", default=30.0, type=float,
         help="Seconds in-flight requests and streams may take to finish after SIGTERM.")
+@option("--air-text-action", default=None, metavar="REGEX",
+        help="AIR for agents with a text tool protocol (docs/air.md): a reply in which this regex is "
+             "found is a tool call, e.g. 'CALC:'. Needs --air-text-error and/or --air-text-success. Default: off.")
+@option("--air-text-error", default=None, metavar="REGEX",
+        help="The user/tool turn answering a text tool call is a tool_error when this regex matches at its "
+             "start, e.g. 'ERROR:'.")
+@option("--air-text-success", default=None, metavar="REGEX",
+        help="... and a tool_success when this one does (weight: --air-tool-success).")
+@option("--air-tool-success", default=0.0, type=float,
+        help="AIR weight of tool_success, native and text tool calls (0: not emitted).")
 @auth_options
 def serve(host, port, upstreams, database_url, served_model, migrate, client_max_size, upstream_timeout,
-          spool_path, durability, shutdown_timeout, **auth) -> None:
+          spool_path, durability, shutdown_timeout, air_text_action, air_text_error, air_text_success,
+          air_tool_success, **auth) -> None:
     """Run the proxy."""
+    from proxy.air import air_rules
     from proxy.app import run
 
     settings = ProxySettings(
         host=host, port=port, upstreams=tuple(u for value in upstreams for u in value.split(",") if u),
         database_url=database_url, served_model=served_model, migrate=migrate, client_max_size=client_max_size,
         upstream_timeout=upstream_timeout, shutdown_timeout=shutdown_timeout,
+        air_text_action=air_text_action, air_text_error=air_text_error, air_text_success=air_text_success,
+        air_tool_success=air_tool_success,
         writer=WriterSettings(spool_path=spool_path, durability=durability),
         auth=AuthSettings(**auth),
     )
+    try:
+        air_rules(settings)
+    except ValueError as exc:
+        raise click.UsageError(f"--air-text-*: {exc}") from None
     _refuse_open_network(settings)
     if settings.upstreams:
         run(settings)
@@ -225,9 +243,12 @@ def engine(model_path, host, port, served_model_name, max_model_len, kv_cache_gi
 @option("--nproc-per-node", default=1, type=click.IntRange(min=1),
         help="Data-parallel training processes on this machine (one per GPU; on a CPU they share its cores). "
              "Starts torchrun; for several machines run torchrun yourself (see trainer/parallel.py).")
+@option("--eval-agents", "eval_agents", multiple=True, metavar="NAME",
+        help="Agents whose rollouts are evaluation traffic: never trained on, their final rewards reported per "
+             "policy version in GET /policies (repeat, or separate with commas; same as --set eval_agents=...).")
 def train(database_url, upstreams, model_path, adapters_dir, worker_id, metrics_port, max_steps, poll_interval,
           lease_seconds, overrides, gate, gate_margin, heldout_tasks, canary_fraction,
-          canary_min_rollouts, upstream_api_key, nproc_per_node) -> None:
+          canary_min_rollouts, upstream_api_key, nproc_per_node, eval_agents) -> None:
     """Run the trainer worker: rewarded rollouts in, LoRA PPO, new adapters hot-loaded into the engines."""
     import asyncio
 
@@ -238,6 +259,11 @@ def train(database_url, upstreams, model_path, adapters_dir, worker_id, metrics_
     if nproc_per_node > 1 and not parallel.launched_by_torchrun():
         _exec_torchrun(nproc_per_node)
     config = train_config_from(overrides)
+    named = [name.strip() for value in eval_agents for name in value.split(",") if name.strip()]
+    if named:
+        from dataclasses import replace
+
+        config = replace(config, eval_agents=list(dict.fromkeys(config.eval_agents + named)))
     collective = parallel.init_from_environment() if parallel.launched_by_torchrun() else None
     if collective is not None and collective.rank != 0:  # a follower: no database, engines or metrics port
         from rlproxy.model import default_model_path

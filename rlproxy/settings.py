@@ -78,6 +78,16 @@ class ProxySettings(_Settings):
     upstream_connect_attempts: int = Field(3, description="Connection attempts per request before the first byte.")
     policy_refresh_interval: float = Field(1.0, description="Seconds between reads of the active policy.")
     air: bool = Field(True, description="Derive automatic intermediate rewards from observed tool calls.")
+    air_text_action: str | None = Field(
+        None, description="AIR for a text tool protocol (docs/air.md): a regex that marks a reply as a tool "
+                          "call (e.g. 'CALC:'); None: off.")
+    air_text_error: str | None = Field(
+        None, description="A regex that, matched at the start of the user/tool turn answering a text tool "
+                          "call, makes it a tool_error (e.g. 'ERROR:').")
+    air_text_success: str | None = Field(
+        None, description="A regex that, matched at the start of that turn, makes it a tool_success.")
+    air_tool_success: float = Field(
+        0.0, description="AIR weight of tool_success, native and text (0: not emitted).")
     shutdown_timeout: float = Field(
         30.0, description="Seconds in-flight requests and streams may take to finish after SIGTERM."
     )

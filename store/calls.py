@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from store.dialect import insert_ignoring_duplicates
@@ -95,10 +95,14 @@ async def write_calls(session: AsyncSession, records: list[CallRecord], *,
     seqs: dict[str, int] = {}
     for rid, calls in sorted(by_rollout.items()):  # a fixed lock order avoids deadlocks between proxies
         calls.sort(key=lambda r: r.started_at)
+        values = {"call_count": Rollout.call_count + len(calls)}
+        if any(c.eval for c in calls):  # `X-Rlproxy-Eval` on any call marks the rollout (never unmarks it)
+            values["eval"] = True
+        if calls[0].policy_version is not None:  # a rollout claimed before its first call was recorded
+            values["policy_version"] = func.coalesce(Rollout.policy_version, calls[0].policy_version)
         end = (
             await session.execute(
-                update(Rollout).where(Rollout.id == rid)
-                .values(call_count=Rollout.call_count + len(calls)).returning(Rollout.call_count)
+                update(Rollout).where(Rollout.id == rid).values(**values).returning(Rollout.call_count)
             )
         ).scalar_one()
         for offset, record in enumerate(calls):

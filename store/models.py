@@ -97,6 +97,8 @@ class Rollout(Base):
     reward: Mapped[float | None] = mapped_column(Float)
     metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata", Document)
     policy_version: Mapped[int | None] = mapped_column(Integer)
+    # Evaluation traffic: served like any other, never trained on; final rewards reported per policy version.
+    eval: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
     call_count: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
     created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(Timestamp)
@@ -106,12 +108,20 @@ class Rollout(Base):
     lease_expires_at: Mapped[datetime | None] = mapped_column(Timestamp)
 
     __table_args__ = (
-        # What the trainer asks for: finished, untrained rollouts in finishing order.
+        # What the trainer asks for: finished, untrained rollouts in finishing order (evaluation rollouts are
+        # never trained, so they stay out of it rather than pile up in it).
         Index(
             "ix_rollouts_trainable",
             "finished_at",
-            postgresql_where=text("status = 'finished' AND trained_at IS NULL"),
-            sqlite_where=text("status = 'finished' AND trained_at IS NULL"),
+            postgresql_where=text("status = 'finished' AND trained_at IS NULL AND NOT eval"),
+            sqlite_where=text("status = 'finished' AND trained_at IS NULL AND NOT eval"),
+        ),
+        # What `GET /policies` reports as evaluation traffic: finished evaluation rollouts by version.
+        Index(
+            "ix_rollouts_eval",
+            "policy_version",
+            postgresql_where=text("eval AND status = 'finished'"),
+            sqlite_where=text("eval AND status = 'finished'"),
         ),
     )
 

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from store import evaluation
 from store.errors import NotFound
 from store.models import Policy, PolicyStatus, utcnow
 
@@ -44,15 +45,20 @@ async def get_policy(session: AsyncSession, version: int) -> Policy:
     return policy
 
 
-async def list_policies(session: AsyncSession) -> list[dict[str, Any]]:
+async def list_policies(session: AsyncSession, *, project: str | None = None) -> list[dict[str, Any]]:
+    """Every version, the base (0) first, each with `evaluation_traffic`: the final rewards of the evaluation
+    rollouts it served (store/evaluation.py; with `project`, that project's and unowned rollouts only)."""
     policies = (await session.execute(select(Policy).order_by(Policy.version))).scalars().all()
+    traffic = await evaluation.traffic_by_version(session, project=project)
+    none = evaluation.summarize(0, 0.0, 0.0, False)
     active = any(p.status == PolicyStatus.ACTIVE for p in policies)
     base = {"version": BASE_VERSION, "name": None, "status": "retired" if active else PolicyStatus.ACTIVE,
             "parent_version": None, "path": None, "metrics": None, "evaluation": None,
-            "created_at": None, "activated_at": None}
+            "evaluation_traffic": traffic.get(BASE_VERSION, none), "created_at": None, "activated_at": None}
     return [base] + [
         {"version": p.version, "name": p.name, "status": p.status, "parent_version": p.parent_version,
          "path": p.path, "metrics": p.metrics, "evaluation": p.evaluation,
+         "evaluation_traffic": traffic.get(p.version, none),
          "created_at": p.created_at.isoformat() if p.created_at else None,
          "activated_at": p.activated_at.isoformat() if p.activated_at else None}
         for p in policies

@@ -39,6 +39,7 @@ class CallRecord:
     ttft_ms: float | None = None
     finished_at: datetime | None = None
     complete: bool = False  # a stream's end marker reached the agent (a disconnect after it loses nothing)
+    eval: bool = False  # sent with `X-Rlproxy-Eval`: its rollout is evaluation traffic, never trained on
 
     @property
     def completion_tokens(self) -> int | None:

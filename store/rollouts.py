@@ -18,6 +18,8 @@ class RewardResult:
     reward: float
     call_id: str | None
     created: bool  # False when an identical final reward was already stored
+    policy_version: int | None = None  # the version that served the rollout
+    eval: bool = False  # evaluation traffic (never trained on)
 
 
 async def create_rollout(
@@ -29,9 +31,10 @@ async def create_rollout(
     metadata: dict[str, Any] | None = None,
     project: str | None = None,
     policy_version: int | None = None,
+    eval: bool = False,
 ) -> Rollout:
     rollout = Rollout(id=rollout_id, task_id=task_id, agent=agent, metadata_=metadata, project=project,
-                      policy_version=policy_version, status=RolloutStatus.OPEN, call_count=0)
+                      policy_version=policy_version, status=RolloutStatus.OPEN, call_count=0, eval=eval)
     session.add(rollout)
     await session.flush()
     return rollout
@@ -70,7 +73,7 @@ async def post_reward(
 
     if rollout.status == RolloutStatus.FINISHED:
         if rollout.reward == value:
-            return RewardResult(rollout_id, value, None, False)
+            return RewardResult(rollout_id, value, None, False, rollout.policy_version, rollout.eval)
         raise Conflict(f"rollout {rollout_id!r} already has final reward {rollout.reward}, not {value}")
     rollout.status = RolloutStatus.FINISHED
     rollout.reward = value
@@ -78,7 +81,7 @@ async def post_reward(
     if task_id is not None and rollout.task_id is None:
         rollout.task_id = task_id
     session.add(Reward(rollout_id=rollout_id, kind=RewardKind.FINAL, value=value, metadata_=metadata))
-    return RewardResult(rollout_id, value, None, True)
+    return RewardResult(rollout_id, value, None, True, rollout.policy_version, rollout.eval)
 
 
 async def get_rollout(session: AsyncSession, rollout_id: str, *, project: str | None = None) -> dict[str, Any]:
@@ -108,6 +111,8 @@ async def get_rollout(session: AsyncSession, rollout_id: str, *, project: str | 
         "created_at": rollout.created_at.isoformat() if rollout.created_at else None,
         "finished_at": rollout.finished_at.isoformat() if rollout.finished_at else None,
         "trained": rollout.trained_at is not None,
+        "eval": rollout.eval,
+        "policy": rollout.policy_version,
         "calls": [_call_json(call, choices[call.id]) for call in calls],
         "rewards": [
             {"call_id": r.call_id, "kind": r.kind, "value": r.value, "reason": r.reason, "metadata": r.metadata_,

@@ -52,12 +52,25 @@ def _unleased(now: datetime):
 
 
 def _trainable(agents: Sequence[str] = ()):
-    """Finished and untrained; with `agents`, also not created for some other agent (an evaluation agent's
-    rollouts, say, are never training data). Rollouts created without an agent always qualify."""
-    condition = and_(Rollout.status == RolloutStatus.FINISHED, Rollout.trained_at.is_(None))
+    """Finished, untrained and not evaluation traffic (`rollouts.eval`); with `agents`, also not created for
+    some other agent (an evaluation agent's rollouts, say, are never training data). Rollouts created without
+    an agent always qualify. (The same conditions as the partial index `ix_rollouts_trainable`.)"""
+    condition = and_(Rollout.status == RolloutStatus.FINISHED, Rollout.trained_at.is_(None), ~Rollout.eval)
     if agents:
         condition = and_(condition, or_(Rollout.agent.is_(None), Rollout.agent.in_(list(agents))))
     return condition
+
+
+async def mark_eval_agents(session: AsyncSession, agents: Sequence[str]) -> list[tuple[int | None, float]]:
+    """Mark the finished, untrained rollouts created for one of `agents` (`rlproxy train --eval-agents`) as
+    evaluation traffic, so they are never claimed and `GET /policies` reports them. Returns (policy version,
+    final reward) of each rollout marked now."""
+    if not agents:
+        return []
+    result = await session.execute(
+        update(Rollout).where(_trainable(), Rollout.agent.in_(list(agents)))
+        .values(eval=True).returning(Rollout.policy_version, Rollout.reward))
+    return [(version, float(reward)) for version, reward in result]
 
 
 async def ready_rollouts(session: AsyncSession, *, limit: int, group_size: int, group_timeout_s: float,

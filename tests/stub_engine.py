@@ -9,7 +9,9 @@ Test controls, read from the request body (unknown fields pass through the proxy
   "stub_die_after": close the connection after this many stream chunks (an engine crash mid-stream);
   "stub_status": answer with this HTTP status and an OpenAI-shaped error;
   "stub_spaced": write JSON with spaces after separators (`"token_ids": [1, 2]`), as other servers do;
-  "stub_plain_json": answer a `stream: true` request with one JSON body, as a server without streaming does.
+  "stub_plain_json": answer a `stream: true` request with one JSON body, as a server without streaming does;
+  "stub_reply": answer with this text (its whitespace-separated words, one token each) instead of the
+               deterministic words, e.g. a text-protocol tool call such as "CALC: 1 / 0".
 """
 from __future__ import annotations
 
@@ -74,6 +76,8 @@ class Stub:
         length = 3 + seed[0] % 6
         max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or 16
         words = [VOCAB[(seed[i + 1]) % len(VOCAB)] for i in range(length)]
+        if isinstance(body.get("stub_reply"), str):
+            words = body["stub_reply"].split()
         return words[:max_tokens]
 
     async def models(self, request: web.Request) -> web.Response:

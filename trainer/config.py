@@ -128,10 +128,17 @@ class TrainConfig:
     train_agents: list[str] = field(
         default_factory=list, metadata={"help": "Agent names whose calls are trained; empty means all."}
     )
+    eval_agents: list[str] = field(
+        default_factory=list,
+        metadata={"help": "Agent names whose rollouts are evaluation traffic (`rlproxy train --eval-agents`): "
+                          "never trained on; the trainer marks them `eval` once finished, so `GET /policies` "
+                          "reports their rewards per policy version."},
+    )
 
     def __post_init__(self) -> None:
         self.target_modules = list(self.target_modules)
         self.train_agents = list(self.train_agents)
+        self.eval_agents = list(self.eval_agents)
         checks = {
             "lora_rank": self.lora_rank > 0,
             "lora_alpha": self.lora_alpha > 0,

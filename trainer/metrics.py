@@ -4,6 +4,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 STEP_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+REWARD_BUCKETS = (-1, -0.5, 0, 0.25, 0.5, 0.75, 1, 2, 5)  # as the proxy's reward histograms
 
 
 class TrainerMetrics:
@@ -38,3 +39,15 @@ class TrainerMetrics:
             registry=r)
         self.publish_failures = Counter("rlproxy_trainer_publish_failures_total", "Adapters that failed to load.",
                                         registry=r)
+        # The proxy's evaluation reward metrics, for the rollouts this trainer marks by agent (--eval-agents);
+        # the proxy counts those marked at creation or by header. Sum both jobs by policy.
+        self.eval_reward_value = Histogram("rlproxy_eval_reward_value",
+                                           "Final reward values of evaluation rollouts.", ["policy"],
+                                           buckets=REWARD_BUCKETS, registry=r)
+        self.eval_reward_sum = Gauge("rlproxy_eval_reward_sum", "Sum of final reward values of evaluation "
+                                     "rollouts (a gauge: rewards may be negative).", ["policy"], registry=r)
+
+    def observe_eval(self, policy_version: int | None, reward: float) -> None:
+        policy = "" if policy_version is None else str(policy_version)
+        self.eval_reward_value.labels(policy).observe(reward)
+        self.eval_reward_sum.labels(policy).inc(reward)

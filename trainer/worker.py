@@ -157,6 +157,14 @@ class TrainerWorker:
             t.behaviour_logprobs = [lp if keep else 0.0 for lp, keep in zip(scores, mask)]
 
     async def _claim(self) -> list[str]:
+        if self.config.eval_agents:  # evaluation traffic by agent name: marked, so never claimed below
+            async with self.sessions() as session, session.begin():
+                marked = await training.mark_eval_agents(session, self.config.eval_agents)
+            for version, reward in marked:
+                self.metrics.observe_eval(version, reward)
+            if marked:
+                log.info("marked %d rollouts of evaluation agents %s as evaluation traffic", len(marked),
+                         ", ".join(self.config.eval_agents))
         async with self.sessions() as session, session.begin():
             agents = self.config.train_agents
             self.metrics.rollouts_waiting.set(await training.waiting_rollouts(session, agents))

@@ -2,9 +2,10 @@
 engine's chat route.
 
 The translation follows vLLM's own `/v1/messages` (which is itself a translation to chat inside the engine), so
-the prompt is the one the engine would have rendered: `system` text first (blocks joined as they are), `text`
-and `image` blocks as chat parts, `tool_use` blocks as the assistant's `tool_calls` (input as JSON text),
-`tool_result` blocks as `tool` messages, thinking blocks dropped; `tools` as functions, `tool_choice`
+the prompt is the one the engine would have rendered: `system` text first (blocks joined as they are, Claude
+Code's per-request billing-header block left out), `text` and `image` blocks as chat parts, `tool_use` blocks as
+the assistant's `tool_calls` (input as JSON text), `tool_result` blocks as `tool` messages, thinking blocks as the
+message's `reasoning`, an assistant turn kept even when it has no text; `tools` as functions, `tool_choice`
 `any` as `required`, `stop_sequences` as `stop`.
 
 Errors on these routes use Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`.
@@ -26,6 +27,7 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
                429: "rate_limit_error", 500: "api_error", 502: "api_error", 503: "overloaded_error",
                504: "api_error", 529: "overloaded_error"}
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
+BILLING_HEADER = "x-anthropic-billing-header"  # Claude Code's attribution block in `system`
 
 
 class MessagesRequest(BaseModel):
@@ -185,16 +187,21 @@ def chat_messages(body: dict[str, Any], *, mark_errors: bool = False) -> list[di
     """The Messages request as chat messages. `mark_errors` (AIR's view only) wraps a `tool_result` that has
     `is_error: true` as `{"is_error": true, "content": …}`, which AIR reads as a tool error."""
     messages: list[dict[str, Any]] = []
-    system = body.get("system")
+    system = _system_text(body.get("system"), whole_string=True)
     if system:
-        messages.append({"role": "system", "content": system if isinstance(system, str) else text_of(system)})
+        messages.append({"role": "system", "content": system})
     for message in body["messages"]:
         content = message["content"]
+        if message["role"] == "system":  # a turn in the middle: its text, as vLLM takes it
+            if system := _system_text(content, whole_string=False):
+                messages.append({"role": "system", "content": system})
+            continue
         if isinstance(content, str):
             messages.append({"role": message["role"], "content": content})
             continue
         parts: list[dict[str, Any]] = []
         calls: list[dict[str, Any]] = []
+        thinking: list[str] = []
         for block in content:
             kind = block.get("type")
             if kind == "text" and block.get("text"):
@@ -210,15 +217,31 @@ def chat_messages(body: dict[str, Any], *, mark_errors: bool = False) -> list[di
                                  "content": _tool_result(block, mark_errors)})
             elif kind == "tool_result":
                 parts.append({"type": "text", "text": f"Tool result: {text_of(block.get('content'))}"})
-        if not parts and not calls:
-            continue
+            elif kind == "thinking" and isinstance(block.get("thinking"), str):
+                thinking.append(block["thinking"])
+        if message["role"] == "user" and not parts:
+            continue  # only tool results (now `tool` messages): no user turn, as in vLLM
         chat: dict[str, Any] = {"role": message["role"]}
         if parts:
             chat["content"] = parts[0]["text"] if len(parts) == 1 and parts[0]["type"] == "text" else parts
         if calls:
             chat["tool_calls"] = calls
-        messages.append(chat)
+        if thinking:
+            chat["reasoning"] = "".join(thinking)
+        messages.append(chat)  # an assistant turn is kept even when empty: the template renders it
     return messages
+
+
+def _system_text(content: Any, *, whole_string: bool) -> str:
+    """System text as vLLM's `/v1/messages` takes it: text blocks joined as they are, less Claude Code's
+    billing-header block (a per-request hash; the engine's chat route would also cut a line that starts with it,
+    taking the next block's first line along once the blocks are joined). vLLM keeps a top-level string whole
+    (`whole_string`), but drops a mid-conversation one that is the header."""
+    if isinstance(content, str):
+        return content if whole_string or not content.startswith(BILLING_HEADER) else ""
+    return "".join(block["text"] for block in content or () if isinstance(block, dict)
+                   and block.get("type") == "text" and isinstance(block.get("text"), str)
+                   and not block["text"].startswith(BILLING_HEADER))
 
 
 def _json_text(value: Any) -> str:

@@ -3,7 +3,9 @@
 The translation follows vLLM's own Responses route for chat-template models, so the engine sees the prompt it
 would have built itself: `instructions` become the system message; message items keep their role (`developer`
 too) and content; consecutive `function_call` items join the assistant message before them as `tool_calls`;
-`function_call_output` items become `tool` messages; reasoning items are dropped. `custom` tools are offered as
+`function_call_output` items become `tool` messages; a reasoning item's text becomes the `reasoning` of the
+assistant message before it (or of a new one: the turn is rendered even with no text; encrypted reasoning, which
+this engine cannot have written, is dropped). `custom` tools are offered as
 functions taking `{"input": string}`, the way vLLM does, and their calls come back as `custom_tool_call` items.
 
 `previous_response_id` is resolved by the proxy from its own records (`history`: the earlier turns' input and
@@ -177,7 +179,13 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif kind in ("function_call_output", "custom_tool_call_output"):
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": _tool_output(item)})
         elif kind == "reasoning":
-            continue
+            reasoning = _reasoning_text(item)
+            if reasoning is None:
+                continue
+            if previous is not None and previous.get("reasoning") is None:
+                previous["reasoning"] = reasoning
+            else:
+                messages.append({"role": "assistant", "reasoning": reasoning})
         elif item.get("role") == "assistant":
             text = _assistant_text(item.get("content"))
             if previous is not None and previous.get("content") is None:
@@ -187,6 +195,15 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             messages.append({"role": item["role"], "content": _content(item.get("content"))})
     return messages
+
+
+def _reasoning_text(item: dict[str, Any]) -> str | None:
+    """A reasoning item's text as vLLM takes it: its first content part, else its first summary part."""
+    for key in ("content", "summary"):
+        parts = item.get(key)
+        if isinstance(parts, list) and parts and isinstance(parts[0], dict):
+            return parts[0].get("text") or ""
+    return None if item.get("encrypted_content") else ""
 
 
 def _tool_output(item: dict[str, Any]) -> Any:

@@ -10,7 +10,8 @@ from store import policies as store_policies
 
 async def list_policies(request: web.Request) -> web.Response:
     async with state(request).sessions() as session:
-        return json_response({"data": await store_policies.list_policies(session),
+        listed = await store_policies.list_policies(session, project=request.get("project"))
+        return json_response({"data": listed,
                               "active": state(request).router.active.version})
 
 

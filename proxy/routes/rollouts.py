@@ -20,6 +20,7 @@ async def create_rollout(request: web.Request) -> web.Response:
         await store_rollouts.create_rollout(
             session, rollout_id, task_id=body.task_id, agent=body.agent, metadata=body.metadata,
             project=request.get("project"), policy_version=app.router.version_for(rollout_id),
+            eval=body.eval,
         )
     base_url = f"{request.url.origin()}/rollouts/{rollout_id}/v1"
     return json_response({"rollout_id": rollout_id, "base_url": base_url}, status=201)
@@ -39,6 +40,9 @@ async def post_reward(request: web.Request) -> web.Response:
         app.metrics.rewards.labels(kind, "", "").inc()
         if kind == "final":
             app.metrics.reward_value.labels(str(app.router.version_for(body.rollout_id))).observe(body.reward)
+            if result.eval:  # by the version that served the rollout (`rollouts.policy_version`)
+                version = "" if result.policy_version is None else str(result.policy_version)
+                app.metrics.eval_reward_value.labels(version).observe(body.reward)
     payload = {"rollout_id": result.rollout_id, "reward": result.reward}
     if result.call_id is not None:
         payload["call_id"] = result.call_id
