@@ -9,7 +9,7 @@ import time
 import pytest
 import requests
 
-from tests.faults.traffic import Traffic, tally
+from tests.faults.traffic import Traffic, settle, tally
 from tests.support import running_proxy
 
 OUTAGE_SECONDS = float(os.environ.get("RLPROXY_FAULT_OUTAGE_SECONDS", "12"))
@@ -51,6 +51,7 @@ def test_a_database_outage_under_load_loses_nothing(stub_url, private_postgres, 
         acknowledged_at_stop = len(traffic.acknowledged)
         after = wait_until(lambda: (r := requests.get(url + "/readyz", timeout=10)).status_code == 200
                            and r.json()["spool"]["pending"] == 0 and r.json(), timeout=30)
+        settle(url, traffic)
         result = tally(traffic, private_database_url)
     result.show(f"database outage of {OUTAGE_SECONDS:.0f} s, durability={durability}")
     print(f"  spooled during the outage (readyz): {during['spool']['pending']}, metric: {spooled:.0f}")

@@ -10,7 +10,7 @@ import time
 import psycopg
 
 from tests.faults.test_database_outage import readyz, wait_until
-from tests.faults.traffic import Traffic, libpq, tally
+from tests.faults.traffic import Traffic, libpq, settle, tally
 from tests.support import free_port, proxy_command, running
 
 
@@ -41,6 +41,7 @@ def test_calls_acknowledged_before_a_kill_survive_it(stub_url, own_database_url,
     server, port = proxy()
     with server:
         wait_until(lambda: readyz(f"http://127.0.0.1:{port}")["spool"]["pending"] == 0, timeout=30)
+        settle(f"http://127.0.0.1:{port}", traffic)
         result = tally(traffic, own_database_url)
     result.show("proxy killed under load, durability=sync")
     print(f"  acknowledged but not in the database when the proxy died: {len(ids) - stored_at_kill}")

@@ -3,6 +3,7 @@ tests print: calls sent, acknowledged (the whole answer arrived), stored, lost (
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from collections import Counter
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 import anthropic
 import openai
 import psycopg
+import requests
 
 MESSAGES = [{"role": "user", "content": "What is 6 times 7?"}]
 
@@ -21,6 +23,7 @@ class Outcome:
     call_id: str | None = None
     acknowledged: bool = False
     error: str | None = None
+    api: str = "chat"
 
 
 @dataclass
@@ -68,9 +71,9 @@ class Traffic:
         n = 0
         async with client, messages:
             while not self._stop.is_set():
-                outcome = Outcome(rollout_id)
-                self.outcomes.append(outcome)
                 api, stream = KINDS[n % len(KINDS)]
+                outcome = Outcome(rollout_id, api=f"{api}{' stream' if stream else ''}")
+                self.outcomes.append(outcome)
                 await self._call(client if api != "messages" else messages, api, outcome, stream)
                 n += 1
                 await asyncio.sleep(self.pause)
@@ -88,7 +91,9 @@ class Traffic:
                 raw = await client.messages.with_raw_response.create(
                     model="stub-model", messages=MESSAGES, max_tokens=8, stream=stream)
             outcome.call_id = raw.headers.get("x-rlproxy-call-id")
-            answer = await raw.parse() if api != "chat" else raw.parse()  # (chat: a legacy response)
+            answer = raw.parse()
+            if inspect.isawaitable(answer):  # the Anthropic SDK's raw responses parse asynchronously
+                answer = await answer
             if not stream:
                 assert _finished(api, answer), "no finished answer"
             else:
@@ -111,6 +116,13 @@ def _finished(api: str, answer) -> bool:
         return getattr(answer, "type", "response.completed") == "response.completed" and (
             getattr(answer, "response", answer).status == "completed")
     return getattr(answer, "type", None) in ("message", "message_stop")
+
+
+def settle(proxy_url: str, traffic: Traffic) -> None:
+    """Read every rollout back, as an agent would before judging it: `GET /rollouts/{id}` answers once the calls
+    the proxy has taken are in the database (the writer may still be catching up after an outage)."""
+    for rollout_id in sorted({o.rollout_id for o in traffic.outcomes}):
+        requests.get(f"{proxy_url}/rollouts/{rollout_id}", timeout=60).raise_for_status()
 
 
 def libpq(url: str) -> str:
@@ -138,7 +150,12 @@ def tally(traffic: Traffic, database_url: str) -> Tally:
     ids = [o.call_id for o in acknowledged]
     rollouts = sorted({o.rollout_id for o in traffic.outcomes})
     with psycopg.connect(libpq(database_url)) as conn:
-        stored = conn.execute("SELECT count(*) FROM calls WHERE id = ANY(%s)", (ids,)).fetchone()[0]
+        found = {row[0] for row in conn.execute("SELECT id FROM calls WHERE id = ANY(%s)", (ids,))}
+        stored = len(found)
+        missing = Counter(o.api for o in acknowledged if o.call_id not in found)
+        if missing:
+            print(f"acknowledged but not stored, by kind: {dict(missing)}")
+
         bad = []
         for rollout_id in rollouts:
             seqs = [row[0] for row in conn.execute(
