@@ -1,9 +1,11 @@
 """Wire formats other than Chat Completions, translated to and from the engine's chat route.
 
 Every policy call goes to the engine as a Chat Completions request, whatever API the agent speaks, because that
-is the one route on which the engine returns the exact prompt and completion token ids and the sampling logprobs
-(vLLM 0.32's `/v1/messages` returns no ids at all; its `/v1/responses` only in non-streamed answers). So each
-dialect is pure translation, with no I/O, over the one capture core in `proxy/serving.py`:
+is the one route on which every engine returns the exact prompt and completion token ids and the sampling
+logprobs, streamed chunk by chunk (vLLM 0.32's `/v1/messages` returns no ids at all; its `/v1/responses` returns
+them only when asked with `enable_response_messages`, and keeps no state for `previous_response_id` unless its
+response store is turned on). So each dialect is pure translation, with no I/O, over the one capture core in
+`proxy/serving.py`:
 
     request   the agent's body  -> a chat body (`to_chat`)
     response  the chat answer   -> the agent's format (`build_response`), or chunk by chunk (`stream`)
