@@ -1,7 +1,7 @@
-"""The held-out measurement behind every held-out gate (`rlproxy eval`, the demo, `rlproxy train --gate heldout`):
-one episode of the demo agent per held-out task of the demo task family, against any OpenAI-compatible base
-URL (the proxy, or the engine directly), its success with a 95% Wilson interval, and the result kept on the
-policy row's `evaluation` JSON.
+"""The demo task's measurement (`rlproxy eval`, the demo, and through demo/score.py `rlproxy train --gate
+heldout`): one episode of the demo agent per task of a split of the demo task family, against any
+OpenAI-compatible base URL (the proxy, or the engine directly), its success with a 95% Wilson interval, and
+the held-out result kept on the policy row's `evaluation` JSON.
 
 A candidate passes when its success is not worse than its parent's by more than a margin: 48 tasks at a
 success near 30% give an interval about ±13 points wide, so a strict "at least as good" would reject
@@ -9,29 +9,24 @@ half of the candidates that are exactly as good as their parent.
 """
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 import openai
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from demo.agent import evaluate_detailed
 from demo.tasks import Task
+from rlproxy.evaluate import EvalError
 from store import policies
 from store.db import create_engine, session_factory
 from store.models import Policy, utcnow
 
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
-
-
-class EvalError(Exception):
-    """A policy cannot be evaluated as asked (no such version, adapter not reachable, engine refused)."""
 
 
 def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
@@ -140,49 +135,6 @@ async def known_success(session: AsyncSession, version: int, digest: str) -> flo
     return None
 
 
-# --- the engine --------------------------------------------------------------------------------------
-
-
-async def _get_json(url: str, api_key: str | None = None) -> Any:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30), headers=headers) as http:
-            async with http.get(url) as response:
-                if response.status != 200:
-                    raise EvalError(f"GET {url}: HTTP {response.status} {(await response.text())[:300]}")
-                return await response.json()
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        raise EvalError(f"GET {url}: {exc!r}") from None
-
-
-async def listed_models(base_url: str, api_key: str | None = None) -> list[dict[str, Any]]:
-    """`GET /v1/models` of an engine or a proxy (base URL without /v1)."""
-    return (await _get_json(f"{base_url.rstrip('/')}/v1/models", api_key))["data"]
-
-
-async def base_model(base_url: str, api_key: str | None = None) -> str:
-    models = await listed_models(base_url, api_key)
-    try:
-        return next(m["id"] for m in models if not m.get("parent"))
-    except StopIteration:
-        raise EvalError(f"{base_url} lists no base model") from None
-
-
-async def ensure_loaded(engine_url: str, name: str, path: str, api_key: str | None = None) -> None:
-    """Load an adapter into the engine unless it is there already (it may have been unloaded after it
-    stopped serving, or the engine restarted)."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120), headers=headers) as http:
-            async with http.post(f"{engine_url.rstrip('/')}/v1/load_lora_adapter",
-                                 json={"lora_name": name, "lora_path": path, "load_inplace": True}) as response:
-                body = await response.text()
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        raise EvalError(f"{engine_url} could not load {name}: {exc!r}") from None
-    if response.status != 200 and "already" not in body.lower():
-        raise EvalError(f"{engine_url} could not load {name} from {path}: HTTP {response.status} {body[:300]}")
-
-
 # --- `rlproxy eval` ------------------------------------------------------------------------------------
 
 
@@ -190,50 +142,21 @@ async def evaluate_policy(version: int, database_url: str, *, proxy: str | None 
                           tasks: int = 48, seed: int = 0, concurrency: int = 8,
                           api_key: str = "rlproxy") -> tuple[HeldoutResult, bool]:
     """Measure policy `version` (v0: the base model) on `tasks` held-out tasks, through a proxy or on an
-    engine directly, and store the result on its row. Returns the result and whether it was stored.
-
-    On an engine the adapter is loaded from the row's path if needed. Through a proxy the adapter must be
-    loaded already, and v0 is refused while the proxy serves another version under the base model's name."""
+    engine directly (rlproxy/evaluate.py finds it), and store the result on its row. Returns the result and
+    whether it was stored."""
     from demo.tasks import heldout_tasks
+    from rlproxy.evaluate import resolve
 
-    if (proxy is None) == (upstream is None):
-        raise EvalError("evaluate through a proxy or on an engine: give exactly one of them")
     try:
         chosen = heldout_tasks(tasks, seed=seed)
     except ValueError as exc:
         raise EvalError(str(exc)) from None
-    row = None
-    if version != policies.BASE_VERSION:
-        async with transaction(database_url) as session:
-            row = await session.get(Policy, version)
-        if row is None:
-            raise EvalError(f"policy v{version} does not exist in {_hide_password(database_url)}")
-    url = (upstream or proxy).rstrip("/")
-    if upstream is not None:
-        if row is not None:
-            await ensure_loaded(url, row.name, row.path)
-        model = row.name if row is not None else await base_model(url, api_key)
-    elif row is not None:
-        if row.name not in {m["id"] for m in await listed_models(url, api_key)}:
-            raise EvalError(f"{row.name} is not loaded on the engine behind {url}; evaluate it with "
-                            "--upstream ENGINE_URL, which loads it")
-        model = row.name
-    else:
-        active = (await _get_json(f"{url}/policies", api_key))["active"]
-        if active != policies.BASE_VERSION:
-            raise EvalError(f"{url} answers the base model's name with policy v{active}; evaluate v0 with "
-                            "--upstream ENGINE_URL")
-        model = await base_model(url, api_key)
-    result = await evaluate_heldout(f"{url}/v1", model, chosen, concurrency=concurrency, api_key=api_key)
+    target = await resolve(version, database_url, proxy=proxy, upstream=upstream, api_key=api_key)
+    result = await evaluate_heldout(f"{target.url}/v1", target.model, chosen, concurrency=concurrency,
+                                    api_key=api_key)
     if result.errors == result.tasks:  # a measurement of the connection, not of the policy: keep nothing
-        raise EvalError(f"every episode failed ({model} at {url}): {result.first_error}")
-    if row is None:
+        raise EvalError(f"every episode failed ({target.model} at {target.url}): {result.first_error}")
+    if target.row is None:
         return result, False
     async with transaction(database_url) as session:
         return result, await record(session, version, result)
-
-
-def _hide_password(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True)

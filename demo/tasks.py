@@ -7,7 +7,7 @@ Each task is a question the bundled 135M model cannot answer from memory but can
     mul3x2   "What is 537 * 46?"         three-digit times two-digit; tool: calc
     lookup   "What is the code of the silver otter?"   a made-up table bundled below; tool: lookup
 
-Train and held-out splits are disjoint by construction: every problem (for multiplication the unordered
+Train, gate and held-out splits are disjoint by construction: every problem (for multiplication the unordered
 operand pair, so 37 * 46 and 46 * 37 land on the same side; for lookup the table key) is assigned to a
 split by a hash of its key, so the held-out problems are the same kind of problem, never seen in
 training. Within a split, `train_tasks(n, seed)` / `heldout_tasks(n, seed)` draw n distinct problems
@@ -25,7 +25,8 @@ import re
 from dataclasses import dataclass
 
 DEFAULT_FAMILY = "words2x2"
-HELDOUT_SHARE = 5  # one problem in five is held out
+HELDOUT_SHARE = 5  # one problem in five is held out (what held-out numbers are reported on)
+GATE_BUCKET = 1  # of ten hash buckets, this one is the gate split (what the demo's gate decides on)
 
 CALC = "calc"
 LOOKUP = "lookup"
@@ -104,9 +105,12 @@ def lookup(name: str) -> int | None:
 
 
 def split_of(family: str, key: str) -> str:
-    """'heldout' for one problem key in HELDOUT_SHARE (by hash), 'train' for the rest."""
-    digest = hashlib.sha256(f"{family}|{key}".encode()).digest()
-    return "heldout" if int.from_bytes(digest[:8], "big") % HELDOUT_SHARE == 0 else "train"
+    """'heldout' for one problem key in HELDOUT_SHARE (by hash), 'gate' for one in ten, 'train' for the rest.
+    The gate split keeps what a gate decides on apart from what held-out numbers are reported on."""
+    bucket = int.from_bytes(hashlib.sha256(f"{family}|{key}".encode()).digest()[:8], "big")
+    if bucket % HELDOUT_SHARE == 0:
+        return "heldout"
+    return "gate" if bucket % 10 == GATE_BUCKET else "train"
 
 
 def _mul_key(a: int, b: int) -> str:
@@ -171,5 +175,14 @@ def train_tasks(n: int, seed: int = 0, family: str = DEFAULT_FAMILY) -> list[Tas
 
 
 def heldout_tasks(n: int, seed: int = 0, family: str = DEFAULT_FAMILY) -> list[Task]:
-    """n distinct held-out problems, none of which `train_tasks` can ever return."""
+    """n distinct held-out problems, none of which `train_tasks` or `gate_tasks` can ever return."""
     return _tasks("heldout", n, seed, family)
+
+
+def gate_tasks(n: int, seed: int = 0, family: str = DEFAULT_FAMILY) -> list[Task]:
+    """n distinct problems of the gate split: what the demo's gate decides on, never trained on and never
+    counted in a held-out number."""
+    return _tasks("gate", n, seed, family)
+
+
+SPLITS = {"train": train_tasks, "gate": gate_tasks, "heldout": heldout_tasks}

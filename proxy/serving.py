@@ -59,7 +59,7 @@ class CompletionServing:
         else:
             dialect.validate(body)
             engine_body = dialect.to_chat(body, await history(body, context) if history is not None else [])
-        target = self.router.route(body["model"], context.rollout_id)
+        target = await self.router.route_call(body["model"], context)
         upstream_body, additions = prepare_upstream_body(engine_body, route, target.upstream_model)
         record = CallRecord(
             id=uuid.uuid4().hex, route=dialect.route if dialect else route, started_at=utcnow(),

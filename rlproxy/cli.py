@@ -228,13 +228,25 @@ def engine(model_path, host, port, served_model_name, max_model_len, kv_cache_gi
              "its own leases back at once).")
 @option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
         help="Any training setting, e.g. --set learning_rate=5e-5 --set group_size=8 (see `rlproxy train-config`).")
-@option("--gate", default="none", type=click.Choice(["none", "heldout", "canary"]),
-        help="What a new adapter must pass before it serves (docs/gates.md): none, heldout (held-out tasks "
-             "on the engine vs its parent) or canary (a fraction of new rollouts vs the active policy).")
+@option("--gate", default="none", type=click.Choice(["none", "canary", "eval-traffic", "command", "heldout"]),
+        help="What a new adapter must pass before it serves (docs/gates.md): none; canary (a share of new "
+             "rollouts vs the active policy); eval-traffic (a share of new evaluation rollouts vs the active "
+             "policy); command (your --eval-command scores it vs its parent); heldout (the bundled demo task's "
+             "command: `python -m demo.score` on its gate split).")
 @option("--gate-margin", default=0.1, type=click.FloatRange(min=0),
         help="How much worse than the policy it would replace a candidate may score and still be promoted.")
+@option("--eval-command", default=None, metavar="COMMAND",
+        help="Your evaluation script for --gate command, e.g. \"python my_eval.py --base-url {base_url} --model "
+             "{model}\"; it prints one JSON line {\"score\": x, \"n\": k}. Placeholders: {base_url} {model} "
+             "{version} {split}.")
+@option("--eval-timeout", default=1800.0, type=click.FloatRange(min=0, min_open=True),
+        help="Seconds one run of --eval-command may take; then it is killed and the candidate not promoted.")
+@option("--eval-base-url", default=None,
+        help="Base URL (ending in /v1) given to --eval-command (default: the first --upstream's).")
+@option("--eval-fraction", default=0.5, type=click.FloatRange(0, 1, min_open=True, max_open=True),
+        help="Share of new evaluation rollouts a candidate answers (--gate eval-traffic).")
 @option("--heldout-tasks", default=48, type=click.IntRange(min=1),
-        help="Held-out tasks per evaluation (--gate heldout).")
+        help="Tasks per evaluation of --gate heldout (the demo task's gate split).")
 @option("--canary-fraction", default=0.1, type=click.FloatRange(0, 1, min_open=True, max_open=True),
         help="Share of new rollouts the canary answers (--gate canary).")
 @option("--canary-min-rollouts", default=50, type=click.IntRange(min=1),
@@ -247,8 +259,8 @@ def engine(model_path, host, port, served_model_name, max_model_len, kv_cache_gi
         help="Agents whose rollouts are evaluation traffic: never trained on, their final rewards reported per "
              "policy version in GET /policies (repeat, or separate with commas; same as --set eval_agents=...).")
 def train(database_url, upstreams, model_path, adapters_dir, worker_id, metrics_port, max_steps, poll_interval,
-          lease_seconds, overrides, gate, gate_margin, heldout_tasks, canary_fraction,
-          canary_min_rollouts, upstream_api_key, nproc_per_node, eval_agents) -> None:
+          lease_seconds, overrides, gate, gate_margin, eval_command, eval_timeout, eval_base_url, eval_fraction,
+          heldout_tasks, canary_fraction, canary_min_rollouts, upstream_api_key, nproc_per_node, eval_agents) -> None:
     """Run the trainer worker: rewarded rollouts in, LoRA PPO, new adapters hot-loaded into the engines."""
     import asyncio
 
@@ -277,11 +289,25 @@ def train(database_url, upstreams, model_path, adapters_dir, worker_id, metrics_
         except KeyboardInterrupt:
             pass
         return
+    if gate == "heldout":  # the bundled demo task's own configuration of the command gate
+        from demo.score import command
+
+        gate, eval_command = "command", command(tasks=heldout_tasks)
+    if gate == "command":
+        from trainer.gates.command import EvalCommandError, check_template
+
+        if not eval_command:
+            raise click.UsageError("--gate command needs --eval-command (or RLPROXY_EVAL_COMMAND)")
+        try:
+            check_template(eval_command)
+        except EvalCommandError as exc:
+            raise click.BadParameter(str(exc), param_hint="--eval-command") from None
     settings = TrainerSettings(database_url=database_url, upstreams=tuple(upstreams), model=model_path,
                                adapters_dir=adapters_dir, worker_id=worker_id,
                                metrics_port=metrics_port or None, max_steps=max_steps,
                                poll_interval=poll_interval, lease_seconds=lease_seconds, gate=gate,
-                               gate_margin=gate_margin, heldout_tasks=heldout_tasks,
+                               gate_margin=gate_margin, eval_command=eval_command, eval_timeout=eval_timeout,
+                               eval_base_url=eval_base_url, eval_fraction=eval_fraction,
                                canary_fraction=canary_fraction, canary_min_rollouts=canary_min_rollouts,
                                upstream_api_key=upstream_api_key)
     if settings.metrics_port:
@@ -295,7 +321,9 @@ def train(database_url, upstreams, model_path, adapters_dir, worker_id, metrics_
     from trainer.gates import build_gate
 
     worker = TrainerWorker(settings, config, model_path or default_model_path(), metrics=worker_metrics,
-                           on_published=build_gate(settings), collective=collective)
+                           on_published=build_gate(settings, eval_agents=config.eval_agents,
+                                                   metrics=worker_metrics),
+                           collective=collective)
     try:
         asyncio.run(worker.run())
     except KeyboardInterrupt:
@@ -388,23 +416,32 @@ def _policy_version(value) -> int:
 @main.command("eval")
 @option("--policy", "version", required=True, type=_policy_version, metavar="vN",
         help="The version to measure, e.g. v3 (v0: the base model).")
+@option("--command", "eval_command", default=None, metavar="COMMAND",
+        help="Your evaluation command (as for `train --eval-command`), run for this version; without it and "
+             "without --traffic, the bundled demo task's held-out evaluation runs.")
+@option("--split", default="heldout", type=click.Choice(["heldout", "gate"]),
+        help="The {split} given to --command: heldout for a report; gate repeats what the gate decided on.")
+@option("--traffic", is_flag=True, help="Report the evaluation traffic this version served (no engine needed).")
 @option("--proxy", default=None,
         help="Evaluate through this running proxy (default http://127.0.0.1:8400 when --upstream is not given).")
 @option("--upstream", default=None,
         help="Evaluate on this engine directly (base URL, no /v1), loading the adapter if it is not loaded.")
-@option("--tasks", default=48, type=click.IntRange(min=1), help="Held-out tasks, one episode each.")
+@option("--tasks", default=48, type=click.IntRange(min=1), help="Held-out tasks, one episode each (demo task).")
 @option("--seed", default=0, type=int, help="Which held-out tasks (the same seed gives the same tasks).")
-@option("--concurrency", default=8, type=click.IntRange(min=1), help="Episodes in flight.")
+@option("--concurrency", default=8, type=click.IntRange(min=1), help="Episodes in flight (demo task).")
+@option("--eval-timeout", default=1800.0, type=click.FloatRange(min=0, min_open=True),
+        help="Seconds --command may take.")
 @option("--api-key", default="rlproxy", help="Bearer key sent to the proxy (when its auth is on).")
 @database_option()
-def eval_(version, proxy, upstream, tasks, seed, concurrency, api_key, database_url) -> None:
-    """Measure a policy on the demo task family's held-out split: success with a 95% interval, stored on the
-    policy's evaluation (heldout_success, heldout_tasks, when). See docs/gates.md."""
+def eval_(version, eval_command, split, traffic, proxy, upstream, tasks, seed, concurrency, eval_timeout, api_key,
+          database_url) -> None:
+    """Measure a policy with the evidence the gates use, saying which set each number is from: your
+    --command, the --traffic it served, or the demo task's held-out split. See docs/gates.md."""
     import asyncio
 
     from sqlalchemy.exc import SQLAlchemyError
 
-    from demo.evaluate import EvalError, evaluate_policy
+    from rlproxy import evaluate
 
     if proxy and upstream:
         source = click.get_current_context().get_parameter_source
@@ -412,16 +449,31 @@ def eval_(version, proxy, upstream, tasks, seed, concurrency, api_key, database_
         if (source("proxy") == from_env) == (source("upstream") == from_env):
             raise click.UsageError("give --proxy or --upstream, not both")
         proxy, upstream = (None, upstream) if source("proxy") == from_env else (proxy, None)  # the flag wins
+    if traffic and eval_command:
+        raise click.UsageError("give --command or --traffic, not both")
+    proxy = None if upstream else (proxy or evaluate.DEFAULT_PROXY)
     try:
-        result, stored = asyncio.run(evaluate_policy(
-            version, database_url, proxy=None if upstream else (proxy or "http://127.0.0.1:8400"),
-            upstream=upstream, tasks=tasks, seed=seed, concurrency=concurrency, api_key=api_key))
-    except EvalError as exc:
+        if traffic:
+            for line in asyncio.run(evaluate.by_traffic(version, database_url)):
+                click.echo(line)
+            return
+        if eval_command:
+            result, stored = asyncio.run(evaluate.by_command(
+                version, eval_command, split, database_url, proxy=proxy, upstream=upstream, api_key=api_key,
+                timeout=eval_timeout))
+            click.echo(f"{result.describe()} ({result.model}, {result.seconds:.0f} s)")
+        else:
+            from demo.evaluate import evaluate_policy
+
+            result, stored = asyncio.run(evaluate_policy(
+                version, database_url, proxy=proxy, upstream=upstream, tasks=tasks, seed=seed,
+                concurrency=concurrency, api_key=api_key))
+            click.echo(f"v{version} ({result.model}) held-out success {result.describe()} on {result.tasks} tasks "
+                       f"in {result.seconds:.0f} s")
+    except evaluate.EvalError as exc:
         raise click.ClickException(str(exc)) from None
     except SQLAlchemyError as exc:
         raise click.ClickException(f"database {_redact(database_url)}: {exc}") from None
-    click.echo(f"v{version} ({result.model}) held-out success {result.describe()} on {result.tasks} tasks "
-               f"in {result.seconds:.0f} s")
     click.echo(f"stored on policy v{version}" if stored else "not stored: the base model (v0) has no policy row",
                err=True)
 
@@ -440,32 +492,25 @@ def eval_(version, proxy, upstream, tasks, seed, concurrency, api_key, database_
              "heldout: every candidate is evaluated on the held-out set before it may serve.")
 @option("--probe-share", default=0.25, type=click.FloatRange(0.0, 0.9), help="Share of episodes that are held-out probes.")
 @option("--air/--no-air", default=True, help="Automatic intermediate rewards.")
-@option("--headless", is_flag=True, help="No live panel (logs only).")
+@option("--headless", is_flag=True,
+        help="No live panel: a progress line every ~30 s and one per new version (also without a terminal).")
 @option("--upstream", default=None, help="Use this running engine (base URL, runtime LoRA on) instead of starting one.")
 @option("--set", "overrides", multiple=True, metavar="FIELD=VALUE", help="Any training setting.")
 def demo(minutes, database_url, workdir, engine_port, port, concurrency, heldout, gate, probe_share, air, headless,
          upstream, overrides) -> None:
-    """The whole loop on the embedded default: engine + proxy + trainer + a tool-using agent, learning live."""
-    import asyncio
-    import dataclasses
-
-    from demo.run import Demo, DemoSettings
-    from demo.view import reward_curve, summary
+    """The whole loop on the embedded default: engine + proxy + trainer + a tool-using agent, learning live.
+    The engine's output goes to engine.log and every log to rlproxy.log, in --workdir."""
+    from demo.main import run_demo
 
     workdir.mkdir(parents=True, exist_ok=True)
     # the demo's own training defaults, with what --set changes
     typed = train_config_from(overrides)
-    changed = {item.partition("=")[0].strip() for item in overrides}
-    train = dataclasses.replace(DemoSettings().train, **{name: getattr(typed, name) for name in changed})
-    settings = DemoSettings(minutes=minutes, database_url=database_url, workdir=workdir, engine_port=engine_port,
-                            proxy_port=port, concurrency=concurrency, heldout=heldout, gate=gate,
-                            probe_share=probe_share, air=air, headless=headless,
-                            upstream=upstream, train=train)
-    progress = asyncio.run(Demo(settings).run())
-    summary(progress, settings)
-    curve = reward_curve(progress, _database_dir(database_url, workdir) / "rlproxy-reward-curve.png")
-    if curve:
-        click.echo(f"reward curve: {curve}")
+    changed = {item.partition("=")[0].strip().replace("-", "_") for item in overrides}
+    options = dict(minutes=minutes, database_url=database_url, workdir=workdir, engine_port=engine_port,
+                   proxy_port=port, concurrency=concurrency, heldout=heldout, gate=gate, probe_share=probe_share,
+                   air=air, headless=headless, upstream=upstream)
+    sys.exit(run_demo(options, {name: getattr(typed, name) for name in changed},
+                      _database_dir(database_url, workdir)))
 
 
 def _database_dir(database_url: str, fallback: Path) -> Path:

@@ -120,21 +120,31 @@ class TrainerSettings(_Settings):
     lease_seconds: float = Field(900.0, description="How long claimed rollouts stay reserved for one step.")
     metrics_port: int | None = Field(8401, description="Port for the trainer's Prometheus metrics; None: off.")
     max_steps: int | None = Field(None, description="Stop after this many training steps (None: run forever).")
-    gate: Literal["none", "heldout", "canary"] = Field(
+    gate: Literal["none", "canary", "eval-traffic", "command"] = Field(
         "none",
         description="What a new adapter must pass before it serves (docs/gates.md). none: it serves at once; "
-                    "heldout: its success on the demo task family's held-out split, measured on the first "
-                    "engine, is not worse than its parent's by more than gate_margin; canary: it answers "
-                    "canary_fraction of new rollouts and is promoted once canary_min_rollouts of them have a "
-                    "mean reward not worse than the active policy's (same period) by more than gate_margin, "
-                    "else retired. Training waits while a gate decides.",
+                    "canary: it answers canary_fraction of new rollouts and is promoted once canary_min_rollouts "
+                    "of them have a mean reward not worse than the active policy's (same period) by more than "
+                    "gate_margin, else retired; eval-traffic: the same on evaluation rollouts only "
+                    "(eval_fraction of them); command: eval_command scores it and its parent, and it is promoted "
+                    "unless it scores worse by more than gate_margin. Training waits while a gate decides.",
     )
     gate_margin: float = Field(0.1, ge=0, description="How much worse than the policy it would replace a "
                                                       "candidate may score and still be promoted (sampling noise; "
-                                                      "success rate for heldout, reward units for canary).")
-    heldout_tasks: int = Field(48, ge=1, description="Held-out tasks per evaluation of the heldout gate.")
+                                                      "in the units of the rewards or of the command's score).")
+    eval_command: str | None = Field(
+        None, description="The command gate's evaluation script, run through the shell with {base_url}, "
+                          "{model}, {version} and {split} filled in; it prints one JSON line "
+                          "{\"score\": x, \"n\": k} (docs/gates.md).")
+    eval_timeout: float = Field(1800.0, gt=0, description="Seconds one run of eval_command may take; then it "
+                                                          "is killed and the candidate is not promoted.")
+    eval_base_url: str | None = Field(
+        None, description="Base URL (ending in /v1) eval_command is given; default: the first engine's. It must "
+                          "serve every loaded adapter by name.")
+    eval_fraction: float = Field(0.5, gt=0, lt=1, description="Share of new evaluation rollouts a candidate "
+                                                              "answers under the eval-traffic gate.")
     canary_fraction: float = Field(0.1, gt=0, lt=1, description="Share of new rollouts the canary answers "
                                                                 "(chosen by a hash of the rollout id).")
     canary_min_rollouts: int = Field(50, ge=1, description="Finished rollouts the canary and the active "
                                                            "policy must each have answered before the judge "
-                                                           "decides.")
+                                                           "decides (canary and eval-traffic gates).")

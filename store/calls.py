@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sqlalchemy import func, select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from store.dialect import insert_ignoring_duplicates
@@ -98,8 +98,12 @@ async def write_calls(session: AsyncSession, records: list[CallRecord], *,
         values = {"call_count": Rollout.call_count + len(calls)}
         if any(c.eval for c in calls):  # `X-Rlproxy-Eval` on any call marks the rollout (never unmarks it)
             values["eval"] = True
-        if calls[0].policy_version is not None:  # a rollout claimed before its first call was recorded
-            values["policy_version"] = func.coalesce(Rollout.policy_version, calls[0].policy_version)
+        if calls[0].policy_version is not None:
+            # The version that answered its first call; POST /rollouts only predicted it (a policy refresh or an
+            # X-Rlproxy-Eval header on the call can send it elsewhere). SET reads the row as it was.
+            values["policy_version"] = case(
+                (Rollout.call_count == 0, calls[0].policy_version),
+                else_=func.coalesce(Rollout.policy_version, calls[0].policy_version))
         end = (
             await session.execute(
                 update(Rollout).where(Rollout.id == rid).values(**values).returning(Rollout.call_count)

@@ -6,6 +6,12 @@ rollout goes to the same version without any per-rollout state, and every proxy 
 The canary itself is the policy row with status `canary`; its fraction and start time live in that row's
 `evaluation` JSON under "canary", which the proxies read on their policy refresh. The proxy and the trainer
 both use this module: the proxy to route, the trainer to start the canary, gather the evidence and end it.
+
+A canary has a scope (`traffic`): "all" answers its share of every new rollout and is judged on them (the
+`canary` gate); "eval" answers its share of evaluation rollouts only — those created with `eval`, sent with
+`X-Rlproxy-Eval: 1`, or of an agent named in its record's `eval_agents` — and is judged on those alone (the
+`eval-traffic` gate), so a candidate is proven on the user's evaluation traffic before any production
+rollout sees it.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from store.errors import Conflict
 from store.models import Call, Policy, PolicyStatus, Rollout, RolloutStatus, utcnow
 
 KEY = "canary"  # where a policy's canary record lives in its evaluation JSON
+ALL, EVAL = "all", "eval"  # the canary's scope: every new rollout, or evaluation rollouts only
 
 
 @dataclass(slots=True, frozen=True)
@@ -31,6 +38,12 @@ class Canary:
     fraction: float  # of new rollouts, in (0, 1)
     started_at: datetime
     parent: int | None  # the version that was active when the canary started
+    traffic: str = ALL  # ALL or EVAL (module docstring)
+    eval_agents: tuple[str, ...] = ()  # with EVAL: agents whose rollouts are evaluation traffic by name
+
+    def answers(self, rollout_id: str, evaluation: bool) -> bool:
+        """Whether this canary answers a call of `rollout_id` (an evaluation rollout or not)."""
+        return (evaluation or self.traffic == ALL) and serves(self, rollout_id)
 
 
 def serves(canary: Canary, rollout_id: str) -> bool:
@@ -47,7 +60,9 @@ def _parse(version: int, name: str, evaluation: dict[str, Any] | None) -> Canary
         started = datetime.fromisoformat(record["started_at"])
     except (KeyError, TypeError, ValueError):
         return None  # a canary row without a readable record answers nothing (it is still judged)
-    return Canary(version, name, min(max(fraction, 0.0), 1.0), started, record.get("parent"))
+    traffic = EVAL if record.get("traffic") == EVAL else ALL
+    return Canary(version, name, min(max(fraction, 0.0), 1.0), started, record.get("parent"), traffic,
+                  tuple(str(a) for a in record.get("eval_agents") or ()))
 
 
 async def serving(session: AsyncSession) -> tuple[policies.ActivePolicy, Canary | None]:
@@ -69,9 +84,12 @@ async def running(session: AsyncSession) -> Canary | None:
     return (await serving(session))[1]
 
 
-async def start(session: AsyncSession, version: int, fraction: float) -> Canary:
-    """Put `version` (a loaded candidate) in canary. Idempotent for the canary already running (a restarted
-    trainer resumes judging it with its original start); another canary running is a Conflict."""
+async def start(session: AsyncSession, version: int, fraction: float, *, traffic: str = ALL,
+                eval_agents: tuple[str, ...] | list[str] = ()) -> Canary:
+    """Put `version` (a loaded candidate) in canary over `traffic`. Idempotent for the canary already running
+    (a restarted trainer resumes judging it with its original start); another canary running is a Conflict."""
+    if traffic not in (ALL, EVAL):
+        raise ValueError(f"canary traffic must be {ALL!r} or {EVAL!r}, not {traffic!r}")
     if not 0 < fraction < 1:
         raise ValueError(f"canary fraction must be between 0 and 1, not {fraction}")
     current = await running(session)
@@ -83,7 +101,8 @@ async def start(session: AsyncSession, version: int, fraction: float) -> Canary:
     if policy.status not in (PolicyStatus.CANDIDATE, PolicyStatus.CANARY):
         raise Conflict(f"policy v{version} is {policy.status}; only a candidate can go in canary")
     active = await policies.active_policy(session)
-    record = {"fraction": fraction, "started_at": utcnow().isoformat(), "parent": active.version}
+    record = {"fraction": fraction, "started_at": utcnow().isoformat(), "parent": active.version,
+              "traffic": traffic, "eval_agents": list(eval_agents)}
     policy.evaluation = {**(policy.evaluation or {}), KEY: record}  # a new dict: JSON changes are not tracked
     policy.status = PolicyStatus.CANARY
     await session.flush()
@@ -98,14 +117,16 @@ class Arm:
 
 
 async def evidence(session: AsyncSession, canary: Canary, versions: tuple[int, ...]) -> dict[int, Arm]:
-    """Finished rollouts created since the canary started, by the one version that answered all their calls.
-    A rollout whose calls span versions (it was under way when the canary started or a proxy had not yet
-    refreshed) and one with no policy call are left out: their reward says nothing about a single version."""
+    """Finished rollouts created since the canary started, by the one version that answered all their calls
+    (with an EVAL canary: evaluation rollouts only). A rollout whose calls span versions (it was under way when
+    the canary started or a proxy had not yet refreshed) and one with no policy call are left out: their reward
+    says nothing about a single version."""
+    scope = [Rollout.eval] if canary.traffic == EVAL else []
     per_rollout = (
         select(Rollout.reward.label("reward"), func.min(Call.policy_version).label("version"))
         .join(Call, Call.rollout_id == Rollout.id)
         .where(Rollout.status == RolloutStatus.FINISHED, Rollout.created_at >= _aware(canary.started_at),
-               Call.policy_version.is_not(None))
+               Call.policy_version.is_not(None), *scope)
         .group_by(Rollout.id, Rollout.reward)
         .having(func.min(Call.policy_version) == func.max(Call.policy_version))
         .subquery()

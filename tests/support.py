@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 import psycopg
@@ -137,3 +137,52 @@ async def pump(src, dst, observe=None) -> None:
         pass
     finally:
         dst.transport.abort()
+
+
+# --- policies in a test database ---------------------------------------------------------------------------
+
+
+@asynccontextmanager
+async def _transaction(database_url: str):
+    from store.db import create_engine, session_factory
+
+    engine = create_engine(database_url, pool_size=1)
+    try:
+        async with session_factory(engine)() as session, session.begin():
+            yield session
+    finally:
+        await engine.dispose()
+
+
+def adapter_folder(root: Path, version: int) -> str:
+    """A folder the stub engine accepts as a PEFT adapter."""
+    folder = root / f"v{version}"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "adapter_config.json").write_text("{}")
+    (folder / "adapter_model.safetensors").write_bytes(b"\0")
+    return str(folder)
+
+
+async def add_policies(database_url: str, root: Path, versions: list[int], *, active: int | None = None,
+                       engine_url: str | None = None, base_model: str = "stub-model") -> None:
+    """Candidate versions (each the child of the one before), optionally one active, loaded on a stub engine."""
+    from store import policies
+
+    async with _transaction(database_url) as session:
+        for version in versions:
+            await policies.add_candidate(session, version, adapter_folder(root, version), parent_version=version - 1,
+                                         base_model=base_model)
+        if active is not None:
+            await policies.activate(session, active)
+    if engine_url:
+        for version in versions:
+            loaded = requests.post(f"{engine_url}/v1/load_lora_adapter", json={
+                "lora_name": policies.adapter_name(version), "lora_path": str(root / f"v{version}")})
+            assert loaded.status_code == 200 or "already" in loaded.text
+
+
+async def policy_row(database_url: str, version: int):
+    from store import policies
+
+    async with _transaction(database_url) as session:
+        return await policies.get_policy(session, version)

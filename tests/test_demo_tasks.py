@@ -85,7 +85,8 @@ def test_sampled_splits_are_deterministic_distinct_and_correct(family):
 def test_pinned_tasks_do_not_drift():
     # docs/demo-tasks.md reports base success on exactly these tasks; a generator change invalidates it.
     assert [t.task_id for t in heldout_tasks(3)] == ["words2x2:0:75*45", "words2x2:2:65*84", "words2x2:2:76*42"]
-    assert [t.task_id for t in train_tasks(3)] == ["words2x2:5:52*38", "words2x2:5:97*84", "words2x2:1:72*34"]
+    # (the training draws changed once, when the gate split took one problem in ten out of training)
+    assert [t.task_id for t in train_tasks(3)] == ["words2x2:0:57*65", "words2x2:3:81*62", "words2x2:3:46*17"]
     assert heldout_tasks(1)[0].prompt == "A box holds 75 rows of 45 eggs. How many eggs are in the box?"
 
 

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import uuid
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 import aiohttp
 import openai
@@ -18,7 +17,7 @@ import pytest
 import requests
 from sqlalchemy import select
 
-from demo.evaluate import known_success, passes, task_set, transaction, wilson
+from demo.evaluate import passes, task_set, transaction, wilson
 from demo.tasks import heldout_tasks
 from proxy.policy import PolicyRouter, Route
 from rlproxy.settings import TrainerSettings
@@ -28,42 +27,13 @@ from store import rollouts as store_rollouts
 from store.calls import write_calls
 from store.db import create_engine, session_factory
 from store.errors import Conflict
-from store.models import Call, Policy, Rollout, utcnow
+from store.models import Call, Rollout, utcnow
 from store.records import CallRecord, ChoiceRecord
-from tests.support import ROOT, running_proxy
-from trainer.gates import CanaryGate, HeldoutGate, build_gate
+from tests.support import ROOT, add_policies, policy_row, running_proxy
+from trainer.gates import CanaryGate, CommandGate, build_gate
 
 BASE = "stub-model"
 HELLO = [{"role": "user", "content": "hello"}]
-
-
-def adapter_folder(root: Path, version: int) -> str:
-    """A folder the stub engine accepts as a PEFT adapter."""
-    folder = root / f"v{version}"
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "adapter_config.json").write_text("{}")
-    (folder / "adapter_model.safetensors").write_bytes(b"\0")
-    return str(folder)
-
-
-async def add_policies(database_url: str, root: Path, versions: list[int], *, active: int | None = None,
-                       engine_url: str | None = None) -> None:
-    async with transaction(database_url) as session:
-        for version in versions:
-            await policies.add_candidate(session, version, adapter_folder(root, version), parent_version=version - 1,
-                                         base_model=BASE)
-        if active is not None:
-            await policies.activate(session, active)
-    if engine_url:
-        for version in versions:
-            loaded = requests.post(f"{engine_url}/v1/load_lora_adapter", json={
-                "lora_name": policies.adapter_name(version), "lora_path": str(root / f"v{version}")})
-            assert loaded.status_code == 200 or "already" in loaded.text
-
-
-async def policy_row(database_url: str, version: int) -> Policy:
-    async with transaction(database_url) as session:
-        return await policies.get_policy(session, version)
 
 
 # --- routing -------------------------------------------------------------------------------------------
@@ -332,20 +302,35 @@ def test_rlproxy_eval_measures_a_policy_on_held_out_tasks_and_stores_it(own_data
     assert asyncio.run(policy_row(own_database_url, 2)).evaluation is None
 
 
-async def test_the_trainers_held_out_gate_measures_candidate_and_parent_and_keeps_both(
+async def test_the_demo_gate_is_the_command_gate_scoring_the_gate_split_never_the_held_out_tasks(
         own_database_url, stub_url, tmp_path):
+    from demo.score import command
+    from trainer.gates.command import KEY, digest, known_score
+
     await add_policies(own_database_url, tmp_path, [1], engine_url=stub_url)
+    template = command(tasks=4)  # what `rlproxy train --gate heldout --heldout-tasks 4` configures
     settings = TrainerSettings(database_url=own_database_url, upstreams=(stub_url,), metrics_port=None,
-                               gate="heldout", heldout_tasks=4, gate_margin=0.1)
+                               gate="command", eval_command=template, gate_margin=0.1)
     gate = build_gate(settings)
-    assert isinstance(gate, HeldoutGate)
+    assert isinstance(gate, CommandGate)
     assert await gate(1) is True  # 0% vs the base model's 0%: not worse by more than the margin
-    evaluation = (await policy_row(own_database_url, 1)).evaluation
-    assert evaluation["heldout_tasks"] == 4 and evaluation["promoted"] is True
-    assert (evaluation["parent"], evaluation["parent_heldout_success"], evaluation["margin"]) == (0, 0.0, 0.1)
-    async with transaction(own_database_url) as session:  # the base model's measurement is reused next time
-        assert await known_success(session, 0, task_set(heldout_tasks(4))) == 0.0
-        assert await known_success(session, 0, task_set(heldout_tasks(5))) is None
-        assert await known_success(session, 1, task_set(heldout_tasks(4))) == 0.0
+    verdict = (await policy_row(own_database_url, 1)).evaluation[KEY]
+    assert (verdict["score"], verdict["n"], verdict["set"], verdict["split"]) == (0.0, 4, "gate", "gate")
+    assert (verdict["parent"], verdict["parent_score"], verdict["margin"], verdict["promoted"]) == (0, 0.0, 0.1, True)
+    assert verdict["model"] == "rlproxy-v1" and verdict["verdict"] == "ok"
+    async with transaction(own_database_url) as session:  # the base model's score is reused next time
+        assert await known_score(session, 0, digest(template, "gate")) == 0.0
+        assert await known_score(session, 0, digest(template, "heldout")) is None
+        assert await known_score(session, 1, digest(template, "gate")) == 0.0
     assert build_gate(TrainerSettings(metrics_port=None)) is None
-    assert json.dumps(evaluation)  # plain JSON all the way down
+    assert json.dumps(verdict)  # plain JSON all the way down
+
+
+def test_the_gate_split_held_out_split_and_training_split_never_share_a_problem():
+    from demo.tasks import gate_tasks, pool_size, train_tasks
+
+    gate = {t.task_id for t in gate_tasks(pool_size("gate"))}
+    heldout = {t.task_id for t in heldout_tasks(pool_size("heldout"))}
+    train = {t.task_id for t in train_tasks(pool_size("train"))}
+    assert len(gate) > 100 and len(heldout) > 100 and len(train) > 1000
+    assert not (gate & heldout) and not (gate & train) and not (heldout & train)

@@ -28,7 +28,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     MESSAGES.validate(body, CountTokensRequest)
     context = call_context(request)
     app = state(request)
-    target = app.router.route(body["model"], context.rollout_id)
+    target = await app.router.route_call(body["model"], context)
     tokenize = {"model": target.upstream_model, "messages": chat_messages(body), "add_generation_prompt": True}
     if body.get("tools"):
         tokenize["tools"] = MESSAGES.to_chat({**body, "max_tokens": 1}, [])["tools"]

@@ -1,0 +1,33 @@
+"""What a trained, loaded candidate must pass before it serves (`TrainerSettings.gate`, docs/gates.md), as the
+worker's `on_published` hook: True promotes it, False retires it and training continues from the policy that
+serves, None leaves it undecided for the next run.
+
+    none          no hook: the worker activates every new version at once
+    canary        it answers `canary_fraction` of new rollouts and is promoted once it has answered
+                  `canary_min_rollouts` finished rollouts whose mean reward is not worse than the active
+                  policy's over the same period by more than `gate_margin`, else retired (canary.py)
+    eval-traffic  the same judge on evaluation traffic only: it answers `eval_fraction` of new evaluation
+                  rollouts, and production traffic never sees it before it is promoted (canary.py)
+    command       the user's own evaluation script (`eval_command`) scores it and its parent on a URL that
+                  serves each; not worse by more than `gate_margin` promotes it (command.py)
+
+`rlproxy train --gate heldout` is the bundled demo's own configuration of `command` (made by the CLI): the
+trainer knows nothing of any task.
+"""
+from __future__ import annotations
+
+from rlproxy.settings import TrainerSettings
+from trainer.gates.canary import CanaryGate, judge
+from trainer.gates.command import CommandGate
+
+__all__ = ["CanaryGate", "CommandGate", "build_gate", "judge"]
+
+
+def build_gate(settings: TrainerSettings, *, eval_agents: tuple[str, ...] | list[str] = (), metrics=None):
+    """The worker's `on_published` hook for `settings.gate` (None for "none"). `eval_agents`: the agents whose
+    rollouts are evaluation traffic by name (TrainConfig.eval_agents)."""
+    if settings.gate == "command":
+        return CommandGate(settings)
+    if settings.gate in ("canary", "eval-traffic"):
+        return CanaryGate(settings, eval_agents=eval_agents, metrics=metrics)
+    return None
