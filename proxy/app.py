@@ -17,9 +17,10 @@ from proxy.serving import CompletionServing
 from proxy.state import STATE, ProxyState
 from proxy.upstream import UpstreamPool
 from proxy.writer import CaptureWriter
+from rlproxy import lifecycle
+from rlproxy.adapters import AdapterError
 from rlproxy.settings import ProxySettings
 from store import errors as store_errors
-from store import policies as store_policies
 from store.db import create_engine, session_factory
 from store.migrate import upgrade_async
 
@@ -141,20 +142,22 @@ async def _watch_engines(state: ProxyState, interval: float = 5.0) -> None:
 async def _restore_adapters(state: ProxyState) -> None:
     """A replica that restarted comes back without the adapters loaded at runtime; without this its rollouts
     would get 404 until the next publish."""
-    serving = [p for p in (state.router.active, state.router.canary) if p is not None and p.name is not None]
-    for replica in state.upstreams.replicas:
-        for policy in serving:
-            if not replica.healthy or not replica.base_models or policy.name in replica.adapters:
-                continue
-            async with state.sessions() as session:
-                path = (await store_policies.get_policy(session, policy.version)).path
-            status, body = await state.upstreams.post_json(replica, "/v1/load_lora_adapter",
-                                                           {"lora_name": policy.name, "lora_path": path})
-            if status == 200 or b"already" in body.lower():
-                replica.adapters.add(policy.name)
-                log.warning("engine %s had lost %s (restarted?): loaded it again", replica.url, policy.name)
-            else:
-                log.error("engine %s lost %s and refused to load it again: %s", replica.url, policy.name, body[:300])
+    serving = [(p.version, p.name) for p in (state.router.active, state.router.canary)
+               if p is not None and p.name is not None]
+    for version, name in serving:
+        lost = [r.url for r in state.upstreams.replicas
+                if r.healthy and r.base_models and name not in r.adapters]
+        if not lost:
+            continue
+        try:
+            await lifecycle.ensure_loaded(state.sessions, state.upstreams.adapters(lost), version)
+        except AdapterError as exc:
+            log.error("engine(s) %s lost %s and could not load it again: %s", ", ".join(lost), name, exc)
+            continue
+        for replica in state.upstreams.replicas:
+            if replica.url in lost:
+                replica.adapters.add(name)
+        log.warning("engine(s) %s had lost %s (restarted?): loaded it again", ", ".join(lost), name)
 
 
 def _secret(value) -> str | None:

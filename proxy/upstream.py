@@ -13,6 +13,7 @@ import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from proxy.errors import UpstreamTimeout, UpstreamUnavailable
+from rlproxy.adapters import EngineAdapters
 
 log = logging.getLogger("rlproxy.upstream")
 
@@ -136,12 +137,10 @@ class UpstreamPool:
             resp.raise_for_status()
             return orjson.loads(await resp.read())
 
-    async def post_json(self, replica: Replica, path: str, payload: dict, *, timeout: float = 60.0) -> tuple[int, bytes]:
-        assert self.session is not None
-        async with self.session.post(replica.url + path, data=orjson.dumps(payload),
-                                     headers={"Content-Type": "application/json"},
-                                     timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-            return resp.status, await resp.read()
+    def adapters(self, urls: list[str] | None = None, *, attempts: int = 2) -> EngineAdapters:
+        """The adapter routes of these replicas (or of `urls`), through this pool's connections and engine key."""
+        assert self.session is not None, "UpstreamPool.start() was not awaited"
+        return EngineAdapters(urls or [r.url for r in self.replicas], http=self.session, attempts=attempts)
 
     async def refresh_health(self) -> None:
         """Ask each replica for its models; a replica that answers is healthy again."""

@@ -4,7 +4,7 @@
         requests.get(engine.base_url + "/v1/models")
 
 The engine runs ``python -m vllm.entrypoints.openai.api_server`` with the interpreter running us, on
-loopback, with runtime LoRA loading (``/v1/load_lora_adapter``, ``/v1/unload_lora_adapter``), the hermes
+loopback, with runtime LoRA loading (its routes are used by rlproxy/adapters.py alone), the hermes
 tool-call parser and a seed. `engine_command` builds the command line, `engine_env` its environment.
 
 Install quirks (scripts/install.sh handles them; kept here so they are not rediscovered):

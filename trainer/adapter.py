@@ -1,4 +1,4 @@
-"""Save and load the LoRA adapter so that a reader (vLLM's /v1/load_lora_adapter) never sees half of one.
+"""Save and load the LoRA adapter so that a reader (vLLM loading it at run time) never sees half of one.
 
 A save writes everything into a temporary directory beside the target, fsyncs it, then renames it into
 place. Replacing an existing adapter swaps the two directories in one step where the kernel can

@@ -5,6 +5,8 @@ from aiohttp import web
 
 from proxy.errors import InvalidRequest, NotFoundError, UpstreamUnavailable, json_response
 from proxy.state import state
+from rlproxy import lifecycle
+from rlproxy.adapters import AdapterError
 from store import policies as store_policies
 
 
@@ -23,25 +25,15 @@ async def activate_policy(request: web.Request) -> web.Response:
     if not 0 <= version < 2**31:  # versions are 32-bit in the store: anything else cannot exist
         raise NotFoundError(f"policy version {version} does not exist")
     app = state(request)
-    async with app.sessions() as session, session.begin():
-        if version != store_policies.BASE_VERSION:
-            policy = await store_policies.get_policy(session, version)
-            await _load_everywhere(request, policy.name, policy.path)
-        await store_policies.activate(session, version)
+    try:
+        # A rollback target is loaded again from its own folder on every replica before it serves, so weights
+        # left under its name (another store's, or an older copy) never answer for it.
+        await lifecycle.activate(app.sessions, app.upstreams.adapters(), version)
+    except AdapterError as exc:
+        raise UpstreamUnavailable(f"policy version {version} was not activated: {exc}") from None
     await app.router.refresh()
     app.metrics.active_policy.set(version)
     return json_response({"version": version, "status": "active"})
-
-
-async def _load_everywhere(request: web.Request, name: str, path: str | None) -> None:
-    """An adapter must be resident on every replica before it may serve (e.g. after a rollback to one that
-    was unloaded)."""
-    upstreams = state(request).upstreams
-    for replica in upstreams.replicas:
-        status, body = await upstreams.post_json(replica, "/v1/load_lora_adapter",
-                                                 {"lora_name": name, "lora_path": path})
-        if status != 200 and b"already" not in body.lower():
-            raise UpstreamUnavailable(f"engine {replica.url} could not load {name}: {body[:300]!r}")
 
 
 def add_routes(app: web.Application) -> None:

@@ -1,0 +1,175 @@
+"""A policy version's life, and the one place that decides when its adapter is loaded or unloaded (how is
+rlproxy/adapters.py's job; the rows are store/policies.py's and store/canary.py's):
+
+    candidate ──publish──▶ candidate, loaded on every replica ──┬─ start_canary ─▶ canary ─┐
+        └─ a replica refused it ─▶ failed                        └──── activate ──────────┴─▶ active
+    canary, active ──(replaced, judged, rolled back)──▶ retired ──activate (rollback)──▶ active
+
+The rules:
+* A version serves (canary or active) only once its adapter is loaded on every replica.
+* A version that does not serve yet is loaded from its own folder with `replace`: whatever a replica holds
+  under its name (another store's adapter after a database reset, or this version's older copy) is unloaded
+  first, so no other weights can answer for it. Nothing routes to it yet, so the moment between unload and
+  load costs nothing.
+* A version that serves keeps the copies it has (unloading them would fail its traffic for that moment);
+  a replica that lost it (an engine restart) or holds it from another folder gets it loaded again.
+* A version that stopped serving is unloaded from every replica once the requests it was still answering
+  have had `drain_seconds` to finish (`Drain`).
+
+Whoever serves it (the proxy) and whoever trains it (the trainer) both call these rather than write a status
+that makes a version serve. (Promoting a canary, store/canary.end, needs no load: it serves already.)
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from rlproxy.adapters import AdapterError, EngineAdapters
+from store import canary as canaries
+from store import policies
+from store.errors import Conflict, NotFound
+from store.models import PolicyStatus
+
+log = logging.getLogger("rlproxy.lifecycle")
+
+SERVING = (PolicyStatus.ACTIVE, PolicyStatus.CANARY)
+
+
+@dataclass(slots=True, frozen=True)
+class Version:
+    version: int
+    name: str
+    path: str
+    status: str
+
+    @property
+    def serving(self) -> bool:
+        return self.status in SERVING
+
+
+async def read(sessions: async_sessionmaker[AsyncSession], version: int) -> Version:
+    """A version's adapter name, folder and status; NotFound for one without a row (or without a folder)."""
+    async with sessions() as session:
+        row = await policies.get_policy(session, version)
+        if row.path is None:
+            raise NotFound(f"policy version {version} has no adapter folder")
+        return Version(row.version, row.name, row.path, row.status)
+
+
+async def ensure_loaded(sessions: async_sessionmaker[AsyncSession], adapters: EngineAdapters, version: int, *,
+                        engines: list[str] | None = None) -> Version:
+    """Make `version`'s adapter, with the weights in its own folder, loaded on every replica (or on those in
+    `engines`) by the rules above: replaced unless it serves now. Raises LoadFailed (an AdapterError)."""
+    policy = await read(sessions, version)
+    await adapters.load(policy.name, policy.path, replace=not policy.serving, engines=engines)
+    return policy
+
+
+async def publish(sessions: async_sessionmaker[AsyncSession], adapters: EngineAdapters, version: int, *,
+                  activate: bool = False, drain: Drain | None = None) -> float:
+    """Load a new candidate on every replica, replacing anything under its name; with `activate`, then make
+    it the one served (the policy it replaces goes to `drain`). A replica that cannot take it marks it failed
+    (the serving policy is untouched) and raises LoadFailed. Returns the seconds the load took.
+
+    A candidate or canary that a stopped trainer left may be published again (a canary keeps its copies)."""
+    policy = await read(sessions, version)
+    if policy.status not in (PolicyStatus.CANDIDATE, PolicyStatus.CANARY):
+        raise Conflict(f"policy version {version} is {policy.status}, not a candidate to publish")
+    try:
+        seconds = await adapters.load(policy.name, policy.path, replace=not policy.serving)
+    except AdapterError:
+        async with sessions() as session, session.begin():
+            await policies.set_status(session, version, PolicyStatus.FAILED)
+        raise
+    if activate:
+        await _make_active(sessions, version, drain)  # loaded fresh just now: no second load
+    return seconds
+
+
+async def activate(sessions: async_sessionmaker[AsyncSession], adapters: EngineAdapters, version: int, *,
+                   drain: Drain | None = None) -> policies.ActivePolicy:
+    """Make `version` the one served (0: the base model), e.g. a rollback: its adapter is loaded on every
+    replica first (from its own folder, unless it serves already). Returns the policy it replaced, which
+    stops serving: given to `drain` if there is one (else a trainer's `Drain` sees it stop). NotFound for
+    an unknown or failed version; an AdapterError when a replica cannot load it, and then nothing changed."""
+    if version != policies.BASE_VERSION:
+        policy = await read(sessions, version)
+        if policy.status == PolicyStatus.FAILED:
+            raise NotFound(f"policy version {version} failed to load and cannot be activated")
+        await adapters.load(policy.name, policy.path, replace=not policy.serving)
+    return await _make_active(sessions, version, drain)
+
+
+async def start_canary(sessions: async_sessionmaker[AsyncSession], adapters: EngineAdapters, version: int,
+                       fraction: float, **scope) -> canaries.Canary:
+    """Make a candidate answer `fraction` of new rollouts (store/canary.start, which takes `scope`: traffic,
+    eval_agents); idempotent for the canary already running. Its adapter is loaded on every replica first,
+    as for `activate`."""
+    await ensure_loaded(sessions, adapters, version)
+    async with sessions() as session, session.begin():
+        return await canaries.start(session, version, fraction, **scope)
+
+
+async def retire(sessions: async_sessionmaker[AsyncSession], version: int, *,
+                 drain: Drain | None = None) -> None:
+    """A version that will not serve (a gate kept it out); `drain` unloads its copies."""
+    async with sessions() as session, session.begin():
+        await policies.set_status(session, version, PolicyStatus.RETIRED)
+    if drain is not None:
+        drain.note(policies.adapter_name(version))
+
+
+async def _make_active(sessions: async_sessionmaker[AsyncSession], version: int,
+                       drain: Drain | None) -> policies.ActivePolicy:
+    async with sessions() as session, session.begin():
+        previous = await policies.active_policy(session)
+        await policies.activate(session, version)
+    if drain is not None and previous.version != version:
+        drain.note(previous.name)
+    return previous
+
+
+class Drain:
+    """Unloads the adapters of versions that stopped serving, `drain_seconds` after they did (requests they
+    were answering have finished by then; the proxies switch within their refresh interval).
+
+    It unloads what it saw stop serving (between two sweeps, or told by `note`), not every retired version
+    it finds loaded: an operator may have loaded one to evaluate it (`rlproxy eval --upstream`)."""
+
+    def __init__(self, drain_seconds: float = 30.0) -> None:
+        self.drain_seconds = drain_seconds
+        self._since: dict[str, float] = {}  # adapter name -> when it stopped serving
+        self._serving: set[str] | None = None  # names serving at the last sweep
+
+    def note(self, name: str | None) -> None:
+        """`name` stopped serving (or never will) now; unloaded by a sweep `drain_seconds` from now."""
+        if name is not None:
+            self._since.setdefault(name, time.monotonic())
+
+    async def sweep(self, sessions: async_sessionmaker[AsyncSession], adapters: EngineAdapters) -> list[str]:
+        """Note what stopped serving since the last sweep, unload what is due; returns the names unloaded."""
+        async with sessions() as session:
+            active, canary = await canaries.serving(session)
+        serving = {p.name for p in (active, canary) if p is not None and p.name is not None}
+        for name in (self._serving or set()) - serving:
+            self.note(name)
+        self._serving = serving
+        now = time.monotonic()
+        unloaded = []
+        for name, since in list(self._since.items()):
+            if name in serving:  # serving again (a rollback to it): not ours to unload
+                del self._since[name]
+            elif now - since >= self.drain_seconds:
+                try:
+                    await adapters.unload(name)
+                except AdapterError as exc:
+                    log.warning("could not unload %s (trying again in %.0f s): %s", name,
+                                self.drain_seconds, exc)
+                    self._since[name] = now
+                else:
+                    del self._since[name]
+                    unloaded.append(name)
+        return unloaded
