@@ -22,6 +22,7 @@ import math
 import operator
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -338,9 +339,11 @@ class EvalStats:
 
 
 async def evaluate_detailed(
-    client: openai.AsyncOpenAI, model: str, tasks: list[Task], concurrency: int = 8, **episode_kwargs
+    client: openai.AsyncOpenAI, model: str, tasks: list[Task], concurrency: int = 8,
+    on_episode: Callable[[], None] | None = None, **episode_kwargs
 ) -> EvalStats:
-    """Run every task once, at most `concurrency` episodes at a time; failed episodes score 0."""
+    """Run every task once, at most `concurrency` episodes at a time; failed episodes score 0. `on_episode()`
+    is called as each episode ends (a progress bar)."""
     gate = asyncio.Semaphore(concurrency)
 
     async def one(task: Task) -> EpisodeResult | BaseException:
@@ -349,6 +352,9 @@ async def evaluate_detailed(
                 return await run_episode(client, model, task, **episode_kwargs)
             except openai.OpenAIError as exc:
                 return exc
+            finally:
+                if on_episode is not None:
+                    on_episode()
 
     began = time.perf_counter()
     results = await asyncio.gather(*(one(t) for t in tasks))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,11 +75,12 @@ class HeldoutResult:
 
 
 async def evaluate_heldout(base_url: str, model: str, tasks: list[Task], *, concurrency: int = 8,
-                           api_key: str = "rlproxy", max_retries: int = 2) -> HeldoutResult:
-    """One episode per task of `model` at `base_url` (ending in /v1)."""
+                           api_key: str = "rlproxy", max_retries: int = 2,
+                           on_episode: Callable[[], None] | None = None) -> HeldoutResult:
+    """One episode per task of `model` at `base_url` (ending in /v1); `on_episode()` as each one ends."""
     client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=max_retries)
     try:
-        stats = await evaluate_detailed(client, model, tasks, concurrency=concurrency)
+        stats = await evaluate_detailed(client, model, tasks, concurrency=concurrency, on_episode=on_episode)
     finally:
         await client.close()
     low, high = wilson(stats.success * stats.n, stats.n)

@@ -7,8 +7,9 @@ Held-out success is measured one of two ways (`gate`):
            trainer never trains on; each version is scored on the probes it served. New versions serve at
            once, and measuring costs no pause (the default: on CPU a full held-out pass with an adapter
            takes minutes, longer than a training step).
-  heldout  every candidate is evaluated on the held-out set before it may serve (docs/gates.md); it serves
-           only if not worse than its parent by more than gate_margin. Agents pause while it runs."""
+  heldout  every candidate is scored on the gate split before it may serve (docs/gates.md): the trainer's
+           command gate runs demo/score.py; it serves only if not worse than its parent by more than
+           gate_margin. Agents pause while it runs. Held-out numbers never come from the gate split."""
 from __future__ import annotations
 
 import asyncio
@@ -27,21 +28,26 @@ import openai
 from aiohttp import web
 
 from demo.agent import AIR_TEXT_ACTION, AIR_TEXT_ERROR, run_episode
-from demo.evaluate import HeldoutResult, evaluate_heldout, passes, record, transaction
+from demo.evaluate import HeldoutResult, evaluate_heldout, transaction
+from demo.report import Report
+from demo.score import command
+from demo.startup import ENGINE_EXPECTED_SECONDS, engine_alive, engine_phases, preflight
 from demo.tasks import Task, heldout_tasks, train_tasks
 from proxy.app import build_app
 from rlproxy.engine import Engine, lora_rank_slot
 from rlproxy.hardware import fast_bf16
-from rlproxy.model import prepare_model
+from rlproxy.model import default_model_dir, is_prepared, prepare_model
 from rlproxy.settings import EngineSettings, ProxySettings, TrainerSettings, WriterSettings
 from store import policies
 from trainer.config import TrainConfig
+from trainer.gates.command import KEY as GATE_RECORD
+from trainer.gates.command import CommandGate
 from trainer.worker import TrainerWorker
 
 log = logging.getLogger("rlproxy.demo")
 
 AGENT = "demo"  # the agent being trained
-PROBE_AGENT = "demo-heldout"  # held-out probes: rollouts of this agent are never training data
+PROBE_AGENT = "demo-heldout"  # held-out probes: evaluation rollouts, never training data
 GATES = ("probes", "heldout")
 
 
@@ -77,10 +83,13 @@ class Progress:
     episodes: int = 0
     rewards: list[tuple[float, float, int]] = field(default_factory=list)  # (seconds, reward, policy)
     heldout: dict[int, float] = field(default_factory=dict)  # version -> success on a full held-out evaluation
+    gate: dict[int, float] = field(default_factory=dict)  # version -> success on the gate split (gate=heldout)
     probes: list[tuple[float, float, int]] = field(default_factory=list)  # held-out probes: (seconds, reward, policy)
     active: int = 0
     steps: int = 0
     last_event: str = "starting"
+    run_started: float | None = None  # when start-up was over and the agents began (the deadline counts from it)
+    training_since: float | None = None  # a training step is computing (the agents wait) since then
 
     def recent_reward(self, n: int = 64) -> float:
         window = [r for _, r, _ in self.rewards[-n:]]
@@ -99,9 +108,11 @@ class Progress:
 
 
 class Demo:
-    def __init__(self, settings: DemoSettings) -> None:
+    def __init__(self, settings: DemoSettings, report: Report | None = None) -> None:
         self.settings = settings
         self.progress = Progress()
+        self.report = report or Report()  # what the user sees (demo/report.py); by default only the log
+        self.engine: Engine | None = None  # the engine the demo started, if it started one
         self.stop = asyncio.Event()
         self.agents_may_run = asyncio.Event()  # cleared while a candidate is evaluated: the engine is all its
         self.agents_may_run.set()
@@ -115,27 +126,46 @@ class Demo:
 
     # --- the main sequence ------------------------------------------------------------------------------
     async def run(self) -> Progress:
+        self._main = asyncio.current_task()  # what Ctrl-C during start-up cancels
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, self._interrupted)
-        self._note("preparing the bundled model")
-        model_path = await asyncio.to_thread(prepare_model)
-        if self.settings.upstream:
-            await self._loop(self.settings.upstream.rstrip("/"), await _served_model(self.settings.upstream),
-                             model_path)
-        else:
-            # vLLM's CPU LoRA kernels gather each token's adapter weights padded to max_lora_rank: no padding
-            engine_settings = EngineSettings(port=self.settings.engine_port, max_model_len=2048, kv_cache_gib=2,
-                                             max_loras=4, max_lora_rank=lora_rank_slot(self.settings.train.lora_rank))
-            self._note("starting vLLM (30-90 s on CPU)")
-            # bfloat16 only where the hardware does it fast (rlproxy/hardware.py has the numbers)
-            dtype = "bfloat16" if fast_bf16() else "float32"
-            async with Engine(engine_settings, model_path=model_path, dtype=dtype) as engine:
-                await self._loop(engine.base_url, engine.served_model_name, model_path)
+        try:
+            async with self.report.shown(self.progress, self.settings):
+                await self._start_and_run()
+        except asyncio.CancelledError:
+            if not self.stop.is_set():
+                raise
+            log.info("stopped during start-up")  # Ctrl-C before the run began: nothing to save
+            return self.progress
         self._save()
         return self.progress
 
+    async def _start_and_run(self) -> None:
+        upstream = self.settings.upstream
+        # vLLM's CPU LoRA kernels gather each token's adapter weights padded to max_lora_rank: no padding
+        engine_settings = EngineSettings(port=self.settings.engine_port, max_model_len=2048, kv_cache_gib=2,
+                                         max_loras=4, max_lora_rank=lora_rank_slot(self.settings.train.lora_rank))
+        for warning in preflight(self.settings.proxy_port, None if upstream else engine_settings):
+            log.warning(warning)  # shown as one line (demo/output.py Alerts), kept in rlproxy.log
+        first = not is_prepared(default_model_dir())
+        self._note("preparing the model" + (": converting the bundled GGUF (first run only)" if first else ""))
+        model_path = await asyncio.to_thread(prepare_model)
+        if upstream:
+            self._note(f"connecting to the engine at {upstream}")
+            await self._loop(upstream.rstrip("/"), await _served_model(upstream), model_path)
+            return
+        self._note(f"starting the engine (vLLM on port {engine_settings.port})", expected=ENGINE_EXPECTED_SECONDS)
+        # bfloat16 only where the hardware does it fast (rlproxy/hardware.py has the numbers)
+        dtype = "bfloat16" if fast_bf16() else "float32"
+        # log_prefix "": its lines go as printed to engine.log (demo/output.py)
+        self.engine = Engine(engine_settings, model_path=model_path, dtype=dtype, log_prefix="")
+        async with engine_phases(self.engine, self.report), self.engine as engine:
+            await self._loop(engine.base_url, engine.served_model_name, model_path)
+            self._note("stopping the engine")
+
     async def _loop(self, engine_url: str, served: str, model_path: Path) -> None:
+        self._note("starting the proxy")
         runner = await self._start_proxy(engine_url, served)
         proxy = f"http://127.0.0.1:{self.settings.proxy_port}"
         try:
@@ -144,7 +174,7 @@ class Demo:
                 TrainerSettings(database_url=self.settings.database_url, upstreams=(engine_url,),
                                 adapters_dir=self.settings.workdir / "rlproxy-adapters", metrics_port=None,
                                 worker_id="demo-trainer"),
-                self.settings.train, model_path, on_published=lambda v: self._gate(proxy, v),
+                self.settings.train, model_path, on_published=lambda v: self._gate(engine_url, v),
                 while_computing=self._agents_paused)
             tasks = [asyncio.create_task(trainer.run(self.stop), name="trainer"),
                      asyncio.create_task(self._agents(proxy, served), name="agents"),
@@ -159,28 +189,32 @@ class Demo:
         """Two cores cannot serve episodes and train at once without slowing both many times over (and the
         agents' event loop starves the step of the GIL): agents wait while the trainer computes."""
         self.agents_may_run.clear()
+        self.progress.training_since = time.monotonic()
         try:
             yield
         finally:
+            self.progress.training_since = None
             self.agents_may_run.set()
 
     async def _watch(self, tasks: list[asyncio.Task]) -> None:
-        from demo.view import live_view
-
-        async with live_view(self.progress, self.settings, enabled=not self.settings.headless):
-            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-            self.stop.set()
-            if pending:
-                await asyncio.wait(pending, timeout=120)
-            for task in done:
-                if task.exception() is not None:
-                    raise task.exception()
+        self.progress.run_started = time.monotonic()
+        self.report.start_run()
+        self._note(f"agents running, {self.settings.concurrency} episodes at a time; training as rollouts come in")
+        if self.engine is not None:
+            tasks = [*tasks, asyncio.create_task(engine_alive(self.engine, self.stop), name="engine")]
+        done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        self.stop.set()
+        if pending:
+            await asyncio.wait(pending, timeout=120)
+        for task in done:
+            if task.exception() is not None:
+                raise task.exception()
 
     async def _deadline(self) -> None:
         try:
             await asyncio.wait_for(self.stop.wait(), self.settings.minutes * 60)
         except asyncio.TimeoutError:
-            self._note("time is up")
+            self._note("time is up: finishing the episodes in flight")
             self.stop.set()
 
     async def _start_proxy(self, engine_url: str, served: str) -> web.AppRunner:
@@ -230,7 +264,9 @@ class Demo:
 
     async def _episode(self, http: aiohttp.ClientSession, proxy: str, served: str, task: Task, agent: str) -> None:
         try:
-            async with http.post(f"{proxy}/rollouts", json={"task_id": task.task_id, "agent": agent}) as r:
+            # a probe is evaluation traffic, as any user marks it: served like the rest, never trained on
+            opened = {"task_id": task.task_id, "agent": agent, "eval": agent == PROBE_AGENT}
+            async with http.post(f"{proxy}/rollouts", json=opened) as r:
                 created = await r.json()
             client = openai.AsyncOpenAI(base_url=created["base_url"], api_key="demo", max_retries=0)
             try:
@@ -264,47 +300,52 @@ class Demo:
 
     # --- the held-out gate ----------------------------------------------------------------------------------
     async def _evaluate(self, proxy: str, model: str) -> HeldoutResult:
-        return await evaluate_heldout(f"{proxy}/v1", model, self.heldout_pool,
-                                      concurrency=2 * self.settings.concurrency, api_key="demo")
+        with self.report.counting(len(self.heldout_pool)) as tick:  # a bar over the tasks
+            return await evaluate_heldout(f"{proxy}/v1", model, self.heldout_pool,
+                                          concurrency=2 * self.settings.concurrency, api_key="demo",
+                                          on_episode=tick)
 
-    async def _gate(self, proxy: str, version: int) -> bool | None:
-        """Serve a candidate only if its held-out success is not worse than its parent's by the margin (with
-        gate=probes: serve it now; the probes it answers measure it)."""
+    async def _gate(self, engine_url: str, version: int) -> bool | None:
+        """With gate=heldout, serve a candidate only if its success on the gate split (demo/score.py, run by the
+        trainer's command gate as any user's script would be) is not worse than its parent's by the margin;
+        with gate=probes, serve it now: the evaluation rollouts it answers measure it."""
         parent = self.progress.active
         if self.settings.gate == "probes":
             self.progress.steps += 1
             self.progress.active = version
             self._note(f"v{version} serving (trained on the rollouts of v{parent}); held-out probes measure it")
             return True
-        self._note(f"evaluating candidate v{version} on {len(self.heldout_pool)} held-out tasks")
+        self._note(f"scoring candidate v{version} on {self.settings.heldout} tasks of the gate split")
+        gate = CommandGate(TrainerSettings(
+            database_url=self.settings.database_url, upstreams=(engine_url,), metrics_port=None, gate="command",
+            gate_margin=self.settings.gate_margin,
+            eval_command=command(tasks=self.settings.heldout, seed=self.settings.seed,
+                                 concurrency=2 * self.settings.concurrency)))
         self.agents_may_run.clear()
-        evaluation = asyncio.create_task(self._evaluate(proxy, policies.adapter_name(version)))
+        evaluation = asyncio.create_task(gate(version))
         stopped = asyncio.create_task(self.stop.wait())
         try:
             await asyncio.wait({evaluation, stopped}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             self.agents_may_run.set()
             stopped.cancel()
-        if not evaluation.done():  # Ctrl-C: stop now; the candidate is evaluated when the demo runs again
+        if not evaluation.done():  # Ctrl-C: stop now; the candidate is scored when the demo runs again
             evaluation.cancel()
             return None
-        result = evaluation.result()
-        success = result.success
-        self.progress.heldout[version] = success
-        promoted = passes(success, self.progress.heldout.get(parent, 0.0), self.settings.gate_margin)
-        await self._store_evaluation(version, result, parent, promoted)
+        promoted = evaluation.result()
+        async with transaction(self.settings.database_url) as session:
+            verdict = ((await policies.get_policy(session, version)).evaluation or {}).get(GATE_RECORD, {})
+        if verdict.get("score") is not None:
+            self.progress.gate[version] = verdict["score"]
+        if verdict.get("parent_score") is not None:
+            self.progress.gate[parent] = verdict["parent_score"]
         self.progress.steps += 1
         if promoted:
             self.progress.active = version
-        self._note(f"v{version}: held-out {success:.0%} vs v{parent} "
-                   f"{self.progress.heldout.get(parent, 0.0):.0%} -> {'serving' if promoted else 'kept out'}")
+        self._note(f"v{version}: gate set {_percent(verdict.get('score'))} vs v{parent} "
+                   f"{_percent(verdict.get('parent_score'))} -> {'serving' if promoted else 'kept out'}")
         self._save()
         return promoted
-
-    async def _store_evaluation(self, version: int, result: HeldoutResult, parent: int, promoted: bool) -> None:
-        async with transaction(self.settings.database_url) as session:
-            await record(session, version, result, parent=parent,
-                         parent_heldout_success=self.progress.heldout.get(parent, 0.0), promoted=promoted)
 
     # --- resuming ---------------------------------------------------------------------------------------------
     async def _restore(self, proxy: str, served: str) -> None:
@@ -323,19 +364,26 @@ class Demo:
         """Full held-out results (kept across runs), and this run's episodes for bench/learning.py."""
         p = self.progress
         self.state_path.write_text(json.dumps({
-            "heldout": p.heldout, "heldout_tasks": self.settings.heldout,
+            "heldout": p.heldout, "heldout_tasks": self.settings.heldout, "gate_split": p.gate,
             "last_run": {"minutes": (time.monotonic() - p.started) / 60, "episodes": p.episodes,
                          "versions": p.steps, "gate": self.settings.gate,
                          "rewards": [list(r) for r in p.rewards], "probes": [list(r) for r in p.probes]},
         }, indent=1))
 
     def _interrupted(self) -> None:
+        if not self.report.running:  # start-up (engine, base measurement): nothing to finish, stop at once
+            self.stop.set()
+            self._main.cancel()
+            return
         if not self.stop.is_set():  # a step in progress is computed in a thread and cannot be cut short
             self._note("stopping: a training step in progress finishes first; the next run resumes from here")
         self.stop.set()
 
-    def _note(self, message: str) -> None:
+    def _note(self, message: str, **step) -> None:
+        """An event: on the panel and in the log; during start-up it begins the next step (`step`: expected=
+        (low, high) seconds, waiting=what it waits for)."""
         self.progress.last_event = message
+        self.report.note(message, **step)
         log.info(message)
 
 
@@ -344,3 +392,7 @@ async def _served_model(engine_url: str) -> str:
         async with http.get(f"{engine_url.rstrip('/')}/v1/models") as response:
             models = (await response.json())["data"]
     return next(m["id"] for m in models if not m.get("parent"))
+
+
+def _percent(value: float | None) -> str:
+    return "?" if value is None else f"{value:.0%}"

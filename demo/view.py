@@ -1,33 +1,80 @@
-"""What the demo shows: a live panel while it runs, then a table of held-out success per version and a PNG
-reward curve."""
+"""What the demo shows: a live panel while it runs (fitted to the terminal; demo/report.py draws it), then a
+table of held-out success per version and a PNG reward curve."""
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import math
 import statistics
 import time
 from pathlib import Path
 
-from rich.console import Console, Group
-from rich.live import Live
+from rich import box
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.panel import Panel
 from rich.table import Table
+from rich.text import Text
 
 
-def _panel(progress, settings) -> Panel:
-    elapsed = time.monotonic() - progress.started
-    rate = progress.episodes / (elapsed / 60) if elapsed > 0 else 0.0
+PANEL_TITLE = "rlproxy demo — a tool-using agent learning from its own traffic"
+
+
+def _clock(seconds: float) -> str:
+    return f"{int(seconds) // 60}:{int(seconds) % 60:02d}"
+
+
+def _head(progress, settings) -> Table:
+    """Two columns of label/value pairs: fits 80 columns without wrapping."""
+    running = time.monotonic() - (progress.run_started or progress.started)
+    rate = progress.episodes / (running / 60) if running > 0 else 0.0
     head = Table.grid(padding=(0, 2))
-    head.add_row("elapsed", f"{elapsed / 60:5.1f} / {settings.minutes:g} min", "episodes", str(progress.episodes),
-                 "episodes/min", f"{rate:5.1f}")
-    head.add_row("serving", f"v{progress.active}", "train reward (last 64)", f"{progress.recent_reward():.2f}",
-                 "versions", str(progress.steps))
+    serving = (f"v{progress.active}" if progress.active else "the base model") + \
+        (f" ({progress.steps} new versions)" if progress.steps else "")
+    shown = min(running / 60, settings.minutes)  # past it, in-flight episodes finish: the run is over
+    head.add_row("running", f"{shown:4.1f} of {settings.minutes:g} min", "serving", serving)
+    head.add_row("episodes", f"{progress.episodes} ({rate:.1f}/min)", "train reward",
+                 f"{progress.recent_reward():.2f} (last 64)")
     recent = progress.recent_probe_success()
     if recent is not None:
-        head.add_row("held-out probes", f"{recent[0]:.0%} of last {recent[1]}", "", "", "", "")
-    return Panel(Group(head, heldout_table(progress, settings), f"[dim]{progress.last_event}[/dim]"),
-                 title="rlproxy demo — a tool-using agent learning from its own traffic")
+        head.add_row("held-out", f"{recent[0]:.0%} of the last {recent[1]} probes", "", "")
+    return head
+
+
+def _activity(progress) -> Text | None:
+    """What is slow right now, if anything: a training step (the agents wait for it)."""
+    if progress.training_since is None:
+        return None
+    return Text(f"training a step: {_clock(time.monotonic() - progress.training_since)} (the agents wait for it)",
+                style="cyan", no_wrap=True, overflow="ellipsis")
+
+
+def _panel(progress, settings, rows: int | None = None, activity: RenderableType | None = None) -> Panel:
+    """The live panel with at most `rows` version rows (the newest); `activity`: a line about what runs now."""
+    event = Text(progress.last_event, style="dim", no_wrap=True, overflow="ellipsis")
+    parts = [_head(progress, settings), heldout_table(progress, settings, rows=rows, compact=True), event]
+    activity = activity if activity is not None else _activity(progress)
+    if activity is not None:
+        parts.append(activity)
+    return Panel(Group(*parts), title=PANEL_TITLE)
+
+
+class LivePanel:
+    """The panel fitted to the terminal: as many of the newest versions as the height leaves room for (a
+    panel taller than the screen cannot be redrawn in place: each redraw would leave a copy behind)."""
+
+    def __init__(self, progress, settings, activity: RenderableType | None = None) -> None:
+        self.progress, self.settings, self.activity = progress, settings, activity
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        height = options.height or options.size.height
+        total = len(heldout_rows(self.progress, self.settings))
+        rows = total
+        while True:
+            panel = _panel(self.progress, self.settings, rows=rows, activity=self.activity)
+            lines = len(console.render_lines(panel, options.update(height=None), pad=False))
+            if lines <= height or rows <= 1:
+                break
+            caption = 1 if rows == total else 0  # leaving rows out adds the line that says so
+            rows = max(1, min(rows - 1, rows - (lines - height) - caption))
+        yield panel
 
 
 def heldout_rows(progress, settings) -> dict[int, tuple[int, int]]:
@@ -47,15 +94,23 @@ def _base_rate(rows: dict[int, tuple[int, int]]) -> float | None:
     return wins / n if n else None
 
 
-def heldout_table(progress, settings) -> Table:
+def heldout_table(progress, settings, rows: int | None = None, compact: bool = False) -> Table:
+    """Held-out success per version. `rows`: at most that many (the base model and the newest), with a caption
+    saying how many are left out; `compact`: no outer border lines (the live panel's)."""
     from demo.evaluate import wilson
 
-    table = Table(title="held-out success by policy version", expand=False)
+    table = Table(title="held-out success by policy version", expand=False,
+                  box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD, show_edge=not compact)
     for name in ("version", "held-out success", "episodes", "95% interval", "vs base", "status"):
         table.add_column(name, justify="left" if name in ("version", "status") else "right")
-    rows = heldout_rows(progress, settings)
-    base_rate = _base_rate(rows)
-    for version, (wins, n) in rows.items():
+    measured = heldout_rows(progress, settings)
+    base_rate = _base_rate(measured)
+    shown = list(measured.items())
+    if rows is not None and len(shown) > rows:  # the base model (what the rest is compared to), then the newest
+        table.caption = f"{len(shown) - rows} older versions not shown"
+        keep_base = shown[0][0] == 0 and rows > 1
+        shown = shown[:1] * keep_base + shown[len(shown) - rows + keep_base:]
+    for version, (wins, n) in shown:
         rate = wins / n if n else 0.0
         low, high = wilson(wins, n)
         delta = "" if base_rate is None or version == 0 else f"{(rate - base_rate) * 100:+.0f} pts"
@@ -63,26 +118,6 @@ def heldout_table(progress, settings) -> Table:
         table.add_row("base" if version == 0 else f"v{version}", f"{rate:.0%}", str(n), f"{low:.0%}-{high:.0%}",
                       delta, status)
     return table
-
-
-@contextlib.asynccontextmanager
-async def live_view(progress, settings, *, enabled: bool = True):
-    if not enabled:
-        yield
-        return
-    console = Console(stderr=True)
-    with Live(_panel(progress, settings), console=console, refresh_per_second=2, transient=False) as live:
-        async def refresh() -> None:
-            while True:
-                live.update(_panel(progress, settings))
-                await asyncio.sleep(0.5)
-
-        task = asyncio.create_task(refresh())
-        try:
-            yield
-        finally:
-            task.cancel()
-            live.update(_panel(progress, settings))
 
 
 def probe_periods(progress, parts: int = 3) -> list[tuple[float, float, list[int], int, int]]:

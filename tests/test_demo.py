@@ -43,11 +43,13 @@ def test_a_short_demo_trains_serves_and_measures_versions_on_heldout_probes(engi
         with_ids = db.execute("SELECT count(*) FROM calls WHERE prompt_token_ids IS NOT NULL "
                               "AND rollout_id IS NOT NULL").fetchone()[0]
         trained = dict(db.execute("SELECT agent, count(*) FROM rollouts WHERE trained_at IS NOT NULL GROUP BY agent"))
+        evaluation = dict(db.execute("SELECT agent, min(eval) FROM rollouts GROUP BY agent"))
         versions = db.execute("SELECT version, status FROM policies ORDER BY version").fetchall()
     assert by_agent.get("demo", 0) >= 4 and by_agent.get("demo-heldout", 0) >= 1, by_agent
     assert with_ids >= sum(by_agent.values())
     assert trained.get("demo", 0) >= 4
     assert "demo-heldout" not in trained  # probes measure; they are never training data
+    assert evaluation == {"demo": 0, "demo-heldout": 1}  # probes are evaluation traffic, as a user marks it
     assert versions, "no adapter version was produced"
     # with probes, a new version serves at once (the deadline may stop a step before it is published)
     assert all(status in ("active", "retired") for _, status in versions[:-1])
@@ -64,12 +66,14 @@ def test_a_short_demo_with_the_heldout_gate_evaluates_every_candidate(engine_url
     assert probes == 0
     assert versions, "no adapter version was produced"
     *gated, last = versions
-    for version, status, evaluation in gated:
-        assert status in ("active", "retired") and json.loads(evaluation)["heldout_tasks"] == 8
+    for version, status, evaluation in gated:  # scored by the command gate on the gate split, never held-out
+        verdict = json.loads(evaluation)["command_gate"]
+        assert status in ("active", "retired") and (verdict["n"], verdict["set"]) == (8, "gate")
+        assert verdict["promoted"] or status == "retired"
     # the deadline may interrupt the last candidate's evaluation: it then waits, ungated, for the next run
     assert last[1] in ("active", "retired", "candidate")
     if last[1] != "candidate":
-        assert json.loads(last[2])["heldout_tasks"] == 8
+        assert json.loads(last[2])["command_gate"]["n"] == 8
 
 
 def test_ctrl_c_stops_the_demo_cleanly_and_the_next_run_resumes(engine_url, tmp_path):

@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import io
+import re
 
 from rich.console import Console
 
 from demo.run import DemoSettings, Progress
-from demo.view import heldout_rows, probe_periods, reward_curve, summary
+from demo.view import LivePanel, heldout_rows, probe_periods, reward_curve, summary
 
 
 def a_run() -> Progress:
@@ -46,4 +47,22 @@ def test_the_live_panel_shows_the_serving_version_and_the_recent_probes():
     Console(file=out, width=120).print(_panel(a_run(), DemoSettings(heldout=48)))
     text = out.getvalue()
     assert "serving" in text and "v3" in text
-    assert "77% of last 30" in text  # held-out probes so far
+    assert "77% of the last 30 probes" in text  # held-out probes so far
+
+
+def test_the_live_panel_fits_a_small_terminal_with_the_base_model_and_the_newest_versions():
+    progress = a_run()
+    for i in range(60):  # 30 versions, two probes each
+        progress.probes.append((1000.0 + i, 1.0, 4 + i // 2))
+    progress.active = progress.steps = 33
+    out = io.StringIO()
+    Console(file=out, width=80, height=24).print(LivePanel(progress, DemoSettings(heldout=48)))
+    lines = out.getvalue().rstrip("\n").split("\n")
+    assert len(lines) <= 24 and max(len(line) for line in lines) <= 80
+    versions = [line.split()[1] for line in lines if re.match(r"│  (base|v\d+) ", line)]
+    assert versions[0] == "base" and versions[-1] == "v33"  # the reference, then the newest
+    hidden = 34 - len(versions)
+    assert any(f"{hidden} older versions not shown" in line for line in lines)
+    tall = io.StringIO()
+    Console(file=tall, width=120, height=45).print(LivePanel(progress, DemoSettings(heldout=48)))
+    assert len(tall.getvalue().splitlines()) <= 45 and "v33" in tall.getvalue()
