@@ -11,12 +11,20 @@ base, training rollouts per minute, and the number of adapter versions.
     .venv/bin/python bench/learning.py --engine-url http://127.0.0.1:8000   # reuse a running engine
 
 Variants differ from the demo's defaults only by the flags listed in VARIANTS.
+
+With `--family NAME[,NAME…]` (or `--family all`) it runs task families that are not the demo (bench/families/)
+instead: `rlproxy engine`, `rlproxy serve` and `rlproxy train` with default settings, a plain `openai`-SDK agent
+(bench/family_learning.py), and prints per family the base and final held-out success with 95% intervals, the
+minutes until held-out success first stood 25 points above base, and the peak memory of every process.
+
+    .venv/bin/python bench/learning.py --family all --minutes 15
 """
 from __future__ import annotations
 
 import argparse
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -27,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from demo.view import rolling  # noqa: E402
-from tests.support import free_port  # noqa: E402
+from bench.processes import free_port  # noqa: E402
 
 VARIANTS: dict[str, list[str]] = {
     "default": [],  # credit identical, AIR on
@@ -82,6 +90,36 @@ def percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.0%}"
 
 
+def run_families(args: argparse.Namespace) -> None:
+    from bench.families import FAMILIES
+    from bench.family_learning import run_family
+
+    names = list(FAMILIES) if args.family == "all" else args.family.split(",")
+    rows = []
+    for name in names:
+        began = time.monotonic()
+        rows.append(run_family(FAMILIES[name], args.minutes, args.out, args.postgres, engine_url=args.engine_url))
+        print(f"  {name}: {(time.monotonic() - began) / 60:.1f} min wall, logs in {args.out / name}", flush=True)
+    print(f"\nheld-out success with default settings, {args.minutes:g} training minutes, target +{TARGET_POINTS} "
+          f"points; 95% intervals")
+    print(" | ".join(("family", "base", "final", "best", "final-base", f"min to +{TARGET_POINTS}", "rollouts",
+                      "final version", "peak GB: engine/proxy/trainer/agent = sum")))
+    for row in rows:
+        peak = row["peak_gb"]
+        print(" | ".join([
+            row["family"], _with_interval(row["base"], row["base_interval"]),
+            _with_interval(row["final"], row["final_interval"]), percent(row["best"]),
+            f"{(row['final'] - row['base']) * 100:+.0f} pts",
+            "not reached" if row["minutes_to_target"] is None else f"{row['minutes_to_target']:.1f}",
+            str(row["training_rollouts"]), f"v{row['final_version']}",
+            f"{peak['engine']:.2f}/{peak['proxy']:.2f}/{peak['trainer']:.2f}/{peak['agent']:.2f} = {peak['sum']:.2f}",
+        ]))
+
+
+def _with_interval(value: float, interval: tuple[float, float]) -> str:
+    return f"{value:.0%} [{interval[0]:.0%}, {interval[1]:.0%}]"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=15.0, help="training minutes per variant")
@@ -91,8 +129,16 @@ def main() -> None:
     parser.add_argument("--engine-url", default=None, help="a running engine (runtime LoRA on) to share")
     parser.add_argument("--from-state", type=Path, nargs="*", default=None,
                         help="only summarize these rlproxy-demo.json files (no runs)")
+    parser.add_argument("--family", default=None,
+                        help="run these task families (comma-separated, or 'all') instead of demo variants")
+    parser.add_argument("--postgres", default=os.environ.get("RLPROXY_TEST_POSTGRES",
+                                                             "postgresql://postgres@127.0.0.1:5432/test"),
+                        help="with --family: a Postgres server (libpq URL) to create each run's database on")
     args = parser.parse_args()
 
+    if args.family:
+        run_families(args)
+        return
     if args.from_state:
         states = {path.parent.name: json.loads(path.read_text()) for path in args.from_state}
     else:

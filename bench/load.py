@@ -7,11 +7,13 @@ target stores calls somewhere we can count.
 
 `rlproxy-responses` and `rlproxy-messages` send the same prompt and token budget as the OpenAI Responses API
 (`/v1/responses`) and Anthropic Messages (`/v1/messages`) to the very `rlproxy-batch` process, which translates
-them to chat for the stub: their cells differ from its chat cells by the wire format alone, and the table is
-followed by their added p50 minus chat's, per concurrency level.
+them to chat for the stub: their cells differ from its chat cells by the wire format alone. Each cell is split
+into `--rounds` rounds, every target once per round in an order that rotates from round to round; the table is
+followed by their p50 minus chat's in the same round, the median over rounds with a distribution-free
+confidence interval for it (the noise), against the bound of 0.2 ms.
 
     python bench/load.py [--database-url postgresql+asyncpg://postgres@127.0.0.1:5432/test]
-                         [--seconds 3] [--levels 1,16,64,256] [--only stub,rlproxy-batch,...]
+                         [--seconds 3] [--rounds 5] [--levels 1,16,64,256] [--only stub,rlproxy-batch,...]
 The third-party proxies are installed on first use, each into its own virtualenv under
 ~/.cache/rlproxy/bench-venvs (pip from PyPI); one that cannot be installed or started is reported and
 skipped. Everything shares the machine's cores with the load generator: compare within one run.
@@ -38,6 +40,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.proxy_overhead import PATHS, one, pct  # noqa: E402
+from bench.wire_formats import print_wire_formats  # noqa: E402
 from tests.support import free_port, fresh_database, proxy_command, running, stub_command  # noqa: E402
 
 VENVS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlproxy" / "bench-venvs"
@@ -95,15 +98,30 @@ async def load(target: Target, concurrency: int, seconds: float, stream: bool) -
     return latencies, len(latencies) / elapsed
 
 
-async def measure(targets: list[Target], levels: list[int], seconds: float) -> list[dict]:
+async def measure(targets: list[Target], levels: list[int], seconds: float, rounds: int) -> list[dict]:
+    """Every target for `seconds` per cell, in `rounds` rounds of `seconds / rounds`: interleaved, so drift
+    affects every target alike, and in an order that rotates, so no target always follows the same one. A row
+    holds the pooled p50/p99 and each round's p50 (`round_p50`, in round order)."""
     rows = []
     for stream in (False, True):
         for level in levels:
-            for target in targets:  # interleaved: drift affects every target alike
-                latencies, rate = await load(target, level, seconds, stream)
-                rows.append({"target": target.name, "stream": stream, "concurrency": level, "rps": rate,
-                             "p50": pct(latencies, 50) * 1000 if latencies else float("nan"),
-                             "p99": pct(latencies, 99) * 1000 if latencies else float("nan")})
+            latencies: dict[str, list[float]] = {t.name: [] for t in targets}
+            rates: dict[str, list[float]] = {t.name: [] for t in targets}
+            round_p50: dict[str, list[float]] = {t.name: [] for t in targets}
+            for number in range(rounds):
+                shift = number % len(targets)
+                for target in targets[shift:] + targets[:shift]:
+                    got, rate = await load(target, level, seconds / rounds, stream)
+                    latencies[target.name] += got
+                    rates[target.name].append(rate)
+                    round_p50[target.name].append(pct(got, 50) * 1000 if got else float("nan"))
+            for target in targets:
+                got = latencies[target.name]
+                rows.append({"target": target.name, "stream": stream, "concurrency": level,
+                             "rps": sum(rates[target.name]) / rounds,
+                             "p50": pct(got, 50) * 1000 if got else float("nan"),
+                             "p99": pct(got, 99) * 1000 if got else float("nan"),
+                             "round_p50": round_p50[target.name]})
             print(f"  measured {'stream' if stream else 'json'} x{level}", file=sys.stderr, flush=True)
     return rows
 
@@ -285,23 +303,7 @@ def print_table(rows: list[dict], targets: list[Target]) -> None:
                 print(f"{name:<18}{level:>5}{row['rps']:>9.0f}{row['p50']:>9.1f}{row['p99']:>9.1f}"
                       f"{added[0]:>9}{added[1]:>9}{ratio:>18}")
             print()
-        print_wire_formats(cell, stream)
-
-
-def print_wire_formats(cell: dict, stream: bool) -> None:
-    """The Responses and Messages cells' added p50 minus the chat cell's, on the same rlproxy-batch process
-    (the stub's p50 cancels out: this is their p50 minus chat's)."""
-    others = [name for name in APIS if any(key[0] == name for key in cell)]
-    levels = sorted({key[2] for key in cell if key[0] == "rlproxy-batch" and key[1] == stream})
-    if not others or not levels:
-        return
-    print("wire format on rlproxy-batch: added p50 minus chat's, ms (bound: 0.2)")
-    print(f"{'conc':>5}" + "".join(f"{APIS[name]:>12}" for name in others))
-    for level in levels:
-        chat = cell[("rlproxy-batch", stream, level)]["p50"]
-        deltas = [cell[(name, stream, level)]["p50"] - chat if (name, stream, level) in cell else float("nan")
-                  for name in others]
-        print(f"{level:>5}" + "".join(f"{delta:>+12.2f}" for delta in deltas))
+        print_wire_formats(cell, stream, APIS)
 
 
 def print_losses(targets: list[Target]) -> None:
@@ -323,6 +325,8 @@ def main() -> None:
     parser.add_argument("--database-url", default="postgresql+asyncpg://postgres@127.0.0.1:5432/test",
                         help="A Postgres server (any database on it) to create the bench databases on.")
     parser.add_argument("--seconds", type=float, default=3.0, help="Seconds of load per cell and target.")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="Interleaved rounds each cell is split into (the wire-format differences' noise).")
     parser.add_argument("--levels", default="1,16,64,256")
     parser.add_argument("--only", default=",".join(TARGET_NAMES), help="Targets to run (stub always runs).")
     args = parser.parse_args()
@@ -358,8 +362,8 @@ def main() -> None:
                 else:
                     print(f"  {target.name} skipped: no successful call (see {workdir})", file=sys.stderr,
                           flush=True)
-        rows = asyncio.run(measure(targets, levels, args.seconds))
-        print(f"\nload: {args.seconds:g} s per cell and target; targets interleaved; logs in {workdir}")
+        rows = asyncio.run(measure(targets, levels, args.seconds, args.rounds))
+        print(f"\nload: {args.seconds:g} s per cell and target in {args.rounds} interleaved rounds; logs in {workdir}")
         print_table(rows, targets)
         print_losses(targets)
 

@@ -64,14 +64,11 @@ class DemoSettings:
     probe_share: float = 0.25  # with gate=probes: the share of episodes that are held-out probes
     gate_margin: float = 0.1  # a candidate may be this much worse than its parent and still serve (sampling noise)
     seed: int = 0
-    # Full batches of two groups of 8 (a group of 4 at ~30% success is all failures a quarter of the time:
-    # no signal), several updates each: a batch of episodes is the expensive part on CPU, so it feeds four
-    # AdamW steps at a high LoRA learning rate (the PPO clip keeps them near the policy that sampled it).
-    # Measured in docs/demo-tasks.md: 2e-4 and groups of 4 gained +18 points in 15 minutes, this +60.
-    # Only the agent's own rollouts are trained, never the held-out probes.
+    # The trainer's defaults (a high LoRA rate, groups of 8, four updates per batch: trainer/config.py), and what
+    # is the demo's own: its agent's episodes alone are trained (never the held-out probes), and since it runs
+    # whole groups at a time, a group waits at most a minute and a step at most two for a full batch.
     train: TrainConfig = field(default_factory=lambda: TrainConfig(
-        batch_rollouts=16, group_size=8, group_timeout_s=60.0, batch_timeout_s=120.0, mini_batches=4,
-        learning_rate=1e-3, train_agents=[AGENT]))
+        group_timeout_s=60.0, batch_timeout_s=120.0, train_agents=[AGENT]))
     air: bool = True
     headless: bool = False
     upstream: str | None = None  # an engine already running (with runtime LoRA loading); default: start one
@@ -143,8 +140,9 @@ class Demo:
 
     async def _start_and_run(self) -> None:
         upstream = self.settings.upstream
-        # vLLM's CPU LoRA kernels gather each token's adapter weights padded to max_lora_rank: no padding
-        engine_settings = EngineSettings(port=self.settings.engine_port, max_model_len=2048, kv_cache_gib=2,
+        # vLLM's CPU LoRA kernels gather each token's adapter weights padded to max_lora_rank: no padding.
+        # 1 GiB of KV cache holds 46k tokens; the demo never has more than ~7k in flight (docs/memory.md)
+        engine_settings = EngineSettings(port=self.settings.engine_port, max_model_len=2048, kv_cache_gib=1,
                                          max_loras=4, max_lora_rank=lora_rank_slot(self.settings.train.lora_rank))
         for warning in preflight(self.settings.proxy_port, None if upstream else engine_settings):
             log.warning(warning)  # shown as one line (demo/output.py Alerts), kept in rlproxy.log

@@ -28,6 +28,12 @@ if ! command -v prometheus >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) \
     || echo "warning: could not install prometheus; tests/test_dashboard.py will be skipped" >&2
 fi
+# PostgreSQL's server binaries, so the tests can start a throwaway server (tests/postgres.py) on a machine with no
+# Postgres at all: the pgserver wheel ships them, built to run from any folder, with no root needed. Installed
+# everywhere (11 MB), so the tests exercise this path on every machine; a machine's own binaries are still preferred.
+# --no-deps: only the binaries are used, never its Python code.
+"${PIP[@]}" --no-deps "pgserver==0.1.4" \
+  || echo "warning: could not install pgserver; without a Postgres of its own, make test cannot start one" >&2
 # The real Node clients tests/test_node_clients.py drives (Vercel AI SDK, Claude Code, Codex CLI), pinned, into
 # $VENV/node; only where npm exists (the tests skip without node), and only when not already there at these versions.
 NODE_PACKAGES=(ai@6.0.325 @ai-sdk/openai@3.0.141 zod@4.1.12 @anthropic-ai/claude-code@2.1.330 @openai/codex@0.169.0)

@@ -1,27 +1,23 @@
 """Shared fixtures: a real Postgres database, the stub engine and the proxy as real processes.
 
-Postgres: `RLPROXY_TEST_POSTGRES` (a server URL), else the server on 127.0.0.1:5432 if one answers, else one
-started for this test run by pytest-postgresql (needs PostgreSQL's server binaries, e.g. Debian's
-`postgresql` package); if none of these exist the tests stop with a message saying so.
+Postgres: `RLPROXY_TEST_POSTGRES` (a server URL; `start` for a server of the run's own), else the server on
+127.0.0.1:5432 if one answers, else one started for this test run (tests/postgres.py) from the machine's
+PostgreSQL server binaries or those scripts/install.sh installed where it had none.
 """
 from __future__ import annotations
 
-import glob
 import os
-import shutil
 from pathlib import Path
 
 import psycopg
 import pytest
-from pytest_postgresql import factories
 
 from store.migrate import upgrade
+from tests.postgres import server_binaries, temporary_server
 from tests.support import free_port, fresh_database, running, running_proxy, stub_command
 
 pytest_plugins = ["tests.engine_fixture"] if (Path(__file__).parent / "engine_fixture.py").exists() else []
 
-_PG_CTL = (sorted(glob.glob("/usr/lib/postgresql/*/bin/pg_ctl")) or [shutil.which("pg_ctl") or "pg_ctl"])[-1]
-postgresql_own = factories.postgresql_proc(executable=_PG_CTL, port=None)
 LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
 
 
@@ -34,18 +30,21 @@ def _answers(url: str) -> bool:
 
 
 @pytest.fixture(scope="session")
-def postgres_server(request) -> str:
+def postgres_server() -> str:
     """A libpq URL of a Postgres server we may create databases on."""
-    url = os.environ.get("RLPROXY_TEST_POSTGRES")
-    if url:
-        return url
-    if _answers(LOCAL_SERVER):
-        return LOCAL_SERVER
-    if not os.path.exists(_PG_CTL):
-        pytest.exit("No Postgres for the tests: set RLPROXY_TEST_POSTGRES, run a server on 127.0.0.1:5432, "
-                    "or install PostgreSQL's server binaries (Debian: apt-get install postgresql).", 2)
-    proc = request.getfixturevalue("postgresql_own")
-    return f"postgresql://{proc.user}@{proc.host}:{proc.port}/postgres"
+    url = os.environ.get("RLPROXY_TEST_POSTGRES", "")
+    if url and url != "start":
+        yield url
+        return
+    if not url and _answers(LOCAL_SERVER):
+        yield LOCAL_SERVER
+        return
+    binaries = server_binaries()
+    if binaries is None:
+        pytest.exit("No Postgres for the tests and no server binaries to start one: run `make install` (it installs "
+                    "them), set RLPROXY_TEST_POSTGRES, or run a server on 127.0.0.1:5432.", 2)
+    with temporary_server(binaries) as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

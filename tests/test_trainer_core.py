@@ -19,7 +19,8 @@ from tests.conftest import TINY_VOCAB as VOCAB
 def make_trainer(path: str, adapter_dir=None, **overrides):
     from trainer.ppo import PolicyTrainer
 
-    settings = {"learning_rate": 1e-3, "micro_batch_tokens": 40, "kl_coef": 0.01, **overrides}
+    # one AdamW update per step unless a test asks for more: ratios and clipping are read against that one update
+    settings = {"learning_rate": 1e-3, "micro_batch_tokens": 40, "kl_coef": 0.01, "mini_batches": 1, **overrides}
     return PolicyTrainer(path, TrainConfig(**settings), adapter_dir=adapter_dir)
 
 

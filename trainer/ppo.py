@@ -9,8 +9,9 @@ AdamW update of the LoRA parameters per mini-batch (`mini_batches` updates per e
 Model: OpenRLHF's Actor loads the base in bfloat16 (its only CPU-usable choice, and what vLLM serves)
 and wraps it with peft LoRA; peft keeps the LoRA weights in float32, so AdamW updates full-precision
 master weights. The reference policy is the same module with the adapter disabled: no second copy.
-Log-probs come from `_forward` rather than Actor.forward, which runs the LM head over every position;
-ours skips the prompt positions (the same padded path otherwise).
+Log-probs come from trainer/logprobs.py rather than Actor.forward, which runs the LM head over every
+position in one piece: only completion positions reach the vocabulary projection, a chunk of rows at a
+time, so no [tokens x vocabulary] tensor is ever held.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import os
 import random
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,8 @@ from rlproxy.hardware import fast_bf16
 from trainer.adapter import load_adapter, save_adapter_atomically
 from trainer.compat import import_openrlhf
 from trainer.config import TrainConfig
+from trainer.logprobs import MicroBatch, collate, score
+from trainer.memory import activation_checkpointing, release_free_memory, tune_allocator
 from trainer.parallel import Collective
 from trainer.transitions import SkipReasons, Transition, pack_micro_batches, validate_transition
 
@@ -62,46 +65,6 @@ class StepMetrics:
         return asdict(self)
 
 
-@dataclass
-class _MicroBatch:
-    """Right-padded sequences. Per-token tensors cover log-prob positions start .. T-2 (position j scores
-    token j + 1): from the earliest completion in the batch on, so prompt-only positions never reach the
-    vocabulary projection."""
-
-    input_ids: torch.Tensor  # [B, T]
-    attention_mask: torch.Tensor  # [B, T]
-    start: int
-    loss_mask: torch.Tensor  # [B, K] 1 where the scored token was sampled by the model; K = T - 1 - start
-    behaviour_logprobs: torch.Tensor  # [B, K]
-    advantages: torch.Tensor  # [B, K]
-    tokens: int
-
-    def to(self, device: torch.device) -> "_MicroBatch":
-        if device.type == "cpu":
-            return self
-        move = {name: getattr(self, name).to(device) for name in
-                ("input_ids", "attention_mask", "loss_mask", "behaviour_logprobs", "advantages")}
-        return _MicroBatch(**move, start=self.start, tokens=self.tokens)
-
-
-def collate(transitions: list[Transition], pad_id: int = 0) -> _MicroBatch:
-    rows = len(transitions)
-    width = max(len(t) for t in transitions)
-    start = min(len(t.prompt_ids) for t in transitions) - 1
-    ids = torch.full((rows, width), pad_id, dtype=torch.long)
-    attention = torch.zeros((rows, width), dtype=torch.long)
-    mask, behaviour, advantages = (torch.zeros((rows, width - 1 - start)) for _ in range(3))
-    for i, t in enumerate(transitions):
-        seq = t.prompt_ids + t.completion_ids
-        ids[i, : len(seq)] = torch.tensor(seq)
-        attention[i, : len(seq)] = 1
-        span = slice(len(t.prompt_ids) - 1 - start, len(seq) - 1 - start)  # this row's completion tokens
-        mask[i, span] = torch.tensor(t.mask(), dtype=torch.float32)
-        behaviour[i, span] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
-        advantages[i, span] = torch.tensor(t.advantages(), dtype=torch.float32) * mask[i, span]
-    return _MicroBatch(ids, attention, start, mask, behaviour, advantages, int(attention.sum()))
-
-
 class PolicyTrainer:
     """One replica of the policy. With a `collective` of several ranks (trainer/parallel.py), each rank trains
     on its share of every mini-batch and gradients are summed across ranks before each update."""
@@ -113,6 +76,10 @@ class PolicyTrainer:
         self.collective = collective or Collective()
         self.device = (torch.device("cuda", self.collective.local_rank) if torch.cuda.is_available()
                        else torch.device("cpu"))
+        if not config.micro_batch_tokens:  # 0: by device (trainer/config.py)
+            budget = 4096 if self.device.type == "cuda" else 384
+            self.config = config = replace(config, micro_batch_tokens=budget)
+        tune_allocator()  # before the model loads: trainer/memory.py
         parts = import_openrlhf()
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -196,7 +163,8 @@ class PolicyTrainer:
                 for i, mb in enumerate(mini):
                     if cfg.needs_reference and (m, i) not in references:
                         references[m, i] = self._logprobs(mb, adapter=False)
-                    logprobs, logits = self._forward(mb)
+                    with activation_checkpointing(self.model, mb.input_ids.numel() > cfg.micro_batch_tokens):
+                        logprobs, entropy = self._forward(mb)
                     # Token-mean over the update: each micro-batch contributes its sum / the share's tokens.
                     policy_loss, clip_frac, _, _, _ = self.policy_loss(
                         logprobs, mb.behaviour_logprobs, mb.advantages, mb.loss_mask,
@@ -221,13 +189,14 @@ class PolicyTrainer:
                         add("behaviour_kl", -log_ratio.sum() / trained_tokens)
                         masked = log_ratio.masked_fill(mb.loss_mask == 0, -1e9)
                         ratio_max = max(ratio_max, float(masked.exp().max()))
-                        add("entropy", _masked_entropy_sum(logits, mb.loss_mask) / trained_tokens)
+                        add("entropy", (entropy * mb.loss_mask).sum() / trained_tokens)
                     add("tokens", mb.tokens)
-                    del logits, logprobs, loss
+                    del entropy, logprobs, loss
 
                 grad_norms.append(self._optimizer_step())
 
         self.step_count += 1
+        release_free_memory()
         sums = self._sum_over_ranks(sums, ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean",
                                            "behaviour_kl", "entropy", "tokens", "micro_batches"),
                                     micro_batches=sum(len(mini) for mini in minis))
@@ -298,28 +267,13 @@ class PolicyTrainer:
         return norm
 
     # --- scoring ----------------------------------------------------------------------------------
-    def _forward(self, mb: _MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs [B, K] of the scored tokens and their logits [B, K, V].
-
-        Actor.forward's padded path, except that only positions from `mb.start` on go through the LM
-        head: agent prompts are long and the vocabulary projection + log-softmax of every prompt
-        position would be wasted work (HF's `logits_to_keep` takes the positions).
-        """
-        position_ids = mb.attention_mask.cumsum(-1) - 1
-        position_ids.masked_fill_(mb.attention_mask == 0, 1)
-        keep = torch.arange(mb.start, mb.input_ids.shape[1] - 1)
-        with self._autocast():
-            output = self.model(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
-                                position_ids=position_ids, logits_to_keep=keep)
-        logits = output.logits.float()
-        if self.config.temperature != 1.0:
-            logits = logits / self.config.temperature
-        targets = mb.input_ids[:, mb.start + 1:]
-        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        return logprobs, logits
+    def _forward(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs [B, K] of the scored tokens and the policy's entropy there (trainer/logprobs.py)."""
+        return score(self.model, mb, temperature=self.config.temperature,
+                     autocast_dtype=torch.bfloat16 if self.autocast_enabled else None)
 
     @torch.no_grad()
-    def _logprobs(self, mb: _MicroBatch, adapter: bool = True) -> torch.Tensor:
+    def _logprobs(self, mb: MicroBatch, adapter: bool = True) -> torch.Tensor:
         with contextlib.nullcontext() if adapter else self.model.disable_adapter():
             return self._forward(mb)[0]
 
@@ -382,8 +336,9 @@ def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device
 
 
 def _restore_checkpoint_weights(peft_model: torch.nn.Module, model_path: str) -> None:
-    """Copy the checkpoint's base weights (float32 safetensors) over the bf16-rounded ones OpenRLHF loaded."""
-    from safetensors.torch import load_file
+    """Copy the checkpoint's base weights (float32 safetensors) over the bf16-rounded ones OpenRLHF loaded, one
+    tensor at a time (loading a whole file at once would add its size to the peak memory of start-up)."""
+    from safetensors import safe_open
 
     files = sorted(Path(model_path).glob("*.safetensors"))
     if not files:
@@ -395,10 +350,11 @@ def _restore_checkpoint_weights(peft_model: torch.nn.Module, model_path: str) ->
     copied = 0
     with torch.no_grad():
         for file in files:
-            for name, tensor in load_file(str(file)).items():
-                if name in own and own[name].shape == tensor.shape:
-                    own[name].copy_(tensor.to(own[name].dtype))
-                    copied += 1
+            with safe_open(str(file), framework="pt") as tensors:
+                for name in tensors.keys():
+                    if name in own and own[name].shape == tuple(tensors.get_slice(name).get_shape()):
+                        own[name].copy_(tensors.get_tensor(name).to(own[name].dtype))
+                        copied += 1
     if copied == 0:
         raise RuntimeError(f"none of the checkpoint tensors in {model_path} matched the model's parameters")
     log.debug("restored %d checkpoint tensors in float32", copied)
@@ -411,17 +367,6 @@ def split_mini_batches(batch: list[Transition], count: int, seed: int) -> list[l
     random.Random(seed).shuffle(order)
     count = max(1, min(count, len(order)))
     return [order[i::count] for i in range(count)]
-
-
-def _masked_entropy_sum(logits: torch.Tensor, mask: torch.Tensor, chunk: int = 1024) -> float:
-    """Sum of the policy's entropy over trained positions, in chunks to bound memory."""
-    rows = logits[mask.bool()]
-    total = 0.0
-    for start in range(0, rows.shape[0], chunk):
-        x = rows[start: start + chunk].float()
-        logp = torch.log_softmax(x, dim=-1)
-        total += float(-(logp.exp() * logp).sum())
-    return total
 
 
 def _device_type(model: torch.nn.Module) -> str:

@@ -1,8 +1,10 @@
 """What every dialect shares: the engine's answer in neutral terms, and the interface a dialect implements."""
 from __future__ import annotations
 
+import functools
+import importlib
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import orjson
 
@@ -75,6 +77,26 @@ class Dialect(Protocol):
 def sse(event: str, payload: dict[str, Any]) -> bytes:
     """One named server-sent event, as both OpenAI's Responses and Anthropic's streams write them."""
     return b"event: " + event.encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
+def sse_head(event: str) -> bytes:
+    """The bytes of `sse(event, payload)` before the payload: the events sent once per engine chunk are
+    written as `head + orjson.dumps(payload) + SSE_END`, their payload built in place (a call through `sse`
+    with keyword fields merged into the payload costs more than serializing it)."""
+    return b"event: " + event.encode() + b"\ndata: "
+
+
+SSE_END = b"\n\n"
+
+
+def imported_later(module: str, name: str) -> Callable[[], Any]:
+    """`name` from `module`, imported on the first call and kept: for a module that imports the caller's (an
+    import statement inside a function costs about a microsecond on every call)."""
+    @functools.cache
+    def load() -> Any:
+        return getattr(importlib.import_module(module), name)
+
+    return load
 
 
 def text_of(content: Any) -> str:

@@ -18,7 +18,8 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from proxy.dialects.base import Output, engine_error_message, text_of
+from proxy.dialects.base import Output, engine_error_message, imported_later, text_of
+from proxy.dialects.checks import plainly_valid_messages
 from proxy.errors import InvalidRequest
 from proxy.schemas import validate
 
@@ -28,6 +29,8 @@ ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "
                504: "api_error", 529: "overloaded_error"}
 STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 BILLING_HEADER = "x-anthropic-billing-header"  # Claude Code's attribution block in `system`
+# The stream module imports this one: it is imported on first use.
+_stream_type = imported_later("proxy.dialects.messages_stream", "MessagesStream")
 
 
 class MessagesRequest(BaseModel):
@@ -58,7 +61,8 @@ class MessagesDialect:
     path = "/v1/messages"
 
     def validate(self, body: dict[str, Any], model: type[BaseModel] = MessagesRequest) -> None:
-        validate(model, body)
+        if model is not MessagesRequest or not plainly_valid_messages(body):
+            validate(model, body)
         system = body.get("system")
         if system is not None and not isinstance(system, str) and not (
                 isinstance(system, list) and all(isinstance(b, dict) and b.get("type") == "text" for b in system)):
@@ -125,9 +129,7 @@ class MessagesDialect:
                 "usage": {"input_tokens": output.prompt_tokens, "output_tokens": output.completion_tokens}}
 
     def stream(self, body: dict[str, Any], call_id: str, created: int):
-        from proxy.dialects.messages_stream import MessagesStream
-
-        return MessagesStream(self, body, call_id)
+        return _stream_type()(self, body, call_id)
 
     def engine_error(self, status: int, raw: bytes) -> bytes:
         message, _ = engine_error_message(raw)
@@ -292,6 +294,7 @@ def _chat_tool_choice(choice: dict[str, Any]) -> Any:
     if kind == "tool" and choice.get("name"):
         return {"type": "function", "function": {"name": choice["name"]}}
     return {"any": "required", "none": "none"}.get(kind, "auto")
+
 
 
 MESSAGES = MessagesDialect()

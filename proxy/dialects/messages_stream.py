@@ -8,8 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from proxy.dialects import messages as M
-from proxy.dialects.base import Output, sse
+from proxy.dialects.base import SSE_END, Output, sse, sse_head
+
+# The events sent once per engine chunk, and the constant ones, as bytes (`sse_head`).
+DELTA = sse_head("content_block_delta")
+PING = sse("ping", {"type": "ping"})
+STOP = sse("message_stop", {"type": "message_stop"})
+TEXT, THINKING = ("text", None), ("thinking", None)  # the open block, as `MessagesStream.open` names it
 
 
 class MessagesStream:
@@ -27,14 +35,12 @@ class MessagesStream:
         message = {"id": M.message_id(self.call_id), "type": "message", "role": "assistant",
                    "model": self.body["model"], "content": [], "stop_reason": None, "stop_sequence": None,
                    "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
-        return sse("message_start", {"type": "message_start", "message": message}) + sse("ping", {"type": "ping"})
+        return sse("message_start", {"type": "message_start", "message": message}) + PING
 
-    def _block(self, kind: str, key: Any, block: dict[str, Any]) -> bytes:
-        """Close the open block unless it is this one, and open this one."""
-        if self.open == (kind, key):
-            return b""
+    def _block(self, opened: tuple[str, Any], block: dict[str, Any]) -> bytes:
+        """Close the open block (the caller knows it is another one) and open this one."""
         out = self._stop_block()
-        self.open = (kind, key)
+        self.open = opened
         out += sse("content_block_start", {"type": "content_block_start", "index": self.blocks,
                                            "content_block": block})
         return out
@@ -47,7 +53,7 @@ class MessagesStream:
         return sse("content_block_stop", {"type": "content_block_stop", "index": self.blocks - 1})
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
-        return sse("content_block_delta", {"type": "content_block_delta", "index": self.blocks, "delta": delta})
+        return DELTA + orjson.dumps({"type": "content_block_delta", "index": self.blocks, "delta": delta}) + SSE_END
 
     def feed(self, chunk: dict[str, Any], prompt_tokens: int) -> bytes:
         out = b"" if self.started else self._start(prompt_tokens)
@@ -57,16 +63,19 @@ class MessagesStream:
             delta = choice.get("delta") or {}
             reasoning = delta.get("reasoning") or delta.get("reasoning_content")
             if reasoning:
-                out += self._block("thinking", None, {"type": "thinking", "thinking": "", "signature": ""})
+                if self.open != THINKING:
+                    out += self._block(THINKING, {"type": "thinking", "thinking": "", "signature": ""})
                 out += self._delta({"type": "thinking_delta", "thinking": reasoning})
             if delta.get("content"):
-                out += self._block("text", None, {"type": "text", "text": ""})
+                if self.open != TEXT:
+                    out += self._block(TEXT, {"type": "text", "text": ""})
                 out += self._delta({"type": "text_delta", "text": delta["content"]})
             for call in delta.get("tool_calls") or ():
                 function = call.get("function") or {}
-                out += self._block("tool_use", call.get("index", 0),
-                                   {"type": "tool_use", "id": call.get("id") or "",
-                                    "name": function.get("name") or "", "input": {}})
+                opened = ("tool_use", call.get("index", 0))
+                if self.open != opened:
+                    out += self._block(opened, {"type": "tool_use", "id": call.get("id") or "",
+                                                "name": function.get("name") or "", "input": {}})
                 if function.get("arguments"):
                     out += self._delta({"type": "input_json_delta", "partial_json": function["arguments"]})
         return out
@@ -78,7 +87,7 @@ class MessagesStream:
                                      "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
                                      "usage": {"output_tokens": output.completion_tokens}})
         self.final = self.dialect.build_response(self.body, output, self.call_id, 0)
-        return out + sse("message_stop", {"type": "message_stop"})
+        return out + STOP
 
     def error(self, status: int, message: str, kind: str, code: str | None) -> bytes:
         return sse("error", M.error_body(status, message))

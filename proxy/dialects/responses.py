@@ -18,7 +18,8 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
-from proxy.dialects.base import Output
+from proxy.dialects.base import Output, imported_later
+from proxy.dialects.checks import plainly_valid_responses
 from proxy.errors import InvalidRequest
 from proxy.schemas import validate
 
@@ -26,6 +27,8 @@ CUSTOM_INPUT_KEY = "input"  # custom (free-form) tools take one string, as vLLM 
 # Sampling fields the Responses API shares with chat, and vLLM's own extensions, passed on as they are.
 SAMPLING = ("temperature", "top_p", "user", "parallel_tool_calls", "seed", "top_k", "min_p", "repetition_penalty",
             "presence_penalty", "frequency_penalty", "stop", "service_tier", "top_logprobs")
+# The stream module imports this one: it is imported on first use.
+_stream_type = imported_later("proxy.dialects.responses_stream", "ResponsesStream")
 SERVED_TOOLS = ("function", "custom")  # hosted tools (web_search, file_search, …) are OpenAI's to run: the
 # engine has none, and vLLM's own route does not show them to chat-template models either, so they are left out
 
@@ -58,7 +61,8 @@ class ResponsesDialect:
     path = "/v1/responses"
 
     def validate(self, body: dict[str, Any]) -> None:
-        validate(ResponsesRequest, body)
+        if not plainly_valid_responses(body):
+            validate(ResponsesRequest, body)
         if body.get("background"):
             raise InvalidRequest("background responses are not supported: the proxy answers while it records",
                                  param="background", code="unsupported_parameter")
@@ -100,18 +104,10 @@ class ResponsesDialect:
 
     # -- response --------------------------------------------------------------------------------------
     def build_response(self, body: dict[str, Any], output: Output, call_id: str, created: int) -> dict[str, Any]:
-        response = skeleton(body, call_id, created)
-        response["output"] = output_items(body, output, call_id)
-        incomplete = output.finish_reason == "length"
-        response["status"] = "incomplete" if incomplete else "completed"
-        response["incomplete_details"] = {"reason": "max_output_tokens"} if incomplete else None
-        response["usage"] = usage(output)
-        return response
+        return finished(skeleton(body, call_id, created), output, output_items(body, output, call_id))
 
     def stream(self, body: dict[str, Any], call_id: str, created: int):
-        from proxy.dialects.responses_stream import ResponsesStream
-
-        return ResponsesStream(self, body, call_id, created)
+        return _stream_type()(self, body, call_id, created)
 
     def engine_error(self, status: int, raw: bytes) -> bytes:
         return raw  # the engine's errors are OpenAI-shaped already
@@ -297,9 +293,19 @@ def usage(output: Output) -> dict[str, Any]:
             "total_tokens": output.prompt_tokens + output.completion_tokens}
 
 
-def message_item(call_id: str, text: str, logprobs: list[dict[str, Any]] | None, status: str) -> dict[str, Any]:
-    return {"id": f"msg_{call_id}", "type": "message", "status": status, "role": "assistant",
-            "content": [text_part(text, logprobs)]}
+def finished(response: dict[str, Any], output: Output, items: list[dict[str, Any]]) -> dict[str, Any]:
+    """A `skeleton` completed with its output `items`, status and usage: the Response the agent receives."""
+    incomplete = output.finish_reason == "length"
+    response["output"] = items
+    response["status"] = "incomplete" if incomplete else "completed"
+    response["incomplete_details"] = {"reason": "max_output_tokens"} if incomplete else None
+    response["usage"] = usage(output)
+    return response
+
+
+def message_item(call_id: str, part: dict[str, Any], status: str) -> dict[str, Any]:
+    """The assistant message item holding one `text_part`."""
+    return {"id": f"msg_{call_id}", "type": "message", "status": status, "role": "assistant", "content": [part]}
 
 
 def text_part(text: str, logprobs: list[dict[str, Any]] | None) -> dict[str, Any]:
@@ -352,7 +358,7 @@ def output_items(body: dict[str, Any], output: Output, call_id: str) -> list[dic
     if output.text or not output.tool_calls:
         status = "incomplete" if output.finish_reason == "length" else "completed"
         logprobs = output.logprobs if wants_logprobs(body) else None  # the proxy asks for them on its own
-        items.append(message_item(call_id, output.text or "", logprobs, status))
+        items.append(message_item(call_id, text_part(output.text or "", logprobs), status))
     items += [tool_item(body, call_id, i, call, "completed") for i, call in enumerate(output.tool_calls)]
     return items
 
@@ -380,6 +386,7 @@ def history_messages(request: dict[str, Any], response: dict[str, Any]) -> list[
     if message["content"] is not None or message.get("tool_calls"):
         messages.append(message)
     return messages
+
 
 
 RESPONSES = ResponsesDialect()

@@ -5,13 +5,32 @@ The sequence is the one the official SDKs parse: `response.created`, `response.i
 `response.reasoning_text.delta`) … its `.done` events and `response.output_item.done`, and last
 `response.completed` (or `response.incomplete` when `max_output_tokens` cut it short) with the whole Response.
 Every event carries a `sequence_number`; an error becomes an `error` event.
+
+Each event's payload is written out in place and serialized with its head looked up (`_sse`): a helper taking
+keyword fields and merging them into the payload cost more than the serialization on every event.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
+import orjson
+
 from proxy.dialects import responses as R
-from proxy.dialects.base import Output, sse
+from proxy.dialects.base import SSE_END, Output, sse_head
+
+HEADS = {kind: sse_head(kind) for kind in (
+    "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+    "response.output_text.delta", "response.reasoning_text.delta", "response.function_call_arguments.delta",
+    "response.output_text.done", "response.content_part.done", "response.reasoning_text.done",
+    "response.function_call_arguments.done", "response.output_item.done", "response.completed",
+    "response.incomplete", "error")}
+TEXT_DELTA = HEADS["response.output_text.delta"]  # once per engine chunk: written without the lookup
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    """The event whose type `payload` names, as `sse(payload["type"], payload)` writes it."""
+    return HEADS[payload["type"]] + orjson.dumps(payload) + SSE_END
 
 
 class _Item:
@@ -29,7 +48,7 @@ class ResponsesStream:
         self.body = body
         self.call_id = call_id
         self.created = created
-        self.sequence = 0
+        self.numbers = itertools.count()  # the events' sequence numbers
         self.started = False
         self.items: list[_Item] = []
         self.message: _Item | None = None
@@ -37,65 +56,66 @@ class ResponsesStream:
         self.tools: dict[int, _Item] = {}
         self.final: dict[str, Any] | None = None  # the whole Response, once finished
         self.want_logprobs = R.wants_logprobs(body)
-
-    def _event(self, kind: str, **fields: Any) -> bytes:
-        payload = {"type": kind, "sequence_number": self.sequence, **fields}
-        self.sequence += 1
-        return sse(kind, payload)
+        self.snapshot: dict[str, Any] | None = None  # the Response without output, as `response.created` sent it
 
     def _start(self) -> bytes:
         self.started = True
-        snapshot = R.skeleton(self.body, self.call_id, self.created)
-        return self._event("response.created", response=snapshot) + self._event("response.in_progress",
-                                                                                response=snapshot)
+        self.snapshot = R.skeleton(self.body, self.call_id, self.created)
+        snapshot = orjson.Fragment(orjson.dumps(self.snapshot))  # serialized once for both events
+        return (_sse({"type": "response.created", "sequence_number": next(self.numbers), "response": snapshot})
+                + _sse({"type": "response.in_progress", "sequence_number": next(self.numbers), "response": snapshot}))
 
-    def _open(self, item: dict[str, Any]) -> _Item:
+    def _open(self, item: dict[str, Any]) -> tuple[_Item, bytes]:
+        """A new output item, and its `response.output_item.added` event."""
         opened = _Item(len(self.items), item)
         self.items.append(opened)
-        return opened
+        return opened, _sse({"type": "response.output_item.added", "sequence_number": next(self.numbers),
+                             "output_index": opened.output_index, "item": item})
 
     def feed(self, chunk: dict[str, Any], prompt_tokens: int) -> bytes:
         out = b"" if self.started else self._start()
         for choice in chunk.get("choices") or ():
             if choice.get("index", 0) != 0:
                 continue
-            delta = choice.get("delta") or {}
-            reasoning = delta.get("reasoning") or delta.get("reasoning_content")
+            get = (choice.get("delta") or {}).get
+            reasoning = get("reasoning") or get("reasoning_content")
             if reasoning:
                 out += self._reasoning_delta(reasoning)
-            if delta.get("content"):
+            text = get("content")
+            if text:
                 logprobs = (choice.get("logprobs") or {}).get("content") if self.want_logprobs else None
-                out += self._text_delta(delta["content"], logprobs or [])
-            for call in delta.get("tool_calls") or ():
+                out += self._text_delta(text, logprobs or [])
+            for call in get("tool_calls") or ():
                 out += self._tool_delta(call)
         return out
 
     def _reasoning_delta(self, text: str) -> bytes:
         out = b""
         if self.reasoning is None:
-            self.reasoning = self._open({"id": f"rs_{self.call_id}", "type": "reasoning", "summary": [],
-                                         "content": [], "status": "in_progress"})
-            out += self._event("response.output_item.added", output_index=self.reasoning.output_index,
-                               item=self.reasoning.item)
+            self.reasoning, out = self._open({"id": f"rs_{self.call_id}", "type": "reasoning", "summary": [],
+                                              "content": [], "status": "in_progress"})
         self.reasoning.text.append(text)
-        return out + self._event("response.reasoning_text.delta", item_id=self.reasoning.item["id"],
-                                 output_index=self.reasoning.output_index, content_index=0, delta=text)
+        return out + _sse({"type": "response.reasoning_text.delta", "sequence_number": next(self.numbers),
+                           "item_id": self.reasoning.item["id"], "output_index": self.reasoning.output_index,
+                           "content_index": 0, "delta": text})
 
     def _text_delta(self, text: str, logprobs: list[dict[str, Any]]) -> bytes:
-        out = self._close(self.reasoning)
-        if self.message is None:
-            self.message = self._open({"id": f"msg_{self.call_id}", "type": "message", "status": "in_progress",
-                                       "role": "assistant", "content": []})
-            out += self._event("response.output_item.added", output_index=self.message.output_index,
-                               item=self.message.item)
-            out += self._event("response.content_part.added", item_id=self.message.item["id"],
-                               output_index=self.message.output_index, content_index=0,
-                               part=R.text_part("", None))
-        self.message.text.append(text)
-        self.message.logprobs += logprobs
-        return out + self._event("response.output_text.delta", item_id=self.message.item["id"],
-                                 output_index=self.message.output_index, content_index=0, delta=text,
-                                 logprobs=R.response_logprobs(logprobs))
+        out = b"" if self.reasoning is None else self._close(self.reasoning)
+        message = self.message
+        if message is None:
+            message, added = self._open({"id": f"msg_{self.call_id}", "type": "message", "status": "in_progress",
+                                         "role": "assistant", "content": []})
+            self.message = message
+            out += added + _sse({"type": "response.content_part.added", "sequence_number": next(self.numbers),
+                                 "item_id": message.item["id"], "output_index": message.output_index,
+                                 "content_index": 0, "part": R.text_part("", None)})
+        message.text.append(text)
+        if logprobs:
+            message.logprobs += logprobs
+        payload = {"type": "response.output_text.delta", "sequence_number": next(self.numbers),
+                   "item_id": message.item["id"], "output_index": message.output_index, "content_index": 0,
+                   "delta": text, "logprobs": R.response_logprobs(logprobs) if logprobs else []}
+        return out + TEXT_DELTA + orjson.dumps(payload) + SSE_END
 
     def _tool_delta(self, call: dict[str, Any]) -> bytes:
         out = self._close(self.reasoning) + self._close(self.message)
@@ -104,14 +124,15 @@ class ResponsesStream:
         slot = self.tools.get(index)
         if slot is None:
             start = {"id": call.get("id"), "function": {"name": function.get("name") or "", "arguments": ""}}
-            slot = self.tools[index] = self._open(R.tool_item(self.body, self.call_id, index, start, "in_progress"))
-            out += self._event("response.output_item.added", output_index=slot.output_index, item=slot.item)
+            slot, added = self._open(R.tool_item(self.body, self.call_id, index, start, "in_progress"))
+            self.tools[index] = slot
+            out += added
         arguments = function.get("arguments")
         if arguments:
             slot.text.append(arguments)
             if slot.item["type"] == "function_call":
-                out += self._event("response.function_call_arguments.delta", item_id=slot.item["id"],
-                                   output_index=slot.output_index, delta=arguments)
+                out += _sse({"type": "response.function_call_arguments.delta", "sequence_number": next(self.numbers),
+                             "item_id": slot.item["id"], "output_index": slot.output_index, "delta": arguments})
         return out
 
     def _close(self, opened: _Item | None, status: str = "completed") -> bytes:
@@ -122,22 +143,24 @@ class ResponsesStream:
         out = b""
         if item["type"] == "message":
             part = R.text_part(text, opened.logprobs)
-            item.update(R.message_item(self.call_id, text, opened.logprobs, status))
-            out += self._event("response.output_text.done", item_id=item["id"], output_index=index,
-                               content_index=0, text=text, logprobs=part["logprobs"])
-            out += self._event("response.content_part.done", item_id=item["id"], output_index=index,
-                               content_index=0, part=part)
+            item.update(R.message_item(self.call_id, part, status))
+            out += _sse({"type": "response.output_text.done", "sequence_number": next(self.numbers),
+                         "item_id": item["id"], "output_index": index, "content_index": 0, "text": text,
+                         "logprobs": part["logprobs"]})
+            out += _sse({"type": "response.content_part.done", "sequence_number": next(self.numbers),
+                         "item_id": item["id"], "output_index": index, "content_index": 0, "part": part})
         elif item["type"] == "reasoning":
             item.update(R.reasoning_item(self.call_id, text))
-            out += self._event("response.reasoning_text.done", item_id=item["id"], output_index=index,
-                               content_index=0, text=text)
+            out += _sse({"type": "response.reasoning_text.done", "sequence_number": next(self.numbers),
+                         "item_id": item["id"], "output_index": index, "content_index": 0, "text": text})
         elif item["type"] == "function_call":
             item.update(arguments=text, status="completed")
-            out += self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                               name=item["name"], arguments=text)
+            out += _sse({"type": "response.function_call_arguments.done", "sequence_number": next(self.numbers),
+                         "item_id": item["id"], "output_index": index, "name": item["name"], "arguments": text})
         else:  # a custom tool's input is known whole only at its end
             item.update(input=R.custom_input(text), status="completed")
-        return out + self._event("response.output_item.done", output_index=index, item=item)
+        return out + _sse({"type": "response.output_item.done", "sequence_number": next(self.numbers),
+                           "output_index": index, "item": item})
 
     def finish(self, output: Output) -> bytes:
         out = b"" if self.started else self._start()
@@ -146,11 +169,12 @@ class ResponsesStream:
         incomplete = output.finish_reason == "length"
         for opened in self.items:
             out += self._close(opened, "incomplete" if incomplete else "completed")
-        response = self.dialect.build_response(self.body, output, self.call_id, self.created)
-        response["output"] = [opened.item for opened in self.items]  # what the stream said, in its order
+        # The Response `build_response` would make, with the output the stream said, in its order.
+        response = R.finished({**self.snapshot}, output, [opened.item for opened in self.items])
         self.final = response
         final = "response.incomplete" if incomplete else "response.completed"
-        return out + self._event(final, response=response)
+        return out + _sse({"type": final, "sequence_number": next(self.numbers), "response": response})
 
     def error(self, status: int, message: str, kind: str, code: str | None) -> bytes:
-        return self._event("error", code=code or kind, message=message, param=None)
+        return _sse({"type": "error", "sequence_number": next(self.numbers), "code": code or kind,
+                     "message": message, "param": None})

@@ -1,0 +1,125 @@
+"""Chunked log-probs (trainer/logprobs.py) against the plain full-vocabulary computation: same values, same gradients,
+and no [tokens x vocabulary] tensor kept for backward."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from trainer.config import TrainConfig  # noqa: E402
+from trainer.logprobs import collate, score, token_scores  # noqa: E402
+from trainer.ppo import PolicyTrainer  # noqa: E402
+from trainer.transitions import Transition  # noqa: E402
+
+
+def _transitions(vocab: int) -> list[Transition]:
+    g = torch.Generator().manual_seed(3)
+    rows = []
+    for prompt, completion in ((9, 5), (6, 8), (12, 3)):  # ragged: padding and prompts of other lengths
+        ids = torch.randint(0, vocab, (prompt + completion,), generator=g).tolist()
+        rows.append(Transition(prompt_ids=ids[:prompt], completion_ids=ids[prompt:],
+                               behaviour_logprobs=[0.0] * completion, advantage=1.0,
+                               loss_mask=[1] * (completion - 1) + [0]))
+    return rows
+
+
+def _plain(model: torch.nn.Module, mb, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the trainer computed before: the LM head over every position, log-softmax of the whole thing."""
+    position_ids = (mb.attention_mask.cumsum(-1) - 1).masked_fill(mb.attention_mask == 0, 1)
+    logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=position_ids,
+                   use_cache=False).logits[:, mb.start:-1].float() / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    chosen = logp.gather(-1, mb.input_ids[:, mb.start + 1:].unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    return chosen * mb.scored, entropy.detach() * mb.scored
+
+
+def _lora_gradients(trainer: PolicyTrainer, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+    trainer.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    return {n: p.grad.clone() for n, p in trainer.model.named_parameters() if p.requires_grad}
+
+
+@pytest.fixture(scope="module")
+def bundled_trainer() -> PolicyTrainer:
+    from rlproxy.model import prepare_model
+
+    trainer = PolicyTrainer(prepare_model(), TrainConfig())
+    with torch.no_grad():  # a trained adapter: B = 0 would leave every gradient of A at zero
+        g = torch.Generator().manual_seed(0)
+        for name, param in trainer.model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=g) * 0.02)
+    return trainer
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_bundled_model_chunked_logprobs_and_gradients_equal_the_full_vocabulary_ones(bundled_trainer, temperature):
+    trainer = bundled_trainer
+    mb = collate(_transitions(trainer.model.config.vocab_size))
+    weights = torch.linspace(-1.0, 1.0, mb.scored.numel()).view_as(mb.scored) * mb.loss_mask  # any loss will do
+
+    plain, plain_entropy = _plain(trainer.model, mb, temperature)
+    plain_grads = _lora_gradients(trainer, (plain * weights).sum())
+    chunked, entropy = score(trainer.model, mb, temperature=temperature)
+    chunked_grads = _lora_gradients(trainer, (chunked * weights).sum())
+
+    assert bool(mb.scored.any()) and float(plain.detach().abs().sum()) > 0
+    # equal up to float32 rounding: log-probs near -20 carry about 2e-6 of it, an entropy summed over 49k terms 1e-5
+    torch.testing.assert_close(chunked, plain, rtol=2e-6, atol=1e-5)
+    torch.testing.assert_close(entropy, plain_entropy, rtol=5e-5, atol=1e-5)
+    assert chunked_grads.keys() == plain_grads.keys() and len(plain_grads) > 0
+    for name, grad in plain_grads.items():  # every LoRA matrix of all 30 layers: rounding differences, no more
+        assert float(grad.abs().max()) > 0, name
+        assert float((chunked_grads[name] - grad).norm() / grad.norm()) < 1e-4, name
+
+
+def test_bundled_model_chunk_size_changes_nothing_but_memory(bundled_trainer):
+    """Chunks of 1 row and one chunk of every row give the same log-probs: chunking is only a memory bound."""
+    mb = collate(_transitions(bundled_trainer.model.config.vocab_size))
+    with torch.no_grad():
+        base = bundled_trainer.model.get_base_model()
+        hidden = base.get_decoder()(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                                    use_cache=False).last_hidden_state[:, mb.start:-1][mb.scored]
+        targets = mb.input_ids[:, mb.start + 1:][mb.scored]
+        head = base.get_output_embeddings()
+        one = token_scores(hidden, head, targets, rows=1)
+        whole = token_scores(hidden, head, targets, rows=hidden.shape[0])
+    torch.testing.assert_close(one.logprobs, whole.logprobs, rtol=2e-6, atol=1e-5)
+    torch.testing.assert_close(one.entropy, whole.entropy, rtol=5e-5, atol=1e-5)
+
+
+def test_nothing_of_vocabulary_size_is_kept_for_backward():
+    vocab, width, rows = 5000, 16, 64
+    head = torch.nn.Linear(width, vocab, bias=False).requires_grad_(False)
+    hidden = torch.randn(rows, width, requires_grad=True)
+    targets = torch.randint(0, vocab, (rows,))
+    kept: list[tuple[int, ...]] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(tuple(t.shape)) or t, lambda t: t):
+        scores = token_scores(hidden, head, targets, rows=8)
+    # the head's own weight, [rows, width] and the targets; the plain way keeps [rows, vocab] tensors
+    assert sorted(kept) == sorted([(vocab, width), (rows, width), (rows,)])
+    scores.logprobs.sum().backward()
+    assert hidden.grad is not None and float(hidden.grad.abs().sum()) > 0
+
+
+def test_a_trained_head_is_checkpointed_per_chunk_with_the_same_gradients():
+    """A head whose weight is trained (or a LoRA-wrapped one) takes the recomputing path: gradients reach it too."""
+    torch.manual_seed(0)
+    vocab, width, rows = 300, 12, 10
+    head = torch.nn.Linear(width, vocab, bias=False)
+    hidden = torch.randn(rows, width, requires_grad=True)
+    targets = torch.randint(0, vocab, (rows,))
+
+    chunked = token_scores(hidden, head, targets, rows=3, temperature=0.8)
+    chunked.logprobs.sum().backward()
+    chunked_grads = hidden.grad.clone(), head.weight.grad.clone()
+    hidden.grad, head.weight.grad = None, None
+    logp = torch.log_softmax(head(hidden) / 0.8, dim=-1)
+    plain = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    plain.sum().backward()
+
+    torch.testing.assert_close(chunked.logprobs, plain.detach(), rtol=0, atol=1e-6)
+    torch.testing.assert_close(chunked.entropy, -(logp.exp() * logp).sum(-1).detach(), rtol=0, atol=1e-5)
+    torch.testing.assert_close(chunked_grads[0], hidden.grad, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(chunked_grads[1], head.weight.grad, rtol=1e-5, atol=1e-7)

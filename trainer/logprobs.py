@@ -1,0 +1,205 @@
+"""Per-token log-probs and entropies of recorded completions under a causal LM, without full-vocabulary tensors.
+
+    mb = collate(transitions)                       # right-padded micro-batch
+    logprobs, entropy = score(peft_model, mb)       # [B, K] each; zero outside the completions
+    token_scores(hidden, head, targets)             # the same from hidden states [N, H] and targets [N]
+
+Only completion positions reach the vocabulary projection: prompts (often most of an agent's tokens) and
+padding stop at the last hidden state.
+
+The plain way, `log_softmax(head(hidden)).gather(targets)`, holds [N, V] float32 tensors for the whole
+micro-batch (logits, log-softmax, and in backward the softmax and the logits' gradient): with the bundled
+model's 49,152-token vocabulary that is 200 KB per scored token per tensor, 0.8 GB each for 4,096 tokens.
+Here rows go through the vocabulary projection a chunk at a time (`chunk_rows`), so only a few [chunk, V]
+tensors (about 33 MB each for the bundled model) exist at any time, and none outlives its chunk.
+
+Backward needs no second vocabulary projection. For logits z = h W^T / T and log p_t = z_t - logsumexp(z),
+
+    d log p_t / d h = (W_t - sum_v p_v W_v) / T,
+
+so forward keeps E = p W ([N, H], the probability-weighted mean output embedding) next to each chunk's
+log-probs, and backward is elementwise. That costs one [chunk, V] x [V, H] product per chunk, the same
+work autograd's backward of the plain way does, and saves nothing of size V. When the head itself is trained
+(its weight requires grad, or it is not a plain linear layer, e.g. a LoRA-wrapped head), each chunk is
+instead recomputed in backward (activation checkpointing): the same bound on memory, one more projection.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from trainer.transitions import Transition
+
+# Rows per chunk: the [rows, V] float32 logits stay near 32 MB (170 rows for a 49k vocabulary): small next
+# to the model, large enough that the projection runs at full matmul speed.
+CHUNK_ELEMENTS = 1 << 23
+
+
+@dataclass
+class MicroBatch:
+    """Right-padded sequences. Per-token tensors cover log-prob positions start .. T-2 (position j scores
+    token j + 1): from the earliest completion in the batch on, so earlier positions are never scored."""
+
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, T]
+    start: int
+    scored: torch.Tensor  # [B, K] True where the scored token is a completion token; K = T - 1 - start
+    loss_mask: torch.Tensor  # [B, K] 1 where the scored token was sampled by the model
+    behaviour_logprobs: torch.Tensor  # [B, K]
+    advantages: torch.Tensor  # [B, K]
+    tokens: int
+
+    def to(self, device: torch.device) -> "MicroBatch":
+        if device.type == "cpu":
+            return self
+        move = {name: getattr(self, name).to(device) for name in
+                ("input_ids", "attention_mask", "scored", "loss_mask", "behaviour_logprobs", "advantages")}
+        return MicroBatch(**move, start=self.start, tokens=self.tokens)
+
+
+def collate(transitions: list[Transition], pad_id: int = 0) -> MicroBatch:
+    rows = len(transitions)
+    width = max(len(t) for t in transitions)
+    start = min(len(t.prompt_ids) for t in transitions) - 1
+    ids = torch.full((rows, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((rows, width), dtype=torch.long)
+    scored = torch.zeros((rows, width - 1 - start), dtype=torch.bool)
+    mask, behaviour, advantages = (torch.zeros((rows, width - 1 - start)) for _ in range(3))
+    for i, t in enumerate(transitions):
+        seq = t.prompt_ids + t.completion_ids
+        ids[i, : len(seq)] = torch.tensor(seq)
+        attention[i, : len(seq)] = 1
+        span = slice(len(t.prompt_ids) - 1 - start, len(seq) - 1 - start)  # this row's completion tokens
+        scored[i, span] = True
+        mask[i, span] = torch.tensor(t.mask(), dtype=torch.float32)
+        behaviour[i, span] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
+        advantages[i, span] = torch.tensor(t.advantages(), dtype=torch.float32) * mask[i, span]
+    return MicroBatch(ids, attention, start, scored, mask, behaviour, advantages, int(attention.sum()))
+
+
+def score(peft_model: torch.nn.Module, mb: MicroBatch, *, temperature: float = 1.0,
+          autocast_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs [B, K] of the scored tokens (differentiable) and the policy's entropy there [B, K]; 0 elsewhere.
+
+    The decoder's last hidden states at the completion positions go through `token_scores`; HF's own
+    forward would project every kept position onto the vocabulary in one piece. With `autocast_dtype` the
+    decoder and the projection compute in it (bfloat16 on hardware that does it fast).
+    """
+    base = peft_model.get_base_model()  # LoRA layers are injected in place: its modules are the adapted ones
+    position_ids = mb.attention_mask.cumsum(-1) - 1
+    position_ids.masked_fill_(mb.attention_mask == 0, 1)
+    device = mb.input_ids.device.type
+    with torch.autocast(device, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext():
+        hidden = base.get_decoder()(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
+                                    position_ids=position_ids, use_cache=False).last_hidden_state
+    where = mb.scored
+    targets = mb.input_ids[:, mb.start + 1:][where]
+    scores = token_scores(hidden[:, mb.start: -1][where], base.get_output_embeddings(), targets,
+                          temperature=temperature, compute_dtype=autocast_dtype,
+                          softcap=getattr(base.config, "final_logit_softcapping", None))
+    logprobs = torch.zeros(where.shape, dtype=torch.float32, device=where.device)
+    entropy = torch.zeros_like(logprobs)
+    logprobs[where] = scores.logprobs
+    entropy[where] = scores.entropy
+    return logprobs, entropy
+
+
+@dataclass
+class TokenScores:
+    logprobs: torch.Tensor  # [N] float32, differentiable with respect to the hidden states
+    entropy: torch.Tensor  # [N] float32, the policy's entropy at each row; no gradient
+
+
+def chunk_rows(vocab_size: int) -> int:
+    return max(1, CHUNK_ELEMENTS // vocab_size)
+
+
+def token_scores(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, *, temperature: float = 1.0,
+                 compute_dtype: torch.dtype | None = None, softcap: float | None = None,
+                 rows: int | None = None) -> TokenScores:
+    """Log-prob of `targets[i]` after `hidden[i]`, and the entropy there, under logits `head(hidden) / temperature`.
+
+    `compute_dtype` is the precision of the vocabulary projection (default: the head's weight dtype; pass
+    bfloat16 where the model runs under bfloat16 autocast); softmax and everything after it are float32.
+    `softcap` is a Gemma-style final logit soft-cap (tanh(z / cap) * cap before the temperature), if the model has one.
+    """
+    rows = rows or chunk_rows(_vocab_size(head))
+    weight = getattr(head, "weight", None)
+    plain = (type(head) is torch.nn.Linear and head.bias is None and not weight.requires_grad and softcap is None)
+    if plain:
+        logprobs, entropy = _ProjectedLogprobs.apply(hidden, weight, targets, temperature,
+                                                     compute_dtype or weight.dtype, rows)
+        return TokenScores(logprobs, entropy)
+    pieces = []
+    for start in range(0, hidden.shape[0], rows):
+        args = (hidden[start: start + rows], targets[start: start + rows], head, temperature, softcap)
+        pieces.append(checkpoint(_chunk_scores, *args, use_reentrant=False) if torch.is_grad_enabled()
+                      else _chunk_scores(*args))
+    if not pieces:
+        empty = hidden.new_zeros(0, dtype=torch.float32)
+        return TokenScores(empty, empty)
+    return TokenScores(torch.cat([p[0] for p in pieces]), torch.cat([p[1] for p in pieces]).detach())
+
+
+def _vocab_size(head: torch.nn.Module) -> int:
+    weight = getattr(head, "weight", None)
+    if weight is None:  # e.g. a peft wrapper: the wrapped layer holds the weight
+        weight = head.get_base_layer().weight
+    return weight.shape[0]
+
+
+def _chunk_scores(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module, temperature: float,
+                  softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plain computation for one chunk: what the general path checkpoints."""
+    logits = head(hidden).float()
+    if softcap is not None:
+        logits = torch.tanh(logits / softcap) * softcap
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, dim=-1)
+    with torch.no_grad():
+        entropy = -(logp.exp() * logp).sum(-1)
+    return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy
+
+
+class _ProjectedLogprobs(torch.autograd.Function):
+    """Log-probs through a frozen linear head, chunk by chunk, with the analytic gradient (module docstring)."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, targets, temperature, dtype, rows):
+        n = hidden.shape[0]
+        logprobs = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        entropy = torch.empty_like(logprobs)
+        expected = (torch.empty(n, hidden.shape[1], dtype=torch.float32, device=hidden.device)
+                    if ctx.needs_input_grad[0] else None)
+        w = weight.to(dtype)
+        # Autocast would pick its own precision for the products; the casts here are explicit.
+        with torch.autocast(hidden.device.type, enabled=False):
+            for start in range(0, n, rows):
+                end = min(n, start + rows)
+                z = (hidden[start:end].to(dtype) @ w.T).float()
+                if temperature != 1.0:
+                    z /= temperature
+                z -= torch.logsumexp(z, dim=-1, keepdim=True)  # z is now log p
+                logprobs[start:end] = z.gather(1, targets[start:end, None]).squeeze(1)
+                p = z.exp()
+                if expected is not None:
+                    expected[start:end] = (p.to(dtype) @ w).float()
+                entropy[start:end] = -(z.mul_(p)).sum(-1)
+                del z, p
+        ctx.save_for_backward(expected, weight, targets)
+        ctx.temperature = temperature
+        ctx.hidden_dtype = hidden.dtype
+        ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, _grad_entropy):
+        expected, weight, targets = ctx.saved_tensors
+        if expected is None:
+            return (None,) * 6
+        grad = (weight[targets].float() - expected) * (grad_logprobs / ctx.temperature).unsqueeze(1)
+        return grad.to(ctx.hidden_dtype), None, None, None, None, None
