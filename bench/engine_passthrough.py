@@ -19,7 +19,7 @@ import aiohttp
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.support import free_port, proxy_command, running  # noqa: E402
+from rlproxy.testing.processes import free_port, proxy_command, running  # noqa: E402
 
 PROMPTS = ["Write a short story about a lighthouse.", "Explain how rain forms.", "List some fruits and colours.",
            "Describe a busy market.", "Tell me about the moon.", "What do bees do all day?",

@@ -31,8 +31,9 @@ class FamilyAgent:
         self.http = httpx.AsyncClient(base_url=proxy_url, timeout=30)
         self.slots = asyncio.Semaphore(concurrency)
 
-    async def episode(self, item: Item, *, evaluation: bool = False) -> float:
-        """One rollout of `item`: ask, score the reply, report the score as the rollout's reward."""
+    async def episode(self, item: Item, *, evaluation: bool = False) -> tuple[str, float]:
+        """One rollout of `item`: ask, score the reply, report the score as the rollout's reward. Returns the
+        rollout id and the reward."""
         rollout_id = f"{'eval' if evaluation else 'train'}-{uuid.uuid4().hex}"
         headers = {"X-Rollout-Id": rollout_id, "X-Task-Id": item.item_id, "X-Agent-Name": self.family.name}
         if evaluation:
@@ -44,16 +45,22 @@ class FamilyAgent:
         reward = self.family.score(item, reply.choices[0].message.content or "")
         answer = await self.http.post("/reward", json={"rollout_id": rollout_id, "reward": reward})
         answer.raise_for_status()
-        return reward
+        return rollout_id, reward
 
-    async def group(self, item: Item, size: int) -> list[float]:
+    async def group(self, item: Item, size: int) -> list[tuple[str, float]]:
         """`size` training rollouts of one item at once: the trainer compares them as a group."""
         return list(await asyncio.gather(*(self.episode(item) for _ in range(size))))
 
     async def evaluate(self, items: list[Item]) -> float:
         """Success rate over `items`, each run once as an evaluation rollout."""
-        rewards = await asyncio.gather(*(self.episode(item, evaluation=True) for item in items))
-        return sum(reward >= 1.0 for reward in rewards) / len(rewards)
+        done = await asyncio.gather(*(self.episode(item, evaluation=True) for item in items))
+        return sum(reward >= 1.0 for _, reward in done) / len(done)
+
+    async def trained(self, rollout_id: str) -> bool:
+        """Whether the trainer has consumed the rollout (trained on it, or found nothing in it to learn)."""
+        answer = await self.http.get(f"/rollouts/{rollout_id}")
+        answer.raise_for_status()
+        return bool(answer.json()["trained"])
 
     async def active_version(self) -> int:
         answer = await self.http.get("/policies")

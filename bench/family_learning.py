@@ -4,13 +4,15 @@ train` with default settings as separate processes on a fresh Postgres database,
 
 The clock starts once the base model's held-out success is measured. Then the agent runs groups of training
 rollouts and, every `eval_every` minutes and at the end, the whole held-out set as evaluation rollouts. It
-paces itself on the policy it is served: at most `ahead` batches of rollouts per adapter version, then it
-waits for the next version (on 2 cores an agent that never waits takes the cores the trainer needs, and what
-it samples goes stale before it is trained on). Every process's peak resident memory is sampled throughout.
+paces itself on the trainer: while `ahead` batches of its rollouts are not consumed yet, it waits (on 2 cores an
+agent that never waits takes the cores the trainer needs, and what it samples goes stale before it is trained
+on). It waits on consumption, not on new versions: a batch in which every group scored alike teaches nothing
+and is consumed without one. Every process's peak resident memory is sampled throughout.
 """
 from __future__ import annotations
 
 import asyncio
+import collections
 import dataclasses
 import json
 import math
@@ -26,7 +28,7 @@ import requests
 from bench.families import Family
 from bench.family_agent import FamilyAgent
 from bench.memory import GB, Watch, _status
-from bench.processes import free_port, fresh_database, rlproxy_command, started
+from rlproxy.testing.processes import create_database, free_port, rlproxy_command, running
 from store.evaluation import wilson
 from trainer.config import TrainConfig
 
@@ -99,7 +101,7 @@ async def train_and_evaluate(agent: FamilyAgent, family: Family, minutes: float,
     base = await evaluation(0.0)
     began = time.monotonic()
     evaluations: list[Evaluation] = []
-    produced: dict[int, int] = {}
+    waiting: collections.deque[str] = collections.deque()  # own training rollouts, oldest first, not seen consumed
     rollouts = 0
     next_eval = eval_every
     groups_at_once = max(1, config.batch_rollouts // config.group_size)
@@ -108,16 +110,18 @@ async def train_and_evaluate(agent: FamilyAgent, family: Family, minutes: float,
             evaluations.append(await evaluation(clock))
             next_eval += eval_every
             continue
-        version = await agent.active_version()
-        if produced.get(version, 0) >= ahead * config.batch_rollouts:
-            await asyncio.sleep(1.0)  # this version has had its share: wait for the next one
+        while waiting and await agent.trained(waiting[0]):
+            waiting.popleft()
+        if len(waiting) >= ahead * config.batch_rollouts:
+            await asyncio.sleep(1.0)  # enough waits for the trainer already
             continue
+        version = await agent.active_version()
         items = [rng.choice(train) for _ in range(groups_at_once)]
-        rewards = await asyncio.gather(*(agent.group(item, config.group_size) for item in items))
-        produced[version] = produced.get(version, 0) + sum(map(len, rewards))
-        rollouts += sum(map(len, rewards))
-        log(f"v{version}: {sum(map(len, rewards))} rollouts, success {sum(r >= 1 for g in rewards for r in g)}"
-            f"/{sum(map(len, rewards))}")
+        done = [episode for group in await asyncio.gather(*(agent.group(item, config.group_size) for item in items))
+                for episode in group]
+        waiting.extend(rollout_id for rollout_id, _ in done)
+        rollouts += len(done)
+        log(f"v{version}: {len(done)} rollouts, success {sum(reward >= 1 for _, reward in done)}/{len(done)}")
     evaluations.append(await evaluation((time.monotonic() - began) / 60))
     return base, evaluations, rollouts
 
@@ -131,25 +135,26 @@ def run_family(family: Family, minutes: float, out: Path, postgres: str, eval_ev
         with open(workdir / "agent.log", "a") as lines:
             lines.write(f"{time.strftime('%H:%M:%S')} {message}\n")
 
-    database = fresh_database(postgres, f"bench_{family.name}")
+    database = create_database(postgres, f"bench_{family.name}", migrate=False)  # `rlproxy serve` migrates it
     proxy_port = free_port()
     proxy_url = f"http://127.0.0.1:{proxy_port}"
     with ExitStack() as stack, MemoryWatch() as memory:
         if engine_url is None:  # else a running engine is shared (and its memory not counted)
             engine_port = free_port()
             engine_url = f"http://127.0.0.1:{engine_port}"
-            engine = stack.enter_context(started(rlproxy_command("engine", "--port", str(engine_port), *ENGINE_ARGS),
-                                                 workdir / "engine.log", f"{engine_url}/v1/models", timeout=900))
+            engine = stack.enter_context(running(rlproxy_command("engine", "--port", str(engine_port), *ENGINE_ARGS),
+                                                 f"{engine_url}/v1/models", timeout=900,
+                                                 log_path=workdir / "engine.log"))
             memory.add(engine.pid, "engine")
-        proxy = stack.enter_context(started(
+        proxy = stack.enter_context(running(
             rlproxy_command("serve", "--port", str(proxy_port), "--upstream", engine_url, "--database-url", database,
                             "--spool-path", str(workdir / "spool.jsonl")),
-            workdir / "serve.log", f"{proxy_url}/healthz"))
+            f"{proxy_url}/healthz", log_path=workdir / "serve.log"))
         memory.add(proxy.pid, "proxy")
-        trainer = stack.enter_context(started(
+        trainer = stack.enter_context(running(
             rlproxy_command("train", "--upstream", engine_url, "--database-url", database, "--adapters-dir",
                             str(workdir / "adapters"), "--metrics-port", "0"),  # every training setting default
-            workdir / "train.log"))
+            None, log_path=workdir / "train.log"))
         memory.add(trainer.pid, "trainer")
         model = requests.get(f"{proxy_url}/v1/models", timeout=30).json()["data"][0]["id"]
         agent = FamilyAgent(proxy_url, model, family)

@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.support import free_port  # noqa: E402
+from rlproxy.testing.processes import free_port  # noqa: E402
 
 GB = 1e9
 

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from rlproxy.engine import Engine, EngineError, port_free
+from rlproxy.errors import RlproxyError
 from rlproxy.settings import EngineSettings
 
 # Lines vLLM 0.32 prints as its start-up moves on, and what it waits for from then on (in order; seen on
@@ -30,7 +31,7 @@ _MEMORY_WORDS = re.compile(r"out of memory|OutOfMemory|MemoryError|Cannot alloca
 _ERROR_LINE = re.compile(r"\b\w*(Error|Exception)\b")
 
 
-class StartupError(RuntimeError):
+class StartupError(RlproxyError, RuntimeError):
     """The demo cannot start as asked; the message is the one line shown to the user."""
 
 

@@ -28,6 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from proxy.context import call_context
 from proxy.errors import Forbidden, NotFoundError, StoreUnavailable, Unauthorized
+from rlproxy.errors import RlproxyError
 from rlproxy.settings import AuthSettings
 from store.keys import KEY_PREFIX, KeyInfo, claim_rollout, count_active_keys, find_key, hash_key, new_key
 
@@ -86,7 +87,7 @@ def _admin_key(settings: AuthSettings) -> str | None:
     return key or None  # an empty RLPROXY_ADMIN_KEY is no key
 
 
-class AuthConfigError(Exception):
+class AuthConfigError(RlproxyError):
     """The server would be open to the network without keys."""
 
 

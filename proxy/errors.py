@@ -20,8 +20,10 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from rlproxy.errors import RlproxyError
 
-class ProxyError(Exception):
+
+class ProxyError(RlproxyError):
     status = 500
     type = "internal_error"
     headers: dict[str, str] | None = None

@@ -19,6 +19,7 @@ from typing import Any
 import aiohttp
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from rlproxy.errors import RlproxyError
 from store import policies
 from store.db import create_engine, session_factory
 from store.evaluation import traffic_by_version
@@ -27,7 +28,7 @@ from store.models import Policy, utcnow
 DEFAULT_PROXY = "http://127.0.0.1:8400"
 
 
-class EvalError(Exception):
+class EvalError(RlproxyError):
     """A policy cannot be evaluated as asked (no such version, adapter not reachable, engine refused)."""
 
 
@@ -61,20 +62,21 @@ async def resolve(version: int, database_url: str, *, proxy: str | None, upstrea
     if (proxy is None) == (upstream is None):
         raise EvalError("evaluate through a proxy or on an engine: give exactly one of them")
     row = None
+    url = (upstream or proxy).rstrip("/")
     if version != policies.BASE_VERSION:
         engine, sessions = await _session(database_url)
         try:
             async with sessions() as session:
                 row = await session.get(Policy, version)
+            if row is None:
+                raise EvalError(f"policy v{version} does not exist in {hide_password(database_url)}")
+            if upstream is not None:
+                await load(sessions, url, version, api_key)
         finally:
             await engine.dispose()
-        if row is None:
-            raise EvalError(f"policy v{version} does not exist in {hide_password(database_url)}")
-    url = (upstream or proxy).rstrip("/")
     models = {m["id"]: m for m in (await _get_json(f"{url}/v1/models", api_key))["data"]}
     if upstream is not None:
         if row is not None:
-            await load(url, row.name, row.path, api_key)
             return Target(url, row.name, row)
         return Target(url, _base(models, url), None)
     if row is not None:
@@ -89,15 +91,16 @@ async def resolve(version: int, database_url: str, *, proxy: str | None, upstrea
     return Target(url, _base(models, url), None)
 
 
-async def load(engine: str, name: str, path: str, api_key: str | None) -> None:
-    """Load an adapter from its own folder onto the engine, replacing whatever it holds under that name (it may
-    have been unloaded after it stopped serving, or the engine restarted)."""
-    from trainer.publish import LoadFailed, Publisher
+async def load(sessions, engine: str, version: int, api_key: str | None) -> None:
+    """Make the version's adapter, with its own folder's weights, loaded on the engine (the lifecycle's rule: it
+    may have been unloaded after it stopped serving, or the engine restarted)."""
+    from rlproxy import lifecycle
+    from rlproxy.adapters import AdapterError, EngineAdapters
 
     try:
-        await Publisher(None, [engine], api_key=api_key, attempts=2).load(name, path)
-    except (LoadFailed, aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        raise EvalError(f"{engine} could not load {name} from {path}: {exc}") from None
+        await lifecycle.ensure_loaded(sessions, EngineAdapters([engine], api_key=api_key, attempts=2), version)
+    except (AdapterError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise EvalError(f"{engine} could not load policy v{version}: {exc}") from None
 
 
 async def base_model(url: str, api_key: str | None = None) -> str:

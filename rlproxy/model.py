@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from rlproxy.errors import RlproxyError
 from rlproxy.settings import cache_dir
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ _VERIFY_TOKENIZER_TEXTS = (
 )
 
 
-class ModelError(RuntimeError):
+class ModelError(RlproxyError, RuntimeError):
     """The bundled model could not be found, converted or verified."""
 
     def __init__(self, message: str, *, path: Path | None = None, hint: str | None = None) -> None:

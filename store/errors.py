@@ -1,8 +1,10 @@
 """What store operations raise; the proxy maps these to HTTP statuses at its edge."""
 from __future__ import annotations
 
+from rlproxy.errors import RlproxyError
 
-class StoreError(Exception):
+
+class StoreError(RlproxyError):
     """Base of every error a store query raises on purpose."""
 
 

@@ -75,9 +75,9 @@ def vllm_engine():
     yield engine
     pgid = engine.pid
     engine.stop()
-    from rlproxy.engine import _group_members
+    from rlproxy.engine import group_members
 
-    left = [member for member in _group_members(pgid) if member[1] != "Z"]
+    left = [member for member in group_members(pgid) if member[1] != "Z"]
     assert not left, f"engine processes left after stop: {left}"
 
 

@@ -1,6 +1,6 @@
 """A scripted local engine for driving real agent harnesses (Claude Code, Codex CLI) through the proxy.
 
-It speaks Chat Completions exactly as tests/stub_engine.py does (same tokenizer, token ids when
+It speaks Chat Completions exactly as rlproxy/testing/stub_engine.py does (same tokenizer, token ids when
 `return_token_ids`, logprobs when asked, the same streaming chunks) but answers any model name, and plays the
 part of a model that follows a harness's tool protocol:
 
@@ -19,7 +19,6 @@ Run it: `python tests/harness_engine.py --port 8002 --log /tmp/harness.jsonl`.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
@@ -28,7 +27,8 @@ from pathlib import Path
 from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.stub_engine import EOS_ID, Stub, dumps, error, render_chat, token_id, tokenize  # noqa: E402
+from rlproxy.testing import stub_engine  # noqa: E402
+from rlproxy.testing.stub_engine import EOS_ID, Stub, dumps, error, render_chat, token_id, tokenize  # noqa: E402
 
 MARKER = "rlproxy-marker.txt"
 SHELL_COMMAND = f"echo rlproxy-ok > {MARKER}"
@@ -95,12 +95,9 @@ class HarnessEngine(Stub):
         return SIDE_TEXT.split(), None
 
     async def _complete(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
-        self.requests += 1
-        try:
-            body = json.loads(await request.read())
-        except ValueError:
+        body = await self._body(request)
+        if body is None:
             return error(400, "invalid JSON")
-        self.last_body = body
         if not chat:
             self.requests -= 1
             return await super()._complete(request, chat=False)  # the body read above is cached
@@ -128,21 +125,11 @@ class HarnessEngine(Stub):
 
 
 def build_app(log_path: Path | None = None) -> web.Application:
-    engine = HarnessEngine(log_path)
-    app = web.Application()
-    app["stub"] = engine
-    app.router.add_get("/v1/models", engine.models)
-    app.router.add_post("/v1/chat/completions", engine.chat)
-    app.router.add_post("/v1/completions", engine.completions)
-    app.router.add_post("/tokenize", engine.tokenize)
-    app.router.add_get("/health", lambda r: web.Response(text="ok"))
-    return app
+    return stub_engine.build_app(stub=HarnessEngine(log_path))
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8002)
+    parser = stub_engine.arguments(8002)
     parser.add_argument("--log", type=Path, default=None, help="append one JSON line per request here")
     args = parser.parse_args()
-    web.run_app(build_app(args.log), host=args.host, port=args.port, access_log=None, print=None)
+    stub_engine.serve(build_app(args.log), args.host, args.port)

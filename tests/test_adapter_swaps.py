@@ -10,7 +10,7 @@ import requests
 
 from rlproxy.model import prepare_model
 from tests.support import running_proxy
-from tests.swap_load import make_adapter_versions, swap_under_load
+from rlproxy.testing.swap_load import make_adapter_versions, swap_under_load
 
 pytestmark = pytest.mark.engine
 pytest.importorskip("torch")

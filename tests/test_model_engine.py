@@ -23,7 +23,7 @@ from rlproxy import model as model_mod
 from rlproxy.engine import (
     Engine,
     EngineError,
-    _group_members,
+    group_members,
     engine_command,
     engine_env,
     vllm_available,
@@ -76,7 +76,7 @@ def sse_events(url: str, body: dict) -> list[str]:
 
 
 def live_members(pgid: int) -> list[tuple[int, str]]:
-    return [m for m in _group_members(pgid) if m[1] != "Z"]
+    return [m for m in group_members(pgid) if m[1] != "Z"]
 
 
 def wait_group_gone(pgid: int, timeout: float = 10.0) -> list[tuple[int, str]]:

@@ -32,7 +32,7 @@ import pytest
 import requests
 
 from tests.harness_engine import FINAL_TEXT, MARKER, SHELL_COMMAND, prompt_sha
-from tests.stub_engine import EOS_ID, render_chat, tokenize
+from rlproxy.testing.stub_engine import EOS_ID, render_chat, tokenize
 from tests.support import PYTHON, ROOT, free_port, pump, running, running_proxy
 
 NODE_DIR = Path(sys.prefix) / "node"  # scripts/install.sh: $VENV/node

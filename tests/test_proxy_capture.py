@@ -10,7 +10,7 @@ import openai
 import pytest
 import requests
 
-from tests.stub_engine import EOS_ID, render_chat, tokenize
+from rlproxy.testing.stub_engine import EOS_ID, render_chat, tokenize
 
 MESSAGES = [{"role": "user", "content": "What is 6 times 7?"}]
 

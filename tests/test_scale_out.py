@@ -26,7 +26,7 @@ from store import policies
 from store.db import create_engine, session_factory
 from store.models import Call, Rollout
 from tests.support import free_port, running, running_proxy, stop, stub_command
-from tests.swap_load import make_adapter_versions
+from rlproxy.testing.swap_load import make_adapter_versions
 from trainer.publish import Publisher
 
 ROLLOUTS = 24

@@ -24,8 +24,10 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
+from rlproxy.errors import RlproxyError
 
-class MissingDependencyError(RuntimeError):
+
+class MissingDependencyError(RlproxyError, RuntimeError):
     """An OpenRLHF code path needing a package that is not installed here was called."""
 
 

@@ -11,7 +11,6 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from rlproxy import lifecycle
 from rlproxy.adapters import AdapterError, EngineAdapters, LoadFailed
-from store import policies
 
 log = logging.getLogger("rlproxy.publish")
 
@@ -27,18 +26,12 @@ class Published:
 
 
 class Publisher:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession] | None,
+    def __init__(self, sessions: async_sessionmaker[AsyncSession],
                  engines: list[str] | tuple[str, ...], *, attempts: int = 5, drain_seconds: float = 30.0,
                  api_key: str | None = None) -> None:
-        self.sessions = sessions  # None: `load` only
+        self.sessions = sessions
         self.adapters = EngineAdapters(engines, api_key=api_key, attempts=attempts)  # api_key: vLLM --api-key
         self.drain = lifecycle.Drain(drain_seconds)
-
-    async def load(self, name: str, path: str) -> float:
-        """Load `name` from `path` on every engine unless one holds it from that very folder already (it may
-        be serving); raises LoadFailed. Returns seconds taken. Prefer `lifecycle.ensure_loaded`, which knows
-        from the version's status whether it serves."""
-        return await self.adapters.load(name, path, replace=False)
 
     async def publish(self, version: int, path: str, *, activate: bool = True) -> Published:
         """Publish recorded candidate `version`; `path` is its folder as recorded on its row, which is what is
@@ -61,9 +54,9 @@ class Publisher:
         drained."""
         await lifecycle.activate(self.sessions, self.adapters, version, drain=self.drain)
 
-    def retire(self, version: int) -> None:
-        """A loaded version that will not serve (a gate kept it out): unload it once drained."""
-        self.drain.note(policies.adapter_name(version))
+    async def retire(self, version: int) -> None:
+        """A loaded version that will not serve (a gate kept it out): retired, and unloaded once drained."""
+        await lifecycle.retire(self.sessions, version, drain=self.drain)
 
     async def unload_drained(self) -> None:
         """Unload versions that stopped serving more than `drain_seconds` ago (in-flight requests done)."""

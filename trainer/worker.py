@@ -207,9 +207,7 @@ class TrainerWorker:
             if decision:
                 await self.publisher.activate(version)
             else:
-                async with self.sessions() as session, session.begin():
-                    await policies.set_status(session, version, PolicyStatus.RETIRED)
-                self.publisher.retire(version)
+                await self.publisher.retire(version)
                 await self._revert()
                 return
         self.parent_version = version

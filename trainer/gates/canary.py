@@ -12,6 +12,8 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
+from rlproxy import lifecycle
+from rlproxy.adapters import EngineAdapters
 from rlproxy.settings import TrainerSettings
 from store import canary as canaries
 from store import policies, training
@@ -67,9 +69,10 @@ class CanaryGate:
         sessions = session_factory(engine)
         what = "evaluation rollouts" if self.traffic == canaries.EVAL else "rollouts"
         try:
-            async with sessions() as session, session.begin():
-                started = await canaries.start(session, version, self.fraction, traffic=self.traffic,
-                                               eval_agents=self.eval_agents)
+            key = s.upstream_api_key
+            adapters = EngineAdapters(s.upstreams, api_key=key.get_secret_value() if key else None)
+            started = await lifecycle.start_canary(sessions, adapters, version, self.fraction, traffic=self.traffic,
+                                                   eval_agents=self.eval_agents)
             log.info("v%d in canary for %.0f%% of new %s since %s; judged after %d rollouts each",
                      version, 100 * started.fraction, what, started.started_at.isoformat(timespec="seconds"),
                      s.canary_min_rollouts)

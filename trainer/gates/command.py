@@ -34,6 +34,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from rlproxy.errors import RlproxyError
 from rlproxy.settings import TrainerSettings
 from store import policies
 from store.db import create_engine, session_factory
@@ -47,7 +48,7 @@ KEY = "command_gate"  # where a gate's verdict lives in a policy's evaluation JS
 KILL_GRACE_S = 5.0  # after SIGTERM, before SIGKILL
 
 
-class EvalCommandError(ValueError):
+class EvalCommandError(RlproxyError, ValueError):
     """An evaluation command template that cannot be run (an unknown placeholder, unbalanced braces)."""
 
 
@@ -206,17 +207,18 @@ class CommandGate:
     async def _score_parent(self, sessions, parent: int, parent_row: Policy | None) -> float | None:
         import aiohttp
 
+        from rlproxy import lifecycle
+        from rlproxy.adapters import AdapterError, EngineAdapters
         from rlproxy.evaluate import EvalError, base_model
-        from trainer.publish import LoadFailed, Publisher
 
         try:
             if parent_row is not None:  # it may have been unloaded since it stopped serving
-                await Publisher(None, self.settings.upstreams, api_key=self.api_key).load(parent_row.name,
-                                                                                       parent_row.path)
+                await lifecycle.ensure_loaded(sessions, EngineAdapters(self.settings.upstreams, api_key=self.api_key),
+                                              parent)
                 model = parent_row.name
             else:
                 model = await base_model(self.base_url.removesuffix("/v1"), api_key=self.api_key)
-        except (LoadFailed, EvalError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (AdapterError, EvalError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
             log.error("gate: the parent v%d cannot be served for scoring: %s", parent, exc)
             return None
         measured = await self.score(parent, model)

@@ -1,7 +1,7 @@
 """A small local server that answers like vLLM's OpenAI server (token ids, logprobs, SSE, tool calls, LoRA
 loading), for testing and benchmarking the proxy alone. Deterministic: the same request gives the same answer.
 
-Run it: `python tests/stub_engine.py --port 8001` (`--model NAME` serves the base model under another name,
+Run it: `python -m rlproxy.testing.stub_engine --port 8001` (`--model NAME` serves the base model under another name,
 e.g. a real engine's, so both can be replicas behind one proxy).
 
 Test controls, read from the request body (unknown fields pass through the proxy untouched):
@@ -119,13 +119,20 @@ class Stub:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, chat=False)
 
-    async def _complete(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+    async def _body(self, request: web.Request) -> dict | None:
+        """A generation request's JSON body, counted and kept as `last_body`; None when it is not JSON."""
         self.requests += 1
         try:
             body = json.loads(await request.read())
         except ValueError:
-            return error(400, "invalid JSON")
+            return None
         self.last_body = body
+        return body
+
+    async def _complete(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
+        body = await self._body(request)
+        if body is None:
+            return error(400, "invalid JSON")
         if body.get("stub_status"):
             return error(int(body["stub_status"]), "stub error on request")
         if not self.known(body.get("model", "")):
@@ -274,8 +281,9 @@ def require_key(api_key: str):
     return check
 
 
-def build_app(base_model: str = BASE_MODEL, api_key: str | None = None) -> web.Application:
-    stub = Stub(base_model)
+def build_app(base_model: str = BASE_MODEL, api_key: str | None = None, stub: Stub | None = None) -> web.Application:
+    """The stand-in engine's routes, answered by `stub` (default: a `Stub` serving `base_model`)."""
+    stub = stub or Stub(base_model)
     app = web.Application(middlewares=[require_key(api_key)] if api_key else [])
     app["stub"] = stub
     app.router.add_get("/v1/models", stub.models)
@@ -288,17 +296,27 @@ def build_app(base_model: str = BASE_MODEL, api_key: str | None = None) -> web.A
     return app
 
 
-if __name__ == "__main__":
+def arguments(default_port: int) -> argparse.ArgumentParser:
+    """The command line every stand-in engine takes: where to listen."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8001)
-    parser.add_argument("--model", default=BASE_MODEL, help="name the base model is served under")
-    parser.add_argument("--api-key", default=None, help="refuse /v1 requests without this bearer key")
-    args = parser.parse_args()
+    parser.add_argument("--port", type=int, default=default_port)
+    return parser
+
+
+def serve(app: web.Application, host: str, port: int) -> None:
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
-    web.run_app(build_app(args.model, args.api_key), host=args.host, port=args.port, access_log=None, print=None)
+    web.run_app(app, host=host, port=port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    parser = arguments(8001)
+    parser.add_argument("--model", default=BASE_MODEL, help="name the base model is served under")
+    parser.add_argument("--api-key", default=None, help="refuse /v1 requests without this bearer key")
+    args = parser.parse_args()
+    serve(build_app(args.model, args.api_key), args.host, args.port)

@@ -1,0 +1,78 @@
+"""What translating the OpenAI Responses API and Anthropic Messages to and from the engine's chat route costs the
+proxy, measured in-process (no network, no other process): per call, the request checked and translated to chat,
+then the engine's answer translated back, whole (JSON) or as a stream of 8 token chunks, like bench/load.py's.
+
+    .venv/bin/python bench/translation.py [--calls 5000]
+
+bench/load.py measures the same routes end to end, where the machine's noise is larger than the bound; this
+isolates the translation itself. It prints microseconds per call and the share of the 0.2 ms bound they use.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.wire_formats import BOUND_MS  # noqa: E402
+from proxy.dialects.base import Output  # noqa: E402
+from proxy.dialects.messages import MESSAGES  # noqa: E402
+from proxy.dialects.responses import RESPONSES  # noqa: E402
+
+TOKENS = 8
+PROMPT_TOKENS = 30
+REQUESTS = {
+    "responses": (RESPONSES, {"model": "stub-model", "input": [{"role": "user", "content": "Say something."}],
+                              "max_output_tokens": TOKENS}),
+    "messages": (MESSAGES, {"model": "stub-model", "max_tokens": TOKENS,
+                            "messages": [{"role": "user", "content": "Say something."}]}),
+}
+
+
+def engine_chunks() -> list[dict]:
+    """An engine stream of TOKENS one-word chunks, shaped like vLLM's (token ids and logprobs the proxy asked for)."""
+    first = {"id": "c", "object": "chat.completion.chunk", "prompt_token_ids": list(range(PROMPT_TOKENS)),
+             "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
+    words = [{"id": "c", "object": "chat.completion.chunk",
+              "choices": [{"index": 0, "delta": {"content": f" word{i}"}, "token_ids": [100 + i], "finish_reason": None,
+                           "logprobs": {"content": [{"token": f" word{i}", "logprob": -0.5}]}}]}
+             for i in range(TOKENS)]
+    last = {"id": "c", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}
+    return [first, *words, last]
+
+
+def one_call(dialect, body: dict, stream: bool, chunks: list[dict], output: Output) -> int:
+    dialect.validate(body)
+    dialect.to_chat(body, [])
+    if not stream:
+        return len(dialect.build_response(body, output, "call", 0))
+    translator = dialect.stream(body, "call", 0)
+    sent = sum(len(translator.feed(chunk, PROMPT_TOKENS)) for chunk in chunks)
+    return sent + len(translator.finish(output))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--calls", type=int, default=5000)
+    args = parser.parse_args()
+    chunks = engine_chunks()
+    output = Output(text="".join(f" word{i}" for i in range(TOKENS)), finish_reason="length",
+                    prompt_tokens=PROMPT_TOKENS, completion_tokens=TOKENS)
+    print(f"translation per call, in-process ({args.calls} calls each, after {args.calls // 10} warm-up calls)")
+    print(f"{'route':<12}{'mode':<8}{'us/call':>10}{'of the bound':>14}")
+    for name, (dialect, body) in REQUESTS.items():
+        for stream in (False, True):
+            request = {**body, "stream": stream}
+            for _ in range(args.calls // 10):
+                one_call(dialect, request, stream, chunks, output)
+            began = time.perf_counter()
+            for _ in range(args.calls):
+                one_call(dialect, request, stream, chunks, output)
+            micros = (time.perf_counter() - began) / args.calls * 1e6
+            print(f"{name:<12}{'stream' if stream else 'json':<8}{micros:>10.1f}{micros / (BOUND_MS * 1000):>14.0%}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""The `rlproxy` subcommands, one module each; rlproxy/cli.py puts them together."""
