@@ -25,6 +25,8 @@ from pathlib import Path
 
 from aiohttp import web
 
+from rlproxy.adapters import LOAD_ROUTE, UNLOAD_ROUTE
+
 BASE_MODEL = "stub-model"
 VOCAB = ["The", "answer", "is", "42", "and", "that", "settles", "it", ".", "Sure", "here", "you", "go", "!"]
 
@@ -290,8 +292,8 @@ def build_app(base_model: str = BASE_MODEL, api_key: str | None = None, stub: St
     app.router.add_post("/v1/chat/completions", stub.chat)
     app.router.add_post("/v1/completions", stub.completions)
     app.router.add_post("/tokenize", stub.tokenize)
-    app.router.add_post("/v1/load_lora_adapter", stub.load_lora)
-    app.router.add_post("/v1/unload_lora_adapter", stub.unload_lora)
+    app.router.add_post(LOAD_ROUTE, stub.load_lora)  # the routes rlproxy/adapters.py calls, as vLLM serves them
+    app.router.add_post(UNLOAD_ROUTE, stub.unload_lora)
     app.router.add_get("/health", lambda r: web.Response(text="ok"))
     return app
 
