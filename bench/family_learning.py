@@ -28,11 +28,12 @@ import requests
 from bench.families import Family
 from bench.family_agent import FamilyAgent
 from bench.memory import GB, Watch, _status
+from rlproxy.commands.train import train_config_from
 from rlproxy.testing.processes import create_database, free_port, rlproxy_command, running
 from store.evaluation import wilson
 from trainer.config import TrainConfig
 
-HELDOUT_SAMPLES = 96  # held-out rollouts per evaluation (the held-out items, cycled)
+HELDOUT_SAMPLES = 96  # held-out rollouts per evaluation (the held-out items, cycled, even over strata)
 ENGINE_ARGS = ("--max-model-len", "2048", "--kv-cache-gib", "1", "--max-lora-rank", "8", "--max-loras", "4")
 
 
@@ -84,11 +85,9 @@ class MemoryWatch:
 
 
 async def train_and_evaluate(agent: FamilyAgent, family: Family, minutes: float, eval_every: float,
-                             ahead: int, log) -> tuple[Evaluation, list[Evaluation], int]:
-    config = TrainConfig()
-    heldout = family.items("heldout")
-    heldout_samples = [heldout[i % len(heldout)] for i in range(HELDOUT_SAMPLES)]
-    train = family.items("train")
+                             ahead: int, log, config: TrainConfig) -> tuple[Evaluation, list[Evaluation], int]:
+    """`config` is the trainer's: the agent paces itself by its batch and group sizes."""
+    heldout_samples = family.sample("heldout", HELDOUT_SAMPLES)
     rng = random.Random(family.name)
 
     async def evaluation(clock: float) -> Evaluation:
@@ -116,7 +115,7 @@ async def train_and_evaluate(agent: FamilyAgent, family: Family, minutes: float,
             await asyncio.sleep(1.0)  # enough waits for the trainer already
             continue
         version = await agent.active_version()
-        items = [rng.choice(train) for _ in range(groups_at_once)]
+        items = family.sample("train", groups_at_once, rng)
         done = [episode for group in await asyncio.gather(*(agent.group(item, config.group_size) for item in items))
                 for episode in group]
         waiting.extend(rollout_id for rollout_id, _ in done)
@@ -127,7 +126,7 @@ async def train_and_evaluate(agent: FamilyAgent, family: Family, minutes: float,
 
 
 def run_family(family: Family, minutes: float, out: Path, postgres: str, eval_every: float = 2.5,
-               ahead: int = 2, engine_url: str | None = None) -> dict:
+               ahead: int = 2, engine_url: str | None = None, train_settings: list[str] = ()) -> dict:
     """The whole run; returns the summary row (and writes it, with every evaluation, to out/NAME/result.json)."""
     workdir = out / family.name
     workdir.mkdir(parents=True, exist_ok=False)
@@ -153,7 +152,8 @@ def run_family(family: Family, minutes: float, out: Path, postgres: str, eval_ev
         memory.add(proxy.pid, "proxy")
         trainer = stack.enter_context(running(
             rlproxy_command("train", "--upstream", engine_url, "--database-url", database, "--adapters-dir",
-                            str(workdir / "adapters"), "--metrics-port", "0"),  # every training setting default
+                            str(workdir / "adapters"), "--metrics-port", "0",
+                            *(flag for setting in train_settings for flag in ("--set", setting))),
             None, log_path=workdir / "train.log"))
         memory.add(trainer.pid, "trainer")
         model = requests.get(f"{proxy_url}/v1/models", timeout=30).json()["data"][0]["id"]
@@ -161,7 +161,8 @@ def run_family(family: Family, minutes: float, out: Path, postgres: str, eval_ev
 
         async def session():
             try:
-                return await train_and_evaluate(agent, family, minutes, eval_every, ahead, log)
+                return await train_and_evaluate(agent, family, minutes, eval_every, ahead, log,
+                                                train_config_from(list(train_settings)))
             finally:
                 await agent.close()
 

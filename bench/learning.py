@@ -18,6 +18,7 @@ instead: `rlproxy engine`, `rlproxy serve` and `rlproxy train` with default sett
 minutes until held-out success first stood 25 points above base, and the peak memory of every process.
 
     .venv/bin/python bench/learning.py --family all --minutes 15
+    .venv/bin/python bench/learning.py --family tools --set kl_coef=0.05   # one setting changed
 """
 from __future__ import annotations
 
@@ -98,7 +99,8 @@ def run_families(args: argparse.Namespace) -> None:
     rows = []
     for name in names:
         began = time.monotonic()
-        rows.append(run_family(FAMILIES[name], args.minutes, args.out, args.postgres, engine_url=args.engine_url))
+        rows.append(run_family(FAMILIES[name], args.minutes, args.out, args.postgres, engine_url=args.engine_url,
+                               train_settings=args.set))
         print(f"  {name}: {(time.monotonic() - began) / 60:.1f} min wall, logs in {args.out / name}", flush=True)
     print(f"\nheld-out success with default settings, {args.minutes:g} training minutes, target +{TARGET_POINTS} "
           f"points; 95% intervals")
@@ -131,6 +133,9 @@ def main() -> None:
                         help="only summarize these rlproxy-demo.json files (no runs)")
     parser.add_argument("--family", default=None,
                         help="run these task families (comma-separated, or 'all') instead of demo variants")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="with --family: a training setting that differs from the default (repeatable), "
+                             "passed to `rlproxy train --set`; without it every setting is the default")
     parser.add_argument("--postgres", default=os.environ.get("RLPROXY_TEST_POSTGRES",
                                                              "postgresql://postgres@127.0.0.1:5432/test"),
                         help="with --family: a Postgres server (libpq URL) to create each run's database on")

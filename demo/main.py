@@ -4,39 +4,35 @@ failed and which log has the rest."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from pathlib import Path
-from typing import Any
 
 from demo.output import own_terminal
+from demo.settings import DemoSettings
 from demo.startup import StartupError, check_ports, explain
 
 log = logging.getLogger("rlproxy.demo")
 
 
-def run_demo(options: dict[str, Any], train_changes: dict[str, Any], curve_dir: Path) -> int:
-    """Runs the demo with DemoSettings(**options), its training defaults changed by `train_changes`; returns
-    the exit status (0, or 1 after saying why it failed)."""
+def run_demo(settings: DemoSettings, curve_dir: Path) -> int:
+    """Runs the demo; returns the exit status (0, or 1 after saying why it failed)."""
     verbose = logging.getLogger().isEnabledFor(logging.DEBUG)  # `rlproxy -v demo`: debug lines in rlproxy.log
-    with own_terminal(options["workdir"], engine=options.get("upstream") is None,
-                      headless=options.get("headless", False), verbose=verbose) as terminal:
+    with own_terminal(settings.workdir, engine=settings.upstream is None, headless=settings.headless,
+                      verbose=verbose) as terminal:
         if terminal.live:
             terminal.console.print(terminal.describe_logs(), style="dim", soft_wrap=True)
         else:  # with the progress lines, not in the summary
             terminal.err.write(terminal.describe_logs() + "\n")
         try:  # before the imports below (seconds): a taken port is said at once (Demo checks again later)
-            check_ports(options["proxy_port"], None if options.get("upstream") else options["engine_port"])
+            check_ports(settings.proxy_port, None if settings.upstream else settings.engine_port)
         except StartupError as exc:
             terminal.err.write(f"{exc}\n")
             return 1
         # imported only now: importing the proxy's stack logs (Alembic's plugins), which goes to rlproxy.log
         from demo.report import Report
-        from demo.run import Demo, DemoSettings
+        from demo.run import Demo
         from demo.view import reward_curve, summary
 
-        settings = DemoSettings(**options)
-        settings = dataclasses.replace(settings, train=dataclasses.replace(settings.train, **train_changes))
         try:
             progress = asyncio.run(Demo(settings, Report(terminal)).run())
         except Exception as exc:  # the traceback goes to rlproxy.log, the reason to the user

@@ -31,6 +31,7 @@ from demo.agent import AIR_TEXT_ACTION, AIR_TEXT_ERROR, run_episode
 from demo.evaluate import HeldoutResult, evaluate_heldout, transaction
 from demo.report import Report
 from demo.score import command
+from demo.settings import AGENT, PROBE_AGENT, DemoSettings
 from demo.startup import ENGINE_EXPECTED_SECONDS, engine_alive, engine_phases, preflight
 from demo.tasks import Task, heldout_tasks, train_tasks
 from proxy.app import build_app
@@ -39,39 +40,13 @@ from rlproxy.hardware import fast_bf16
 from rlproxy.model import default_model_dir, is_prepared, prepare_model
 from rlproxy.settings import EngineSettings, ProxySettings, TrainerSettings, WriterSettings
 from store import policies
-from trainer.config import TrainConfig
 from trainer.gates.command import KEY as GATE_RECORD
 from trainer.gates.command import CommandGate
 from trainer.worker import TrainerWorker
 
 log = logging.getLogger("rlproxy.demo")
 
-AGENT = "demo"  # the agent being trained
-PROBE_AGENT = "demo-heldout"  # held-out probes: evaluation rollouts, never training data
 GATES = ("probes", "heldout")
-
-
-@dataclass(frozen=True)
-class DemoSettings:
-    minutes: float = 15.0
-    database_url: str = "sqlite+aiosqlite:///rlproxy.db"
-    workdir: Path = Path(".")
-    engine_port: int = 8000
-    proxy_port: int = 8400
-    concurrency: int = 8  # episodes in flight
-    heldout: int = 48  # held-out tasks per full evaluation (the base model's; every candidate's with gate=heldout)
-    gate: str = "probes"  # "probes" or "heldout" (module docstring)
-    probe_share: float = 0.25  # with gate=probes: the share of episodes that are held-out probes
-    gate_margin: float = 0.1  # a candidate may be this much worse than its parent and still serve (sampling noise)
-    seed: int = 0
-    # The trainer's defaults (a high LoRA rate, groups of 8, four updates per batch: trainer/config.py), and what
-    # is the demo's own: its agent's episodes alone are trained (never the held-out probes), and since it runs
-    # whole groups at a time, a group waits at most a minute and a step at most two for a full batch.
-    train: TrainConfig = field(default_factory=lambda: TrainConfig(
-        group_timeout_s=60.0, batch_timeout_s=120.0, train_agents=[AGENT]))
-    air: bool = True
-    headless: bool = False
-    upstream: str | None = None  # an engine already running (with runtime LoRA loading); default: start one
 
 
 @dataclass

@@ -13,7 +13,6 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-
 PANEL_TITLE = "rlproxy demo — a tool-using agent learning from its own traffic"
 
 

@@ -25,7 +25,9 @@ def air_rules(settings: ProxySettings) -> AirRules:
     def patterns(value: str | None) -> tuple[str, ...]:
         return (value,) if value else ()
 
-    return AirRules(enabled=settings.air, tool_success=settings.air_tool_success,
+    return AirRules(enabled=settings.air, invalid_arguments=settings.air_invalid_arguments,
+                    unknown_tool=settings.air_unknown_tool, tool_error=settings.air_tool_error,
+                    tool_success=settings.air_tool_success, error_patterns=settings.air_error_patterns,
                     text_action_patterns=patterns(settings.air_text_action),
                     text_error_patterns=patterns(settings.air_text_error),
                     text_success_patterns=patterns(settings.air_text_success))

@@ -7,11 +7,12 @@ import logging
 from aiohttp import web
 
 from proxy.air import air_rules, automatic_rewards
+from proxy.dialects.messages import error_body as anthropic_error_body
+from proxy.endpoints import register
 from proxy.errors import ConflictError, NotFoundError, ProxyError, json_response
 from proxy.metrics import ProxyMetrics
 from proxy.policy import PolicyRouter
-from proxy.dialects.messages import error_body as anthropic_error_body
-from proxy.routes import docs, messages, ops, openai, passthrough, policies, responses, rollouts
+from proxy.routes import all_endpoints, messages, passthrough
 from proxy.security import install as install_security
 from proxy.serving import CompletionServing
 from proxy.state import STATE, ProxyState
@@ -61,13 +62,7 @@ async def api_errors(request: web.Request, handler):
 
 def build_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> web.Application:
     app = web.Application(middlewares=[api_errors], client_max_size=settings.client_max_size)
-    openai.add_routes(app)
-    responses.add_routes(app)
-    messages.add_routes(app)
-    rollouts.add_routes(app)
-    policies.add_routes(app)
-    ops.add_routes(app)
-    docs.add_routes(app)
+    register(app, all_endpoints())
     passthrough.add_routes(app)  # last: whatever the proxy does not own goes to the engine
     install_security(app, settings)
     app.cleanup_ctx.append(_lifecycle(settings, metrics or ProxyMetrics()))

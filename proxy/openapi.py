@@ -1,21 +1,20 @@
-"""The OpenAPI 3.1 document of the proxy's own routes (`GET /openapi.json`).
-
-Request bodies come from the pydantic models in `proxy/schemas.py`; what the running server enforces on top
-(max_tokens / n limits, whether a key is needed) is written in from its settings, so the document describes
-this server as it runs. Bodies the engine answers (completions, the model list) are described loosely: they
-are the engine's own, passed through.
+"""The OpenAPI 3.1 document of the proxy's own routes (`GET /openapi.json`), generated from the route table (each
+module of proxy/routes/ lists its Endpoints) and the models: request bodies from proxy/schemas.py and the
+dialect modules, response bodies from proxy/bodies.py, which the handlers answer with. What the running server
+enforces on top (max_tokens / n limits, whether a key is needed) is written in from its settings, so the
+document describes this server as it runs. Bodies the engine answers (completions, the model list) are
+described loosely: they are the engine's own, passed through.
 """
 from __future__ import annotations
 
 import copy
+import re
 from typing import Any
 
 from pydantic import BaseModel
 
-from proxy.dialects.messages import CountTokensRequest, MessagesRequest
-from proxy.dialects.responses import ResponsesRequest
-from proxy.routes.openai import PREFIXES
-from proxy.schemas import ChatCompletionRequest, CompletionRequest, RewardPost, RolloutCreate
+from proxy.bodies import AnthropicError, Error
+from proxy.endpoints import Answer, Endpoint
 from rlproxy.settings import ProxySettings
 
 REF = "#/components/schemas/{model}"
@@ -30,98 +29,15 @@ def _model_schema(model: type[BaseModel]) -> dict[str, Any]:
     return model.model_json_schema(ref_template=REF)
 
 
-def _nullable(kind: str | list[str]) -> dict[str, Any]:
-    kinds = [kind] if isinstance(kind, str) else list(kind)
-    return {"type": kinds + ["null"]}
+def _component_schemas(models: list[type[BaseModel]]) -> dict[str, Any]:
+    """The JSON schema of every body the routes answer with, generated from its model, nested models included."""
+    schemas: dict[str, Any] = {}
+    for model in dict.fromkeys(models):
+        schema = _model_schema(model)
+        schemas.update(schema.pop("$defs", {}))
+        schemas[model.__name__] = schema
+    return schemas
 
-
-_ERROR = {
-    "type": "object",
-    "required": ["error"],
-    "properties": {"error": {
-        "type": "object",
-        "required": ["message", "type", "param", "code"],
-        "properties": {"message": {"type": "string"}, "type": {"type": "string"},
-                       "param": _nullable("string"), "code": _nullable(["string", "integer"])},
-    }},
-}
-
-_CALL = {
-    "type": "object",
-    "required": ["call_id", "seq", "agent", "model", "policy", "status", "prompt_token_ids",
-                 "completion_token_ids", "completion_logprobs", "latency_ms", "request", "response"],
-    "properties": {
-        "call_id": {"type": "string"}, "seq": _nullable("integer"), "agent": _nullable("string"),
-        "model": _nullable("string"), "policy": _nullable("integer"), "status": {"type": "string"},
-        "prompt_token_ids": {"type": ["array", "null"], "items": {"type": "integer"}},
-        "completion_token_ids": {"type": ["array", "null"], "items": {"type": "integer"}},
-        "completion_logprobs": {"type": ["array", "null"], "items": {"type": "number"}},
-        "latency_ms": _nullable("number"), "request": _nullable("object"), "response": _nullable("object"),
-    },
-}
-
-_SCHEMAS: dict[str, Any] = {
-    "Error": _ERROR,
-    "RolloutCreated": {"type": "object", "required": ["rollout_id", "base_url"],
-                       "properties": {"rollout_id": {"type": "string"}, "base_url": {"type": "string"}}},
-    "RewardResult": {"type": "object", "required": ["rollout_id", "reward"],
-                     "properties": {"rollout_id": {"type": "string"}, "reward": {"type": "number"},
-                                    "call_id": {"type": "string"}}},
-    "Call": _CALL,
-    "Rollout": {
-        "type": "object",
-        "required": ["rollout_id", "task_id", "status", "reward", "calls", "rewards"],
-        "properties": {
-            "rollout_id": {"type": "string"}, "task_id": _nullable("string"),
-            "status": {"type": "string", "enum": ["open", "finished"]}, "reward": _nullable("number"),
-            "eval": {"type": "boolean"}, "policy": _nullable("integer"),
-            "calls": {"type": "array", "items": _ref("Call")},
-            "rewards": {"type": "array", "items": {
-                "type": "object", "required": ["call_id", "kind", "value"],
-                "properties": {"call_id": _nullable("string"), "kind": {"type": "string"},
-                               "value": {"type": "number"}, "reason": _nullable("string")}}},
-        },
-    },
-    "Policy": {"type": "object", "required": ["version", "status", "evaluation_traffic"],
-               "properties": {"version": {"type": "integer"}, "name": _nullable("string"),
-                              "status": {"enum": ["candidate", "active", "retired", "failed", "canary"]},
-                              "metrics": _nullable("object"),
-                              "evaluation_traffic": _ref("EvaluationTraffic")}},
-    "EvaluationTraffic": {
-        "type": "object", "required": ["n", "mean", "ci95", "interval"],
-        "description": "Final rewards of the finished evaluation rollouts this version served. ci95: Wilson's "
-                       "interval when every reward is 0 or 1, else Student's t interval on the mean (null for "
-                       "a single non-binary reward).",
-        "properties": {"n": {"type": "integer", "minimum": 0}, "mean": _nullable("number"),
-                       "ci95": {"type": ["array", "null"], "items": {"type": "number"}, "minItems": 2,
-                                "maxItems": 2},
-                       "interval": {"enum": ["wilson", "t", None]}}},
-    "PolicyList": {"type": "object", "required": ["data", "active"],
-                   "properties": {"data": {"type": "array", "items": _ref("Policy")},
-                                  "active": {"type": "integer"}}},
-    "Activated": {"type": "object", "required": ["version", "status"],
-                  "properties": {"version": {"type": "integer"}, "status": {"const": "active"}}},
-    "Ready": {"type": "object", "required": ["status", "database", "engines"],
-              "properties": {"status": {"type": "string", "enum": ["ready", "unavailable"]},
-                             "database": {"type": "boolean"},
-                             "engines": {"type": "object", "additionalProperties": {"type": "boolean"}}}},
-    "EngineObject": {"type": "object", "description": "The engine's own response, passed through."},
-    "Response": {"type": "object", "required": ["id", "object", "status", "output", "model"],
-                 "description": "An OpenAI Response (id `resp_<call id>`).",
-                 "properties": {"id": {"type": "string"}, "object": {"const": "response"},
-                                "status": {"type": "string"}, "output": {"type": "array"},
-                                "model": {"type": "string"}}},
-    "Message": {"type": "object", "required": ["id", "type", "role", "content", "stop_reason", "usage"],
-                "description": "An Anthropic Message (id `msg_<call id>`).",
-                "properties": {"id": {"type": "string"}, "type": {"const": "message"}, "role": {"const": "assistant"},
-                               "content": {"type": "array"}, "stop_reason": _nullable("string"),
-                               "usage": {"type": "object"}}},
-    "TokenCount": {"type": "object", "required": ["input_tokens"], "properties": {"input_tokens": {"type": "integer"}}},
-    "AnthropicError": {"type": "object", "required": ["type", "error"], "properties": {
-        "type": {"const": "error"},
-        "error": {"type": "object", "required": ["type", "message"],
-                  "properties": {"type": {"type": "string"}, "message": {"type": "string"}}}}},
-}
 
 _ERRORS = {
     400: "Malformed or invalid request (OpenAI routes), or over a configured limit.",
@@ -142,59 +58,28 @@ def _json(schema: dict[str, Any]) -> dict[str, Any]:
     return {"content": {"application/json": {"schema": schema}}}
 
 
-def _responses(ok: dict[str, Any], *errors: int, engine: bool = False, shape: str = "Error") -> dict[str, Any]:
-    out = dict(ok)
-    for status in errors:
+def _errors(statuses: tuple[int, ...], shape: str) -> dict[str, Any]:
+    out = {}
+    for status in statuses:
         response: dict[str, Any] = {"description": _ERRORS[status], **_json(_ref(shape))}
         if status == 429:
             response["headers"] = {"Retry-After": {"required": True,
                                                    "schema": {"type": "string", "pattern": "^[0-9]+$"}}}
         out[str(status)] = response
-    if engine:
-        out["4XX"] = {"description": "The engine's own error, passed through.", **_json(_ref(shape))}
     return out
 
 
-class _Builder:
-    def __init__(self, settings: ProxySettings, auth_enabled: bool, served_model: str | None) -> None:
-        self.settings = settings
-        self.auth_enabled = auth_enabled
-        self.served_model = served_model or "model"
-        self.paths: dict[str, dict[str, Any]] = {}
-
-    def operation(self, path: str, method: str, summary: str, responses: dict[str, Any], *,
-                  body: dict[str, Any] | None = None, body_required: bool = True,
-                  parameters: list[dict[str, Any]] | None = None, public: bool = False,
-                  admin: bool = False, shape: str = "Error") -> None:
-        auth_errors = () if public or not self.auth_enabled else ((401, 403) if admin else (401,))
-        operation: dict[str, Any] = {"summary": summary, "operationId": _operation_id(method, path),
-                                     "responses": {**responses, **_responses({}, *auth_errors, shape=shape)}}
-        if parameters:
-            operation["parameters"] = parameters
-        if body is not None:
-            operation["requestBody"] = {"required": body_required, **body}
-            operation["responses"].update(_responses({}, 413, shape=shape))
-        if not public and self.auth_enabled:
-            operation["security"] = [{"bearerAuth": []}]
-            operation["responses"].update(_responses({}, 429, shape=shape))
-        elif not public and self.settings.auth.rate_limit:
-            operation["responses"].update(_responses({}, 429, shape=shape))
-        self.paths.setdefault(path, {})[method] = operation
-
-    def openai_body(self, model: type[BaseModel], example: dict[str, Any]) -> dict[str, Any]:
-        schema = copy.deepcopy(_model_schema(model))
-        limits = self.settings.auth
-        if limits.max_tokens:
-            for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
-                if model in (ChatCompletionRequest, CompletionRequest):
-                    schema["properties"][name] = {"type": ["integer", "null"], "maximum": limits.max_tokens}
-                elif name in schema["properties"]:
-                    schema["properties"][name] = {"type": ["integer", "null"], "minimum": 1,
-                                                  "maximum": limits.max_tokens}
-        if limits.max_n:
-            schema["properties"]["n"] = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": limits.max_n},
-                                                   {"type": "null"}]}
-        return {"content": {"application/json": {"schema": schema, "example": example}}}
+def _answer(answer: Answer) -> dict[str, Any]:
+    out: dict[str, Any] = {"description": answer.description}
+    if answer.call_id:
+        out["headers"] = {"X-Rlproxy-Call-Id": {"required": True, "schema": {"type": "string"}}}
+    if answer.text:
+        out["content"] = {"text/plain": {"schema": {"type": "string"}}}
+    elif answer.model is not None:
+        out["content"] = {"application/json": {"schema": _ref(answer.model.__name__)}}
+        if answer.stream:
+            out["content"]["text/event-stream"] = {}  # events as the engine (or the dialect) sends them
+    return out
 
 
 def _operation_id(method: str, path: str) -> str:
@@ -214,7 +99,7 @@ def _header(name: str, limit: int, pattern: str | None) -> dict[str, Any]:
 
 
 _ID = {"type": "string", "minLength": 1, "maxLength": 128, "pattern": ID_PATTERN}
-ROLLOUT_ID, AGENT = _path_param("rollout_id", _ID), _path_param("agent", _ID)
+PATH_SCHEMAS = {"rollout_id": _ID, "agent": _ID}  # what proxy/context.py accepts; other names: any string
 CONTEXT_HEADERS = [_header("X-Rollout-Id", 128, ID_PATTERN), _header("X-Agent-Name", 128, ID_PATTERN),
                    _header("X-Task-Id", 256, r"^[^\x00-\x1f\x7f]+$"),
                    {"name": "X-Rlproxy-Eval", "in": "header", "required": False,
@@ -223,85 +108,73 @@ CONTEXT_HEADERS = [_header("X-Rollout-Id", 128, ID_PATTERN), _header("X-Agent-Na
                     "schema": {"type": "string", "enum": ["1", "0", "true", "false", "yes", "no", "on", "off"]}}]
 
 
-def openapi_document(settings: ProxySettings, *, auth_enabled: bool,
-                     served_model: str | None) -> dict[str, Any]:
-    b = _Builder(settings, auth_enabled, served_model)
-    completion_ok = {"200": {
-        "description": "The engine's answer, as the engine sent it (SSE when `stream` is true).",
-        "headers": {"X-Rlproxy-Call-Id": {"required": True, "schema": {"type": "string"}}},
-        "content": {"application/json": {"schema": _ref("EngineObject")},
-                    "text/event-stream": {}},  # chunks as the engine sent them
-    }}
-    openai_errors = (400, 404, 502, 503, 504)
-    chat = b.openai_body(ChatCompletionRequest, {"model": b.served_model,
-                                                 "messages": [{"role": "user", "content": "What is 6*7?"}]})
-    completion = b.openai_body(CompletionRequest, {"model": b.served_model, "prompt": "6*7 ="})
-    responses_body = b.openai_body(ResponsesRequest, {"model": b.served_model, "input": "What is 6*7?"})
-    user = [{"role": "user", "content": "What is 6*7?"}]
-    messages_body = b.openai_body(MessagesRequest, {"model": b.served_model, "max_tokens": 64, "messages": user})
-    count_body = b.openai_body(CountTokensRequest, {"model": b.served_model, "messages": user})
+class _Builder:
+    def __init__(self, settings: ProxySettings, auth_enabled: bool, served_model: str | None) -> None:
+        self.settings = settings
+        self.auth_enabled = auth_enabled
+        self.served_model = served_model or "model"
+        self.paths: dict[str, dict[str, Any]] = {}
 
-    def dialect_ok(schema: str) -> dict[str, Any]:
-        return {"200": {"description": "The answer (events when `stream` is true).",
-                        "headers": {"X-Rlproxy-Call-Id": {"required": True, "schema": {"type": "string"}}},
-                        "content": {"application/json": {"schema": _ref(schema)}, "text/event-stream": {}}}}
-    for prefix in PREFIXES:
-        params = ([ROLLOUT_ID] if "{rollout_id}" in prefix else []) + ([AGENT] if "{agent}" in prefix else [])
-        where = " (recorded into the rollout in the path)" if params else ""
-        b.operation(prefix + "/v1/chat/completions", "post", "OpenAI chat completions" + where,
-                    _responses(completion_ok, *openai_errors, engine=True), body=chat,
-                    parameters=params + CONTEXT_HEADERS)
-        b.operation(prefix + "/v1/completions", "post", "OpenAI completions" + where,
-                    _responses(completion_ok, *openai_errors, engine=True), body=completion,
-                    parameters=params + CONTEXT_HEADERS)
-        b.operation(prefix + "/v1/models", "get", "The engine's model list",
-                    _responses({"200": {"description": "The engine's model list.",
-                                        **_json(_ref("EngineObject"))}}, 400, 404, 502, engine=True),
-                    parameters=params + CONTEXT_HEADERS)
-        b.operation(prefix + "/v1/responses", "post", "OpenAI Responses API" + where,
-                    _responses(dialect_ok("Response"), *openai_errors, engine=True), body=responses_body,
-                    parameters=params + CONTEXT_HEADERS)
-        b.operation(prefix + "/v1/responses/{response_id}", "get", "A stored Response (kept by the proxy)",
-                    _responses({"200": {"description": "The Response.", **_json(_ref("Response"))}}, 400, 404, 503),
-                    parameters=params + [_path_param("response_id", {"type": "string"})] + CONTEXT_HEADERS)
-        b.operation(prefix + "/v1/messages", "post", "Anthropic Messages API" + where,
-                    _responses(dialect_ok("Message"), *openai_errors, engine=True, shape="AnthropicError"),
-                    body=messages_body, parameters=params + CONTEXT_HEADERS, shape="AnthropicError")
-        b.operation(prefix + "/v1/messages/count_tokens", "post", "Anthropic token counting (the engine's count)",
-                    _responses({"200": {"description": "Tokens.", **_json(_ref("TokenCount"))}}, *openai_errors,
-                               engine=True, shape="AnthropicError"),
-                    body=count_body, parameters=params + CONTEXT_HEADERS, shape="AnthropicError")
+    def add(self, endpoint: Endpoint) -> None:
+        shape = "AnthropicError" if endpoint.anthropic else "Error"
+        public, admin = endpoint.access == "public", endpoint.access == "admin"
+        responses = {str(status): _answer(answer) for status, answer in endpoint.answers.items()}
+        responses.update(_errors(endpoint.errors, shape))
+        if endpoint.engine_errors:
+            responses["4XX"] = {"description": "The engine's own error, passed through.", **_json(_ref(shape))}
+        auth_errors = () if public or not self.auth_enabled else ((401, 403) if admin else (401,))
+        responses.update(_errors(auth_errors, shape))
+        operation: dict[str, Any] = {"summary": endpoint.summary,
+                                     "operationId": _operation_id(endpoint.method, endpoint.path),
+                                     "responses": responses}
+        names = re.findall(r"{(\w+)}", endpoint.path)
+        parameters = [_path_param(name, endpoint.path_params.get(name, PATH_SCHEMAS.get(name, {"type": "string"})))
+                      for name in names]
+        if endpoint.context_headers:
+            parameters += CONTEXT_HEADERS
+        if parameters:
+            operation["parameters"] = parameters
+        if endpoint.body is not None:
+            body = (self.api_body(endpoint.body, endpoint.example(self.served_model)) if endpoint.example
+                    else _json(_model_schema(endpoint.body)))
+            operation["requestBody"] = {"required": endpoint.body_required, **body}
+            responses.update(_errors((413,), shape))
+        if not public and (self.auth_enabled or self.settings.auth.rate_limit):
+            responses.update(_errors((429,), shape))
+        if not public and self.auth_enabled:
+            operation["security"] = [{"bearerAuth": []}]
+        self.paths.setdefault(endpoint.path, {})[endpoint.method] = operation
 
-    b.operation("/rollouts", "post", "Start a rollout; its base_url records every call made through it",
-                _responses({"201": {"description": "Created.", **_json(_ref("RolloutCreated"))}}, 422, 503),
-                body=_json(_model_schema(RolloutCreate)), body_required=False)
-    b.operation("/reward", "post", "Final reward (closes the rollout) or a reward for one call",
-                _responses({"200": {"description": "Stored (or the same final reward again).",
-                                    **_json(_ref("RewardResult"))}}, 404, 409, 422, 503),
-                body=_json(_model_schema(RewardPost)))
-    b.operation("/rollouts/{rollout_id}", "get", "A rollout with its calls (token ids, logprobs) and rewards",
-                _responses({"200": {"description": "The rollout.", **_json(_ref("Rollout"))}}, 404, 503),
-                parameters=[_path_param("rollout_id", {"type": "string"})])
-    b.operation("/policies", "get", "Policy versions and which one serves",
-                _responses({"200": {"description": "Versions.", **_json(_ref("PolicyList"))}}))
-    b.operation("/policies/{version}/activate", "post", "Serve this version (rollback too); admin only",
-                _responses({"200": {"description": "Now serving.", **_json(_ref("Activated"))}},
-                           400, 404, 502),
-                parameters=[_path_param("version", {"type": "string", "pattern": r"^v?[0-9]{1,9}$"})],
-                admin=True)
-    b.operation("/healthz", "get", "The process is up",
-                {"200": {"description": "Up.", **_json({"type": "object", "required": ["status"]})}},
-                public=True)
-    b.operation("/readyz", "get", "The database and at least one engine answer",
-                {"200": {"description": "Ready.", **_json(_ref("Ready"))},
-                 "503": {"description": "Not ready.", **_json(_ref("Ready"))}}, public=True)
-    b.operation("/metrics", "get", "Prometheus metrics; admin only when auth is on",
-                {"200": {"description": "Prometheus text format.",
-                         "content": {"text/plain": {"schema": {"type": "string"}}}}}, admin=True)
-    b.operation("/openapi.json", "get", "This document",
-                {"200": {"description": "OpenAPI 3.1.", **_json({"type": "object"})}}, public=True)
+    def api_body(self, model: type[BaseModel], example: dict[str, Any]) -> dict[str, Any]:
+        """An OpenAI/Anthropic request body, with this server's limits written into its schema."""
+        schema = copy.deepcopy(_model_schema(model))
+        limits = self.settings.auth
+        if limits.max_tokens:
+            for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+                if model.__name__ in ("ChatCompletionRequest", "CompletionRequest"):
+                    schema["properties"][name] = {"type": ["integer", "null"], "maximum": limits.max_tokens}
+                elif name in schema["properties"]:
+                    schema["properties"][name] = {"type": ["integer", "null"], "minimum": 1,
+                                                  "maximum": limits.max_tokens}
+        if limits.max_n:
+            schema["properties"]["n"] = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": limits.max_n},
+                                                   {"type": "null"}]}
+        return {"content": {"application/json": {"schema": schema, "example": example}}}
 
-    components: dict[str, Any] = {"schemas": _SCHEMAS}
+
+def openapi_document(settings: ProxySettings, *, auth_enabled: bool, served_model: str | None,
+                     endpoints: list[Endpoint] | None = None) -> dict[str, Any]:
+    """The document for `endpoints` (default: every route the proxy serves itself)."""
+    if endpoints is None:
+        from proxy.routes import all_endpoints  # the routes import this module's caller, not the other way
+
+        endpoints = all_endpoints()
+    builder = _Builder(settings, auth_enabled, served_model)
+    for endpoint in endpoints:
+        builder.add(endpoint)
+    models = [Error, AnthropicError] + [answer.model for endpoint in endpoints
+                                        for answer in endpoint.answers.values() if answer.model is not None]
+    components: dict[str, Any] = {"schemas": _component_schemas(models)}
     if auth_enabled:
         components["securitySchemes"] = {"bearerAuth": {
             "type": "http", "scheme": "bearer", "description": "A project's key (`rlproxy keys create`)."}}
@@ -310,6 +183,6 @@ def openapi_document(settings: ProxySettings, *, auth_enabled: bool,
         "info": {"title": "rlproxy", "version": "1",
                  "description": "An OpenAI-compatible proxy that records every call by rollout and takes "
                                 "rewards. Errors everywhere: {\"error\": {message, type, param, code}}."},
-        "paths": b.paths,
+        "paths": builder.paths,
         "components": components,
     }

@@ -4,7 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+
+from rewards.air import DEFAULT_ERROR_PATTERNS, AirRules  # pure: the AIR weights' defaults live there
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///rlproxy.db"
 
@@ -28,9 +30,12 @@ class DatabaseSettings(_Settings):
 
 
 class WriterSettings(_Settings):
-    queue_size: int = Field(10_000, description="Calls waiting for the database before the spool takes them.")
-    batch_size: int = Field(256, description="Most rows written in one transaction.")
-    flush_interval: float = Field(0.02, description="Seconds the writer waits to fill a batch.")
+    queue_size: int = Field(10_000, gt=0, description="Calls waiting for the database before the spool takes them.",
+                            json_schema_extra={"flag": "writer-queue-size"})
+    batch_size: int = Field(256, gt=0, description="Most rows the writer puts in one transaction.",
+                            json_schema_extra={"flag": "writer-batch-size"})
+    flush_interval: float = Field(0.02, ge=0, description="Seconds the writer waits to fill a batch.",
+                                  json_schema_extra={"flag": "writer-flush-interval"})
     spool_path: Path = Field(
         Path("rlproxy-spool.jsonl"),
         description="Append-only file holding calls the database could not take yet; replayed in order.",
@@ -49,8 +54,9 @@ class AuthSettings(_Settings):
 
     mode: Literal["auto", "on", "off"] = Field(
         "auto",
-        description="auto: on when any key exists (an admin key or keys in the database), else off — and off "
-                    "is refused on a non-loopback host; on: keys required; off: no keys checked anywhere.",
+        description="Require API keys. auto: when any key exists (an admin key or keys in the database), and a "
+                    "non-loopback host without keys is refused; on: keys required; off: no keys checked anywhere.",
+        json_schema_extra={"flag": "auth"},
     )
     admin_key: SecretStr | None = Field(None, description="Operator key: admin rights, no project scope.")
     key_cache_ttl: float = Field(
@@ -67,7 +73,9 @@ class AuthSettings(_Settings):
 class ProxySettings(_Settings):
     host: str = Field("127.0.0.1", description="Interface to listen on.")
     port: int = Field(8400, description="Port to listen on.")
-    upstreams: tuple[str, ...] = Field((), description="Base URLs (no /v1) of OpenAI-compatible engines.")
+    upstreams: tuple[str, ...] = Field(
+        (), description="OpenAI-compatible engine base URL without /v1; repeat for replicas. None given: `rlproxy "
+                        "serve` starts a local engine.", json_schema_extra={"flag": "upstream"})
     database_url: str = Field(DEFAULT_DATABASE_URL, description="SQLAlchemy async URL of the store.")
     served_model: str | None = Field(
         None, description="Model name agents ask for; routed to the active policy. Default: the engine's base model."
@@ -77,17 +85,29 @@ class ProxySettings(_Settings):
     upstream_timeout: float = Field(600.0, description="Seconds an upstream request may take in total.")
     upstream_connect_attempts: int = Field(3, description="Connection attempts per request before the first byte.")
     policy_refresh_interval: float = Field(1.0, description="Seconds between reads of the active policy.")
-    air: bool = Field(True, description="Derive automatic intermediate rewards from observed tool calls.")
+    air: bool = Field(True, description="Derive automatic intermediate rewards from observed tool calls "
+                                        "(docs/air.md).")
+    air_invalid_arguments: float = Field(
+        AirRules.invalid_arguments, description="AIR weight of a tool call whose arguments are not a JSON object "
+                                                "(0: not emitted).")
+    air_unknown_tool: float = Field(
+        AirRules.unknown_tool, description="AIR weight of a call to a tool the request did not offer.")
+    air_tool_error: float = Field(
+        AirRules.tool_error, description="AIR weight of a tool result that reports an error, native or text.")
+    air_tool_success: float = Field(
+        AirRules.tool_success, description="AIR weight of tool_success, native and text tool calls (0: not emitted).")
+    air_error_patterns: tuple[str, ...] = Field(
+        DEFAULT_ERROR_PATTERNS, description="Regular expressions (case ignored) that, found in a native tool "
+                                            "result, make it a tool_error; repeat the flag for each.",
+        json_schema_extra={"split": False})
     air_text_action: str | None = Field(
         None, description="AIR for a text tool protocol (docs/air.md): a regex that marks a reply as a tool "
-                          "call (e.g. 'CALC:'); None: off.")
+                          "call (e.g. 'CALC:'). Needs air_text_error and/or air_text_success. Default: off.")
     air_text_error: str | None = Field(
         None, description="A regex that, matched at the start of the user/tool turn answering a text tool "
                           "call, makes it a tool_error (e.g. 'ERROR:').")
     air_text_success: str | None = Field(
         None, description="A regex that, matched at the start of that turn, makes it a tool_success.")
-    air_tool_success: float = Field(
-        0.0, description="AIR weight of tool_success, native and text (0: not emitted).")
     shutdown_timeout: float = Field(
         30.0, description="Seconds in-flight requests and streams may take to finish after SIGTERM."
     )
@@ -105,12 +125,15 @@ class EngineSettings(_Settings):
     max_model_len: int = Field(4096, description="Context length the engine allocates for.")
     kv_cache_gib: int = Field(2, description="KV cache size on CPU, GiB.")
     startup_timeout: float = Field(600.0, description="Seconds to wait for the engine to answer.")
-    extra_args: tuple[str, ...] = Field((), description="More arguments passed to vLLM as they are.")
+    extra_args: tuple[str, ...] = Field((), description="One more argument passed to vLLM as it is (repeat).",
+                                        json_schema_extra={"flag": "engine-arg", "split": False})
 
 
 class TrainerSettings(_Settings):
     database_url: str = Field(DEFAULT_DATABASE_URL, description="SQLAlchemy async URL of the store.")
-    upstreams: tuple[str, ...] = Field((), description="Engine base URLs (no /v1) to load adapters into.")
+    upstreams: tuple[str, ...] = Field(
+        (), description="Engine base URL (no /v1) to load adapters into; repeat for every replica.",
+        json_schema_extra={"flag": "upstream"})
     upstream_api_key: SecretStr | None = Field(
         None, description="Bearer key sent to the engines (vLLM --api-key): adapter loads and held-out evaluations.")
     model: Path | None = Field(None, description="Base model folder the engines serve; default: the bundled one.")
@@ -118,16 +141,18 @@ class TrainerSettings(_Settings):
     worker_id: str = Field("trainer", description="Lease owner name; unique per trainer process.")
     poll_interval: float = Field(1.0, description="Seconds between looks for ready rollouts.")
     lease_seconds: float = Field(900.0, description="How long claimed rollouts stay reserved for one step.")
-    metrics_port: int | None = Field(8401, description="Port for the trainer's Prometheus metrics; None: off.")
+    metrics_port: int | None = Field(8401, description="Port for the trainer's Prometheus metrics; 0: off.")
     max_steps: int | None = Field(None, description="Stop after this many training steps (None: run forever).")
-    gate: Literal["none", "canary", "eval-traffic", "command"] = Field(
+    gate: Literal["none", "canary", "eval-traffic", "command", "heldout"] = Field(
         "none",
         description="What a new adapter must pass before it serves (docs/gates.md). none: it serves at once; "
                     "canary: it answers canary_fraction of new rollouts and is promoted once canary_min_rollouts "
                     "of them have a mean reward not worse than the active policy's (same period) by more than "
                     "gate_margin, else retired; eval-traffic: the same on evaluation rollouts only "
                     "(eval_fraction of them); command: eval_command scores it and its parent, and it is promoted "
-                    "unless it scores worse by more than gate_margin. Training waits while a gate decides.",
+                    "unless it scores worse by more than gate_margin; heldout: the bundled demo task's command "
+                    "(`python -m demo.score` on its gate split, heldout_tasks tasks). Training waits while a gate "
+                    "decides.",
     )
     gate_margin: float = Field(0.1, ge=0, description="How much worse than the policy it would replace a "
                                                       "candidate may score and still be promoted (sampling noise; "
@@ -148,3 +173,17 @@ class TrainerSettings(_Settings):
     canary_min_rollouts: int = Field(50, ge=1, description="Finished rollouts the canary and the active "
                                                            "policy must each have answered before the judge "
                                                            "decides (canary and eval-traffic gates).")
+    reward_ttl_s: float = Field(
+        21600.0, ge=0, description="Seconds after its creation a rollout may wait for its final reward; then it is "
+                                   "marked expired: never trained on, further rewards refused with 409. 0: never.")
+    heldout_tasks: int = Field(48, ge=1, description="Tasks per evaluation of the heldout gate (the demo task's "
+                                                     "gate split).")
+    nproc_per_node: int = Field(
+        1, ge=1, description="Data-parallel training processes on this machine (one per GPU; on a CPU they share "
+                             "its cores). Starts torchrun; for several machines run torchrun yourself "
+                             "(trainer/parallel.py).")
+
+    @field_validator("metrics_port")
+    @classmethod
+    def _zero_is_off(cls, port: int | None) -> int | None:
+        return port or None

@@ -54,6 +54,7 @@ Base.metadata.naming_convention = NAMING
 class RolloutStatus:
     OPEN = "open"  # calls may still arrive
     FINISHED = "finished"  # final reward received
+    EXPIRED = "expired"  # no final reward within the trainer's reward_ttl_s: never trained, rewards refused
 
 
 class CallStatus:
@@ -122,6 +123,13 @@ class Rollout(Base):
             "policy_version",
             postgresql_where=text("eval AND status = 'finished'"),
             sqlite_where=text("eval AND status = 'finished'"),
+        ),
+        # What the trainer's expiry looks for: open rollouts, oldest first (a rollout leaves it once rewarded).
+        Index(
+            "ix_rollouts_open",
+            "created_at",
+            postgresql_where=text("status = 'open'"),
+            sqlite_where=text("status = 'open'"),
         ),
     )
 

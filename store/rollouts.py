@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from store.errors import Conflict, NotFound
@@ -63,6 +64,9 @@ async def post_reward(
     if not math.isfinite(value):
         raise ValueError("reward must be a finite number")
     rollout = await _rollout_for_update(session, rollout_id, project)
+    if rollout.status == RolloutStatus.EXPIRED:
+        raise Conflict(f"rollout {rollout_id!r} expired at {rollout.finished_at:%Y-%m-%d %H:%M:%S} UTC without a "
+                       f"final reward (the trainer's reward TTL); it takes no more rewards")
     if call_id is not None:
         owner = (await session.execute(select(Call.rollout_id).where(Call.id == call_id))).scalar_one_or_none()
         if owner != rollout_id:
@@ -82,6 +86,20 @@ async def post_reward(
         rollout.task_id = task_id
     session.add(Reward(rollout_id=rollout_id, kind=RewardKind.FINAL, value=value, metadata_=metadata))
     return RewardResult(rollout_id, value, None, True, rollout.policy_version, rollout.eval)
+
+
+async def expire_open_rollouts(session: AsyncSession, created_before: datetime, limit: int = 1000) -> int:
+    """Mark up to `limit` open rollouts created before `created_before` as expired (oldest first); their count.
+    Batched, so a backlog never holds one long transaction over the rollouts table."""
+    oldest = (select(Rollout.id).where(Rollout.status == RolloutStatus.OPEN, Rollout.created_at < created_before)
+              .order_by(Rollout.created_at).limit(limit))
+    ids = list((await session.execute(oldest)).scalars())
+    if not ids:
+        return 0
+    result = await session.execute(
+        update(Rollout).where(Rollout.id.in_(ids), Rollout.status == RolloutStatus.OPEN)
+        .values(status=RolloutStatus.EXPIRED, finished_at=utcnow()))
+    return result.rowcount or 0
 
 
 async def get_rollout(session: AsyncSession, rollout_id: str, *, project: str | None = None) -> dict[str, Any]:

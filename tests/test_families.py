@@ -56,3 +56,18 @@ def test_tools_wants_the_right_name_alone():
     assert TOOLS.score(item, "I would use get_weather") == 0.0
     assert {i.expected for i in TOOLS.items("heldout")} == {"get_weather", "calculator", "translate", "send_email",
                                                            "set_timer"}
+
+
+def test_tools_samples_are_spread_evenly_over_the_five_tools():
+    """The tools have 18 to 120 requests each: a held-out set cycled over items would reward always answering
+    the commonest tool; sampled by stratum, each tool is a fifth of the held-out samples and of training draws."""
+    import collections
+    import random
+
+    heldout = collections.Counter(item.expected for item in TOOLS.sample("heldout", 100))
+    assert set(heldout.values()) == {20}
+    drawn = collections.Counter(item.expected for item in TOOLS.sample("train", 5000, random.Random(0)))
+    assert len(drawn) == 5 and min(drawn.values()) > 900
+    assert {item.item_id for item in TOOLS.sample("train", 500, random.Random(0))} <= {
+        item.item_id for item in TOOLS.items("train")}
+    assert LISTS.sample("heldout", 3) == LISTS.items("heldout")[:3]  # no stratum: the items in turn

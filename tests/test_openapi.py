@@ -13,8 +13,12 @@ import requests
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
-from schemathesis.specs.openapi.checks import (content_type_conformance, response_headers_conformance,
-                                               response_schema_conformance, status_code_conformance)
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
 
 from proxy.openapi import openapi_document
 from rlproxy.settings import AuthSettings, ProxySettings
@@ -100,3 +104,32 @@ def test_every_operation_keeps_the_document(case, api: Api):
     key = ADMIN_KEY if admin else api.agent_key
     case.call_and_validate(base_url=api.url, headers={"Authorization": f"Bearer {key}"}, checks=CHECKS,
                            timeout=30)
+
+
+def test_every_error_the_proxy_raises_has_the_documented_shape():
+    """Error bodies are built in proxy/errors.py (and the Messages dialect) on the hot path, not through the
+    models; their shapes are the documented ones all the same."""
+    from proxy import errors
+    from proxy.bodies import AnthropicError, Error
+    from proxy.dialects.messages import error_body as anthropic_error_body
+
+    raised = [cls for cls in vars(errors).values()
+              if isinstance(cls, type) and issubclass(cls, errors.ProxyError) and cls is not errors.ProxyError]
+    assert len(raised) >= 10
+    for cls in raised:
+        error = cls("what went wrong", retry_after=3) if cls is errors.RateLimited else cls("what went wrong")
+        Error.model_validate(error.body())
+        AnthropicError.model_validate(anthropic_error_body(cls.status, "what went wrong"))
+
+
+def test_every_route_the_proxy_serves_itself_is_documented_and_nothing_else():
+    """The routes are registered from the same table the document is generated from; the passthrough (whatever
+    else the engine serves) is the only route that is not in it."""
+    from proxy.app import build_app
+
+    app = build_app(SETTINGS)
+    served = {(route.method.lower(), route.resource.canonical) for route in app.router.routes()
+              if route.method != "HEAD" and "{tail}" not in route.resource.canonical}
+    documented = {(method, path) for path, operations in DOCUMENT["paths"].items() for method in operations}
+    assert served == documented
+    assert ("post", "/rollouts/{rollout_id}/agents/{agent}/v1/messages") in served

@@ -2,11 +2,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Literal, get_args
 
-CREDIT_MODES = ("identical", "discounted")
-ADVANTAGE_ESTIMATORS = ("grpo", "rloo", "reinforce_baseline", "reinforce")
-KL_ESTIMATORS = ("k1", "k2", "k3")
-TOKEN_SOURCES = ("recorded", "retokenized")
+CreditMode = Literal["identical", "discounted"]
+AdvantageEstimator = Literal["grpo", "rloo", "reinforce_baseline", "reinforce"]
+KlEstimator = Literal["k1", "k2", "k3"]
+TokenSource = Literal["recorded", "retokenized"]
+CREDIT_MODES = get_args(CreditMode)
+ADVANTAGE_ESTIMATORS = get_args(AdvantageEstimator)
+KL_ESTIMATORS = get_args(KlEstimator)
+TOKEN_SOURCES = get_args(TokenSource)
 
 
 @dataclass
@@ -84,7 +89,7 @@ class TrainConfig:
         metadata={"help": "Weight of the KL(policy || base model) penalty. 0 skips the reference forward "
                           "pass (+26% CPU per step, measured); the LoRA rank and PPO clip bound drift."},
     )
-    kl_estimator: str = field(default="k3", metadata={"help": "KL estimator: k1, k2 or k3 (Schulman)."})
+    kl_estimator: KlEstimator = field(default="k3", metadata={"help": "KL estimator: k1, k2 or k3 (Schulman)."})
     track_ref_kl: bool = field(
         default=False,
         metadata={"help": "Measure KL to the base model even when kl_coef is 0 (costs the reference pass)."},
@@ -118,18 +123,18 @@ class TrainConfig:
         default=2,
         metadata={"help": "Drop calls sampled by a policy more than this many versions behind the trainer."},
     )
-    credit: str = field(
+    credit: CreditMode = field(
         default="identical",
         metadata={"help": "Credit per LLM call from the episode return: 'identical' (every call gets it) "
                           "or 'discounted' (gamma ** calls-until-the-end)."},
     )
     gamma: float = field(default=1.0, metadata={"help": "Discount for credit='discounted'."})
-    advantage_estimator: str = field(
+    advantage_estimator: AdvantageEstimator = field(
         default="grpo",
         metadata={"help": "grpo (group mean/std), rloo (leave-one-out mean), reinforce_baseline "
                           "(group mean, batch std), reinforce (raw return)."},
     )
-    token_source: str = field(
+    token_source: TokenSource = field(
         default="recorded",
         metadata={"help": "'recorded': the ids and log-probs the engine sampled (exact). 'retokenized': the "
                           "recorded text re-tokenized, behaviour log-probs recomputed by the trainer; an "

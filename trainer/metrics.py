@@ -31,6 +31,8 @@ class TrainerMetrics:
         self.rollouts_waiting = Gauge("rlproxy_trainer_rollouts_waiting", "Rewarded rollouts not yet trained.",
                                       registry=r)
         self.rollouts_trained = Counter("rlproxy_trainer_rollouts_trained_total", "Rollouts consumed.", registry=r)
+        self.rollouts_expired = Counter("rlproxy_trainer_rollouts_expired_total",
+                                        "Rollouts marked expired: no final reward within reward_ttl_s.", registry=r)
         self.skipped = Counter("rlproxy_trainer_skipped_calls_total", "Calls not trained on, by reason.",
                                ["reason"], registry=r)
         self.retokenized_mismatches = Counter(

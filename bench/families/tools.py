@@ -72,4 +72,5 @@ def score(item: Item, reply: str) -> float:
     return float(name == item.expected)
 
 
-FAMILY = Family("tools", "choose the one right tool of five for a request; reply with its name", 12, build, score)
+FAMILY = Family("tools", "choose the one right tool of five for a request; reply with its name", 12, build, score,
+                stratum=lambda item: item.expected)  # the five tools have 18 to 120 requests each

@@ -1,1 +1,12 @@
-"""Route handlers, one module per family; each handler is thin and calls the serving objects."""
+"""The proxy's own routes, one module per API, each listing its Endpoints (proxy/endpoints.py). ENDPOINTS is
+all of them in the order they are matched; the passthrough (proxy/routes/passthrough.py) comes after them."""
+from __future__ import annotations
+
+from proxy.endpoints import Endpoint
+
+
+def all_endpoints() -> list[Endpoint]:
+    from proxy.routes import docs, messages, openai, ops, policies, responses, rollouts
+
+    return [*openai.ENDPOINTS, *responses.ENDPOINTS, *messages.ENDPOINTS, *rollouts.ENDPOINTS,
+            *policies.ENDPOINTS, *ops.ENDPOINTS, *docs.ENDPOINTS]

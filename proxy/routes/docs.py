@@ -4,6 +4,8 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.auth import AUTH
+from proxy.bodies import EngineObject
+from proxy.endpoints import Answer, Endpoint
 from proxy.errors import json_response
 from proxy.openapi import openapi_document
 from proxy.state import state
@@ -15,5 +17,7 @@ async def openapi(request: web.Request) -> web.Response:
                                           served_model=app.router.served_model))
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/openapi.json", openapi)
+ENDPOINTS = [
+    Endpoint("get", "/openapi.json", openapi, "This document", {200: Answer("OpenAPI 3.1.", EngineObject)},
+             access="public"),
+]

@@ -6,12 +6,14 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from proxy.bodies import Message, TokenCount
 from proxy.capture import CHAT
 from proxy.context import call_context
 from proxy.dialects import MESSAGES
-from proxy.dialects.messages import CountTokensRequest, chat_messages
-from proxy.errors import UpstreamUnavailable, json_response
-from proxy.routes.openai import PREFIXES
+from proxy.dialects.messages import CountTokensRequest, MessagesRequest, chat_messages
+from proxy.endpoints import Answer, Endpoint, mounted
+from proxy.errors import UpstreamUnavailable
+from proxy.routes.openai import API_ERRORS, PREFIXES
 from proxy.schemas import parse_json_object
 from proxy.state import state
 
@@ -42,10 +44,16 @@ async def count_tokens(request: web.Request) -> web.Response:
     if upstream.status != 200:
         return web.Response(body=MESSAGES.engine_error(upstream.status, raw), status=upstream.status,
                             content_type="application/json")
-    return json_response({"input_tokens": int(orjson.loads(raw)["count"])})
+    return TokenCount(input_tokens=int(orjson.loads(raw)["count"])).reply()
 
 
-def add_routes(app: web.Application) -> None:
-    for prefix in PREFIXES:
-        app.router.add_post(prefix + "/v1/messages", create_message)
-        app.router.add_post(prefix + "/v1/messages/count_tokens", count_tokens)
+USER = [{"role": "user", "content": "What is 6*7?"}]
+ENDPOINTS = mounted([
+    Endpoint("post", "/v1/messages", create_message, "Anthropic Messages API",
+             {200: Answer("The answer (events when `stream` is true).", Message, stream=True, call_id=True)},
+             API_ERRORS, body=MessagesRequest, engine_errors=True, anthropic=True, context_headers=True,
+             example=lambda model: {"model": model, "max_tokens": 64, "messages": USER}),
+    Endpoint("post", "/v1/messages/count_tokens", count_tokens, "Anthropic token counting (the engine's count)",
+             {200: Answer("Tokens.", TokenCount)}, API_ERRORS, body=CountTokensRequest, engine_errors=True,
+             anthropic=True, context_headers=True, example=lambda model: {"model": model, "messages": USER}),
+], PREFIXES)

@@ -5,9 +5,12 @@ from __future__ import annotations
 import aiohttp
 from aiohttp import web
 
+from proxy.bodies import EngineObject
 from proxy.capture import CHAT, COMPLETIONS
 from proxy.context import call_context
+from proxy.endpoints import Answer, Endpoint, mounted
 from proxy.errors import UpstreamUnavailable
+from proxy.schemas import ChatCompletionRequest, CompletionRequest
 from proxy.state import state
 
 PREFIXES = ("", "/rollouts/{rollout_id}", "/rollouts/{rollout_id}/agents/{agent}")
@@ -34,8 +37,19 @@ async def models(request: web.Request) -> web.Response:
         raise UpstreamUnavailable(f"engine unreachable: {exc}") from exc
 
 
-def add_routes(app: web.Application) -> None:
-    for prefix in PREFIXES:
-        app.router.add_post(prefix + "/v1/chat/completions", chat_completions)
-        app.router.add_post(prefix + "/v1/completions", completions)
-        app.router.add_get(prefix + "/v1/models", models)
+ENGINE_ANSWER = Answer("The engine's answer, as the engine sent it (SSE when `stream` is true).", EngineObject,
+                       stream=True, call_id=True)
+API_ERRORS = (400, 404, 502, 503, 504)
+RECORDED = " (recorded into the rollout in the path)"
+
+ENDPOINTS = mounted([
+    Endpoint("post", "/v1/chat/completions", chat_completions, "OpenAI chat completions", {200: ENGINE_ANSWER},
+             API_ERRORS, body=ChatCompletionRequest, engine_errors=True, context_headers=True,
+             example=lambda model: {"model": model, "messages": [{"role": "user", "content": "What is 6*7?"}]}),
+    Endpoint("post", "/v1/completions", completions, "OpenAI completions", {200: ENGINE_ANSWER}, API_ERRORS,
+             body=CompletionRequest, engine_errors=True, context_headers=True,
+             example=lambda model: {"model": model, "prompt": "6*7 ="}),
+    Endpoint("get", "/v1/models", models, "The engine's model list",
+             {200: Answer("The engine's model list.", EngineObject)}, (400, 404, 502), engine_errors=True,
+             context_headers=True),
+], PREFIXES, RECORDED)

@@ -8,12 +8,13 @@ from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy import text
 
-from proxy.errors import json_response
+from proxy.bodies import Health, Ready, SpoolState
+from proxy.endpoints import Answer, Endpoint
 from proxy.state import state
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return json_response({"status": "ok"})
+    return Health(status="ok").reply()
 
 
 async def readyz(request: web.Request) -> web.Response:
@@ -31,11 +32,11 @@ async def readyz(request: web.Request) -> web.Response:
     # Calls keep being served while the database is down: they wait in the spool, so that is still ready.
     recording = database or writer.spool.writable()
     ready = recording and any(engines.values())
-    payload = {"status": "ready" if ready else "unavailable", "database": database, "engines": engines,
-               "spooled_calls": writer.awaiting_replay, "policy": app.router.active.version,
-               "spool": {"pending": writer.awaiting_replay, "spooling": writer.spooling,
-                         "durability": writer.settings.durability, "path": str(writer.spool.path)}}
-    return json_response(payload, status=200 if ready else 503)
+    answer = Ready(status="ready" if ready else "unavailable", database=database, engines=engines,
+                   spooled_calls=writer.awaiting_replay, policy=app.router.active.version,
+                   spool=SpoolState(pending=writer.awaiting_replay, spooling=writer.spooling,
+                                    durability=writer.settings.durability, path=str(writer.spool.path)))
+    return answer.reply(status=200 if ready else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -46,7 +47,10 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(body=app.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics)
+ENDPOINTS = [
+    Endpoint("get", "/healthz", healthz, "The process is up", {200: Answer("Up.", Health)}, access="public"),
+    Endpoint("get", "/readyz", readyz, "The database and at least one engine answer",
+             {200: Answer("Ready.", Ready), 503: Answer("Not ready.", Ready)}, access="public"),
+    Endpoint("get", "/metrics", metrics, "Prometheus metrics; admin only when auth is on",
+             {200: Answer("Prometheus text format.", text=True)}, access="admin"),
+]

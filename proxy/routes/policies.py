@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from proxy.errors import InvalidRequest, NotFoundError, UpstreamUnavailable, json_response
+from proxy.bodies import Activated, PolicyList
+from proxy.endpoints import Answer, Endpoint
+from proxy.errors import InvalidRequest, NotFoundError, UpstreamUnavailable
 from proxy.state import state
 from rlproxy import lifecycle
 from rlproxy.adapters import AdapterError
@@ -13,8 +15,7 @@ from store import policies as store_policies
 async def list_policies(request: web.Request) -> web.Response:
     async with state(request).sessions() as session:
         listed = await store_policies.list_policies(session, project=request.get("project"))
-        return json_response({"data": listed,
-                              "active": state(request).router.active.version})
+    return PolicyList(data=listed, active=state(request).router.active.version).reply()
 
 
 async def activate_policy(request: web.Request) -> web.Response:
@@ -33,9 +34,13 @@ async def activate_policy(request: web.Request) -> web.Response:
         raise UpstreamUnavailable(f"policy version {version} was not activated: {exc}") from None
     await app.router.refresh()
     app.metrics.active_policy.set(version)
-    return json_response({"version": version, "status": "active"})
+    return Activated(version=version, status="active").reply()
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_get("/policies", list_policies)
-    app.router.add_post("/policies/{version}/activate", activate_policy)
+ENDPOINTS = [
+    Endpoint("get", "/policies", list_policies, "Policy versions and which one serves",
+             {200: Answer("Versions.", PolicyList)}),
+    Endpoint("post", "/policies/{version}/activate", activate_policy, "Serve this version (rollback too); admin only",
+             {200: Answer("Now serving.", Activated)}, (400, 404, 502), access="admin",
+             path_params={"version": {"type": "string", "pattern": r"^v?[0-9]{1,9}$"}}),
+]

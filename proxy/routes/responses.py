@@ -11,12 +11,14 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.bodies import Response
 from proxy.capture import CHAT
 from proxy.context import CallContext, call_context
 from proxy.dialects import RESPONSES
-from proxy.dialects.responses import history_messages
+from proxy.dialects.responses import ResponsesRequest, history_messages
+from proxy.endpoints import Answer, Endpoint, mounted
 from proxy.errors import InvalidRequest, NotFoundError, json_response
-from proxy.routes.openai import PREFIXES
+from proxy.routes.openai import API_ERRORS, PREFIXES, RECORDED
 from proxy.state import ProxyState, state
 from store.calls import StoredCall, get_call
 
@@ -69,7 +71,11 @@ async def _stored_response(app: ProxyState, response_id: str, project: str | Non
     return stored
 
 
-def add_routes(app: web.Application) -> None:
-    for prefix in PREFIXES:
-        app.router.add_post(prefix + "/v1/responses", create_response)
-        app.router.add_get(prefix + "/v1/responses/{response_id}", get_response)
+ENDPOINTS = mounted([
+    Endpoint("post", "/v1/responses", create_response, "OpenAI Responses API",
+             {200: Answer("The answer (events when `stream` is true).", Response, stream=True, call_id=True)},
+             API_ERRORS, body=ResponsesRequest, engine_errors=True, context_headers=True,
+             example=lambda model: {"model": model, "input": "What is 6*7?"}),
+    Endpoint("get", "/v1/responses/{response_id}", get_response, "A stored Response (kept by the proxy)",
+             {200: Answer("The Response.", Response)}, (400, 404, 503), context_headers=True),
+], PREFIXES, RECORDED)

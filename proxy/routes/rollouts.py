@@ -5,7 +5,9 @@ import uuid
 
 from aiohttp import web
 
-from proxy.errors import NotFoundError, Unprocessable, json_response
+from proxy.bodies import RewardResult, Rollout, RolloutCreated
+from proxy.endpoints import Answer, Endpoint
+from proxy.errors import NotFoundError, Unprocessable
 from proxy.schemas import RewardPost, RolloutCreate, parse_json_object, validate
 from proxy.state import state
 from store import rollouts as store_rollouts
@@ -23,7 +25,7 @@ async def create_rollout(request: web.Request) -> web.Response:
             eval=body.eval,
         )
     base_url = f"{request.url.origin()}/rollouts/{rollout_id}/v1"
-    return json_response({"rollout_id": rollout_id, "base_url": base_url}, status=201)
+    return RolloutCreated(rollout_id=rollout_id, base_url=base_url).reply(status=201)
 
 
 async def post_reward(request: web.Request) -> web.Response:
@@ -43,10 +45,10 @@ async def post_reward(request: web.Request) -> web.Response:
             if result.eval:  # by the version that served the rollout (`rollouts.policy_version`)
                 version = "" if result.policy_version is None else str(result.policy_version)
                 app.metrics.eval_reward_value.labels(version).observe(body.reward)
-    payload = {"rollout_id": result.rollout_id, "reward": result.reward}
+    answer = RewardResult(rollout_id=result.rollout_id, reward=result.reward)
     if result.call_id is not None:
-        payload["call_id"] = result.call_id
-    return json_response(payload)
+        answer.call_id = result.call_id
+    return answer.reply()
 
 
 async def get_rollout(request: web.Request) -> web.Response:
@@ -57,10 +59,16 @@ async def get_rollout(request: web.Request) -> web.Response:
     await app.writer.sync()
     async with app.sessions() as session:
         rollout = await store_rollouts.get_rollout(session, rollout_id, project=request.get("project"))
-    return json_response(rollout)
+    return Rollout.model_validate(rollout).reply()
 
 
-def add_routes(app: web.Application) -> None:
-    app.router.add_post("/rollouts", create_rollout)
-    app.router.add_post("/reward", post_reward)
-    app.router.add_get("/rollouts/{rollout_id}", get_rollout)
+ENDPOINTS = [
+    Endpoint("post", "/rollouts", create_rollout, "Start a rollout; its base_url records every call made through it",
+             {201: Answer("Created.", RolloutCreated)}, (422, 503), body=RolloutCreate, body_required=False),
+    Endpoint("post", "/reward", post_reward, "Final reward (closes the rollout) or a reward for one call",
+             {200: Answer("Stored (or the same final reward again).", RewardResult)}, (404, 409, 422, 503),
+             body=RewardPost),
+    Endpoint("get", "/rollouts/{rollout_id}", get_rollout,
+             "A rollout with its calls (token ids, logprobs) and rewards", {200: Answer("The rollout.", Rollout)},
+             (404, 503), path_params={"rollout_id": {"type": "string"}}),
+]

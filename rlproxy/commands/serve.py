@@ -1,57 +1,23 @@
 """`rlproxy serve` (the proxy), `rlproxy engine` (a local vLLM) and `rlproxy migrate`."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
-from rlproxy.commands.options import auth_options, database_option, option, redact
-from rlproxy.settings import AuthSettings, ProxySettings, WriterSettings
+from rlproxy.commands.flags import Flags
+from rlproxy.commands.options import database_option, redact
+from rlproxy.settings import EngineSettings, ProxySettings
+
+SERVE_FLAGS = Flags(ProxySettings)
 
 
 @click.command()
-@option("--host", default="127.0.0.1", help="Interface to listen on.")
-@option("--port", default=8400, type=int, help="Port to listen on.")
-@option("--upstream", "upstreams", multiple=True,
-        help="OpenAI-compatible engine base URL without /v1; repeat for replicas. Default: start a local engine.")
-@database_option()
-@option("--served-model", default=None, help="Model name agents ask for (default: the engine's base model).")
-@option("--migrate/--no-migrate", default=True, help="Apply database migrations on start.")
-@option("--client-max-size", default=64 * 1024 * 1024, type=int, help="Largest request body, bytes.")
-@option("--upstream-timeout", default=600.0, type=float, help="Seconds an upstream request may take.")
-@option("--spool-path", default="rlproxy-spool.jsonl", type=click.Path(path_type=Path),
-        help="Where calls wait when the database is unavailable.")
-@option("--durability", default="batch", type=click.Choice(["batch", "sync"]),
-        help="batch: answer, then record; sync: every call is fsynced to the spool before it is answered.")
-@option("--shutdown-timeout", default=30.0, type=float,
-        help="Seconds in-flight requests and streams may take to finish after SIGTERM.")
-@option("--air-text-action", default=None, metavar="REGEX",
-        help="AIR for agents with a text tool protocol (docs/air.md): a reply in which this regex is "
-             "found is a tool call, e.g. 'CALC:'. Needs --air-text-error and/or --air-text-success. Default: off.")
-@option("--air-text-error", default=None, metavar="REGEX",
-        help="The user/tool turn answering a text tool call is a tool_error when this regex matches at its "
-             "start, e.g. 'ERROR:'.")
-@option("--air-text-success", default=None, metavar="REGEX",
-        help="... and a tool_success when this one does (weight: --air-tool-success).")
-@option("--air-tool-success", default=0.0, type=float,
-        help="AIR weight of tool_success, native and text tool calls (0: not emitted).")
-@auth_options
-def serve(host, port, upstreams, database_url, served_model, migrate, client_max_size, upstream_timeout,
-          spool_path, durability, shutdown_timeout, air_text_action, air_text_error, air_text_success,
-          air_tool_success, **auth) -> None:
+@SERVE_FLAGS
+def serve(**params) -> None:
     """Run the proxy."""
     from proxy.air import air_rules
     from proxy.app import run
 
-    settings = ProxySettings(
-        host=host, port=port, upstreams=tuple(u for value in upstreams for u in value.split(",") if u),
-        database_url=database_url, served_model=served_model, migrate=migrate, client_max_size=client_max_size,
-        upstream_timeout=upstream_timeout, shutdown_timeout=shutdown_timeout,
-        air_text_action=air_text_action, air_text_error=air_text_error, air_text_success=air_text_success,
-        air_tool_success=air_tool_success,
-        writer=WriterSettings(spool_path=spool_path, durability=durability),
-        auth=AuthSettings(**auth),
-    )
+    settings = SERVE_FLAGS.build(ProxySettings, params)
     try:
         air_rules(settings)
     except ValueError as exc:
@@ -61,7 +27,6 @@ def serve(host, port, upstreams, database_url, served_model, migrate, client_max
         run(settings)
         return
     from rlproxy.engine import Engine
-    from rlproxy.settings import EngineSettings
 
     with Engine(EngineSettings()) as engine:
         run(settings.model_copy(update={"upstreams": (engine.base_url,)}))
@@ -105,27 +70,19 @@ def migrate(database_url: str) -> None:
     click.echo(f"database at newest schema: {redact(database_url)}")
 
 
+ENGINE_FLAGS = Flags(EngineSettings)
+
+
 @click.command()
-@option("--model", "model_path", default=None, type=click.Path(path_type=Path),
-        help="Hugging Face model folder (default: the prepared bundled model).")
-@option("--host", default="127.0.0.1", help="Interface the engine listens on.")
-@option("--port", default=8000, type=int, help="Port the engine listens on.")
-@option("--served-model-name", default=None, help="Name the base model is served under.")
-@option("--max-model-len", default=4096, type=int, help="Context length.")
-@option("--kv-cache-gib", default=2, type=int, help="KV cache size on CPU, GiB.")
-@option("--max-lora-rank", default=16, type=int, help="Largest LoRA rank accepted.")
-@option("--max-loras", default=4, type=int, help="Adapters resident at once.")
-def engine(model_path, host, port, served_model_name, max_model_len, kv_cache_gib, max_lora_rank, max_loras) -> None:
+@ENGINE_FLAGS
+def engine(**params) -> None:
     """Start and supervise a local vLLM with runtime LoRA loading; stops cleanly on SIGTERM or Ctrl-C."""
     import signal
     import threading
 
     from rlproxy.engine import Engine
-    from rlproxy.settings import EngineSettings
 
-    settings = EngineSettings(model=model_path, host=host, port=port, served_model_name=served_model_name,
-                              max_model_len=max_model_len, kv_cache_gib=kv_cache_gib, max_lora_rank=max_lora_rank,
-                              max_loras=max_loras)
+    settings = ENGINE_FLAGS.build(EngineSettings, params)
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     with Engine(settings) as running:

@@ -1,0 +1,219 @@
+"""Response bodies of the proxy's own routes, as typed models: the handlers answer with them and the OpenAPI
+document's schemas are generated from them (proxy/openapi.py), so what is sent and what is documented are one
+definition. Request bodies are in proxy/schemas.py and the dialect modules.
+
+Bodies the proxy builds itself forbid extra fields (a field added to an answer must be added here); bodies it
+passes on from the engine or renders in another API's shape (Response, Message) say only what the proxy
+guarantees and allow the rest."""
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from proxy.errors import json_response
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    omit_unset: ClassVar[bool] = False
+
+    def reply(self, status: int = 200, headers: dict[str, str] | None = None):
+        """The aiohttp answer: this body as JSON. Fields left unset that default to None are left out only
+        where the model says so (`omit_unset`); every other field is sent, null included."""
+        omit = self.omit_unset
+        return json_response(self.model_dump(mode="json", exclude_unset=omit), status=status, headers=headers)
+
+
+# -- errors ---------------------------------------------------------------------------------------------------
+class ErrorDetail(Body):
+    message: str
+    type: str
+    param: str | None
+    code: str | int | None
+
+
+class Error(Body):
+    """OpenAI's error shape, on every route except the Anthropic ones (also as the last event of a stream)."""
+
+    error: ErrorDetail
+
+
+class AnthropicErrorDetail(Body):
+    type: str
+    message: str
+
+
+class AnthropicError(Body):
+    """Anthropic's error shape, on /v1/messages and /v1/messages/count_tokens."""
+
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
+
+# -- rollouts and rewards -------------------------------------------------------------------------------------
+class RolloutCreated(Body):
+    rollout_id: str
+    base_url: str = Field(description="The OpenAI-compatible base URL (ends in /v1) an agent is given: every "
+                                      "call through it is recorded into this rollout.")
+
+
+class RewardResult(Body):
+    omit_unset: ClassVar[bool] = True  # call_id only for a reward given to one call
+
+    rollout_id: str
+    reward: float
+    call_id: str | None = Field(None, description="The call the reward was given to (per-call rewards only).")
+
+
+class ChoiceRecord(Body):
+    index: int
+    token_ids: list[int] | None
+    logprobs: list[float] | None
+    finish_reason: str | None
+
+
+class CallRecord(Body):
+    """One recorded call: what the agent sent and got, with the engine's exact token ids and logprobs."""
+
+    call_id: str
+    seq: int | None
+    agent: str | None
+    model: str | None
+    policy: int | None = Field(description="The policy version that answered (0: the base model).")
+    status: str
+    http_status: int | None
+    stream: bool
+    route: str
+    prompt_token_ids: list[int] | list[list[int]] | None = Field(
+        description="The engine's prompt ids; one list per prompt for a batch of legacy completions prompts.")
+    completion_token_ids: list[int] | None
+    completion_logprobs: list[float] | None
+    finish_reason: str | None
+    choices: list[ChoiceRecord]
+    prefix_kind: str | None
+    prefix_parent_id: str | None
+    latency_ms: float | None
+    ttft_ms: float | None
+    request: dict[str, Any] | None
+    response: dict[str, Any] | None
+    error: str | None
+
+
+class RewardRecord(Body):
+    call_id: str | None
+    kind: str
+    value: float
+    reason: str | None
+    metadata: dict[str, Any] | None
+    created_at: str | None
+
+
+class Rollout(Body):
+    rollout_id: str
+    task_id: str | None
+    agent: str | None
+    status: Literal["open", "finished", "expired"] = Field(
+        description="open: calls may still come; finished: its final reward arrived; expired: none arrived "
+                    "within the trainer's reward TTL (never trained on, takes no more rewards).")
+    reward: float | None
+    metadata: dict[str, Any] | None
+    created_at: str | None
+    finished_at: str | None
+    trained: bool
+    eval: bool
+    policy: int | None
+    calls: list[CallRecord]
+    rewards: list[RewardRecord]
+
+
+# -- policies -------------------------------------------------------------------------------------------------
+class EvaluationTraffic(Body):
+    """Final rewards of the finished evaluation rollouts this version served. ci95: Wilson's interval when every
+    reward is 0 or 1, else Student's t interval on the mean (null for a single non-binary reward)."""
+
+    n: int = Field(ge=0)
+    mean: float | None
+    ci95: tuple[float, float] | None
+    interval: Literal["wilson", "t"] | None
+
+
+class Policy(Body):
+    version: int
+    name: str | None = Field(description="The engine's adapter name; null for the base model (version 0).")
+    status: Literal["candidate", "active", "retired", "failed", "canary"]
+    parent_version: int | None
+    path: str | None
+    metrics: dict[str, Any] | None
+    evaluation: dict[str, Any] | None
+    evaluation_traffic: EvaluationTraffic
+    created_at: str | None
+    activated_at: str | None
+
+
+class PolicyList(Body):
+    data: list[Policy]
+    active: int = Field(description="The version that serves the model agents ask for.")
+
+
+class Activated(Body):
+    version: int
+    status: Literal["active"]
+
+
+# -- operations -----------------------------------------------------------------------------------------------
+class Health(Body):
+    status: Literal["ok"]
+
+
+class SpoolState(Body):
+    pending: int = Field(description="Calls in the spool waiting to be written to the database.")
+    spooling: bool = Field(description="New calls are going to the spool (the database is not taking them).")
+    durability: Literal["batch", "sync"]
+    path: str
+
+
+class Ready(Body):
+    status: Literal["ready", "unavailable"]
+    database: bool
+    engines: dict[str, bool]
+    spooled_calls: int
+    policy: int = Field(description="The policy version serving now.")
+    spool: SpoolState
+
+
+class TokenCount(Body):
+    input_tokens: int
+
+
+# -- bodies in another API's shape, or the engine's own ---------------------------------------------------------
+class EngineObject(BaseModel):
+    """The engine's own response, passed through."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class Response(BaseModel):
+    """An OpenAI Response (id `resp_<call id>`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    object: Literal["response"]
+    status: str
+    output: list[Any]
+    model: str
+
+
+class Message(BaseModel):
+    """An Anthropic Message (id `msg_<call id>`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    content: list[Any]
+    stop_reason: str | None
+    usage: dict[str, Any]
+

@@ -1,0 +1,61 @@
+"""What a route is, in one place: its method and path, its handler, and what it takes and answers. Each module in
+proxy/routes/ lists its routes as Endpoints; the app registers them (proxy/app.py) and the OpenAPI document is
+generated from the same list and the body models (proxy/openapi.py), so a route cannot be served undocumented
+or documented unserved (tests/test_openapi.py checks both ways)."""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One documented success (or, for /readyz, not-ready) answer."""
+
+    description: str
+    model: type[BaseModel] | None = None  # its JSON body
+    stream: bool = False  # may also be server-sent events (`stream: true`)
+    text: bool = False  # text/plain (Prometheus' format) instead of JSON
+    call_id: bool = False  # carries X-Rlproxy-Call-Id
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    method: Literal["get", "post"]
+    path: str
+    handler: Handler
+    summary: str
+    answers: dict[int, Answer]
+    errors: tuple[int, ...] = ()  # statuses the proxy answers with its error shape (proxy/openapi.py says what)
+    body: type[BaseModel] | None = None  # the request body's model
+    body_required: bool = True
+    example: Callable[[str], dict[str, Any]] | None = None  # an API request's example, given the served model;
+    # with it the body is documented with the server's limits (max_tokens, n) written in
+    access: Literal["key", "admin", "public"] = "key"
+    engine_errors: bool = False  # the engine's own 4XX errors pass through
+    anthropic: bool = False  # errors in Anthropic's shape
+    context_headers: bool = False  # X-Rollout-Id and the other call-context headers apply
+    path_params: dict[str, dict[str, Any]] = field(default_factory=dict)  # schemas of path names (else generic)
+
+
+def mounted(endpoints: Iterable[Endpoint], prefixes: Iterable[str], recorded: str = "") -> list[Endpoint]:
+    """Each endpoint under each prefix (the OpenAI-compatible routes live at /v1/… and under a rollout's
+    base_url too); `recorded` is added to the summary of those under a rollout."""
+    out = []
+    for prefix in prefixes:
+        for endpoint in endpoints:
+            summary = endpoint.summary + (recorded if prefix and recorded and endpoint.body else "")
+            out.append(dataclasses.replace(endpoint, path=prefix + endpoint.path, summary=summary))
+    return out
+
+
+def register(app: web.Application, endpoints: Iterable[Endpoint]) -> None:
+    for endpoint in endpoints:
+        app.router.add_route(endpoint.method.upper(), endpoint.path, endpoint.handler)
