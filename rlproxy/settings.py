@@ -176,6 +176,15 @@ class TrainerSettings(_Settings):
     reward_ttl_s: float = Field(
         21600.0, ge=0, description="Seconds after its creation a rollout may wait for its final reward; then it is "
                                    "marked expired: never trained on, further rewards refused with 409. 0: never.")
+    prune_older_than_s: float = Field(
+        0.0, ge=0, description="Prune recorded data older than this many seconds, as `rlproxy prune` does "
+                               "(trained, expired and finished evaluation rollouts; calls outside rollouts). 0: off.")
+    prune_what: Literal["calls", "bodies"] = Field(
+        "calls", description="What pruning removes: whole rollouts with their calls, or only the calls' request "
+                             "and response bodies.")
+    prune_keep_trained_ids: bool = Field(
+        False, description="Pruning keeps the rows (token ids, logprobs, rewards) of trained rollouts and clears "
+                           "only their bodies.")
     heldout_tasks: int = Field(48, ge=1, description="Tasks per evaluation of the heldout gate (the demo task's "
                                                      "gate split).")
     nproc_per_node: int = Field(

@@ -11,9 +11,6 @@ from pathlib import Path
 import pytest
 
 from rlproxy import model as model_mod
-from rlproxy.engine import (
-    vllm_available,
-)
 from rlproxy.model import (
     MARKER_NAME,
     BundledModelMissing,
@@ -21,12 +18,6 @@ from rlproxy.model import (
     is_prepared,
     prepare_model,
 )
-
-# tests/conftest.py registers the same plugin; naming it here too keeps this file runnable alone.
-pytest_plugins = ["tests.engine_fixture"]
-
-needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")
-
 
 
 def test_bundled_gguf_is_found_without_importing_the_package():

@@ -33,6 +33,13 @@ class TrainerMetrics:
         self.rollouts_trained = Counter("rlproxy_trainer_rollouts_trained_total", "Rollouts consumed.", registry=r)
         self.rollouts_expired = Counter("rlproxy_trainer_rollouts_expired_total",
                                         "Rollouts marked expired: no final reward within reward_ttl_s.", registry=r)
+        self.pruned_rollouts = Counter("rlproxy_trainer_pruned_rollouts_total",
+                                       "Rollouts deleted by the trainer's pruning.", registry=r)
+        self.pruned_calls = Counter("rlproxy_trainer_pruned_calls_total", "Calls deleted by the trainer's pruning.",
+                                    registry=r)
+        self.pruned_bodies = Counter("rlproxy_trainer_pruned_bodies_total",
+                                     "Calls whose request and response bodies the trainer's pruning cleared.",
+                                     registry=r)
         self.skipped = Counter("rlproxy_trainer_skipped_calls_total", "Calls not trained on, by reason.",
                                ["reason"], registry=r)
         self.retokenized_mismatches = Counter(

@@ -17,7 +17,6 @@ import shutil
 import statistics
 import time
 from dataclasses import asdict, is_dataclass
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +26,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from rlproxy.settings import TrainerSettings
 from store import policies, training
 from store.db import create_engine, session_factory
-from store.models import Policy, PolicyStatus, utcnow
-from store.rollouts import expire_open_rollouts
+from store.models import Policy, PolicyStatus
 from trainer.batch import build_transitions
 from trainer.config import TrainConfig
+from trainer.housekeeping import Housekeeping
 from trainer.metrics import TrainerMetrics
 from trainer.parallel import Collective, LeaderPolicy
 from trainer.publish import Publisher
@@ -55,11 +54,11 @@ class TrainerWorker:
         self.sessions: async_sessionmaker[AsyncSession] = session_factory(self.engine)
         engine_key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
         self.publisher = Publisher(self.sessions, settings.upstreams, api_key=engine_key)
+        self.housekeeping = Housekeeping(settings, self.sessions, self.metrics)
         self.policy = None  # trainer.ppo.PolicyTrainer, built on start (torch is imported lazily)
         self.collective = collective or Collective()  # several ranks: this worker is rank 0 (trainer/parallel.py)
         self.parent_version = policies.BASE_VERSION
         self.steps = 0
-        self._next_expiry = 0.0  # monotonic time of the next look for unrewarded rollouts
         self.tokenizer = None  # only for token_source="retokenized"
 
     async def start(self) -> None:
@@ -85,7 +84,7 @@ class TrainerWorker:
             while not stop.is_set():
                 if self.settings.max_steps is not None and self.steps >= self.settings.max_steps:
                     break
-                await self.expire_unrewarded()
+                await self.housekeeping.run_due()
                 if not await self.step_once():
                     try:
                         await asyncio.wait_for(stop.wait(), self.settings.poll_interval)
@@ -96,27 +95,6 @@ class TrainerWorker:
             await asyncio.to_thread(self.policy.close)
         finally:
             await self.engine.dispose()
-
-    async def expire_unrewarded(self) -> int:
-        """Mark rollouts that waited longer than reward_ttl_s for a final reward as expired (never trained on);
-        looked for at most every tenth of the TTL (a minute at most), in batches."""
-        ttl = self.settings.reward_ttl_s
-        now = time.monotonic()
-        if not ttl or now < self._next_expiry:
-            return 0
-        self._next_expiry = now + min(60.0, ttl / 10)
-        cutoff = utcnow() - timedelta(seconds=ttl)
-        expired = 0
-        while True:
-            async with self.sessions() as session, session.begin():
-                batch = await expire_open_rollouts(session, cutoff)
-            expired += batch
-            if batch < 1000:
-                break
-        if expired:
-            self.metrics.rollouts_expired.inc(expired)
-            log.info("%d rollouts expired: no final reward within %.0f s", expired, ttl)
-        return expired
 
     def build_policy(self, adapter_dir: Path | None):
         from trainer.ppo import PolicyTrainer
