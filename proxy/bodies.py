@@ -69,7 +69,7 @@ class RewardResult(Body):
 class ChoiceRecord(Body):
     index: int
     token_ids: list[int] | None
-    logprobs: list[float] | None
+    logprobs: list[float | None] | None  # null where the engine's logprob was not a finite number
     finish_reason: str | None
 
 
@@ -88,7 +88,7 @@ class CallRecord(Body):
     prompt_token_ids: list[int] | list[list[int]] | None = Field(
         description="The engine's prompt ids; one list per prompt for a batch of legacy completions prompts.")
     completion_token_ids: list[int] | None
-    completion_logprobs: list[float] | None
+    completion_logprobs: list[float | None] | None
     finish_reason: str | None
     choices: list[ChoiceRecord]
     prefix_kind: str | None
@@ -191,6 +191,15 @@ class EngineObject(BaseModel):
     """The engine's own response, passed through."""
 
     model_config = ConfigDict(extra="allow")
+
+
+class OpenAPIDocument(BaseModel):
+    """An OpenAPI 3.1 document (this one)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    openapi: str
+    paths: dict[str, Any]
 
 
 class Response(BaseModel):

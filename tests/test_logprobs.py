@@ -44,7 +44,9 @@ def _lora_gradients(trainer: PolicyTrainer, loss: torch.Tensor) -> dict[str, tor
 def bundled_trainer() -> PolicyTrainer:
     from rlproxy.model import prepare_model
 
-    trainer = PolicyTrainer(prepare_model(), TrainConfig())
+    # float32 throughout: on a CPU with fast bfloat16 the trainer would keep the weights in bfloat16, whose
+    # rounding (not the chunking) would then be what the comparisons below measure
+    trainer = PolicyTrainer(prepare_model(), TrainConfig(bf16=False))
     with torch.no_grad():  # a trained adapter: B = 0 would leave every gradient of A at zero
         g = torch.Generator().manual_seed(0)
         for name, param in trainer.model.named_parameters():

@@ -1,5 +1,5 @@
-"""The proxy's own routes, one module per API, each listing its Endpoints (proxy/endpoints.py). ENDPOINTS is
-all of them in the order they are matched; the passthrough (proxy/routes/passthrough.py) comes after them."""
+"""The proxy's own routes, one module per API, each listing its Endpoints (proxy/endpoints.py); `all_endpoints()`
+is every one of them in the order they are matched. The passthrough (proxy/routes/passthrough.py) comes after."""
 from __future__ import annotations
 
 from proxy.endpoints import Endpoint

@@ -4,7 +4,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.auth import AUTH
-from proxy.bodies import EngineObject
+from proxy.bodies import OpenAPIDocument
 from proxy.endpoints import Answer, Endpoint
 from proxy.errors import json_response
 from proxy.openapi import openapi_document
@@ -18,6 +18,6 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 ENDPOINTS = [
-    Endpoint("get", "/openapi.json", openapi, "This document", {200: Answer("OpenAPI 3.1.", EngineObject)},
+    Endpoint("get", "/openapi.json", openapi, "This document", {200: Answer("OpenAPI 3.1.", OpenAPIDocument)},
              access="public"),
 ]

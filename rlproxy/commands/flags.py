@@ -40,7 +40,8 @@ class Setting:
 
     @property
     def param(self) -> str:
-        return self.flag.replace("-", "_")
+        """The keyword argument the command receives: the field's path ("writer_queue_size", "upstreams")."""
+        return "_".join(self.path)
 
     @property
     def many(self) -> bool:

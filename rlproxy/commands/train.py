@@ -28,7 +28,7 @@ def train(overrides, **params) -> None:
     from trainer.worker import TrainerWorker
 
     TRAIN_FLAGS.apply_set(params, overrides)
-    if not params.get("upstream"):
+    if not params.get("upstreams"):
         raise click.UsageError("--upstream is required: the engine(s) to load adapters into")
     if params["nproc_per_node"] > 1 and not parallel.launched_by_torchrun():
         _exec_torchrun(params["nproc_per_node"])
