@@ -89,12 +89,12 @@ class Demo:
         self.agents_may_run = asyncio.Event()  # cleared while a candidate is evaluated: the engine is all its
         self.agents_may_run.set()
         self.state_path = settings.workdir / "rlproxy-demo.json"
-        self.train_pool = train_tasks(512, seed=settings.seed)
+        self.train_pool = train_tasks(512, seed=settings.task_seed)
         if settings.gate not in GATES:
             raise ValueError(f"gate must be one of {GATES}, not {settings.gate!r}")
-        self.heldout_pool = heldout_tasks(settings.heldout, seed=settings.seed)
-        self.probe_pool = heldout_tasks(1024, seed=settings.seed + 1)
-        self.rng = random.Random(settings.seed)
+        self.heldout_pool = heldout_tasks(settings.heldout, seed=settings.task_seed)
+        self.probe_pool = heldout_tasks(1024, seed=settings.task_seed + 1)
+        self.rng = random.Random(settings.task_seed)
 
     # --- the main sequence ------------------------------------------------------------------------------
     async def run(self) -> Progress:
@@ -292,7 +292,7 @@ class Demo:
         gate = CommandGate(TrainerSettings(
             database_url=self.settings.database_url, upstreams=(engine_url,), metrics_port=None, gate="command",
             gate_margin=self.settings.gate_margin,
-            eval_command=command(tasks=self.settings.heldout, seed=self.settings.seed,
+            eval_command=command(tasks=self.settings.heldout, seed=self.settings.task_seed,
                                  concurrency=2 * self.settings.concurrency)))
         self.agents_may_run.clear()
         evaluation = asyncio.create_task(gate(version))

@@ -38,7 +38,7 @@ class DemoSettings:
         "help": "With --gate probes: the share of episodes that are held-out probes (0 to 0.9)."})
     gate_margin: float = field(default=0.1, metadata={
         "help": "A candidate may score this much worse than its parent and still serve (sampling noise)."})
-    seed: int = field(default=0, metadata={"help": "Seed of the agent's task draws.", "flag": "task-seed"})
+    task_seed: int = field(default=0, metadata={"help": "Seed of the agent's task draws."})
     train: TrainConfig = field(default_factory=demo_training, metadata={"help": "Training settings."})
     air: bool = field(default=True, metadata={"help": "Automatic intermediate rewards (the demo's text protocol)."})
     headless: bool = field(default=False, metadata={

@@ -9,6 +9,7 @@ and response bodies of those calls (the bulk of the table), keeping token ids, l
 rebuild what was trained on."""
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
@@ -93,8 +94,6 @@ async def prune(sessions, created_before: datetime, *, what: What = "calls", kee
                 batch: int = 500, pause_s: float = 0.05) -> Pruned:
     """Every batch until none is left, each in its own transaction with a pause between them (serving's writes
     get the database in between)."""
-    import asyncio
-
     total = Pruned()
     while True:
         async with sessions() as session, session.begin():

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from demo.settings import DemoSettings
 from rlproxy.cli import main
 from rlproxy.commands import serve as serve_command
 from rlproxy.commands.flags import env_name, settings_of
@@ -88,3 +89,12 @@ def _environment() -> dict[str, str]:
     import os
 
     return dict(os.environ)
+
+
+def test_the_demos_task_seed_and_the_trainers_seed_are_two_settings():
+    from rlproxy.commands.demo import DEMO_FLAGS
+
+    params: dict = {}
+    DEMO_FLAGS.apply_set(params, ["seed=3", "task_seed=5"])
+    assert DEMO_FLAGS.build(TrainConfig, params).seed == 3
+    assert DEMO_FLAGS.build(DemoSettings, params, train=TrainConfig()).task_seed == 5

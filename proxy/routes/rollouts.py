@@ -45,10 +45,8 @@ async def post_reward(request: web.Request) -> web.Response:
             if result.eval:  # by the version that served the rollout (`rollouts.policy_version`)
                 version = "" if result.policy_version is None else str(result.policy_version)
                 app.metrics.eval_reward_value.labels(version).observe(body.reward)
-    answer = RewardResult(rollout_id=result.rollout_id, reward=result.reward)
-    if result.call_id is not None:
-        answer.call_id = result.call_id
-    return answer.reply()
+    per_call = {"call_id": result.call_id} if result.call_id is not None else {}
+    return RewardResult(rollout_id=result.rollout_id, reward=result.reward, **per_call).reply()
 
 
 async def get_rollout(request: web.Request) -> web.Response:

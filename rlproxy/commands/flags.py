@@ -151,10 +151,11 @@ class Flags:
         self.settings: dict[type, list[Setting]] = {
             model: [s for s in settings_of(model) if ".".join(s.path) not in skipped and s.flag not in skipped]
             for model in models}
-        flags = [s.flag for group in self.settings.values() for s in group]
-        clashes = {flag for flag in flags if flags.count(flag) > 1}
-        if clashes:
-            raise ValueError(f"two settings want the same flag: {sorted(clashes)}")
+        for names in ([s.flag for group in self.settings.values() for s in group],
+                      [s.param for group in self.settings.values() for s in group]):
+            clashes = {name for name in names if names.count(name) > 1}
+            if clashes:
+                raise ValueError(f"two settings want the same flag or keyword: {sorted(clashes)}")
 
     def __call__(self, command: Callable) -> Callable:
         """Decorate a click command with every flag (in the models' order, first model first)."""
@@ -183,7 +184,7 @@ class Flags:
         for name, value in fixed.items():
             _assign(values, tuple(name.split(".")), value)
         try:
-            if issubclass(model, BaseModel) if isinstance(model, type) else False:
+            if issubclass(model, BaseModel):
                 return model.model_validate(values)
             return model(**values)
         except (ValidationError, ValueError, TypeError) as exc:
@@ -196,14 +197,14 @@ class Flags:
             if not sep:
                 raise click.BadParameter(f"{item!r}: expected NAME=VALUE", param_hint="--set")
             _, setting = self.find(name.strip())
-            option = setting.option()(lambda **_: None).__click_params__[-1]
-            if setting.kind is bool:
-                value: Any = click.BOOL.convert(raw.strip(), option, None)
-            elif setting.many:
-                value = (raw,)
-            else:
-                value = option.type.convert(raw.strip(), option, None)
-            params[setting.param] = value
+            if setting.many:
+                params[setting.param] = (raw,)  # split at commas by `Setting.value`, as the flag's values are
+                continue
+            kind = click.BOOL if setting.kind is bool else click.types.convert_type(_click_type(setting.kind))
+            try:
+                params[setting.param] = kind.convert(raw.strip(), None, None)
+            except click.BadParameter as exc:
+                raise click.BadParameter(f"{name.strip()}: {exc.message}", param_hint="--set") from None
 
     def markdown(self, title: str) -> str:
         """The command's settings as a Markdown table: flag, environment variable, default, meaning."""
