@@ -81,7 +81,7 @@ def _lifecycle(settings: ProxySettings, metrics: ProxyMetrics):
                                  api_key=_secret(settings.auth.upstream_api_key))
         await upstreams.start()
         await upstreams.refresh_health()
-        router = PolicyRouter(sessions, settings.served_model)
+        router = PolicyRouter(sessions, settings.served_model, settings.routing())
         writer = CaptureWriter(sessions, settings.writer, metrics,
                                after_write=automatic_rewards(air_rules(settings), metrics))
         await writer.start()
@@ -130,16 +130,14 @@ async def _watch_engines(state: ProxyState, interval: float = 5.0) -> None:
             if state.router.served_model is None:
                 state.router.served_model = base
             log.info("engine serves base model %r; agents ask for %r", base, state.router.served_model)
-        state.metrics.active_policy.set(state.router.active.version)
+        state.metrics.observe_policies(state.router)
         await asyncio.sleep(interval if state.router.base_model else 0.5)
 
 
 async def _restore_adapters(state: ProxyState) -> None:
     """A replica that restarted comes back without the adapters loaded at runtime; without this its rollouts
     would get 404 until the next publish."""
-    serving = [(p.version, p.name) for p in (state.router.active, state.router.canary)
-               if p is not None and p.name is not None]
-    for version, name in serving:
+    for version, name in [(p.version, p.name) for p in state.router.serving()]:
         lost = [r.url for r in state.upstreams.replicas
                 if r.healthy and r.base_models and name not in r.adapters]
         if not lost:

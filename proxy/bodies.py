@@ -140,6 +140,7 @@ class EvaluationTraffic(Body):
 
 class Policy(Body):
     version: int
+    policy: str = Field(description="The named policy the version belongs to.")
     name: str | None = Field(description="The engine's adapter name; null for the base model (version 0).")
     status: Literal["candidate", "active", "retired", "failed", "canary"]
     parent_version: int | None
@@ -153,11 +154,15 @@ class Policy(Body):
 
 class PolicyList(Body):
     data: list[Policy]
-    active: int = Field(description="The version that serves the model agents ask for.")
+    policy: str = Field(description="The named policy listed.")
+    active: int = Field(description="The version of that policy that serves (0: the base model).")
+    policies: dict[str, int] = Field(description="Every named policy the routing rules or the store know, with "
+                                                 "the version it serves.")
 
 
 class Activated(Body):
     version: int
+    policy: str
     status: Literal["active"]
 
 

@@ -43,6 +43,7 @@ class Endpoint:
     anthropic: bool = False  # errors in Anthropic's shape
     context_headers: bool = False  # X-Rollout-Id and the other call-context headers apply
     path_params: dict[str, dict[str, Any]] = field(default_factory=dict)  # schemas of path names (else generic)
+    query_params: dict[str, dict[str, Any]] = field(default_factory=dict)  # optional query parameters' schemas
 
 
 def mounted(endpoints: Iterable[Endpoint], prefixes: Iterable[str], recorded: str = "") -> list[Endpoint]:

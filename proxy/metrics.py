@@ -45,8 +45,12 @@ class ProxyMetrics:
                                ["kind", "reason", "policy"], registry=r)
         self.reward_value = FinalRewards(r)
         self.eval_reward_value = EvalRewards(r)
-        self.active_policy = Gauge("rlproxy_active_policy_version", "Policy version served for the model.",
+        self.active_policy = Gauge("rlproxy_active_policy_version",
+                                   "Version the default policy serves for the model (0: the base model).",
                                    registry=r)
+        self.policy_version = Gauge("rlproxy_policy_active_version",
+                                    "Version each named policy serves (0: the base model), and its canary.",
+                                    ["policy", "role"], registry=r)
         self.passthrough = Counter("rlproxy_passthrough_requests_total",
                                    "Engine routes the proxy relays without recording (embeddings, tokenize, ...), "
                                    "by path and status.", ["path", "status"], registry=r)
@@ -60,6 +64,14 @@ class ProxyMetrics:
         self.spool_fsync_calls = Histogram("rlproxy_capture_spool_fsync_calls",
                                            "Calls made durable by one spool fsync (group commit).",
                                            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=r)
+
+    def observe_policies(self, router) -> None:
+        """What each named policy serves now (a proxy.policy.PolicyRouter): its active version and canary."""
+        self.active_policy.set(router.active.version)
+        for policy in {router.rules.default, *router.rules.policies(), *router.lines}:
+            line = router.line(policy)
+            self.policy_version.labels(policy, "active").set(line.active.version)
+            self.policy_version.labels(policy, "canary").set(line.canary.version if line.canary else 0)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -130,6 +130,8 @@ class _Builder:
         names = re.findall(r"{(\w+)}", endpoint.path)
         parameters = [_path_param(name, endpoint.path_params.get(name, PATH_SCHEMAS.get(name, {"type": "string"})))
                       for name in names]
+        parameters += [{"name": name, "in": "query", "required": False, "schema": schema}
+                       for name, schema in endpoint.query_params.items()]
         if endpoint.context_headers:
             parameters += CONTEXT_HEADERS
         if parameters:

@@ -1,7 +1,8 @@
-"""Which policy answers: the served model name routes to the active adapter (or the base model) — or, while a
-canary runs, to the canary for the fixed fraction of rollouts its hash picks (store/canary.py). Both are read
-from the store every `policy_refresh_interval`, so every proxy sharing the database follows activations and
-agrees on which rollouts the canary answers.
+"""Which policy answers: the routing rules (rlproxy/policy_rules.py) pick a named policy for the call's agent
+and project; the served model name then routes to that policy's active adapter (or the base model) — or, while
+a canary of that policy runs, to the canary for the fixed fraction of rollouts its hash picks
+(store/canary.py). Both are read from the store every `policy_refresh_interval`, so every proxy sharing the
+database follows activations and agrees on which rollouts the canary answers.
 
 An evaluation-traffic canary answers evaluation rollouts only. A call says it is one by header or agent name;
 a rollout created with `POST /rollouts {"eval": true}` (or for an evaluation agent) is looked up in the store
@@ -18,9 +19,10 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from proxy.context import CallContext
+from rlproxy.policy_rules import BASE_POLICY, PolicyRules
 from store import canary as canaries
 from store.models import Rollout
-from store.policies import BASE, ActivePolicy
+from store.policies import ActivePolicy, base_of
 
 ROLLOUT_CACHE_SIZE = 65_536  # rollouts whose evaluation flag and agent are remembered (a few MB)
 
@@ -31,49 +33,78 @@ log = logging.getLogger("rlproxy.policy")
 class Route:
     upstream_model: str
     policy_version: int | None  # None: a model outside the policy (e.g. an explicit adapter or other model)
+    policy: str | None = None  # the named policy that answers; None with policy_version
 
 
 class PolicyRouter:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], served_model: str | None) -> None:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], served_model: str | None,
+                 rules: PolicyRules | None = None) -> None:
         self.sessions = sessions
         self.served_model = served_model
+        self.rules = rules or PolicyRules()
         self.base_model: str | None = None
-        self.active: ActivePolicy = BASE
-        self.canary: canaries.Canary | None = None
+        self.lines: dict[str, canaries.Line] = {}  # named policy -> its active version and canary
         self._task: asyncio.Task | None = None
         self._kinds: OrderedDict[str, tuple[bool, str | None]] = OrderedDict()  # id -> (eval, agent)
 
-    def policy_for(self, rollout_id: str | None, evaluation: bool = False) -> ActivePolicy:
-        """The policy that answers the served model for this rollout; a call without a rollout gets the
-        active one (the canary is judged by rollouts, so it only takes calls it can be judged by)."""
-        canary = self.canary
+    @property
+    def active(self) -> ActivePolicy:
+        """The default policy's active version (what serves when no routing rule is set)."""
+        return self.line(self.rules.default).active
+
+    @property
+    def canary(self) -> canaries.Canary | None:
+        return self.line(self.rules.default).canary
+
+    def line(self, policy: str) -> canaries.Line:
+        return self.lines.get(policy) or canaries.Line(base_of(policy))
+
+    def serving(self) -> list[ActivePolicy | canaries.Canary]:
+        """Every version that answers some call now (active and canary, of every policy), adapters only."""
+        return [p for line in self.lines.values() for p in (line.active, line.canary)
+                if p is not None and p.name is not None]
+
+    def policy_for(self, rollout_id: str | None, evaluation: bool = False, policy: str | None = None) -> ActivePolicy:
+        """The version of `policy` (default: the default policy) that answers the served model for this
+        rollout; a call without a rollout gets the active one (the canary is judged by rollouts, so it only
+        takes calls it can be judged by)."""
+        line = self.line(policy or self.rules.default)
+        canary = line.canary
         if canary is not None and rollout_id is not None and canary.answers(rollout_id, evaluation):
-            return ActivePolicy(canary.version, canary.name)
-        return self.active
+            return ActivePolicy(canary.version, canary.name, None, canary.policy)
+        return line.active
 
-    def version_for(self, rollout_id: str | None, evaluation: bool = False) -> int:
-        return self.policy_for(rollout_id, evaluation).version
+    def version_for(self, rollout_id: str | None, evaluation: bool = False, policy: str | None = None) -> int:
+        return self.policy_for(rollout_id, evaluation, policy).version
 
-    def version_for_new(self, rollout_id: str, evaluation: bool, agent: str | None) -> int:
-        """The version that will answer a rollout created now (POST /rollouts); remembers what it is."""
+    def version_for_new(self, rollout_id: str, evaluation: bool, agent: str | None,
+                        project: str | None = None) -> int:
+        """The version that will answer a rollout created now (POST /rollouts) for its agent; remembers it."""
         self.remember_rollout(rollout_id, evaluation, agent)
-        canary = self.canary
+        policy = self.rules.choose(agent, project)
+        canary = self.line(policy).canary
         by_agent = canary is not None and canary.traffic == canaries.EVAL and agent in canary.eval_agents
-        return self.version_for(rollout_id, evaluation or by_agent)
+        return self.version_for(rollout_id, evaluation or by_agent, policy)
 
     async def route_call(self, requested_model: str, context: CallContext) -> Route:
-        """`route` for a call, knowing whether its rollout is evaluation traffic when that decides it."""
+        """`route` for a call: its policy by the rules (a call that names no agent is its rollout's agent's),
+        knowing whether its rollout is evaluation traffic when that decides it."""
+        if requested_model != self.served_model:
+            return Route(requested_model, None)
+        agent = context.agent
+        if agent is None and context.rollout_id is not None and self.rules.needs_agent:
+            agent = (await self._rollout_kind(context.rollout_id))[1]
+        policy = self.rules.choose(agent, context.project)
         evaluation = context.eval
-        canary = self.canary
+        canary = self.line(policy).canary
         if (not evaluation and canary is not None and canary.traffic == canaries.EVAL
-                and context.rollout_id is not None and requested_model == self.served_model
-                and canaries.serves(canary, context.rollout_id)):
+                and context.rollout_id is not None and canaries.serves(canary, context.rollout_id)):
             if context.agent in canary.eval_agents:
                 evaluation = True
             else:
                 created_eval, agent = await self._rollout_kind(context.rollout_id)
                 evaluation = created_eval or agent in canary.eval_agents
-        return self.route(requested_model, context.rollout_id, evaluation)
+        return self.route(requested_model, context.rollout_id, evaluation, policy)
 
     def remember_rollout(self, rollout_id: str, evaluation: bool, agent: str | None) -> None:
         self._kinds[rollout_id] = (evaluation, agent)
@@ -93,27 +124,34 @@ class PolicyRouter:
             self.remember_rollout(rollout_id, *known)
         return known
 
-    def route(self, requested_model: str, rollout_id: str | None = None, evaluation: bool = False) -> Route:
+    def route(self, requested_model: str, rollout_id: str | None = None, evaluation: bool = False,
+              policy: str | None = None) -> Route:
         if requested_model != self.served_model:
             return Route(requested_model, None)
-        policy = self.policy_for(rollout_id, evaluation)
-        if policy.name is not None:
-            return Route(policy.name, policy.version)
-        return Route(self.base_model or requested_model, policy.version)
+        policy = policy or self.rules.default
+        if policy == BASE_POLICY:
+            return Route(self.base_model or requested_model, 0, BASE_POLICY)
+        chosen = self.policy_for(rollout_id, evaluation, policy)
+        if chosen.name is not None:
+            return Route(chosen.name, chosen.version, policy)
+        return Route(self.base_model or requested_model, chosen.version, policy)
 
     async def refresh(self) -> None:
         async with self.sessions() as session:
-            active, canary = await canaries.serving(session)
-        if active != self.active:
-            log.info("now serving policy version %d (%s)", active.version, active.name or "base model")
-        if canary != self.canary:
-            if canary is not None:
-                log.info("canary: policy version %d answers %.0f%% of new %s", canary.version,
-                         100 * canary.fraction,
-                         "evaluation rollouts" if canary.traffic == canaries.EVAL else "rollouts")
-            else:
-                log.info("canary of policy version %d ended", self.canary.version)
-        self.active, self.canary = active, canary
+            lines = await canaries.serving_all(session)
+        for policy in sorted(set(lines) | set(self.lines)):
+            old, new = self.line(policy), lines.get(policy) or canaries.Line(base_of(policy))
+            if new.active != old.active:
+                log.info("policy %r: now serving version %d (%s)", policy, new.active.version,
+                         new.active.name or "base model")
+            if new.canary != old.canary:
+                if new.canary is not None:
+                    log.info("policy %r: canary version %d answers %.0f%% of new %s", policy, new.canary.version,
+                             100 * new.canary.fraction,
+                             "evaluation rollouts" if new.canary.traffic == canaries.EVAL else "rollouts")
+                else:
+                    log.info("policy %r: canary of version %d ended", policy, old.canary.version)
+        self.lines = lines
 
     async def start(self, interval: float) -> None:
         await self.refresh()

@@ -65,11 +65,12 @@ class CompletionServing:
             id=uuid.uuid4().hex, route=dialect.route if dialect else route, started_at=utcnow(),
             rollout_id=context.rollout_id, agent=context.agent, task_id=context.task_id, project=context.project,
             model=body["model"], upstream_model=target.upstream_model, policy_version=target.policy_version,
-            stream=bool(body.get("stream")), request=body, eval=context.eval,
+            policy=target.policy, stream=bool(body.get("stream")), request=body, eval=context.eval,
         )
         headers = {"X-Rlproxy-Call-Id": record.id}
         if target.policy_version is not None:
             headers["X-Rlproxy-Policy"] = str(target.policy_version)
+            headers["X-Rlproxy-Policy-Name"] = target.policy
         self.metrics.in_flight.inc()
         try:
             response = await self._forward(request, route, record, upstream_body, additions, headers, began,

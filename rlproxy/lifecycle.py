@@ -16,6 +16,8 @@ The rules:
 * A version that stopped serving is unloaded from every replica once the requests it was still answering
   have had `drain_seconds` to finish (`Drain`).
 
+Each named policy has its own line of versions (one active, at most one canary); the rules hold per line.
+
 Whoever serves it (the proxy) and whoever trains it (the trainer) both call these rather than write a status
 that makes a version serve. (Promoting a canary, store/canary.end, needs no load: it serves already.)
 """
@@ -90,17 +92,18 @@ async def publish(sessions: async_sessionmaker[AsyncSession], adapters: EngineAd
 
 
 async def activate(sessions: async_sessionmaker[AsyncSession], adapters: EngineAdapters, version: int, *,
-                   drain: Drain | None = None) -> policies.ActivePolicy:
-    """Make `version` the one served (0: the base model), e.g. a rollback: its adapter is loaded on every
-    replica first (from its own folder, unless it serves already). Returns the policy it replaced, which
-    stops serving: given to `drain` if there is one (else a trainer's `Drain` sees it stop). NotFound for
-    an unknown or failed version; an AdapterError when a replica cannot load it, and then nothing changed."""
+                   drain: Drain | None = None, policy: str = policies.DEFAULT_POLICY) -> policies.ActivePolicy:
+    """Make `version` the one its policy serves (0: `policy` goes back to the base model), e.g. a rollback:
+    its adapter is loaded on every replica first (from its own folder, unless it serves already). Returns the
+    version it replaced, which stops serving: given to `drain` if there is one (else a trainer's `Drain` sees
+    it stop). NotFound for an unknown or failed version; an AdapterError when a replica cannot load it, and
+    then nothing changed."""
     if version != policies.BASE_VERSION:
         policy = await read(sessions, version)
         if policy.status == PolicyStatus.FAILED:
             raise NotFound(f"policy version {version} failed to load and cannot be activated")
         await adapters.load(policy.name, policy.path, replace=not policy.serving)
-    return await _make_active(sessions, version, drain)
+    return await _make_active(sessions, version, drain, policy)
 
 
 async def start_canary(sessions: async_sessionmaker[AsyncSession], adapters: EngineAdapters, version: int,
@@ -122,11 +125,13 @@ async def retire(sessions: async_sessionmaker[AsyncSession], version: int, *,
         drain.note(policies.adapter_name(version))
 
 
-async def _make_active(sessions: async_sessionmaker[AsyncSession], version: int,
-                       drain: Drain | None) -> policies.ActivePolicy:
+async def _make_active(sessions: async_sessionmaker[AsyncSession], version: int, drain: Drain | None,
+                       policy: str = policies.DEFAULT_POLICY) -> policies.ActivePolicy:
     async with sessions() as session, session.begin():
-        previous = await policies.active_policy(session)
-        await policies.activate(session, version)
+        if version != policies.BASE_VERSION:
+            policy = await policies.policy_of(session, version)
+        previous = await policies.active_policy(session, policy)
+        await policies.activate(session, version, policy)
     if drain is not None and previous.version != version:
         drain.note(previous.name)
     return previous
@@ -152,8 +157,9 @@ class Drain:
     async def sweep(self, sessions: async_sessionmaker[AsyncSession], adapters: EngineAdapters) -> list[str]:
         """Note what stopped serving since the last sweep, unload what is due; returns the names unloaded."""
         async with sessions() as session:
-            active, canary = await canaries.serving(session)
-        serving = {p.name for p in (active, canary) if p is not None and p.name is not None}
+            lines = await canaries.serving_all(session)
+        serving = {p.name for line in lines.values() for p in (line.active, line.canary)
+                   if p is not None and p.name is not None}
         for name in (self._serving or set()) - serving:
             self.note(name)
         self._serving = serving

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
 from rewards.air import DEFAULT_ERROR_PATTERNS, AirRules  # pure: the AIR weights' defaults live there
+from rlproxy.policy_rules import BASE_POLICY, DEFAULT_POLICY, PolicyRules, check_policy_name
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///rlproxy.db"
 
@@ -85,6 +86,13 @@ class ProxySettings(_Settings):
     upstream_timeout: float = Field(600.0, description="Seconds an upstream request may take in total.")
     upstream_connect_attempts: int = Field(3, description="Connection attempts per request before the first byte.")
     policy_refresh_interval: float = Field(1.0, description="Seconds between reads of the active policy.")
+    policy_rules: tuple[str, ...] = Field(
+        (), description="Which named policy answers a call, by agent and/or project, first match wins: "
+                        "agent:NAME=POLICY, project:NAME=POLICY, project:A&agent:B=POLICY; POLICY `base` is the "
+                        "base model, never trained (docs/policies.md). Repeat the flag for each rule.",
+        json_schema_extra={"flag": "policy-rule"})
+    default_policy: str = Field(
+        DEFAULT_POLICY, description="The policy of a call no policy rule matches (`base`: the base model).")
     air: bool = Field(True, description="Derive automatic intermediate rewards from observed tool calls "
                                         "(docs/air.md).")
     air_invalid_arguments: float = Field(
@@ -114,6 +122,20 @@ class ProxySettings(_Settings):
     writer: WriterSettings = Field(default_factory=WriterSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
 
+    @field_validator("default_policy")
+    @classmethod
+    def _policy_name(cls, name: str) -> str:
+        return check_policy_name(name)
+
+    @field_validator("policy_rules")
+    @classmethod
+    def _rules_parse(cls, rules: tuple[str, ...]) -> tuple[str, ...]:
+        PolicyRules.parse(rules)  # raises with the rule and why
+        return rules
+
+    def routing(self) -> PolicyRules:
+        return PolicyRules.parse(self.policy_rules, self.default_policy)
+
 
 class EngineSettings(_Settings):
     model: Path | None = Field(None, description="Hugging Face model folder; default: the prepared bundled model.")
@@ -139,6 +161,11 @@ class TrainerSettings(_Settings):
     model: Path | None = Field(None, description="Base model folder the engines serve; default: the bundled one.")
     adapters_dir: Path = Field(Path("rlproxy-adapters"), description="Where adapter versions are written.")
     worker_id: str = Field("trainer", description="Lease owner name; unique per trainer process.")
+    policies: tuple[str, ...] = Field(
+        (DEFAULT_POLICY,), description="The named policies this trainer trains, each from its own calls with the "
+                                       "shared episode reward, in turn on one model copy (docs/policies.md). "
+                                       "Calls of other policies are left untrained. Repeat the flag for each.",
+        json_schema_extra={"flag": "policy"})
     poll_interval: float = Field(1.0, description="Seconds between looks for ready rollouts.")
     lease_seconds: float = Field(900.0, description="How long claimed rollouts stay reserved for one step.")
     metrics_port: int | None = Field(8401, description="Port for the trainer's Prometheus metrics; 0: off.")
@@ -191,6 +218,16 @@ class TrainerSettings(_Settings):
         1, ge=1, description="Data-parallel training processes on this machine (one per GPU; on a CPU they share "
                              "its cores). Starts torchrun; for several machines run torchrun yourself "
                              "(trainer/parallel.py).")
+
+    @field_validator("policies")
+    @classmethod
+    def _trainable_policies(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        if not names:
+            raise ValueError("name at least one policy to train")
+        for name in names:
+            if check_policy_name(name) == BASE_POLICY:
+                raise ValueError(f"{BASE_POLICY!r} is the base model: it is never trained")
+        return tuple(dict.fromkeys(names))
 
     @field_validator("metrics_port")
     @classmethod

@@ -9,7 +9,7 @@ from sqlalchemy import case, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from store.dialect import insert_ignoring_duplicates
-from store.models import Call, CallChoice, PrefixKind, Rollout
+from store.models import DEFAULT_POLICY, Call, CallChoice, PrefixKind, Rollout
 from store.records import CallRecord
 
 
@@ -154,6 +154,8 @@ def _call_row(record: CallRecord, seq: int | None, parent: Parent | None, kind: 
         "model": record.model,
         "upstream_model": record.upstream_model,
         "policy_version": record.policy_version,
+        # A record with a version but no policy name (spooled by a proxy before named policies) is the default's.
+        "policy": record.policy or (DEFAULT_POLICY if record.policy_version is not None else None),
         "stream": record.stream,
         "status": record.status,
         "http_status": record.http_status,

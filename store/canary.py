@@ -7,6 +7,9 @@ The canary itself is the policy row with status `canary`; its fraction and start
 `evaluation` JSON under "canary", which the proxies read on their policy refresh. The proxy and the trainer
 both use this module: the proxy to route, the trainer to start the canary, gather the evidence and end it.
 
+Each named policy has at most one canary; it answers that policy's calls only, and is judged against that
+policy's active version.
+
 A canary has a scope (`traffic`): "all" answers its share of every new rollout and is judged on them (the
 `canary` gate); "eval" answers its share of evaluation rollouts only — those created with `eval`, sent with
 `X-Rlproxy-Eval: 1`, or of an agent named in its record's `eval_agents` — and is judged on those alone (the
@@ -25,7 +28,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from store import policies
 from store.errors import Conflict
-from store.models import Call, Policy, PolicyStatus, Rollout, RolloutStatus, utcnow
+from store.models import DEFAULT_POLICY, Call, Policy, PolicyStatus, Rollout, RolloutStatus, utcnow
 
 KEY = "canary"  # where a policy's canary record lives in its evaluation JSON
 ALL, EVAL = "all", "eval"  # the canary's scope: every new rollout, or evaluation rollouts only
@@ -40,6 +43,7 @@ class Canary:
     parent: int | None  # the version that was active when the canary started
     traffic: str = ALL  # ALL or EVAL (module docstring)
     eval_agents: tuple[str, ...] = ()  # with EVAL: agents whose rollouts are evaluation traffic by name
+    policy: str = DEFAULT_POLICY  # the named policy whose calls it answers a share of
 
     def answers(self, rollout_id: str, evaluation: bool) -> bool:
         """Whether this canary answers a call of `rollout_id` (an evaluation rollout or not)."""
@@ -53,7 +57,8 @@ def serves(canary: Canary, rollout_id: str) -> bool:
     return int.from_bytes(digest[:8], "big") < canary.fraction * 2**64
 
 
-def _parse(version: int, name: str, evaluation: dict[str, Any] | None) -> Canary | None:
+def _parse(version: int, name: str, evaluation: dict[str, Any] | None,
+           policy: str = DEFAULT_POLICY) -> Canary | None:
     record = (evaluation or {}).get(KEY) or {}
     try:
         fraction = float(record["fraction"])
@@ -62,51 +67,68 @@ def _parse(version: int, name: str, evaluation: dict[str, Any] | None) -> Canary
         return None  # a canary row without a readable record answers nothing (it is still judged)
     traffic = EVAL if record.get("traffic") == EVAL else ALL
     return Canary(version, name, min(max(fraction, 0.0), 1.0), started, record.get("parent"), traffic,
-                  tuple(str(a) for a in record.get("eval_agents") or ()))
+                  tuple(str(a) for a in record.get("eval_agents") or ()), policy)
 
 
-async def serving(session: AsyncSession) -> tuple[policies.ActivePolicy, Canary | None]:
-    """The active policy and the running canary (if any), in one read."""
+@dataclass(slots=True, frozen=True)
+class Line:
+    """What serves one named policy: its active version (or the base model) and its canary, if one runs."""
+    active: policies.ActivePolicy
+    canary: Canary | None = None
+
+
+async def serving_all(session: AsyncSession) -> dict[str, Line]:
+    """Every named policy with an active version or a canary, in one read (a policy not in it is served by
+    the base model)."""
     rows = (await session.execute(
-        select(Policy.version, Policy.name, Policy.path, Policy.status, Policy.evaluation)
+        select(Policy.version, Policy.name, Policy.path, Policy.status, Policy.evaluation, Policy.policy)
         .where(Policy.status.in_((PolicyStatus.ACTIVE, PolicyStatus.CANARY))).order_by(Policy.version)
     )).all()
-    active, canary = policies.BASE, None
-    for version, name, path, status, evaluation in rows:
+    lines: dict[str, Line] = {}
+    for version, name, path, status, evaluation, policy in rows:
+        line = lines.get(policy) or Line(policies.base_of(policy))
         if status == PolicyStatus.ACTIVE:
-            active = policies.ActivePolicy(version, name, path)
-        else:
-            canary = _parse(version, name, evaluation) or canary  # the newest readable one
-    return active, canary
+            line = Line(policies.ActivePolicy(version, name, path, policy), line.canary)
+        else:  # the newest readable canary
+            line = Line(line.active, _parse(version, name, evaluation, policy) or line.canary)
+        lines[policy] = line
+    return lines
 
 
-async def running(session: AsyncSession) -> Canary | None:
-    return (await serving(session))[1]
+async def serving(session: AsyncSession, policy: str = DEFAULT_POLICY) -> tuple[policies.ActivePolicy, Canary | None]:
+    """`policy`'s active version and its running canary (if any), in one read."""
+    line = (await serving_all(session)).get(policy) or Line(policies.base_of(policy))
+    return line.active, line.canary
+
+
+async def running(session: AsyncSession, policy: str = DEFAULT_POLICY) -> Canary | None:
+    return (await serving(session, policy))[1]
 
 
 async def start(session: AsyncSession, version: int, fraction: float, *, traffic: str = ALL,
                 eval_agents: tuple[str, ...] | list[str] = ()) -> Canary:
-    """Put `version` (a loaded candidate) in canary over `traffic`. Idempotent for the canary already running
-    (a restarted trainer resumes judging it with its original start); another canary running is a Conflict."""
+    """Put `version` (a loaded candidate) in canary over `traffic` of its policy's calls. Idempotent for the
+    canary already running (a restarted trainer resumes judging it with its original start); another canary of
+    the same policy running is a Conflict."""
     if traffic not in (ALL, EVAL):
         raise ValueError(f"canary traffic must be {ALL!r} or {EVAL!r}, not {traffic!r}")
     if not 0 < fraction < 1:
         raise ValueError(f"canary fraction must be between 0 and 1, not {fraction}")
-    current = await running(session)
-    if current is not None and current.version != version:
-        raise Conflict(f"policy v{current.version} is already in canary")
     policy = await policies.get_policy(session, version)
+    current = await running(session, policy.policy)
+    if current is not None and current.version != version:
+        raise Conflict(f"policy v{current.version} is already in canary for {policy.policy!r}")
     if policy.status == PolicyStatus.CANARY and current is not None:
         return current
     if policy.status not in (PolicyStatus.CANDIDATE, PolicyStatus.CANARY):
         raise Conflict(f"policy v{version} is {policy.status}; only a candidate can go in canary")
-    active = await policies.active_policy(session)
+    active = await policies.active_policy(session, policy.policy)
     record = {"fraction": fraction, "started_at": utcnow().isoformat(), "parent": active.version,
               "traffic": traffic, "eval_agents": list(eval_agents)}
     policy.evaluation = {**(policy.evaluation or {}), KEY: record}  # a new dict: JSON changes are not tracked
     policy.status = PolicyStatus.CANARY
     await session.flush()
-    return _parse(version, policy.name, policy.evaluation)
+    return _parse(version, policy.name, policy.evaluation, policy.policy)
 
 
 @dataclass(slots=True, frozen=True)
@@ -119,14 +141,15 @@ class Arm:
 async def evidence(session: AsyncSession, canary: Canary, versions: tuple[int, ...]) -> dict[int, Arm]:
     """Finished rollouts created since the canary started, by the one version that answered all their calls
     (with an EVAL canary: evaluation rollouts only). A rollout whose calls span versions (it was under way when
-    the canary started or a proxy had not yet refreshed) and one with no policy call are left out: their reward
-    says nothing about a single version."""
+    the canary started or a proxy had not yet refreshed) and one with no call of the canary's policy are left
+    out: their reward says nothing about a single version. Calls of other policies in the same rollout (another
+    agent role's) do not count either way."""
     scope = [Rollout.eval] if canary.traffic == EVAL else []
     per_rollout = (
         select(Rollout.reward.label("reward"), func.min(Call.policy_version).label("version"))
         .join(Call, Call.rollout_id == Rollout.id)
         .where(Rollout.status == RolloutStatus.FINISHED, Rollout.created_at >= _aware(canary.started_at),
-               Call.policy_version.is_not(None), *scope)
+               Call.policy_version.is_not(None), Call.policy == canary.policy, *scope)
         .group_by(Rollout.id, Rollout.reward)
         .having(func.min(Call.policy_version) == func.max(Call.policy_version))
         .subquery()

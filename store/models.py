@@ -73,6 +73,10 @@ class PrefixKind:
     DIVERGED = "diverged"  # the history was re-rendered or edited: not even the parent's prompt is a prefix
 
 
+DEFAULT_POLICY = "default"  # the policy every call belongs to unless a routing rule names another
+BASE_POLICY = "base"  # a reserved name: always the base model, never trained (rlproxy/policy_rules.py)
+
+
 class PolicyStatus:
     CANDIDATE = "candidate"
     ACTIVE = "active"
@@ -147,6 +151,8 @@ class Call(Base):
     model: Mapped[str | None] = mapped_column(String(256))  # what the agent asked for
     upstream_model: Mapped[str | None] = mapped_column(String(256))  # what the engine was asked for
     policy_version: Mapped[int | None] = mapped_column(Integer)
+    # The named policy that answered (rlproxy/policy_rules.py); None for a call to a model outside the policies.
+    policy: Mapped[str | None] = mapped_column(String(128), server_default=DEFAULT_POLICY)
     stream: Mapped[bool] = mapped_column(Boolean, default=False)
     status: Mapped[str] = mapped_column(String(32))
     http_status: Mapped[int | None] = mapped_column(Integer)
@@ -209,12 +215,14 @@ class Reward(Base):
 
 
 class Policy(Base):
-    """A trained adapter. Version 0 is the base model and has no row."""
+    """A trained adapter: one version of a named policy. Versions are numbered across all policies (so a
+    version number and its adapter name are unique); version 0 is the base model and has no row."""
 
     __tablename__ = "policies"
 
     version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
     name: Mapped[str] = mapped_column(String(128), unique=True)  # the engine's LoRA name
+    policy: Mapped[str] = mapped_column(String(128), default=DEFAULT_POLICY, server_default=DEFAULT_POLICY)
     parent_version: Mapped[int | None] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(16))
     path: Mapped[str | None] = mapped_column(Text)
@@ -225,9 +233,10 @@ class Policy(Base):
     activated_at: Mapped[datetime | None] = mapped_column(Timestamp)
 
     __table_args__ = (
+        # One active version per named policy.
         Index(
             "uq_policies_one_active",
-            "status",
+            "policy",
             unique=True,
             postgresql_where=text("status = 'active'"),
             sqlite_where=text("status = 'active'"),

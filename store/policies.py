@@ -1,6 +1,8 @@
-"""Policies (trained adapters): which one is active, the list, activation and rollback.
+"""Policies (trained adapters): which version of each named policy is active, the list, activation and rollback.
 
-Version 0 is the base model: it has no row and is what serves when no row is active."""
+A named policy (`default` unless the proxy's routing rules name others) is a line of versions; versions are
+numbered across all policies. Version 0 is the base model: it has no row and is what serves a policy that has
+no active row."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,9 +13,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from store import evaluation
 from store.errors import NotFound
-from store.models import Policy, PolicyStatus, utcnow
+from store.models import BASE_POLICY, DEFAULT_POLICY, Policy, PolicyStatus, utcnow
 
 BASE_VERSION = 0
+
+__all__ = ["BASE_POLICY", "DEFAULT_POLICY", "BASE", "BASE_VERSION", "ActivePolicy"]
 
 
 @dataclass(slots=True, frozen=True)
@@ -21,9 +25,15 @@ class ActivePolicy:
     version: int
     name: str | None  # the engine's adapter name; None for the base model
     path: str | None = None
+    policy: str = DEFAULT_POLICY  # the named policy this version belongs to
 
 
 BASE = ActivePolicy(BASE_VERSION, None)
+
+
+def base_of(policy: str) -> ActivePolicy:
+    """What serves `policy` before any version of it is active: the base model."""
+    return ActivePolicy(BASE_VERSION, None, None, policy)
 
 
 def adapter_name(version: int) -> str:
@@ -31,11 +41,26 @@ def adapter_name(version: int) -> str:
     return f"rlproxy-v{version}"
 
 
-async def active_policy(session: AsyncSession) -> ActivePolicy:
-    row = (
-        await session.execute(select(Policy.version, Policy.name, Policy.path).where(Policy.status == PolicyStatus.ACTIVE))
-    ).first()
-    return ActivePolicy(*row) if row else BASE
+async def active_policy(session: AsyncSession, policy: str = DEFAULT_POLICY) -> ActivePolicy:
+    row = (await session.execute(
+        select(Policy.version, Policy.name, Policy.path, Policy.policy)
+        .where(Policy.status == PolicyStatus.ACTIVE, Policy.policy == policy))).first()
+    return ActivePolicy(*row) if row else base_of(policy)
+
+
+async def policy_of(session: AsyncSession, version: int) -> str:
+    """The named policy a version belongs to (the base model, 0, belongs to none: the default is answered)."""
+    if version == BASE_VERSION:
+        return DEFAULT_POLICY
+    return (await get_policy(session, version)).policy
+
+
+async def lineage(session: AsyncSession, policy: str) -> dict[int, int]:
+    """version -> its position in `policy`'s line (the base model 0, its first version 1, ...): how far apart
+    two versions of one policy are, whatever other policies were trained in between."""
+    versions = (await session.execute(
+        select(Policy.version).where(Policy.policy == policy).order_by(Policy.version))).scalars().all()
+    return {BASE_VERSION: 0, **{version: position for position, version in enumerate(versions, start=1)}}
 
 
 async def get_policy(session: AsyncSession, version: int) -> Policy:
@@ -45,18 +70,23 @@ async def get_policy(session: AsyncSession, version: int) -> Policy:
     return policy
 
 
-async def list_policies(session: AsyncSession, *, project: str | None = None) -> list[dict[str, Any]]:
-    """Every version, the base (0) first, each with `evaluation_traffic`: the final rewards of the evaluation
-    rollouts it served (store/evaluation.py; with `project`, that project's and unowned rollouts only)."""
-    policies = (await session.execute(select(Policy).order_by(Policy.version))).scalars().all()
+async def list_policies(session: AsyncSession, *, project: str | None = None,
+                        policy: str = DEFAULT_POLICY) -> list[dict[str, Any]]:
+    """The versions of `policy`, the base (0) first, each with `evaluation_traffic`: the final rewards of the
+    evaluation rollouts it served (store/evaluation.py; with `project`, that project's and unowned rollouts
+    only). The base model's status is `active` when `policy` has no active version."""
+    policies = (await session.execute(
+        select(Policy).where(Policy.policy == policy).order_by(Policy.version))).scalars().all()
     traffic = await evaluation.traffic_by_version(session, project=project)
     none = evaluation.summarize(0, 0.0, 0.0, False)
     active = any(p.status == PolicyStatus.ACTIVE for p in policies)
-    base = {"version": BASE_VERSION, "name": None, "status": "retired" if active else PolicyStatus.ACTIVE,
+    base = {"version": BASE_VERSION, "policy": policy, "name": None,
+            "status": "retired" if active else PolicyStatus.ACTIVE,
             "parent_version": None, "path": None, "metrics": None, "evaluation": None,
             "evaluation_traffic": traffic.get(BASE_VERSION, none), "created_at": None, "activated_at": None}
     return [base] + [
-        {"version": p.version, "name": p.name, "status": p.status, "parent_version": p.parent_version,
+        {"version": p.version, "policy": p.policy, "name": p.name, "status": p.status,
+         "parent_version": p.parent_version,
          "path": p.path, "metrics": p.metrics, "evaluation": p.evaluation,
          "evaluation_traffic": traffic.get(p.version, none),
          "created_at": p.created_at.isoformat() if p.created_at else None,
@@ -65,33 +95,44 @@ async def list_policies(session: AsyncSession, *, project: str | None = None) ->
     ]
 
 
+async def names(session: AsyncSession) -> list[str]:
+    """Every named policy that has a version, `default` first."""
+    found = set((await session.execute(select(Policy.policy).distinct())).scalars())
+    return [DEFAULT_POLICY] + sorted(found - {DEFAULT_POLICY})
+
+
 async def next_version(session: AsyncSession) -> int:
     return int((await session.execute(select(func.coalesce(func.max(Policy.version), 0)))).scalar_one()) + 1
 
 
 async def add_candidate(
     session: AsyncSession, version: int, path: str, *, parent_version: int | None, base_model: str | None,
-    metrics: dict[str, Any] | None = None,
+    metrics: dict[str, Any] | None = None, policy: str = DEFAULT_POLICY,
 ) -> Policy:
-    policy = Policy(version=version, name=adapter_name(version), parent_version=parent_version,
-                    status=PolicyStatus.CANDIDATE, path=path, base_model=base_model, metrics=metrics)
-    session.add(policy)
+    if policy == BASE_POLICY:
+        raise ValueError(f"{BASE_POLICY!r} is the base model's policy and has no versions")
+    row = Policy(version=version, name=adapter_name(version), policy=policy, parent_version=parent_version,
+                 status=PolicyStatus.CANDIDATE, path=path, base_model=base_model, metrics=metrics)
+    session.add(row)
     await session.flush()
-    return policy
+    return row
 
 
 async def set_status(session: AsyncSession, version: int, status: str, **fields: Any) -> None:
     await session.execute(update(Policy).where(Policy.version == version).values(status=status, **fields))
 
 
-async def activate(session: AsyncSession, version: int) -> None:
-    """Make `version` the one served (0 = the base model); the previously active one is retired."""
+async def activate(session: AsyncSession, version: int, policy: str = DEFAULT_POLICY) -> None:
+    """Make `version` the one its policy serves (0: `policy` goes back to the base model); the version of
+    that policy that was active is retired."""
     if version != BASE_VERSION:
-        policy = await get_policy(session, version)
-        if policy.status == PolicyStatus.FAILED:
+        row = await get_policy(session, version)
+        if row.status == PolicyStatus.FAILED:
             raise NotFound(f"policy version {version} failed to load and cannot be activated")
+        policy = row.policy
     await session.execute(
-        update(Policy).where(Policy.status == PolicyStatus.ACTIVE).values(status=PolicyStatus.RETIRED)
+        update(Policy).where(Policy.status == PolicyStatus.ACTIVE, Policy.policy == policy)
+        .values(status=PolicyStatus.RETIRED)
     )
     if version != BASE_VERSION:
         await session.flush()

@@ -26,6 +26,7 @@ class CallRecord:
     model: str | None = None
     upstream_model: str | None = None
     policy_version: int | None = None
+    policy: str | None = None  # the named policy that answered (None: a model outside the policies)
     stream: bool = False
     status: str = "ok"
     http_status: int | None = None

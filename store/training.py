@@ -35,6 +35,7 @@ class CallData:
     prefix_kind: str | None
     choices: list[tuple[list[int] | None, list[float] | None]]  # (token ids, logprobs) per choice
     rewards: list[float] = field(default_factory=list)  # intermediate rewards (posted and automatic)
+    policy: str | None = None  # the named policy that answered it
 
 
 @dataclass(slots=True)
@@ -141,15 +142,16 @@ async def load_rollouts(session: AsyncSession, rollout_ids: list[str]) -> list[R
     rollouts = (await session.execute(select(Rollout).where(Rollout.id.in_(rollout_ids)))).scalars().all()
     calls = (await session.execute(
         select(Call.id, Call.rollout_id, Call.seq, Call.agent, Call.policy_version, Call.prompt_token_ids,
-               Call.prefix_kind)
+               Call.prefix_kind, Call.policy)
         .where(Call.rollout_id.in_(rollout_ids), Call.status == CallStatus.OK).order_by(Call.seq)
     )).all()
     by_call: dict[str, CallData] = {}
     per_rollout: dict[str, list[CallData]] = defaultdict(list)
     rollout_agent = {r.id: r.agent for r in rollouts}
-    for call_id, rollout_id, seq, agent, version, prompt_ids, prefix_kind in calls:
+    for call_id, rollout_id, seq, agent, version, prompt_ids, prefix_kind, policy in calls:
         # a call made on the rollout's plain base_url (no /agents/{name}/) is the rollout's agent's
-        data = CallData(call_id, seq, agent or rollout_agent.get(rollout_id), version, prompt_ids, prefix_kind, [])
+        data = CallData(call_id, seq, agent or rollout_agent.get(rollout_id), version, prompt_ids, prefix_kind, [],
+                        policy=policy)
         by_call[call_id] = data
         per_rollout[rollout_id].append(data)
     if by_call:

@@ -62,14 +62,15 @@ def adapter_folder(root: Path, version: int) -> str:
 
 
 async def add_policies(database_url: str, root: Path, versions: list[int], *, active: int | None = None,
-                       engine_url: str | None = None, base_model: str = "stub-model") -> None:
-    """Candidate versions (each the child of the one before), optionally one active, loaded on a stub engine."""
+                       engine_url: str | None = None, base_model: str = "stub-model", policy: str = "default") -> None:
+    """Candidate versions of `policy` (each the child of the one before), optionally one active, loaded on a
+    stub engine."""
     from store import policies
 
     async with _transaction(database_url) as session:
         for version in versions:
             await policies.add_candidate(session, version, adapter_folder(root, version), parent_version=version - 1,
-                                         base_model=base_model)
+                                         base_model=base_model, policy=policy)
         if active is not None:
             await policies.activate(session, active)
     if engine_url:

@@ -56,13 +56,13 @@ async def test_the_router_sends_the_canary_its_fraction_of_new_rollouts_and_a_ro
         routes = [router.route(BASE, rollout_id) for rollout_id in ids]
         on_canary = sum(r.policy_version == 2 for r in routes)
         assert 40 - 18 <= on_canary <= 40 + 18  # expected 40, sd 6
-        assert {r for r in routes} == {Route("rlproxy-v1", 1), Route("rlproxy-v2", 2)}
+        assert {r for r in routes} == {Route("rlproxy-v1", 1, "default"), Route("rlproxy-v2", 2, "default")}
         # no per-rollout state: the same answer on every call, and from any router reading the same database
         assert [router.route(BASE, rollout_id) for rollout_id in ids] == routes
         assert [other.route(BASE, rollout_id) for rollout_id in ids] == routes
         assert all(router.version_for(rid) == r.policy_version for rid, r in zip(ids, routes))
         # a call without a rollout, and a model outside the policy, never go to the canary
-        assert router.route(BASE) == Route("rlproxy-v1", 1)
+        assert router.route(BASE) == Route("rlproxy-v1", 1, "default")
         assert router.route("some-other-model", ids[0]) == Route("some-other-model", None)
 
         async with transaction(own_database_url) as session:  # a second canary waits for the first

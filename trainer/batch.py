@@ -10,14 +10,18 @@ from trainer.transitions import Call, SkipReasons, Transition, merge_trajectory
 
 NOT_TRAINED_AGENT = "agent_not_trained"
 NOT_POLICY = "not_served_by_policy"
+OTHER_POLICY = "other_policy"  # a call another named policy answered: that policy's to train
 STALE = "stale_policy"
 NO_CALLS = "rollout_without_calls"
 ZERO_ADVANTAGE = "zero_advantage"
 
 
 def build_transitions(rollouts: list[RolloutData], config: TrainConfig, active_version: int,
-                      skips: SkipReasons, *, keep_zero: bool = False) -> list[Transition]:
-    """One transition per call and choice (merged along exact prefix links).
+                      skips: SkipReasons, *, keep_zero: bool = False, policy: str | None = None,
+                      lineage: dict[int, int] | None = None) -> list[Transition]:
+    """One transition per call and choice (merged along exact prefix links). With `policy`, only the calls that
+    named policy answered (another role's calls in the same episode are its own policy's); `lineage` (version ->
+    position in that policy's line, store.policies.lineage) measures staleness in that policy's versions.
 
     The advantage of call t in rollout i is  A_i + (G_t - R_i):  the episode's advantage within its task
     group (config.advantage_estimator over final rewards R), plus how the call's own credited return G_t
@@ -26,7 +30,7 @@ def build_transitions(rollouts: list[RolloutData], config: TrainConfig, active_v
     episode_advantages = group_advantages([(r.task_id, r.reward) for r in rollouts], config.advantage_estimator)
     transitions: list[Transition] = []
     for rollout, episode_advantage in zip(rollouts, episode_advantages):
-        calls = _trainable_calls(rollout, config, active_version, skips)
+        calls = _trainable_calls(rollout, config, active_version, skips, policy, lineage)
         if not calls:
             skips[NO_CALLS] += 1
             continue
@@ -51,14 +55,20 @@ def build_transitions(rollouts: list[RolloutData], config: TrainConfig, active_v
     return transitions
 
 
-def _trainable_calls(rollout: RolloutData, config: TrainConfig, active_version: int, skips: SkipReasons):
+def _trainable_calls(rollout: RolloutData, config: TrainConfig, active_version: int, skips: SkipReasons,
+                     policy: str | None = None, lineage: dict[int, int] | None = None):
+    def position(version: int) -> int:
+        return version if lineage is None else lineage.get(version, 0)
+
     kept = []
     for call in rollout.calls:
         if config.train_agents and call.agent not in config.train_agents:
             skips[NOT_TRAINED_AGENT] += 1
         elif call.policy_version is None:
             skips[NOT_POLICY] += 1  # the agent asked for another model by name
-        elif active_version - call.policy_version > config.max_staleness:
+        elif policy is not None and call.policy != policy:
+            skips[OTHER_POLICY] += 1
+        elif position(active_version) - position(call.policy_version) > config.max_staleness:
             skips[STALE] += 1
         else:
             kept.append(call)

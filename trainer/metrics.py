@@ -27,7 +27,14 @@ class TrainerMetrics:
         self.publish_duration = Histogram("rlproxy_trainer_publish_duration_seconds",
                                           "From step end to the new version serving.", buckets=STEP_BUCKETS,
                                           registry=r)
-        self.active_version = Gauge("rlproxy_trainer_active_policy_version", "Policy version serving.", registry=r)
+        self.active_version = Gauge("rlproxy_trainer_active_policy_version",
+                                    "Version serving of the first policy this trainer trains.", registry=r)
+        self.policy_version = Gauge("rlproxy_trainer_policy_version",
+                                    "Version serving of each named policy this trainer trains.", ["policy"],
+                                    registry=r)
+        self.policy_steps = Counter("rlproxy_trainer_policy_steps_total",
+                                    "Versions trained, by named policy (a step trains each policy with calls in it).",
+                                    ["policy"], registry=r)
         self.rollouts_waiting = Gauge("rlproxy_trainer_rollouts_waiting", "Rewarded rollouts not yet trained.",
                                       registry=r)
         self.rollouts_trained = Counter("rlproxy_trainer_rollouts_trained_total", "Rollouts consumed.", registry=r)

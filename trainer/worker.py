@@ -1,12 +1,17 @@
 """The trainer worker (`rlproxy train`), top to bottom:
 
-    resume from the active policy's adapter (or the base model)
+    resume each named policy it trains from its active adapter (or the base model)
     loop:
         claim ready rollouts (finished, rewarded, untrained; whole task groups) with a lease
-        build transitions from their recorded token ids (credit, advantages, prefix merging)
-        one PPO step on them
-        save the adapter atomically; record the version and mark the rollouts trained, in one transaction
-        publish: load into every engine, then activate (the proxies switch within a second)
+        for each policy: build transitions from the recorded token ids of the calls it answered (credit and
+            advantages from the shared episode reward, prefix merging), one PPO step, save the adapter
+        record the versions and mark the rollouts trained, in one transaction
+        publish each: load into every engine, then activate (the proxies switch within a second)
+
+Several policies are trained in turn on one model copy: before a policy's step its adapter (with its optimizer
+state) is loaded from its folder. One process, not one per policy, because the rollout is what is claimed and
+marked trained (a multi-agent episode feeds every role's policy from one reward), and one copy of the base
+model is what a single accelerator holds; with one policy (the default) nothing is ever swapped.
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ import logging
 import shutil
 import statistics
 import time
-from dataclasses import asdict, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +43,24 @@ from trainer.transitions import SkipReasons, Transition
 log = logging.getLogger("rlproxy.trainer")
 
 
+@dataclass(slots=True)
+class Line:
+    """What the trainer continues from for one named policy: the version serving it (or that it will)."""
+    policy: str
+    parent_version: int = policies.BASE_VERSION
+    parent_path: Path | None = None
+
+
+@dataclass(slots=True)
+class Trained:
+    """One policy's new version from one step, before it is recorded."""
+    line: Line
+    version: int
+    path: Path
+    transitions: int
+    metrics: dict[str, Any]
+
+
 class TrainerWorker:
     def __init__(self, settings: TrainerSettings, config: TrainConfig, model_path: Path,
                  metrics: TrainerMetrics | None = None, on_published=None, while_computing=None,
@@ -57,24 +80,35 @@ class TrainerWorker:
         self.housekeeping = Housekeeping(settings, self.sessions, self.metrics)
         self.policy = None  # trainer.ppo.PolicyTrainer, built on start (torch is imported lazily)
         self.collective = collective or Collective()  # several ranks: this worker is rank 0 (trainer/parallel.py)
-        self.parent_version = policies.BASE_VERSION
+        self.lines = {name: Line(name) for name in settings.policies}
+        self.loaded: str | None = None  # the policy whose parent adapter the model holds now
         self.steps = 0
         self.tokenizer = None  # only for token_source="retokenized"
+
+    @property
+    def parent_version(self) -> int:
+        """The version the first policy trained continues from."""
+        return self.lines[self.settings.policies[0]].parent_version
 
     async def start(self) -> None:
         async with self.sessions() as session, session.begin():
             released = await training.release_untrained(session, self.settings.worker_id)
-            active = await policies.active_policy(session)
+            for line in self.lines.values():
+                active = await policies.active_policy(session, line.policy)
+                line.parent_version, line.parent_path = active.version, Path(active.path) if active.path else None
         if released:
             log.info("took back %d rollouts leased by an earlier run of %r", released, self.settings.worker_id)
-        self.parent_version = active.version
-        log.info("resuming from policy v%d (%s)", active.version, active.path or "base model")
-        adapter = Path(active.path) if active.path else None
+        for line in self.lines.values():
+            log.info("policy %r resumes from v%d (%s)", line.policy, line.parent_version,
+                     line.parent_path or "base model")
+            self._observe_version(line)
+        first = self.lines[self.settings.policies[0]]
         if self.collective.world_size > 1:
-            self.policy = await asyncio.to_thread(LeaderPolicy.start, self.build_policy, adapter, self.collective)
+            self.policy = await asyncio.to_thread(LeaderPolicy.start, self.build_policy, first.parent_path,
+                                                  self.collective)
         else:
-            self.policy = await asyncio.to_thread(self.build_policy, adapter)
-        self.metrics.active_version.set(active.version)
+            self.policy = await asyncio.to_thread(self.build_policy, first.parent_path)
+        self.loaded = first.policy
         await self._publish_leftover_candidates()
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
@@ -102,7 +136,7 @@ class TrainerWorker:
         return PolicyTrainer(self.model_path, self.config, adapter_dir, self.collective)
 
     async def step_once(self) -> bool:
-        """Claim, train, publish. False when nothing was ready."""
+        """Claim, train each policy, publish. False when nothing was ready."""
         await self.publisher.unload_drained()
         rollout_ids = await self._claim()
         if not rollout_ids:
@@ -111,34 +145,55 @@ class TrainerWorker:
             rollouts = await training.load_rollouts(session, rollout_ids)
             if self.config.token_source == "retokenized":
                 await self._retokenize(session, rollouts)
-        skips = SkipReasons()
-        transitions = build_transitions(rollouts, self.config, self.parent_version, skips)
-        if self.config.token_source == "retokenized":
-            await asyncio.to_thread(self._recompute_behaviour, transitions)
-        for reason, count in skips.items():
-            self.metrics.skipped.labels(reason).inc(count)
+            lineages = {name: await policies.lineage(session, name) for name in self.lines}
         rewards = [r.reward for r in rollouts]
         self.metrics.reward_mean.set(statistics.fmean(rewards))
         self.metrics.reward_std.set(statistics.pstdev(rewards))
-        if not transitions:
-            log.info("%d rollouts gave nothing to learn from (%s)", len(rollouts), dict(skips))
-            await self._finish(rollout_ids, None, 0, {"skipped": dict(skips)})
-            return True
 
         began = time.perf_counter()
-        async with self.while_computing():
-            step_metrics = _as_dict(await asyncio.to_thread(self.policy.step, transitions))
-        self._observe(step_metrics, transitions, time.perf_counter() - began)
-        version, path = await self._save()
-        step_metrics.update(skipped=dict(skips), reward_mean=statistics.fmean(rewards), rollouts=len(rollouts))
-        await self._finish(rollout_ids, version, len(transitions), step_metrics, path=path)
+        trained: list[Trained] = []
+        skipped: dict[str, dict[str, int]] = {}
+        for line in self.lines.values():
+            skips = SkipReasons()
+            transitions = build_transitions(rollouts, self.config, line.parent_version, skips, policy=line.policy,
+                                            lineage=lineages[line.policy])
+            skipped[line.policy] = dict(skips)
+            if not transitions:
+                continue
+            await self._switch_to(line)
+            if self.config.token_source == "retokenized":
+                await asyncio.to_thread(self._recompute_behaviour, transitions)
+            step_began = time.perf_counter()
+            async with self.while_computing():
+                step_metrics = _as_dict(await asyncio.to_thread(self.policy.step, transitions))
+            self._observe(step_metrics, transitions, time.perf_counter() - step_began)
+            version, path = await self._save()
+            step_metrics.update(skipped=dict(skips), reward_mean=statistics.fmean(rewards), rollouts=len(rollouts),
+                                policy=line.policy)
+            trained.append(Trained(line, version, path, len(transitions), step_metrics))
+            log.info("step %d, policy %r: %d rollouts, %d transitions, reward %.3f, loss %.4f -> v%d",
+                     self.steps + 1, line.policy, len(rollouts), len(transitions), statistics.fmean(rewards),
+                     step_metrics.get("loss", 0.0), version)
+        for reasons in skipped.values():
+            for reason, count in reasons.items():
+                self.metrics.skipped.labels(reason).inc(count)
+        await self._finish(rollout_ids, trained, skipped)
+        if not trained:
+            log.info("%d rollouts gave nothing to learn from (%s)", len(rollouts), skipped)
+            return True
         self.steps += 1
         self.metrics.steps.inc()
         self.metrics.rollouts_trained.inc(len(rollout_ids))
-        log.info("step %d: %d rollouts, %d transitions, reward %.3f, loss %.4f -> v%d", self.steps,
-                 len(rollouts), len(transitions), statistics.fmean(rewards), step_metrics.get("loss", 0.0), version)
-        await self._publish(version, path, began)
+        for new in trained:
+            self.metrics.policy_steps.labels(new.line.policy).inc()
+            await self._publish(new.line, new.version, new.path, began)
         return True
+
+    async def _switch_to(self, line: Line) -> None:
+        """Put `line`'s adapter (and optimizer state) in the model, unless it is there already."""
+        if self.loaded != line.policy:
+            await asyncio.to_thread(self.policy.load, line.parent_path)
+            self.loaded = line.policy
 
     async def _retokenize(self, session: AsyncSession, rollouts: list[training.RolloutData]) -> None:
         from transformers import AutoTokenizer
@@ -188,20 +243,25 @@ class TrainerWorker:
         await asyncio.to_thread(self.policy.save_adapter, path)
         return version, path
 
-    async def _finish(self, rollout_ids: list[str], version: int | None, transitions: int,
-                      step_metrics: dict[str, Any], path: Path | None = None) -> None:
+    async def _finish(self, rollout_ids: list[str], trained: list[Trained],
+                      skipped: dict[str, dict[str, int]]) -> None:
+        """Record each new version and mark the rollouts trained, in one transaction (a step per version)."""
         async with self.sessions() as session, session.begin():
-            if version is not None:
-                await policies.add_candidate(session, version, str(path), parent_version=self.parent_version,
-                                             base_model=str(self.model_path), metrics=step_metrics)
-            await training.record_step(session, rollout_ids, self.settings.worker_id, policy_version=version,
-                                       transition_count=transitions, metrics=step_metrics)
+            for new in trained:
+                await policies.add_candidate(session, new.version, str(new.path), policy=new.line.policy,
+                                             parent_version=new.line.parent_version,
+                                             base_model=str(self.model_path), metrics=new.metrics)
+                await training.record_step(session, rollout_ids, self.settings.worker_id, policy_version=new.version,
+                                           transition_count=new.transitions, metrics=new.metrics)
+            if not trained:
+                await training.record_step(session, rollout_ids, self.settings.worker_id, policy_version=None,
+                                           transition_count=0, metrics={"skipped": _merged(skipped)})
 
-    async def _publish(self, version: int, path: Path, step_began: float) -> None:
+    async def _publish(self, line: Line, version: int, path: Path, step_began: float) -> None:
         published = await self.publisher.publish(version, str(path), activate=self.on_published is None)
         if published.error is not None:
             self.metrics.publish_failures.inc()
-            await self._revert()
+            await self._revert(line)
             return
         if self.on_published is not None and not published.activated:
             decision = await self.on_published(version)
@@ -211,32 +271,40 @@ class TrainerWorker:
                 await self.publisher.activate(version)
             else:
                 await self.publisher.retire(version)
-                await self._revert()
+                await self._revert(line)
                 return
-        self.parent_version = version
-        self.metrics.active_version.set(version)
+        line.parent_version, line.parent_path = version, path
+        self._observe_version(line)
         self.metrics.publish_duration.observe(time.perf_counter() - step_began)
 
-    async def _revert(self) -> None:
-        """Continue training from the policy that serves, not from a version that did not make it."""
+    async def _revert(self, line: Line) -> None:
+        """Continue training `line` from the version that serves it, not from a version that did not make it."""
         async with self.sessions() as session:
-            active = await policies.active_policy(session)
-        await asyncio.to_thread(self.policy.load, Path(active.path) if active.path else None)
-        self.parent_version = active.version
+            active = await policies.active_policy(session, line.policy)
+        line.parent_version, line.parent_path = active.version, Path(active.path) if active.path else None
+        if self.loaded == line.policy:
+            await asyncio.to_thread(self.policy.load, line.parent_path)
+
+    def _observe_version(self, line: Line) -> None:
+        self.metrics.policy_version.labels(line.policy).set(line.parent_version)
+        if line.policy == self.settings.policies[0]:
+            self.metrics.active_version.set(line.parent_version)
 
     async def _publish_leftover_candidates(self) -> None:
         """A trainer stopped between recording a version and publishing it (or while its canary ran):
         publish it now (a canary resumes with its original start)."""
-        async with self.sessions() as session:
-            leftovers = (await session.execute(
-                select(Policy).where(Policy.status.in_((PolicyStatus.CANDIDATE, PolicyStatus.CANARY)),
-                                     Policy.version > self.parent_version)
-                .order_by(Policy.version))).scalars().all()
-        for policy in leftovers:
-            if policy.path and Path(policy.path).exists():
-                log.info("publishing v%d left unpublished by an earlier run", policy.version)
-                await asyncio.to_thread(self.policy.load, Path(policy.path))
-                await self._publish(policy.version, Path(policy.path), time.perf_counter())
+        for line in self.lines.values():
+            async with self.sessions() as session:
+                leftovers = (await session.execute(
+                    select(Policy).where(Policy.status.in_((PolicyStatus.CANDIDATE, PolicyStatus.CANARY)),
+                                         Policy.policy == line.policy, Policy.version > line.parent_version)
+                    .order_by(Policy.version))).scalars().all()
+            for policy in leftovers:
+                if policy.path and Path(policy.path).exists():
+                    log.info("publishing v%d of %r left unpublished by an earlier run", policy.version, line.policy)
+                    await asyncio.to_thread(self.policy.load, Path(policy.path))
+                    self.loaded = line.policy
+                    await self._publish(line, policy.version, Path(policy.path), time.perf_counter())
 
     def _observe(self, step: dict[str, Any], transitions: list[Transition], seconds: float) -> None:
         m = self.metrics
@@ -248,6 +316,14 @@ class TrainerWorker:
         m.advantage_std.set(statistics.pstdev(advantages) if len(advantages) > 1 else 0.0)
         m.tokens.inc(sum(t.num_trained_tokens() for t in transitions))
         m.step_duration.observe(seconds)
+
+
+def _merged(skipped: dict[str, dict[str, int]]) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for reasons in skipped.values():
+        for reason, count in reasons.items():
+            total[reason] = total.get(reason, 0) + count
+    return total
 
 
 def _as_dict(metrics: Any) -> dict[str, Any]:

@@ -21,7 +21,8 @@ async def create_rollout(request: web.Request) -> web.Response:
     async with app.sessions() as session, session.begin():
         await store_rollouts.create_rollout(
             session, rollout_id, task_id=body.task_id, agent=body.agent, metadata=body.metadata,
-            project=request.get("project"), policy_version=app.router.version_for_new(rollout_id, body.eval, body.agent),
+            project=request.get("project"), policy_version=app.router.version_for_new(rollout_id, body.eval, body.agent,
+                                                                               request.get("project")),
             eval=body.eval,
         )
     base_url = f"{request.url.origin()}/rollouts/{rollout_id}/v1"

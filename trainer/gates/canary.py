@@ -31,14 +31,15 @@ class Verdict:
     active: canaries.Arm
 
 
-async def judge(session, *, min_rollouts: int, margin: float) -> Verdict | None:
-    """Decide the running canary once both it and the active policy have answered `min_rollouts` finished
-    rollouts since it started, and end it (promoted or retired). None while there is no canary or not
-    enough evidence."""
-    canary = await canaries.running(session)
+async def judge(session, *, min_rollouts: int, margin: float,
+                policy: str = policies.DEFAULT_POLICY) -> Verdict | None:
+    """Decide `policy`'s running canary once both it and that policy's active version have answered
+    `min_rollouts` finished rollouts since it started, and end it (promoted or retired). None while there is
+    no canary or not enough evidence."""
+    canary = await canaries.running(session, policy)
     if canary is None:
         return None
-    active = await policies.active_policy(session)
+    active = await policies.active_policy(session, policy)
     arms = await canaries.evidence(session, canary, (canary.version, active.version))
     mine, theirs = arms[canary.version], arms[active.version]
     if mine.rollouts < min_rollouts or theirs.rollouts < min_rollouts:
@@ -76,6 +77,8 @@ class CanaryGate:
             log.info("v%d in canary for %.0f%% of new %s since %s; judged after %d rollouts each",
                      version, 100 * started.fraction, what, started.started_at.isoformat(timespec="seconds"),
                      s.canary_min_rollouts)
+            async with sessions() as session:
+                policy = await policies.policy_of(session, version)
             while not self.stop.is_set():
                 async with sessions() as session, session.begin():
                     # training waits while this runs, so the worker's own marking of eval agents does too
@@ -83,7 +86,8 @@ class CanaryGate:
                 for marked_version, reward in marked if self.metrics is not None else ():
                     self.metrics.observe_eval(marked_version, reward)
                 async with sessions() as session, session.begin():
-                    verdict = await judge(session, min_rollouts=s.canary_min_rollouts, margin=s.gate_margin)
+                    verdict = await judge(session, min_rollouts=s.canary_min_rollouts, margin=s.gate_margin,
+                                          policy=policy)
                     status = (await policies.get_policy(session, version)).status
                 if verdict is not None and verdict.version == version:
                     log.info("canary v%d: mean reward %.3f over %d %s vs v%d %.3f over %d -> %s", version,
