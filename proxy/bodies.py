@@ -127,6 +127,21 @@ class Rollout(Body):
     rewards: list[RewardRecord]
 
 
+class ExportPartialSuccess(Body):
+    rejectedSpans: str = Field(pattern=r"^[0-9]+$", description="How many spans were refused (an int64, written "
+                                                                 "as protobuf's JSON mapping writes one).")
+    errorMessage: str = Field(description="Why, span by span.")
+
+
+class TraceExportResult(Body):
+    """OTLP's ExportTraceServiceResponse: empty when every span was taken (or ignored: it named no rollout, or
+    carried nothing to score)."""
+
+    omit_unset: ClassVar[bool] = True
+
+    partialSuccess: ExportPartialSuccess | None = Field(None, description="Present when some spans were refused.")
+
+
 # -- policies -------------------------------------------------------------------------------------------------
 class EvaluationTraffic(Body):
     """Final rewards of the finished evaluation rollouts this version served. ci95: Wilson's interval when every

@@ -24,11 +24,16 @@ class CallContext:
     eval: bool = False  # `X-Rlproxy-Eval: 1`: the call's rollout is evaluation traffic, never trained on
 
 
+def is_valid_id(value: str, what: str = "rollout") -> bool:
+    """Whether `value` is a rollout, agent or task id the proxy accepts (ids reach URL paths and Postgres text)."""
+    pattern = _TEXT if what == "task" else _ID
+    return len(value) <= LIMITS[what] and pattern.match(value) is not None
+
+
 def _clean(value: str | None, what: str) -> str | None:
     if value is None or value == "":
         return None
-    pattern = _TEXT if what == "task" else _ID
-    if len(value) > LIMITS[what] or not pattern.match(value):
+    if not is_valid_id(value, what):
         raise InvalidRequest(f"{what} id must be 1-{LIMITS[what]} characters"
                              + ("" if what == "task" else " of letters, digits and ._:@-"),
                              param=what, code="invalid_id")

@@ -44,6 +44,7 @@ class Endpoint:
     context_headers: bool = False  # X-Rollout-Id and the other call-context headers apply
     path_params: dict[str, dict[str, Any]] = field(default_factory=dict)  # schemas of path names (else generic)
     query_params: dict[str, dict[str, Any]] = field(default_factory=dict)  # optional query parameters' schemas
+    protobuf: bool = False  # the body may also be binary protobuf, answered in kind (OTLP's two encodings)
 
 
 def mounted(endpoints: Iterable[Endpoint], prefixes: Iterable[str], recorded: str = "") -> list[Endpoint]:

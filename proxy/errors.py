@@ -8,6 +8,7 @@
     ├── Unauthorized        401  no key, or one that is unknown or revoked
     ├── Forbidden           403  a valid key without the rights the route needs (admin)
     ├── PayloadTooLarge     413
+    ├── UnsupportedMediaType 415 a body in a content type the route does not read
     ├── RateLimited         429  with Retry-After
     ├── StoreUnavailable    503  the database did not answer in time
     ├── UpstreamUnavailable 502  no engine reachable (after bounded retries)
@@ -78,6 +79,12 @@ class PayloadTooLarge(ProxyError):
     status = 413
     type = "invalid_request_error"
     default_code = "request_too_large"
+
+
+class UnsupportedMediaType(ProxyError):
+    status = 415
+    type = "invalid_request_error"
+    default_code = "unsupported_media_type"
 
 
 class RateLimited(ProxyError):

@@ -18,6 +18,7 @@ from proxy.endpoints import Answer, Endpoint
 from rlproxy.settings import ProxySettings
 
 REF = "#/components/schemas/{model}"
+PROTOBUF = "application/x-protobuf"
 ID_PATTERN = r"^[A-Za-z0-9._:@\-]+$"  # proxy/context.py
 
 
@@ -46,6 +47,7 @@ _ERRORS = {
     404: "Unknown rollout, call, policy or route; another project's rollout looks the same.",
     409: "A different final reward for a rollout that already has one.",
     413: "The request body is larger than the proxy accepts.",
+    415: "A body in a content type the route does not read.",
     422: "Malformed body, or a reward that is not a finite number.",
     429: "Over the key's rate limit; Retry-After says when to try again.",
     502: "No engine reachable, or the engine refused to load the adapter.",
@@ -141,6 +143,10 @@ class _Builder:
                     else _json(_model_schema(endpoint.body)))
             operation["requestBody"] = {"required": endpoint.body_required, **body}
             responses.update(_errors((413,), shape))
+        if endpoint.protobuf:  # the same message, binary: in the request and in the answer
+            operation["requestBody"]["content"][PROTOBUF] = {"schema": {"type": "string", "format": "binary"}}
+            for status in endpoint.answers:
+                responses[str(status)]["content"][PROTOBUF] = {"schema": {"type": "string", "format": "binary"}}
         if not public and (self.auth_enabled or self.settings.auth.rate_limit):
             responses.update(_errors((429,), shape))
         if not public and self.auth_enabled:

@@ -27,6 +27,15 @@ class CompletionRequest(_OpenAIRequest):
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
 
 
+class TraceExport(BaseModel):
+    """OTLP's ExportTraceServiceRequest in its JSON encoding (opentelemetry-proto's trace_service.proto; ids in
+    hex), read by `google.protobuf.json_format`, not by this model: it only documents the body."""
+
+    model_config = ConfigDict(extra="allow")
+
+    resourceSpans: list[dict[str, Any]] = Field(default_factory=list)
+
+
 def _has_nul(value: Any) -> bool:
     if isinstance(value, str):
         return "\x00" in value
@@ -96,5 +105,5 @@ def validate(model: type[BaseModel], body: dict[str, Any], error: type[ProxyErro
         raise error(f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
 
 
-__all__ = ["ChatCompletionRequest", "CompletionRequest", "RolloutCreate", "RewardPost", "parse_json_object",
-           "validate", "Unprocessable"]
+__all__ = ["ChatCompletionRequest", "CompletionRequest", "RolloutCreate", "RewardPost", "TraceExport",
+           "parse_json_object", "validate", "Unprocessable"]

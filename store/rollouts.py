@@ -49,6 +49,16 @@ async def _rollout_for_update(session: AsyncSession, rollout_id: str, project: s
     return rollout
 
 
+async def rollout_taking_rewards(session: AsyncSession, rollout_id: str, project: str | None) -> Rollout:
+    """The rollout, locked until the transaction ends: `NotFound` if it does not exist (or is another project's),
+    `Conflict` once it has expired (it takes no more rewards)."""
+    rollout = await _rollout_for_update(session, rollout_id, project)
+    if rollout.status == RolloutStatus.EXPIRED:
+        raise Conflict(f"rollout {rollout_id!r} expired at {rollout.finished_at:%Y-%m-%d %H:%M:%S} UTC without a "
+                       f"final reward (the trainer's reward TTL); it takes no more rewards")
+    return rollout
+
+
 async def post_reward(
     session: AsyncSession,
     rollout_id: str,
@@ -63,10 +73,7 @@ async def post_reward(
     `Conflict`. With `call_id` it is an intermediate reward for that call of the rollout."""
     if not math.isfinite(value):
         raise ValueError("reward must be a finite number")
-    rollout = await _rollout_for_update(session, rollout_id, project)
-    if rollout.status == RolloutStatus.EXPIRED:
-        raise Conflict(f"rollout {rollout_id!r} expired at {rollout.finished_at:%Y-%m-%d %H:%M:%S} UTC without a "
-                       f"final reward (the trainer's reward TTL); it takes no more rewards")
+    rollout = await rollout_taking_rewards(session, rollout_id, project)
     if call_id is not None:
         owner = (await session.execute(select(Call.rollout_id).where(Call.id == call_id))).scalar_one_or_none()
         if owner != rollout_id:

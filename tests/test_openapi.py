@@ -46,6 +46,12 @@ def _single_prompts(document: dict) -> dict:
     return document
 
 
+@schemathesis.serializer("application/x-protobuf")
+def _protobuf_bytes(ctx, value) -> bytes:
+    """/v1/traces also reads binary protobuf (OTLP): generated binary strings are sent as they are."""
+    return value if isinstance(value, bytes) else str(value).encode()
+
+
 schema = schemathesis.openapi.from_dict(_single_prompts(DOCUMENT))
 
 
@@ -85,7 +91,7 @@ def test_the_document_describes_this_server(api: Api):
     for path in ("/rollouts", "/reward", "/rollouts/{rollout_id}", "/policies", "/policies/{version}/activate",
                  "/healthz", "/readyz", "/metrics", "/openapi.json", "/v1/chat/completions", "/v1/completions",
                  "/v1/models", "/rollouts/{rollout_id}/v1/chat/completions",
-                 "/rollouts/{rollout_id}/agents/{agent}/v1/models"):
+                 "/rollouts/{rollout_id}/agents/{agent}/v1/models", "/v1/traces"):
         assert path in paths, path
     chat = paths["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]
     assert chat["schema"]["required"] == ["model", "messages"]  # from proxy/schemas.py

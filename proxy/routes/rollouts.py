@@ -9,7 +9,7 @@ from proxy.bodies import RewardResult, Rollout, RolloutCreated
 from proxy.endpoints import Answer, Endpoint
 from proxy.errors import NotFoundError, Unprocessable
 from proxy.schemas import RewardPost, RolloutCreate, parse_json_object, validate
-from proxy.state import state
+from proxy.state import ProxyState, state
 from store import rollouts as store_rollouts
 
 
@@ -39,15 +39,20 @@ async def post_reward(request: web.Request) -> web.Response:
             metadata=body.metadata, project=request.get("project"),
         )
     if result.created:
-        kind = "final" if body.call_id is None else "call"
-        app.metrics.rewards.labels(kind, "", "").inc()
-        if kind == "final":
-            app.metrics.reward_value.labels(str(app.router.version_for(body.rollout_id))).observe(body.reward)
-            if result.eval:  # by the version that served the rollout (`rollouts.policy_version`)
-                version = "" if result.policy_version is None else str(result.policy_version)
-                app.metrics.eval_reward_value.labels(version).observe(body.reward)
+        count_reward(app, result)
     per_call = {"call_id": result.call_id} if result.call_id is not None else {}
     return RewardResult(rollout_id=result.rollout_id, reward=result.reward, **per_call).reply()
+
+
+def count_reward(app: ProxyState, result: store_rollouts.RewardResult) -> None:
+    """The metrics of a final or per-call reward just stored (by `POST /reward` or an exported span)."""
+    kind = "final" if result.call_id is None else "call"
+    app.metrics.rewards.labels(kind, "", "").inc()
+    if kind == "final":
+        app.metrics.reward_value.labels(str(app.router.version_for(result.rollout_id))).observe(result.reward)
+        if result.eval:  # by the version that served the rollout (`rollouts.policy_version`)
+            version = "" if result.policy_version is None else str(result.policy_version)
+            app.metrics.eval_reward_value.labels(version).observe(result.reward)
 
 
 async def get_rollout(request: web.Request) -> web.Response:

@@ -1,0 +1,98 @@
+"""OpenTelemetry span ingest: `POST /v1/traces`, an OTLP/HTTP trace receiver. Agents already instrumented with
+OpenTelemetry point an OTLP exporter here and their spans become rewards with no reward code: a failed tool
+execution is the `tool_error` AIR of the call that asked for the tool, and `rlproxy.reward` a final or a
+per-call reward (docs/contract.md says which attributes mean what). Spans that name no rollout, or carry
+nothing to score, are taken and ignored, so an agent may export all its spans here.
+
+Bodies are binary protobuf or OTLP JSON; `Content-Encoding: gzip` is undone by aiohttp as it reads. The answer
+is an ExportTraceServiceResponse in the request's encoding, whose partial_success counts the refused spans
+(another project's or an unknown rollout, an expired one, a conflicting final reward, a reward for no call)
+and says why. Keys and projects apply as on `POST /reward`."""
+from __future__ import annotations
+
+from collections import defaultdict
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
+from google.protobuf import json_format
+
+from proxy.bodies import TraceExportResult
+from proxy.endpoints import Answer, Endpoint
+from proxy.errors import InvalidRequest, UnsupportedMediaType
+from proxy.otlp import JSON_TYPE, PROTOBUF_TYPES, OtlpFormatError, decode_request, export_response, span_facts
+from proxy.routes.rollouts import count_reward
+from proxy.schemas import TraceExport
+from proxy.span_rewards import (
+    IGNORED_NO_ROLLOUT,
+    IGNORED_NOTHING_TO_SCORE,
+    REJECTED,
+    SpanResult,
+    ToolWeights,
+    has_rewards,
+    store_span_rewards,
+)
+from proxy.state import ProxyState, state
+from store.models import RewardKind
+
+MESSAGES_SHOWN = 10  # refused spans explained in error_message; the rest are counted
+
+
+async def export_traces(request: web.Request) -> web.Response:
+    content_type = request.content_type
+    if content_type not in (*PROTOBUF_TYPES, JSON_TYPE):
+        raise UnsupportedMediaType(f"/v1/traces reads OTLP as application/x-protobuf or application/json, "
+                                   f"not {content_type!r}")
+    try:
+        raw = await request.read()
+    except RequestPayloadError as exc:  # e.g. a Content-Encoding: gzip body that is not gzip
+        raise InvalidRequest(f"the request body could not be read: {exc}", code="invalid_body") from None
+    try:
+        spans = span_facts(decode_request(raw, content_type))
+    except OtlpFormatError as exc:
+        raise InvalidRequest(str(exc), code="invalid_otlp") from None
+
+    app = state(request)
+    weights = ToolWeights.of(app.settings)
+    results: list[SpanResult] = []
+    by_rollout = defaultdict(list)
+    for span in spans:
+        if span.rollout_id is None:
+            results.append(SpanResult(IGNORED_NO_ROLLOUT))
+        elif not has_rewards(span, weights):
+            results.append(SpanResult(IGNORED_NOTHING_TO_SCORE))
+        else:
+            by_rollout[span.rollout_id].append(span)
+    if by_rollout:
+        await app.writer.sync()  # the calls these spans refer to may still be on their way to the database
+    for rollout_id, rollout_spans in by_rollout.items():
+        async with app.sessions() as session, session.begin():
+            stored = await store_span_rewards(session, rollout_id, rollout_spans, request.get("project"), weights)
+        _count_rewards(app, stored)  # once committed
+        results += stored
+    for result in results:
+        app.metrics.otlp_spans.labels(result.outcome).inc()
+
+    refused = [result.error or "refused" for result in results if result.outcome == REJECTED]
+    message = "; ".join(refused[:MESSAGES_SHOWN])
+    if len(refused) > MESSAGES_SHOWN:
+        message += f"; and {len(refused) - MESSAGES_SHOWN} more"
+    response = export_response(len(refused), message)
+    if content_type in PROTOBUF_TYPES:  # OTLP answers in the request's encoding
+        return web.Response(body=response.SerializeToString(), content_type=content_type)
+    return TraceExportResult.model_validate(json_format.MessageToDict(response)).reply()
+
+
+def _count_rewards(app: ProxyState, results: list[SpanResult]) -> None:
+    for result in results:
+        for reward in ([result.final] if result.final else []) + result.call_rewards:
+            count_reward(app, reward)
+        for reason, policy in result.air:
+            app.metrics.rewards.labels(RewardKind.AIR, reason, "" if policy is None else str(policy)).inc()
+
+
+ENDPOINTS = [
+    Endpoint("post", "/v1/traces", export_traces,
+             "OTLP/HTTP trace export: spans of a rollout become rewards (failed tool spans, rlproxy.reward)",
+             {200: Answer("Taken; partialSuccess counts and explains the refused spans.", TraceExportResult)},
+             (400, 415, 503), body=TraceExport, protobuf=True),
+]

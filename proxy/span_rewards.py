@@ -1,0 +1,194 @@
+"""The rewards a rollout's spans carry, stored: a failed tool span as the automatic `tool_error` reward of the
+call that asked for the tool, `rlproxy.reward` as a final reward (closing the rollout as `POST /reward` does)
+or as a reward for one call. What the spans mean is read in proxy/otlp.py; this module finds the calls they
+refer to and writes the rewards, all of one rollout's spans in one transaction under the rollout's row lock.
+
+Replays are no-ops: an automatic reward is stored once per call and reason (the `uq_rewards_air` index), a
+per-call reward once per span (its trace and span ids are kept in the reward's metadata and looked up under
+the lock), and the same final reward again changes nothing, while a different one is refused (409 semantics).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from proxy.otlp import SpanFacts, requested_tool_call_ids
+from rewards.air import TOOL_ERROR, TOOL_SUCCESS
+from rlproxy.settings import ProxySettings
+from store import rollouts as store_rollouts
+from store.dialect import insert_ignoring_duplicates
+from store.errors import Conflict, NotFound
+from store.models import Call, Reward, RewardKind, utcnow
+
+# What became of a span (`rlproxy_otlp_spans_total{outcome}`); a span with several rewards counts once, by the
+# first of these that applies.
+REJECTED = "rejected"  # at least one of its rewards was refused (partial_success.rejected_spans)
+REWARDED_FINAL = "rewarded_final"
+REWARDED_CALL = "rewarded_call"
+AIR = "air"
+DUPLICATE = "duplicate"  # everything it carries was stored already (a replayed export)
+IGNORED_NO_ROLLOUT = "ignored_no_rollout"
+IGNORED_NOTHING_TO_SCORE = "ignored_nothing_to_score"
+OUTCOMES = (REJECTED, REWARDED_FINAL, REWARDED_CALL, AIR, DUPLICATE, IGNORED_NO_ROLLOUT, IGNORED_NOTHING_TO_SCORE)
+
+
+@dataclass(frozen=True, slots=True)
+class ToolWeights:
+    """The AIR weights a tool span's status earns the call that asked for the tool (0: off)."""
+
+    tool_error: float = -0.25
+    tool_success: float = 0.0
+
+    @classmethod
+    def of(cls, settings: ProxySettings) -> ToolWeights:
+        if not settings.air:
+            return cls(0.0, 0.0)
+        return cls(settings.air_tool_error, settings.air_tool_success)
+
+    def for_span(self, span: SpanFacts) -> tuple[str, float] | None:
+        """The reason and weight of the tool span's automatic reward; None when it earns none."""
+        if not span.is_tool:
+            return None
+        reason, weight = (TOOL_ERROR, self.tool_error) if span.tool_failed else (TOOL_SUCCESS, self.tool_success)
+        return (reason, weight) if weight != 0.0 else None
+
+
+def has_rewards(span: SpanFacts, weights: ToolWeights) -> bool:
+    """Whether the span carries anything to store (else it is ignored without reaching the database)."""
+    return span.reward is not None or span.reward_error is not None or weights.for_span(span) is not None
+
+
+@dataclass(slots=True)
+class SpanResult:
+    outcome: str
+    error: str | None = None  # why (part of) it was refused
+    final: store_rollouts.RewardResult | None = None  # a final reward it stored
+    call_rewards: list[store_rollouts.RewardResult] = field(default_factory=list)
+    air: list[tuple[str, int | None]] = field(default_factory=list)  # (reason, serving policy) of AIR it stored
+
+
+@dataclass(frozen=True, slots=True)
+class _RecordedCall:
+    id: str
+    started_at: datetime
+    policy_version: int | None
+    tool_call_ids: frozenset[str]
+
+
+class _RolloutCalls:
+    """The rollout's recorded calls, read once they are needed, and which of them a span refers to."""
+
+    def __init__(self, session: AsyncSession, rollout_id: str) -> None:
+        self.session, self.rollout_id = session, rollout_id
+        self._calls: list[_RecordedCall] | None = None
+
+    async def all(self) -> list[_RecordedCall]:
+        if self._calls is None:
+            rows = await self.session.execute(
+                select(Call.id, Call.started_at, Call.policy_version, Call.route, Call.response)
+                .where(Call.rollout_id == self.rollout_id).order_by(Call.seq))
+            self._calls = [_RecordedCall(row.id, _utc(row.started_at), row.policy_version,
+                                         frozenset(requested_tool_call_ids(row.route, row.response)))
+                           for row in rows]
+        return self._calls
+
+    async def target(self, span: SpanFacts, explicit: bool) -> _RecordedCall:
+        """The call a span's reward is for: the one `rlproxy.call_id` names (when `explicit`), else the one whose
+        response asked for the span's tool call, else the latest one that started before the span did.
+        NotFound when there is none."""
+        calls = await self.all()
+        if explicit and span.call_id is not None:
+            for call in calls:
+                if call.id == span.call_id:
+                    return call
+            raise NotFound(f"call {span.call_id[:128]!r} is not part of rollout {self.rollout_id!r}")
+        if span.tool_call_id is not None:
+            for call in reversed(calls):
+                if span.tool_call_id in call.tool_call_ids:
+                    return call
+        earlier = [c for c in calls if span.start is None or c.started_at <= span.start]
+        if not earlier:
+            raise NotFound(f"rollout {self.rollout_id!r} has no recorded call that started before span "
+                           f"{span.span_id} ({span.name!r})")
+        return earlier[-1]
+
+
+async def store_span_rewards(session: AsyncSession, rollout_id: str, spans: Sequence[SpanFacts],
+                             project: str | None, weights: ToolWeights) -> list[SpanResult]:
+    """Store the rewards of one rollout's spans (inside the caller's transaction); one result per span, in no
+    particular order. A rollout that does not exist, belongs to another project or has expired refuses all."""
+    try:
+        await store_rollouts.rollout_taking_rewards(session, rollout_id, project)
+    except (NotFound, Conflict) as exc:
+        return [SpanResult(REJECTED, f"span {span.span_id}: {exc}") for span in spans]
+    calls = _RolloutCalls(session, rollout_id)
+    stored_spans = await _spans_with_call_rewards(session, rollout_id)
+    # Per-call rewards first: a final reward closes the rollout, and the trainer may take it from then on.
+    ordered = sorted(spans, key=lambda span: span.reward is not None and span.is_final)
+    return [await _store_span(session, rollout_id, span, project, weights, calls, stored_spans) for span in ordered]
+
+
+async def _store_span(session: AsyncSession, rollout_id: str, span: SpanFacts, project: str | None,
+                      weights: ToolWeights, calls: _RolloutCalls, stored_spans: set[tuple[str, str]]) -> SpanResult:
+    result = SpanResult(DUPLICATE)
+    errors = []
+    air = weights.for_span(span)
+    if air is not None:
+        try:
+            call = await calls.target(span, explicit=False)
+            if await _insert_air(session, rollout_id, call.id, span, *air):
+                result.air.append((air[0], call.policy_version))
+        except NotFound as exc:
+            errors.append(str(exc))
+    if span.reward_error is not None:
+        errors.append(span.reward_error)
+    elif span.reward is not None:
+        try:
+            if span.is_final:
+                final = await store_rollouts.post_reward(session, rollout_id, span.reward, metadata=span.key,
+                                                         project=project)
+                result.final = final if final.created else None
+            elif (span.trace_id, span.span_id) not in stored_spans:
+                call = await calls.target(span, explicit=True)
+                session.add(Reward(rollout_id=rollout_id, call_id=call.id, kind=RewardKind.CALL, value=span.reward,
+                                   metadata_={**span.key, "name": span.name}))
+                stored_spans.add((span.trace_id, span.span_id))
+                result.call_rewards.append(store_rollouts.RewardResult(rollout_id, span.reward, call.id, True))
+        except (NotFound, Conflict) as exc:
+            errors.append(str(exc))
+    if errors:
+        result.outcome, result.error = REJECTED, f"span {span.span_id}: " + "; ".join(errors)
+    elif result.final is not None:
+        result.outcome = REWARDED_FINAL
+    elif result.call_rewards:
+        result.outcome = REWARDED_CALL
+    elif result.air:
+        result.outcome = AIR
+    return result
+
+
+async def _insert_air(session: AsyncSession, rollout_id: str, call_id: str, span: SpanFacts, reason: str,
+                      value: float) -> bool:
+    """Whether the automatic reward was stored (False: the call has one for this reason already, from the
+    traffic itself or an earlier export of this span)."""
+    row = {"rollout_id": rollout_id, "call_id": call_id, "kind": RewardKind.AIR, "value": value, "reason": reason,
+           "metadata": {"tool_call_id": span.tool_call_id, "tool": span.tool_name, **span.key},
+           "created_at": utcnow()}
+    statement = insert_ignoring_duplicates(session, Reward.__table__).values(row).returning(Reward.__table__.c.id)
+    return (await session.execute(statement)).first() is not None
+
+
+async def _spans_with_call_rewards(session: AsyncSession, rollout_id: str) -> set[tuple[str, str]]:
+    """(trace id, span id) of the spans whose per-call rewards this rollout holds already."""
+    rows = await session.execute(select(Reward.metadata_).where(Reward.rollout_id == rollout_id,
+                                                                Reward.kind == RewardKind.CALL))
+    return {(m["trace_id"], m["span_id"]) for (m,) in rows
+            if isinstance(m, dict) and m.get("source") == "otlp" and "trace_id" in m and "span_id" in m}
+
+
+def _utc(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)  # SQLite keeps no zone
