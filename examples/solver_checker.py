@@ -36,6 +36,16 @@ CHECKER_PROMPT = (
     "You check another assistant's work. The instruction was:\n{instruction}\n\nThe answer was:\n{answer}\n\n"
     "Does the answer follow the instruction exactly? Reply with one word: ACCEPT or REJECT."
 )
+_EXAMPLE = 'List {n} {what}. Write exactly {n} lines, each starting with "- " followed by the name only, and nothing else.'
+# Two worked examples as earlier turns, as the solver gets (their categories are in neither split).
+CHECKER_EXAMPLES = (
+    {"role": "user", "content": CHECKER_PROMPT.format(instruction=_EXAMPLE.format(n=2, what="kinds of pasta"),
+                                                      answer="- spaghetti\n- penne")},
+    {"role": "assistant", "content": ACCEPT},
+    {"role": "user", "content": CHECKER_PROMPT.format(instruction=_EXAMPLE.format(n=3, what="colors of the rainbow"),
+                                                      answer="Sure! Here are three colors:\n1. red\n2. green")},
+    {"role": "assistant", "content": REJECT},
+)
 
 
 @dataclass
@@ -81,7 +91,8 @@ async def run_episode(proxy: str, model: str, item: Item, *, evaluation: bool = 
                                   timeout=120, default_headers=headers) as checker:
         reply = await checker.chat.completions.create(
             model=model, temperature=TEMPERATURE, max_tokens=CHECKER_MAX_TOKENS,
-            messages=[{"role": "user", "content": CHECKER_PROMPT.format(instruction=instruction, answer=answer)}])
+            messages=[*CHECKER_EXAMPLES,
+                      {"role": "user", "content": CHECKER_PROMPT.format(instruction=instruction, answer=answer)}])
     verdict = reply.choices[0].message.content or ""
     solved = FAMILY.score(item, answer) >= 1.0
     judged = verdict_of(verdict) == (ACCEPT if solved else REJECT)

@@ -81,6 +81,8 @@ class CallRecord(Body):
     agent: str | None
     model: str | None
     policy: int | None = Field(description="The policy version that answered (0: the base model).")
+    policy_name: str | None = Field(None, description="The named policy that answered (docs/policies.md); null "
+                                                      "for a call to a model outside the policies.")
     status: str
     http_status: int | None
     stream: bool

@@ -96,9 +96,8 @@ async def list_policies(session: AsyncSession, *, project: str | None = None,
 
 
 async def names(session: AsyncSession) -> list[str]:
-    """Every named policy that has a version, `default` first."""
-    found = set((await session.execute(select(Policy.policy).distinct())).scalars())
-    return [DEFAULT_POLICY] + sorted(found - {DEFAULT_POLICY})
+    """Every named policy that has a version, in name order."""
+    return sorted((await session.execute(select(Policy.policy).distinct())).scalars())
 
 
 async def next_version(session: AsyncSession) -> int:

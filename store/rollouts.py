@@ -155,6 +155,7 @@ def _call_json(call: Call, choices: list[CallChoice]) -> dict[str, Any]:
         "agent": call.agent,
         "model": call.model,
         "policy": call.policy_version,
+        "policy_name": call.policy,
         "status": call.status,
         "http_status": call.http_status,
         "stream": call.stream,

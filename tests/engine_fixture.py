@@ -23,7 +23,7 @@ import pytest
 ENGINE_URL_ENV = "RLPROXY_TEST_ENGINE_URL"
 TEST_MAX_MODEL_LEN = 2048
 TEST_KV_CACHE_GIB = 1
-TEST_MAX_LORAS = 2
+TEST_MAX_LORAS = 4  # three named policies serve at once in test_multi_agent
 TEST_MAX_LORA_RANK = 16
 _ENGINE_FIXTURES = frozenset({"vllm_engine", "engine_url", "engine_model"})
 

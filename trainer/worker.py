@@ -82,6 +82,7 @@ class TrainerWorker:
         self.collective = collective or Collective()  # several ranks: this worker is rank 0 (trainer/parallel.py)
         self.lines = {name: Line(name) for name in settings.policies}
         self.loaded: str | None = None  # the policy whose parent adapter the model holds now
+        self._last_saved = 0  # the newest version number this worker has saved
         self.steps = 0
         self.tokenizer = None  # only for token_source="retokenized"
 
@@ -236,7 +237,9 @@ class TrainerWorker:
 
     async def _save(self) -> tuple[int, Path]:
         async with self.sessions() as session:
-            version = await policies.next_version(session)
+            # a step's versions are recorded together after the last policy's: number past those saved already
+            version = max(await policies.next_version(session), self._last_saved + 1)
+        self._last_saved = version
         path = (self.settings.adapters_dir / f"v{version}").resolve()
         if path.exists():  # left by a step that crashed before recording it: never published, safe to replace
             shutil.rmtree(path)

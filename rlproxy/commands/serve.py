@@ -28,8 +28,15 @@ def serve(**params) -> None:
         return
     from rlproxy.engine import Engine
 
-    with Engine(EngineSettings()) as engine:
+    with Engine(engine_settings(settings)) as engine:
         run(settings.model_copy(update={"upstreams": (engine.base_url,)}))
+
+
+def engine_settings(settings: ProxySettings) -> EngineSettings:
+    """The local engine's settings, with room for every named policy's adapters: an active version and a
+    candidate or canary each, plus one stopped version draining."""
+    default = EngineSettings()
+    return default.model_copy(update={"max_loras": max(default.max_loras, 2 * len(settings.routing().policies()) + 1)})
 
 
 def _refuse_open_network(settings: ProxySettings) -> None:

@@ -1,0 +1,150 @@
+"""Several named policies, for real: a two-role agent (examples/solver_checker.py: a solver answers, a checker
+accepts or rejects) run unmodified through `rlproxy serve`, with `rlproxy train` and the real engine, for two
+tenants on one proxy at once:
+
+* project `solo`: only the solver learns (policy `solo-solver`); its checker is the base model throughout;
+* project `duo`: both roles learn, as the separate policies `duo-solver` and `duo-checker`.
+
+The routing rules say all of it (`project:duo&agent:checker=duo-checker`, ...; anything else: `base`), and one
+trainer trains the three policies in turn, each from the calls it answered with the shared episode reward. On
+held-out items, every trained role's success rises; the solo checker's calls were all answered by the base model,
+and no project's call was ever answered by another project's adapter.
+
+Measured on the 2-core CPU (docs/policies.md): the roles start near 40% (solvers) and 30% (checkers).
+"""
+from __future__ import annotations
+
+import asyncio
+import random
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from bench.families.lists import FAMILY
+from examples.solver_checker import CHECKER, SOLVER, run_episode
+from store.db import create_engine, session_factory
+from store.models import Call
+from tests.support import running_proxy, trainer_command, wait_http
+from tests.test_auth import make_key
+
+pytestmark = [pytest.mark.engine, pytest.mark.train, pytest.mark.slow]
+
+PROJECTS = ("solo", "duo")
+RULES = ("project:solo&agent:solver=solo-solver", "project:duo&agent:solver=duo-solver",
+         "project:duo&agent:checker=duo-checker")
+TRAINED = ("solo-solver", "duo-solver", "duo-checker")
+ROUNDS = 6
+GROUP = 8
+PER_PROJECT = 16  # episodes per project and round: two task groups
+HELDOUT = 48
+MARGIN = 0.15
+
+
+@pytest.fixture
+def trainer(engine_url: str, own_database_url: str, tmp_path: Path):
+    from rlproxy.model import prepare_model
+
+    policies = [arg for name in TRAINED for arg in ("--policy", name)]
+    log = open(tmp_path / "trainer.log", "wb")
+    process = subprocess.Popen(
+        trainer_command(own_database_url, engine_url, prepare_model(), tmp_path / "adapters", "--poll-interval", "0.2",
+                        *policies, settings={"batch_rollouts": 2 * PER_PROJECT, "group_size": GROUP,
+                                             "mini_batches": 4, "learning_rate": 1e-3, "group_timeout_s": 120,
+                                             "batch_timeout_s": 600}),
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    yield process
+    process.terminate()
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    log.close()
+
+
+async def evaluate(proxy: str, model: str, keys: dict[str, str]) -> dict[str, tuple[float, float]]:
+    """(solver success, checker success) per project on the same held-out items, as evaluation rollouts."""
+    items = FAMILY.sample("heldout", HELDOUT)
+    runs = await asyncio.gather(*(asyncio.gather(*(run_episode(proxy, model, item, evaluation=True, api_key=keys[p])
+                                                   for item in items)) for p in PROJECTS))
+    return {p: (sum(e.solved for e in eps) / len(eps), sum(e.judged for e in eps) / len(eps))
+            for p, eps in zip(PROJECTS, runs)}
+
+
+async def train_for(proxy: str, model: str, keys: dict[str, str], trainer: subprocess.Popen) -> list[float]:
+    """On-policy rounds: a batch of episodes per project, then wait until the trainer has consumed them and
+    each policy serves what it produced."""
+    pool = FAMILY.items("train")
+    random.Random(5).shuffle(pool)
+    rewards = []
+    async with httpx.AsyncClient(base_url=proxy, timeout=30) as http:
+        for round_ in range(ROUNDS):
+            batch = [(p, pool[(len(PROJECTS) * 2 * round_ + 2 * i + g) % len(pool)])
+                     for i, p in enumerate(PROJECTS) for g in range(PER_PROJECT // GROUP) for _ in range(GROUP)]
+            episodes = await asyncio.gather(*(run_episode(proxy, model, item, api_key=keys[p]) for p, item in batch))
+            rewards.append(round(sum(e.reward for e in episodes) / len(episodes), 2))
+            for _ in range(1200):
+                assert trainer.poll() is None, "the trainer exited"
+                done = (await http.get(f"/rollouts/{episodes[-1].rollout_id}",
+                                       headers={"Authorization": f"Bearer {keys['duo']}"})).json()["trained"]
+                if done and await all_serving_newest(http, keys):
+                    break
+                await asyncio.sleep(0.5)
+            else:
+                raise AssertionError(f"round {round_} was not trained and served within 10 minutes")
+    return rewards
+
+
+async def all_serving_newest(http: httpx.AsyncClient, keys: dict[str, str]) -> bool:
+    for policy in TRAINED:
+        body = (await http.get("/policies", params={"policy": policy},
+                               headers={"Authorization": f"Bearer {keys[policy.split('-')[0]]}"})).json()
+        if body["active"] != max(p["version"] for p in body["data"]):
+            return False
+    return True
+
+
+async def served_by(database_url: str) -> dict[tuple[str, str], set[tuple[str, int]]]:
+    """(project, agent) -> the (policy, version) pairs that answered its calls."""
+    engine = create_engine(database_url)
+    try:
+        async with session_factory(engine)() as session:
+            rows = (await session.execute(
+                select(Call.project, Call.agent, Call.policy, Call.policy_version, func.count())
+                .group_by(Call.project, Call.agent, Call.policy, Call.policy_version))).all()
+    finally:
+        await engine.dispose()
+    answered: dict[tuple[str, str], set[tuple[str, int]]] = {}
+    for project, agent, policy, version, _ in rows:
+        answered.setdefault((project, agent), set()).add((policy, version))
+    return answered
+
+
+def test_each_trained_role_learns_as_its_own_policy_and_the_untrained_role_stays_the_base_model(
+        engine_url, engine_model, own_database_url, tmp_path, trainer):
+    keys = {p: make_key(own_database_url, p) for p in PROJECTS}
+    rules = [arg for rule in RULES for arg in ("--policy-rule", rule)]
+    with running_proxy([engine_url], own_database_url, tmp_path, "proxy-multi-agent", *rules,
+                       "--default-policy", "base") as proxy:
+        wait_http(proxy + "/readyz", timeout=60)
+        before = asyncio.run(evaluate(proxy, engine_model, keys))
+        rewards = asyncio.run(train_for(proxy, engine_model, keys, trainer))
+        after = asyncio.run(evaluate(proxy, engine_model, keys))
+    answered = asyncio.run(served_by(own_database_url))
+    print(f"held-out (solver, checker): before {before} after {after}; reward per round {rewards}")
+
+    # who answered whom: the rules, and nothing else
+    assert answered[("solo", CHECKER)] == {("base", 0)}
+    for (project, agent), served in answered.items():
+        policies = {policy for policy, _ in served}
+        expected = {"base"} if (project, agent) == ("solo", CHECKER) else {"base", f"{project}-{agent}"}
+        assert policies <= expected, (project, agent, served)  # base: before the policy's first version
+    assert {v for _, v in answered[("duo", CHECKER)]} - {0}, "the duo checker was never served a trained version"
+    assert {v for _, v in answered[("solo", SOLVER)]}.isdisjoint({v for _, v in answered[("duo", SOLVER)]} - {0})
+
+    # every trained role got better on items it never saw; the untrained one was not trained
+    assert after["solo"][0] >= before["solo"][0] + MARGIN, (before, after, rewards)
+    assert after["duo"][0] >= before["duo"][0] + MARGIN, (before, after, rewards)
+    assert after["duo"][1] >= before["duo"][1] + MARGIN, (before, after, rewards)
