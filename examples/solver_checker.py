@@ -36,7 +36,8 @@ CHECKER_PROMPT = (
     "You check another assistant's work. The instruction was:\n{instruction}\n\nThe answer was:\n{answer}\n\n"
     "Does the answer follow the instruction exactly? Reply with one word: ACCEPT or REJECT."
 )
-_EXAMPLE = 'List {n} {what}. Write exactly {n} lines, each starting with "- " followed by the name only, and nothing else.'
+_EXAMPLE = ('List {n} {what}. Write exactly {n} lines, each starting with "- " followed by the name only, and '
+            'nothing else.')
 # Two worked examples as earlier turns, as the solver gets (their categories are in neither split).
 CHECKER_EXAMPLES = (
     {"role": "user", "content": CHECKER_PROMPT.format(instruction=_EXAMPLE.format(n=2, what="kinds of pasta"),
