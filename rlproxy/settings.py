@@ -218,6 +218,32 @@ class TrainerSettings(_Settings):
         1, ge=1, description="Data-parallel training processes on this machine (one per GPU; on a CPU they share "
                              "its cores). Starts torchrun; for several machines run torchrun yourself "
                              "(trainer/parallel.py).")
+    reward: Literal["posted", "judge", "judge+posted"] = Field(
+        "posted", description="Where final rewards come from (docs/judge.md). posted: only POST /reward; judge: "
+                              "also an LLM judge, which scores the rollouts of a task group that got no posted "
+                              "reward (a posted one is never judged); judge+posted: as judge, and rollouts with a "
+                              "posted reward are judged with their group too, their reward becoming "
+                              "judge_weight * judge + (1 - judge_weight) * posted.")
+    judge_url: str | None = Field(
+        None, description="OpenAI-compatible base URL (ending in /v1) of the judge; default: the first engine's, "
+                          "i.e. the base model judges.")
+    judge_model: str | None = Field(
+        None, description="Model the judge is asked for; default: the first model the judge URL's /models lists "
+                          "(an engine's base model).")
+    judge_api_key: SecretStr | None = Field(
+        None, description="Bearer key sent to the judge; default: upstream_api_key when the judge is the engine.")
+    judge_rubric: Path | None = Field(
+        None, description="Text file whose rubric replaces the built-in one (rewards/judge.py, DEFAULT_RUBRIC).")
+    judge_idle_s: float = Field(
+        60.0, gt=0, description="Seconds since a rollout's last call after which, still without a final reward, "
+                                "it is ready to be judged. Task groups are formed as for training (group_size, "
+                                "group_timeout_s).")
+    judge_weight: float = Field(
+        0.5, ge=0, le=1, description="Weight of the judge's score against a posted reward under judge+posted.")
+    judge_attempts: int = Field(
+        3, ge=1, description="Requests per group before the judge gives up on it (unreachable, or a reply that "
+                             "breaks the JSON contract); an unjudged rollout expires by reward_ttl_s.")
+    judge_timeout_s: float = Field(300.0, gt=0, description="Seconds one judge request may take.")
 
     @field_validator("policies")
     @classmethod

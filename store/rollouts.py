@@ -68,9 +68,11 @@ async def post_reward(
     task_id: str | None = None,
     metadata: dict[str, Any] | None = None,
     project: str | None = None,
+    reason: str | None = None,
 ) -> RewardResult:
     """A final reward (no `call_id`) closes the rollout; the same value again is a no-op, another is a
-    `Conflict`. With `call_id` it is an intermediate reward for that call of the rollout."""
+    `Conflict`. With `call_id` it is an intermediate reward for that call of the rollout. `reason` names who
+    gave a final reward other than the agent (the trainer's judge: "judge")."""
     if not math.isfinite(value):
         raise ValueError("reward must be a finite number")
     rollout = await rollout_taking_rewards(session, rollout_id, project)
@@ -91,7 +93,7 @@ async def post_reward(
     rollout.finished_at = utcnow()
     if task_id is not None and rollout.task_id is None:
         rollout.task_id = task_id
-    session.add(Reward(rollout_id=rollout_id, kind=RewardKind.FINAL, value=value, metadata_=metadata))
+    session.add(Reward(rollout_id=rollout_id, kind=RewardKind.FINAL, value=value, reason=reason, metadata_=metadata))
     return RewardResult(rollout_id, value, None, True, rollout.policy_version, rollout.eval)
 
 

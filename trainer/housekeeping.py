@@ -1,7 +1,8 @@
-"""What the trainer does to the store besides training, between steps: rollouts whose final reward never came
-are marked expired (`reward_ttl_s`), and recorded data past `prune_older_than_s` is pruned the way
-`rlproxy prune` does it (store/retention.py). Each runs at most every tenth of its period (capped), in small
-transactions, so it never holds up a step or the proxy's writes."""
+"""What the trainer does to the store besides training, between steps: with `reward` judge or judge+posted,
+idle rollouts without a posted reward are scored by the judge (trainer/judge.py, before expiry gets to them);
+rollouts whose final reward never came are marked expired (`reward_ttl_s`), and recorded data past
+`prune_older_than_s` is pruned the way `rlproxy prune` does it (store/retention.py). Each runs at most every
+tenth of its period (capped), in small transactions, so it never holds up a step or the proxy's writes."""
 from __future__ import annotations
 
 import logging
@@ -14,6 +15,8 @@ from rlproxy.settings import TrainerSettings
 from store.models import utcnow
 from store.retention import prune
 from store.rollouts import expire_open_rollouts
+from trainer.config import TrainConfig
+from trainer.judge import JudgeJob
 from trainer.metrics import TrainerMetrics
 
 log = logging.getLogger("rlproxy.trainer")
@@ -23,13 +26,18 @@ EXPIRY_BATCH = 1000
 
 class Housekeeping:
     def __init__(self, settings: TrainerSettings, sessions: async_sessionmaker[AsyncSession],
-                 metrics: TrainerMetrics) -> None:
+                 metrics: TrainerMetrics, config: TrainConfig | None = None) -> None:
         self.settings = settings
         self.sessions = sessions
         self.metrics = metrics
-        self._next = {"expiry": 0.0, "prune": 0.0}  # monotonic times of the next run
+        self._next = {"judge": 0.0, "expiry": 0.0, "prune": 0.0}  # monotonic times of the next run
+        config = config or TrainConfig()  # the judge forms task groups as training does
+        self.judge = (JudgeJob(settings, sessions, metrics, group_size=config.group_size,
+                               group_timeout_s=config.group_timeout_s) if settings.reward != "posted" else None)
 
     async def run_due(self) -> None:
+        if self.judge is not None and self._due("judge", self.settings.judge_idle_s, cap=5.0):
+            await self.judge.run_once()
         if self._due("expiry", self.settings.reward_ttl_s, cap=60.0):
             await self.expire_unrewarded()
         if self._due("prune", self.settings.prune_older_than_s, cap=3600.0):

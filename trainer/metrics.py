@@ -47,6 +47,14 @@ class TrainerMetrics:
         self.pruned_bodies = Counter("rlproxy_trainer_pruned_bodies_total",
                                      "Calls whose request and response bodies the trainer's pruning cleared.",
                                      registry=r)
+        self.judge_groups = Counter(
+            "rlproxy_trainer_judge_groups_total",
+            "Task groups the judge was asked to score, by outcome: judged, bad_output (no reply kept the JSON "
+            "contract in judge_attempts tries), unreachable, refused (the judge rejected the request).",
+            ["outcome"], registry=r)
+        self.judged_rollouts = Counter("rlproxy_trainer_judged_rollouts_total",
+                                       "Rollouts whose final reward the judge gave (or weighed, judge+posted).",
+                                       registry=r)
         self.skipped = Counter("rlproxy_trainer_skipped_calls_total", "Calls not trained on, by reason.",
                                ["reason"], registry=r)
         self.retokenized_mismatches = Counter(

@@ -1,0 +1,243 @@
+"""Judge rewards, the pure part: an LLM judge scores the trajectories of one task group against a rubric
+(relative judging, as in RULER), for agents that never post a reward. No I/O here: trainer/judge.py finds the
+rollouts, calls the judge and stores what this module makes of its reply.
+
+    trajectory_text(calls)          the recorded calls of one rollout as the judge reads them
+    judge_messages(task, texts)     the chat request: rubric, trajectories "1".."n", the JSON contract
+    parse_scores(reply, ids)        the judge's reply checked: JSON, one score in [0, 1] per id, else JudgeOutputError
+    combined_reward(judge, posted)  judge+posted: weight * judge + (1 - weight) * posted
+
+Scores are kept as the judge gave them, in [0, 1], not min-max scaled within the group: the trainer's group
+advantage (grpo, rloo) already makes them relative, while raw scores stay comparable across groups and policy
+versions, which the reward metrics and the canary gates compare (min-max would put every group's mean near
+0.5 and turn a tie of two equally good answers into 0 and 1).
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from store.texts import completion_text
+
+DEFAULT_RUBRIC = """\
+- A trajectory that achieves the task's goal scores higher than one that does not.
+- Among trajectories that achieve the goal, a more correct, complete and efficient one scores higher.
+- A trajectory that makes progress toward the goal scores higher than one that makes none.
+- Invented facts, ignored instructions, malformed tool calls and errors left unhandled lower the score.
+- Score each trajectory from 0 (worthless) to 1 (perfect); compare them with each other, and give equally
+  good trajectories equal scores."""
+
+SYSTEM_PROMPT = """\
+You are a careful judge of AI agents. You read several trajectories (attempts by an agent at the same task)
+and score each one by the rubric. Reply with JSON only, in exactly this form:
+{"scores": [{"id": "<trajectory id>", "score": <number from 0 to 1>, "explanation": "<one sentence>"}, ...]}
+Give exactly one entry per trajectory id, and nothing outside the JSON."""
+
+TURN_CHARS = 2000  # a longer turn keeps its head and tail: a judge prompt must fit the judge's context
+DEFAULT_JUDGE_WEIGHT = 0.5
+
+
+class JudgeOutputError(ValueError):
+    """The judge's reply is not what the contract asks for (not JSON, wrong ids, a score out of range)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedCall:
+    """One policy call of a rollout as the proxy stored it: the agent's body and the answer, in the route's
+    own format (chat, completions, responses, messages)."""
+
+    route: str
+    request: Mapping[str, Any] | None
+    response: Mapping[str, Any] | None
+    agent: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Score:
+    value: float
+    explanation: str
+
+
+# --- trajectories ---------------------------------------------------------------------------------------
+
+
+def trajectory_text(calls: Sequence[RecordedCall]) -> str:
+    """The conversation(s) of one rollout, each turn once. An agent resends its history with every call, so a
+    call whose prompt continues an earlier conversation replaces it; a call that starts afresh (another
+    agent, a new sub-task) starts another conversation."""
+    threads: list[tuple[str | None, list[tuple[str, str]]]] = []
+    for call in calls:
+        prompt, reply = _prompt_turns(call), _reply_turns(call)
+        turns = prompt + reply
+        for index, (agent, thread) in enumerate(threads):
+            if agent == call.agent and prompt[: len(thread)] == thread:
+                threads[index] = (agent, turns)
+                break
+        else:
+            threads.append((call.agent, turns))
+    parts = []
+    for agent, turns in threads:
+        header = [f"(agent {agent})"] if agent and len(threads) > 1 else []
+        parts.append("\n".join(header + [f"[{role}] {_clipped(text)}" for role, text in turns]))
+    return "\n\n".join(parts) or "(no recorded text)"
+
+
+def _prompt_turns(call: RecordedCall) -> list[tuple[str, str]]:
+    request = call.request or {}
+    if call.route == "completions":
+        prompt = request.get("prompt")
+        return [("prompt", prompt if isinstance(prompt, str) else json.dumps(prompt))]
+    turns: list[tuple[str, str]] = []
+    if call.route == "responses":
+        if request.get("instructions"):
+            turns.append(("system", _text(request["instructions"])))
+        items = request.get("input")
+        items = [{"role": "user", "content": items}] if isinstance(items, str) else items or []
+    else:
+        if call.route == "messages" and request.get("system"):
+            turns.append(("system", _text(request["system"])))
+        items = request.get("messages") or []
+    for item in items:
+        if isinstance(item, Mapping):
+            turns.append(_item_turn(item))
+    return turns
+
+
+def _item_turn(item: Mapping[str, Any]) -> tuple[str, str]:
+    kind = item.get("type")
+    if kind == "function_call":  # Responses API items outside messages
+        return "assistant", f"call {item.get('name')}({item.get('arguments')})"
+    if kind == "function_call_output":
+        return "tool", _text(item.get("output"))
+    text = _text(item.get("content"))
+    if item.get("tool_calls"):
+        calls = [f"call {(c.get('function') or {}).get('name')}({(c.get('function') or {}).get('arguments')})"
+                 for c in item["tool_calls"] if isinstance(c, Mapping)]
+        text = "\n".join(filter(None, [text, *calls]))
+    return str(item.get("role") or "?"), text
+
+
+def _reply_turns(call: RecordedCall) -> list[tuple[str, str]]:
+    response = call.response
+    if not isinstance(response, Mapping):
+        return []
+    text = completion_text(call.route, dict(response)) or ""
+    calls: list[str] = []
+    if call.route == "chat":
+        message = ((response.get("choices") or [{}])[0] or {}).get("message") or {}
+        calls = [f"call {(c.get('function') or {}).get('name')}({(c.get('function') or {}).get('arguments')})"
+                 for c in message.get("tool_calls") or () if isinstance(c, Mapping)]
+    elif call.route == "responses":
+        calls = [f"call {i.get('name')}({i.get('arguments')})" for i in response.get("output") or ()
+                 if isinstance(i, Mapping) and i.get("type") == "function_call"]
+    elif call.route == "messages":
+        calls = [f"call {b.get('name')}({json.dumps(b.get('input'))})" for b in response.get("content") or ()
+                 if isinstance(b, Mapping) and b.get("type") == "tool_use"]
+    body = "\n".join(filter(None, [text, *calls]))
+    return [("assistant", body)] if body else []
+
+
+def _text(content: Any) -> str:
+    """A message's content as text: a string, or the text of its parts (chat, Responses and Messages parts;
+    tool uses and results as JSON)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            elif isinstance(part, Mapping) and part.get("type") == "tool_result":
+                parts.append(_text(part.get("content")))
+            elif isinstance(part, Mapping) and part.get("type") == "tool_use":
+                parts.append(f"call {part.get('name')}({json.dumps(part.get('input'))})")
+            elif isinstance(part, str):
+                parts.append(part)
+        return "\n".join(parts)
+    return json.dumps(content)
+
+
+def _clipped(text: str) -> str:
+    if len(text) <= TURN_CHARS:
+        return text
+    half = TURN_CHARS // 2
+    return f"{text[:half]} [... {len(text) - TURN_CHARS} characters left out ...] {text[-half:]}"
+
+
+# --- the request ------------------------------------------------------------------------------------------
+
+
+def judge_messages(task_id: str | None, trajectories: Sequence[str], rubric: str | None = None) -> list[dict]:
+    """The chat messages asking the judge to score `trajectories`, whose ids are "1".."n" in this order."""
+    blocks = "\n\n".join(f'<trajectory id="{index}">\n{text}\n</trajectory>'
+                         for index, text in enumerate(trajectories, start=1))
+    task = f"Task: {task_id}\n\n" if task_id else ""
+    user = (f"{task}Rubric:\n{(rubric or DEFAULT_RUBRIC).strip()}\n\n"
+            f"{len(trajectories)} trajectories of the same task follow.\n\n{blocks}\n\n"
+            f"Score every trajectory (ids {', '.join(trajectory_ids(len(trajectories)))}) as JSON.")
+    return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
+
+
+def trajectory_ids(count: int) -> list[str]:
+    return [str(index) for index in range(1, count + 1)]
+
+
+# --- the reply ------------------------------------------------------------------------------------------
+
+_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL | re.IGNORECASE)
+
+
+def parse_scores(reply: str, ids: Sequence[str]) -> dict[str, Score]:
+    """The judge's scores by trajectory id. The JSON may sit in a ```json fence or after a sentence of prose;
+    anything else the contract does not allow raises JudgeOutputError saying what was wrong."""
+    document = _json_document(reply)
+    entries = document.get("scores") if isinstance(document, dict) else None
+    if not isinstance(entries, list):
+        raise JudgeOutputError('the reply has no "scores" list')
+    scores: dict[str, Score] = {}
+    for entry in entries:
+        if not isinstance(entry, dict) or "id" not in entry or "score" not in entry:
+            raise JudgeOutputError(f"a score entry lacks an id or a score: {str(entry)[:100]}")
+        key = str(entry["id"]).strip()
+        value = entry["score"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise JudgeOutputError(f"trajectory {key}: score {value!r} is not a number")
+        if not 0.0 <= value <= 1.0:
+            raise JudgeOutputError(f"trajectory {key}: score {value} is outside [0, 1]")
+        if key in scores:
+            raise JudgeOutputError(f"trajectory {key} is scored twice")
+        scores[key] = Score(float(value), str(entry.get("explanation") or "")[:1000])
+    missing, unknown = set(ids) - set(scores), set(scores) - set(ids)
+    if missing or unknown:
+        raise JudgeOutputError(f"expected one score for each of ids {sorted(ids)}: missing {sorted(missing)}, "
+                               f"unknown {sorted(unknown)}")
+    return scores
+
+
+def _json_document(reply: str) -> Any:
+    fenced = _FENCE.search(reply)
+    text = fenced.group(1) if fenced else reply
+    start, end = text.find("{"), text.rfind("}")
+    if start < 0 or end < start:
+        raise JudgeOutputError(f"the reply holds no JSON object: {reply[:100]!r}")
+    try:
+        return json.loads(text[start: end + 1])
+    except json.JSONDecodeError as exc:
+        raise JudgeOutputError(f"the reply is not valid JSON ({exc}): {reply[:100]!r}") from None
+
+
+# --- judge+posted -----------------------------------------------------------------------------------------
+
+
+def combined_reward(judge: float, posted: float, weight: float = DEFAULT_JUDGE_WEIGHT) -> float:
+    """`reward = judge+posted`: the judge's score and the agent's posted reward, weighted. The posted reward is
+    taken as it is (keep it in [0, 1] for the two to weigh as the weight says)."""
+    if not 0.0 <= weight <= 1.0:
+        raise ValueError(f"judge weight {weight} is outside [0, 1]")
+    return weight * judge + (1.0 - weight) * posted

@@ -1,0 +1,86 @@
+"""A stand-in for the LLM judge (docs/judge.md), for tests and benchmarks: an OpenAI-compatible server whose
+"judgement" is a hidden rubric — a trajectory scores 1.0 when its final assistant turn contains `--marker`,
+else 0.0 — answered in the judge's JSON contract. It can misbehave, to exercise the trainer's retries.
+
+Run it: `python -m rlproxy.testing.judge_standin --port 8002 --marker SOLVED [--bad 2 --bad-kind prose]`
+
+    GET  /v1/models             lists the judge model
+    POST /v1/chat/completions   scores the <trajectory id="..."> blocks of the last user message
+    GET  /stats                 {"requests": n, "trajectories": [ids of the last request]}
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+
+from aiohttp import web
+
+MODEL = "judge-standin"
+BLOCK = re.compile(r'<trajectory id="([^"]+)">\n(.*?)\n</trajectory>', re.DOTALL)
+BAD_KINDS = ("prose", "count", "range")
+
+
+def hidden_scores(prompt: str, marker: str) -> list[dict]:
+    """The stand-in's verdict: 1.0 when the trajectory's last assistant turn contains the marker."""
+    scores = []
+    for key, text in BLOCK.findall(prompt):
+        final = text.rsplit("[assistant]", 1)[1] if "[assistant]" in text else ""
+        solved = marker in final
+        scores.append({"id": key, "score": 1.0 if solved else 0.0,
+                       "explanation": "final answer has the marker" if solved else "final answer lacks the marker"})
+    return scores
+
+
+def bad_reply(scores: list[dict], kind: str) -> str:
+    """A reply that breaks the contract in one way: prose, one score short, or a score out of [0, 1]."""
+    if kind == "prose":
+        return "All of these trajectories look reasonable to me."
+    if kind == "count":
+        return json.dumps({"scores": scores[:-1]})
+    return json.dumps({"scores": [{**s, "score": 1.5} for s in scores]})
+
+
+def build_app(marker: str, bad: int, bad_kind: str) -> web.Application:
+    """`bad`: how many requests get a broken reply before the good ones (-1: every one)."""
+    stats: dict = {"requests": 0, "trajectories": []}
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+
+    async def chat(request: web.Request) -> web.Response:
+        body = await request.json()
+        prompt = next((m["content"] for m in reversed(body["messages"]) if m["role"] == "user"), "")
+        scores = hidden_scores(prompt, marker)
+        stats["requests"] += 1
+        stats["trajectories"] = [s["id"] for s in scores]
+        broken = bad < 0 or stats["requests"] <= bad
+        content = bad_reply(scores, bad_kind) if broken else "```json\n" + json.dumps({"scores": scores}) + "\n```"
+        return web.json_response({
+            "id": f"judge-{stats['requests']}", "object": "chat.completion", "model": body.get("model", MODEL),
+            "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": content}}],
+        })
+
+    async def stats_view(request: web.Request) -> web.Response:
+        return web.json_response(stats)
+
+    app = web.Application()
+    app.add_routes([web.get("/v1/models", models), web.post("/v1/chat/completions", chat),
+                    web.get("/stats", stats_view)])
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8002)
+    parser.add_argument("--marker", required=True, help="text a final answer must contain to score 1.0")
+    parser.add_argument("--bad", type=int, default=0, help="broken replies before good ones (-1: always)")
+    parser.add_argument("--bad-kind", choices=BAD_KINDS, default="prose")
+    args = parser.parse_args()
+    web.run_app(build_app(args.marker, args.bad, args.bad_kind), host=args.host, port=args.port, access_log=None,
+                print=None)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""What the trainer's judge (trainer/judge.py) asks of the store: rollouts that are done but were never given
+a final reward, their recorded calls, and closing one with the judge's score; for judge+posted, holding posted
+rollouts back from training until their score is weighed with the judge's."""
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from rewards.judge import RecordedCall, combined_reward
+from store.errors import Conflict
+from store.models import Call, Reward, RewardKind, Rollout, RolloutStatus, utcnow
+from store.rollouts import post_reward
+
+JUDGE_REASON = "judge"  # rewards.reason of a final reward the judge gave
+
+
+@dataclass(frozen=True, slots=True)
+class IdleRollout:
+    id: str
+    task_id: str | None
+    last_call_at: datetime
+    posted: float | None = None  # judge+posted: the reward the agent posted
+
+
+async def idle_open_rollouts(session: AsyncSession, idle_before: datetime, *, skip: Collection[str] = (),
+                             limit: int = 256) -> list[IdleRollout]:
+    """Open (no final reward), non-evaluation rollouts with at least one call, none of them after
+    `idle_before`, least recently active first; `skip`: rollouts the judge has given up on."""
+    last_call = func.max(func.coalesce(Call.finished_at, Call.started_at))
+    query = (select(Rollout.id, Rollout.task_id, last_call.label("last_call_at"))
+             .join(Call, Call.rollout_id == Rollout.id)
+             .where(Rollout.status == RolloutStatus.OPEN, ~Rollout.eval)
+             .group_by(Rollout.id, Rollout.task_id)
+             .having(last_call < idle_before)
+             .order_by(last_call).limit(limit))
+    if skip:
+        query = query.where(Rollout.id.notin_(list(skip)))
+    return [IdleRollout(*row) for row in (await session.execute(query)).all()]
+
+
+async def recorded_calls(session: AsyncSession, rollout_ids: list[str]) -> dict[str, list[RecordedCall]]:
+    """rollout id -> its calls (every status: a failed call is part of what the agent went through), in order."""
+    rows = await session.execute(
+        select(Call.rollout_id, Call.route, Call.request, Call.response, Call.agent)
+        .where(Call.rollout_id.in_(rollout_ids)).order_by(Call.rollout_id, Call.seq, Call.started_at))
+    calls: dict[str, list[RecordedCall]] = {rollout_id: [] for rollout_id in rollout_ids}
+    for rollout_id, route, request, response, agent in rows:
+        calls[rollout_id].append(RecordedCall(route, request, response, agent))
+    return calls
+
+
+async def close_with_judge_score(session: AsyncSession, rollout_id: str, score: float,
+                                 metadata: dict[str, Any]) -> bool:
+    """Give a rollout the judge's score as its final reward, exactly as `POST /reward` would (the rollout
+    becomes finished and trainable). False when it was closed meanwhile — a reward the agent posted after
+    all, or expiry — which then stands."""
+    try:
+        result = await post_reward(session, rollout_id, score, metadata=metadata, reason=JUDGE_REASON)
+    except Conflict:
+        return False
+    return result.created
+
+
+# --- judge+posted: rollouts with a posted reward wait for the judge too -------------------------------------
+
+
+def _unjudged_posted(owner: str, now: datetime):
+    judged = select(Reward.id).where(Reward.rollout_id == Rollout.id, Reward.kind == RewardKind.FINAL,
+                                     Reward.reason == JUDGE_REASON)
+    unleased = or_(Rollout.lease_owner.is_(None), Rollout.lease_owner == owner, Rollout.lease_expires_at < now)
+    return and_(Rollout.status == RolloutStatus.FINISHED, Rollout.trained_at.is_(None), ~Rollout.eval,
+                unleased, ~judged.exists())
+
+
+async def hold_posted(session: AsyncSession, owner: str, seconds: float, *, skip: Collection[str] = ()) -> int:
+    """Lease the finished, untrained rollouts whose posted reward the judge has not weighed yet to `owner`, so
+    the trainer does not claim them first (its claim skips leased rollouts). Renewed on every run."""
+    now = utcnow()
+    query = update(Rollout).where(_unjudged_posted(owner, now)).values(
+        lease_owner=owner, lease_expires_at=now + timedelta(seconds=seconds))
+    if skip:
+        query = query.where(Rollout.id.notin_(list(skip)))
+    return (await session.execute(query)).rowcount or 0
+
+
+async def held_posted_rollouts(session: AsyncSession, owner: str, idle_before: datetime,
+                               limit: int = 256) -> list[IdleRollout]:
+    """The rollouts `hold_posted` holds whose last call is before `idle_before`, with their posted reward."""
+    last_call = func.max(func.coalesce(Call.finished_at, Call.started_at))
+    rows = await session.execute(
+        select(Rollout.id, Rollout.task_id, last_call, Rollout.reward).join(Call, Call.rollout_id == Rollout.id)
+        .where(_unjudged_posted(owner, utcnow()), Rollout.lease_owner == owner)
+        .group_by(Rollout.id, Rollout.task_id, Rollout.reward).having(last_call < idle_before)
+        .order_by(last_call).limit(limit))
+    return [IdleRollout(rollout_id, task_id, moment, posted) for rollout_id, task_id, moment, posted in rows]
+
+
+async def weigh_posted_with_judge(session: AsyncSession, rollout_id: str, owner: str, score: float,
+                                  weight: float, metadata: dict[str, Any]) -> bool:
+    """judge+posted for a rollout `owner` holds: its reward becomes the weighted sum of the judge's score and the
+    posted one (both kept as final reward rows), and the hold is released so the trainer may claim it."""
+    query = select(Rollout).where(Rollout.id == rollout_id).with_for_update()
+    rollout = (await session.execute(query)).scalar_one_or_none()
+    if (rollout is None or rollout.lease_owner != owner or rollout.status != RolloutStatus.FINISHED
+            or rollout.trained_at is not None):
+        return False  # released (it waited too long) or taken meanwhile: its posted reward stands
+    posted = float(rollout.reward)
+    combined = combined_reward(score, posted, weight)
+    session.add(Reward(rollout_id=rollout_id, kind=RewardKind.FINAL, value=score, reason=JUDGE_REASON,
+                       metadata_={**metadata, "posted": posted, "weight": weight, "combined": combined}))
+    rollout.reward = combined
+    rollout.lease_owner = rollout.lease_expires_at = None
+    return True
+
+
+async def release_held(session: AsyncSession, rollout_ids: list[str], owner: str) -> None:
+    """Give up on weighing these: they train on their posted reward alone."""
+    await session.execute(update(Rollout).where(Rollout.id.in_(rollout_ids), Rollout.lease_owner == owner)
+                          .values(lease_owner=None, lease_expires_at=None))

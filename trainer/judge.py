@@ -1,0 +1,204 @@
+"""Judge rewards (`rlproxy train --reward judge|judge+posted`, docs/judge.md): rollouts that end without a
+posted reward are scored by an LLM judge that compares the trajectories of one task group, so an agent with no
+reward code still teaches. Run between training steps by trainer/housekeeping.py.
+
+One run: find the rollouts whose last call is `judge_idle_s` old and that still have no final reward; group
+them by task as the trainer does (a group of `group_size`, or a smaller one that waited `group_timeout_s`);
+for each group ask the judge (up to `judge_attempts` times) and store every score as the rollout's final
+reward, closing it as `POST /reward` does. A group the judge cannot score is left alone (it expires by
+`reward_ttl_s`): no score is ever made up. Judge requests go straight to the judge, never through the proxy,
+so they are never recorded as policy calls.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import aiohttp
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from rewards.judge import JudgeOutputError, Score, judge_messages, parse_scores, trajectory_ids, trajectory_text
+from rlproxy.settings import TrainerSettings
+from store import judging
+from store.judging import IdleRollout
+from store.models import utcnow
+from trainer.metrics import TrainerMetrics
+
+log = logging.getLogger("rlproxy.trainer")
+
+HOLD_S = 900.0  # judge+posted: how long one run's hold on a posted rollout lasts (renewed every run)
+
+
+class JudgeUnreachable(RuntimeError):
+    """The judge did not answer (connection, timeout, a 429 or 5xx): worth another attempt."""
+
+
+class JudgeRefused(RuntimeError):
+    """The judge answered the request with an error of ours (4xx: too long a prompt, an unknown model)."""
+
+
+def ready_groups(rollouts: Sequence[IdleRollout], group_size: int, group_timeout_s: float,
+                 now: datetime) -> list[list[IdleRollout]]:
+    """Task groups to judge now: each full `group_size` of a task, or all of a task's rollouts once the first
+    of them has been idle `group_timeout_s` (as the trainer takes groups). A rollout without a task is judged
+    alone: there is nothing to compare it with, but the rubric still applies."""
+    by_task: dict[str | None, list[IdleRollout]] = defaultdict(list)
+    for rollout in sorted(rollouts, key=lambda r: r.last_call_at):
+        by_task[rollout.task_id].append(rollout)
+    groups: list[list[IdleRollout]] = []
+    for task_id, members in by_task.items():
+        if task_id is None:
+            groups.extend([member] for member in members)
+            continue
+        full = len(members) - len(members) % group_size
+        groups.extend(members[start: start + group_size] for start in range(0, full, group_size))
+        rest = members[full:]
+        if rest and (now - rest[0].last_call_at).total_seconds() >= group_timeout_s:
+            groups.append(rest)
+    return groups
+
+
+class JudgeJob:
+    def __init__(self, settings: TrainerSettings, sessions: async_sessionmaker[AsyncSession],
+                 metrics: TrainerMetrics, *, group_size: int, group_timeout_s: float) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.metrics = metrics
+        self.group_size = group_size
+        self.group_timeout_s = group_timeout_s
+        self.with_posted = settings.reward == "judge+posted"
+        self.owner = f"{settings.worker_id}/judge"  # the lease owner of posted rollouts waiting for the judge
+        self.rubric = _read_rubric(settings.judge_rubric)
+        engine = settings.upstreams[0].rstrip("/") + "/v1" if settings.upstreams else None
+        self.url = (settings.judge_url or engine or "").rstrip("/")
+        if not self.url:
+            raise ValueError("--reward judge needs --judge-url or an --upstream engine to judge with")
+        key = settings.judge_api_key or (settings.upstream_api_key if not settings.judge_url else None)
+        self.headers = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
+        self.model = settings.judge_model  # None: asked of the judge on first use
+        self.given_up: dict[str, float] = {}  # rollout id -> monotonic time: not judged again (bad output)
+
+    async def run_once(self) -> int:
+        """Judge every group that is ready; how many rollouts got a judge's score."""
+        self._forget_expired()
+        idle_before = utcnow() - timedelta(seconds=self.settings.judge_idle_s)
+        async with self.sessions() as session, session.begin():
+            if self.with_posted:
+                await judging.hold_posted(session, self.owner, HOLD_S, skip=self.given_up)
+            candidates = await judging.idle_open_rollouts(session, idle_before, skip=self.given_up)
+            if self.with_posted:
+                candidates += await judging.held_posted_rollouts(session, self.owner, idle_before)
+        judged = 0
+        for group in ready_groups(candidates, self.group_size, self.group_timeout_s, utcnow()):
+            judged += await self.judge_group(group)
+        return judged
+
+    async def judge_group(self, group: list[IdleRollout]) -> int:
+        ids = [rollout.id for rollout in group]
+        async with self.sessions() as session:
+            calls = await judging.recorded_calls(session, ids)
+        messages = judge_messages(group[0].task_id, [trajectory_text(calls[i]) for i in ids], self.rubric)
+        try:
+            scores = await self._scores(messages, trajectory_ids(len(ids)))
+        except (JudgeOutputError, JudgeUnreachable, JudgeRefused) as exc:
+            outcome = {JudgeOutputError: "bad_output", JudgeUnreachable: "unreachable",
+                       JudgeRefused: "refused"}[type(exc)]
+            self.metrics.judge_groups.labels(outcome).inc()
+            log.warning("judge gave no scores for task %r (%d rollouts) after %d attempts: %s", group[0].task_id,
+                        len(ids), self.settings.judge_attempts, exc)
+            await self._give_up(group, retry_later=outcome == "unreachable")
+            return 0
+        stored = 0
+        async with self.sessions() as session, session.begin():
+            for rollout, key in zip(group, trajectory_ids(len(ids))):
+                score = scores[key]
+                metadata = {"source": "judge", "explanation": score.explanation, "judge_model": self.model,
+                            "group": ids}
+                if rollout.posted is None:
+                    done = await judging.close_with_judge_score(session, rollout.id, score.value, metadata)
+                else:
+                    done = await judging.weigh_posted_with_judge(session, rollout.id, self.owner, score.value,
+                                                                 self.settings.judge_weight, metadata)
+                stored += done
+        self.metrics.judge_groups.labels("judged").inc()
+        self.metrics.judged_rollouts.inc(stored)
+        log.info("judge scored task %r: %s", group[0].task_id,
+                 ", ".join(f"{s.value:.2f}" for s in scores.values()))
+        return stored
+
+    async def _scores(self, messages: list[dict], ids: list[str]) -> dict[str, Score]:
+        """The judge's checked scores; the last error once `judge_attempts` requests gave none."""
+        error: Exception | None = None
+        timeout = aiohttp.ClientTimeout(total=self.settings.judge_timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout, headers=self.headers) as client:
+            for attempt in range(self.settings.judge_attempts):
+                if attempt and isinstance(error, JudgeUnreachable):
+                    await asyncio.sleep(min(2.0 ** attempt, 10.0))
+                try:
+                    return parse_scores(await self._ask(client, messages), ids)
+                except (JudgeOutputError, JudgeUnreachable) as exc:
+                    error = exc
+                    log.info("judge attempt %d of %d: %s", attempt + 1, self.settings.judge_attempts, exc)
+        assert error is not None
+        raise error
+
+    async def _ask(self, client: aiohttp.ClientSession, messages: list[dict]) -> str:
+        try:
+            if self.model is None:
+                self.model = await self._first_model(client)
+            body = {"model": self.model, "messages": messages, "temperature": 0.0}
+            async with client.post(f"{self.url}/chat/completions", json=body) as response:
+                if response.status == 429 or response.status >= 500:
+                    raise JudgeUnreachable(f"{self.url} answered {response.status}: {(await response.text())[:200]}")
+                if response.status >= 400:
+                    raise JudgeRefused(f"{self.url} refused the request ({response.status}): "
+                                       f"{(await response.text())[:200]}")
+                payload = await response.json(content_type=None)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise JudgeUnreachable(f"{self.url}: {exc!r}") from None
+        try:
+            content = payload["choices"][0]["message"]["content"]
+        except (KeyError, IndexError, TypeError):
+            raise JudgeOutputError(f"not a chat completion: {str(payload)[:200]}") from None
+        if not isinstance(content, str):
+            raise JudgeOutputError("the judge's message has no text content")
+        return content
+
+    async def _first_model(self, client: aiohttp.ClientSession) -> str:
+        async with client.get(f"{self.url}/models") as response:
+            if response.status != 200:
+                raise JudgeUnreachable(f"{self.url}/models answered {response.status}; set --judge-model")
+            models = (await response.json(content_type=None)).get("data") or []
+        if not models:
+            raise JudgeUnreachable(f"{self.url}/models lists no model; set --judge-model")
+        return str(models[0]["id"])
+
+    async def _give_up(self, group: list[IdleRollout], *, retry_later: bool) -> None:
+        """Bad output is not asked again: those rollouts expire by reward_ttl_s. For an unreachable judge the
+        open rollouts are tried again at the next run; posted ones are released at once either way, to train
+        on their posted reward alone rather than wait for a judge that may not come back."""
+        now = time.monotonic()
+        held = [rollout.id for rollout in group if rollout.posted is not None]
+        self.given_up.update((rollout.id, now) for rollout in group if rollout.posted is not None or not retry_later)
+        if held:
+            async with self.sessions() as session, session.begin():
+                await judging.release_held(session, held, self.owner)
+
+    def _forget_expired(self) -> None:
+        """Given-up rollouts are remembered until they have surely expired (or restarted trainers forget)."""
+        horizon = time.monotonic() - max(self.settings.reward_ttl_s, 3600.0)
+        self.given_up = {rollout_id: at for rollout_id, at in self.given_up.items() if at > horizon}
+
+
+def _read_rubric(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return path.read_text()
+    except OSError as exc:
+        raise ValueError(f"--judge-rubric {path}: {exc.strerror or exc}") from None
