@@ -1,6 +1,7 @@
 """A stand-in for the LLM judge (docs/judge.md), for tests and benchmarks: an OpenAI-compatible server whose
-"judgement" is a hidden rubric — a trajectory scores 1.0 when its final assistant turn contains `--marker`,
-else 0.0 — answered in the judge's JSON contract. It can misbehave, to exercise the trainer's retries.
+"judgement" is a hidden rubric — a trajectory scores 1.0 when its final assistant turn contains `--marker`
+(or, with `--pattern`, is all matched by that regular expression), else 0.0 — answered in the judge's JSON
+contract. It can misbehave, to exercise the trainer's retries.
 
 Run it: `python -m rlproxy.testing.judge_standin --port 8002 --marker SOLVED [--bad 2 --bad-kind prose]`
 
@@ -21,14 +22,15 @@ BLOCK = re.compile(r'<trajectory id="([^"]+)">\n(.*?)\n</trajectory>', re.DOTALL
 BAD_KINDS = ("prose", "count", "range")
 
 
-def hidden_scores(prompt: str, marker: str) -> list[dict]:
-    """The stand-in's verdict: 1.0 when the trajectory's last assistant turn contains the marker."""
+def hidden_scores(prompt: str, marker: str | None, pattern: re.Pattern | None = None) -> list[dict]:
+    """The stand-in's verdict: 1.0 when the trajectory's last assistant turn contains the marker (or is all
+    matched by the pattern)."""
     scores = []
     for key, text in BLOCK.findall(prompt):
         final = text.rsplit("[assistant]", 1)[1] if "[assistant]" in text else ""
-        solved = marker in final
+        solved = bool(pattern.fullmatch(final.strip())) if pattern is not None else marker in final
         scores.append({"id": key, "score": 1.0 if solved else 0.0,
-                       "explanation": "final answer has the marker" if solved else "final answer lacks the marker"})
+                       "explanation": "the final answer meets the rubric" if solved else "it does not"})
     return scores
 
 
@@ -41,8 +43,9 @@ def bad_reply(scores: list[dict], kind: str) -> str:
     return json.dumps({"scores": [{**s, "score": 1.5} for s in scores]})
 
 
-def build_app(marker: str, bad: int, bad_kind: str) -> web.Application:
+def build_app(marker: str | None, bad: int, bad_kind: str, pattern: str | None = None) -> web.Application:
     """`bad`: how many requests get a broken reply before the good ones (-1: every one)."""
+    compiled = re.compile(pattern) if pattern else None
     stats: dict = {"requests": 0, "trajectories": []}
 
     async def models(request: web.Request) -> web.Response:
@@ -51,7 +54,7 @@ def build_app(marker: str, bad: int, bad_kind: str) -> web.Application:
     async def chat(request: web.Request) -> web.Response:
         body = await request.json()
         prompt = next((m["content"] for m in reversed(body["messages"]) if m["role"] == "user"), "")
-        scores = hidden_scores(prompt, marker)
+        scores = hidden_scores(prompt, marker, compiled)
         stats["requests"] += 1
         stats["trajectories"] = [s["id"] for s in scores]
         broken = bad < 0 or stats["requests"] <= bad
@@ -74,12 +77,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8002)
-    parser.add_argument("--marker", required=True, help="text a final answer must contain to score 1.0")
+    rubric = parser.add_mutually_exclusive_group(required=True)
+    rubric.add_argument("--marker", help="text a final answer must contain to score 1.0")
+    rubric.add_argument("--pattern", help="a regular expression the whole final answer must match for 1.0")
     parser.add_argument("--bad", type=int, default=0, help="broken replies before good ones (-1: always)")
     parser.add_argument("--bad-kind", choices=BAD_KINDS, default="prose")
     args = parser.parse_args()
-    web.run_app(build_app(args.marker, args.bad, args.bad_kind), host=args.host, port=args.port, access_log=None,
-                print=None)
+    web.run_app(build_app(args.marker, args.bad, args.bad_kind, args.pattern), host=args.host, port=args.port,
+                access_log=None, print=None)
 
 
 if __name__ == "__main__":

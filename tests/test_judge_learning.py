@@ -1,0 +1,103 @@
+"""Learning with no reward code, for real: an agent that never posts a reward (examples/unrewarded_agent.py) runs
+through `rlproxy serve`; `rlproxy train --reward judge` has its task groups scored by a judge, trains on those
+scores and publishes; the agent's held-out success — measured by the task's own scorer, which the judge never
+sees — rises.
+
+The judge is the stand-in (rlproxy/testing/judge_standin.py) reached over the same OpenAI-compatible API a real
+judge model would be, so grouping, prompts, parsing and training all run as they would; its hidden rubric is
+looser than the scorer (one to four lines "- name", any count, where the scorer wants exactly the N asked
+for), as a real judge's would be.
+"""
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from bench.families.lists import FAMILY
+from examples.unrewarded_agent import run_episode
+from rlproxy.testing.processes import PYTHON
+from tests.support import free_port, running, running_proxy, trainer_command, wait_http
+
+pytestmark = [pytest.mark.engine, pytest.mark.train, pytest.mark.slow]
+
+RUBRIC = r"(?:- \S+(?: \S+){0,3}\n){0,3}- \S+(?: \S+){0,3}"  # the stand-in's hidden rubric: a bare "- " list
+ROUNDS = 5
+GROUP = 8
+BATCH = 16
+HELDOUT = 48
+MARGIN = 0.20
+
+
+@pytest.fixture
+def judge(tmp_path: Path):
+    port = free_port()
+    command = [PYTHON, "-m", "rlproxy.testing.judge_standin", "--port", str(port), "--pattern", RUBRIC]
+    with running(command, f"http://127.0.0.1:{port}/v1/models", log_path=tmp_path / "judge.log"):
+        yield f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def trainer(engine_url: str, own_database_url: str, tmp_path: Path, judge: str):
+    from rlproxy.model import prepare_model
+
+    log = open(tmp_path / "trainer.log", "wb")
+    process = subprocess.Popen(
+        trainer_command(own_database_url, engine_url, prepare_model(), tmp_path / "adapters", "--poll-interval", "0.2",
+                        "--reward", "judge", "--judge-url", judge + "/v1", "--judge-idle-s", "2",
+                        settings={"batch_rollouts": BATCH, "group_size": GROUP, "mini_batches": 4,
+                                  "learning_rate": 1e-3, "group_timeout_s": 120, "batch_timeout_s": 600}),
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    yield process
+    process.terminate()
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+    log.close()
+
+
+async def heldout_success(proxy: str, model: str) -> float:
+    items = FAMILY.sample("heldout", HELDOUT)
+    answers = await asyncio.gather(*(run_episode(proxy, model, item, evaluation=True) for item in items))
+    return sum(FAMILY.score(item, answer) for item, (_, answer) in zip(items, answers)) / len(items)
+
+
+async def train_for(proxy: str, model: str, trainer: subprocess.Popen) -> list[float]:
+    """Rounds of episodes nobody rewards; each waits until the judge has scored them, the trainer has trained
+    on them and what it produced serves. Returns the judge's mean score per round."""
+    pool = FAMILY.items("train")
+    means = []
+    async with httpx.AsyncClient(base_url=proxy, timeout=30) as http:
+        for round_ in range(ROUNDS):
+            items = [pool[(7 * (2 * round_ + g)) % len(pool)] for g in range(BATCH // GROUP) for _ in range(GROUP)]
+            episodes = await asyncio.gather(*(run_episode(proxy, model, item) for item in items))
+            for _ in range(1200):
+                assert trainer.poll() is None, "the trainer exited"
+                rollouts = [(await http.get(f"/rollouts/{rollout_id}")).json() for rollout_id, _ in episodes]
+                policies = (await http.get("/policies")).json()
+                if (all(r["trained"] for r in rollouts)
+                        and policies["active"] == max(p["version"] for p in policies["data"])):
+                    break
+                await asyncio.sleep(0.5)
+            else:
+                raise AssertionError(f"round {round_} was not judged, trained and served within 10 minutes")
+            assert {r["status"] for r in rollouts} == {"finished"}
+            judged = [w for r in rollouts for w in r["rewards"] if w["kind"] == "final"]
+            assert len(judged) == BATCH and {w["reason"] for w in judged} == {"judge"}
+            means.append(round(sum(r["reward"] for r in rollouts) / BATCH, 2))
+    return means
+
+
+def test_an_agent_that_never_posts_a_reward_learns_from_the_judge(engine_url, engine_model, own_database_url,
+                                                                 tmp_path, trainer):
+    with running_proxy([engine_url], own_database_url, tmp_path, "proxy-judged") as proxy:
+        wait_http(proxy + "/readyz", timeout=60)
+        before = asyncio.run(heldout_success(proxy, engine_model))
+        judged = asyncio.run(train_for(proxy, engine_model, trainer))
+        after = asyncio.run(heldout_success(proxy, engine_model))
+    print(f"held-out success (the task's scorer): {before:.2f} -> {after:.2f}; judge's mean per round {judged}")
+    assert after >= before + MARGIN, (before, after, judged)
