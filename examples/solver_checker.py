@@ -10,7 +10,7 @@ one reward per episode. Which role learns, and as which policy, is the proxy's r
 
 The task is the `lists` family's (bench/families/lists.py: "List 3 birds. Write exactly 3 lines, each starting
 with "- " ..."). The checker sees the instruction and the solver's answer and must reply with one word, ACCEPT
-or REJECT. Both roles share the episode's reward: half for a correct answer, half for a right verdict.
+or REJECT. Both roles share the episode's reward: two thirds for a correct answer, one third for a right verdict.
 """
 from __future__ import annotations
 
@@ -67,8 +67,10 @@ def verdict_of(text: str) -> str | None:
 
 
 def reward_of(solved: bool, judged: bool) -> float:
-    """The episode's one reward, shared by both roles."""
-    return 0.5 * solved + 0.5 * judged
+    """The episode's one reward, shared by both roles. Not halves: with equal weights a checker that always
+    rejects makes every episode worth 0.5 whatever the solver does (a wrong answer rejected = a right one
+    rejected), and neither role can learn from there — a trap two trained roles did fall into."""
+    return (2 * solved + judged) / 3
 
 
 def role_url(proxy: str, rollout_id: str, role: str) -> str:
