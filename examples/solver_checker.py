@@ -85,13 +85,13 @@ async def run_episode(proxy: str, model: str, item: Item, *, evaluation: bool = 
     key = api_key or os.environ.get("OPENAI_API_KEY") or "unused"
     headers = {"X-Task-Id": item.item_id, **({"X-Rlproxy-Eval": "1"} if evaluation else {})}
     async with openai.AsyncOpenAI(base_url=role_url(proxy, rollout_id, SOLVER), api_key=key, max_retries=2,
-                                  timeout=120, default_headers=headers) as solver:
+                                  timeout=600, default_headers=headers) as solver:
         reply = await solver.chat.completions.create(model=model, messages=list(item.messages),
                                                      temperature=TEMPERATURE, max_tokens=FAMILY.max_tokens)
     answer = reply.choices[0].message.content or ""
     instruction = item.messages[-1]["content"]
     async with openai.AsyncOpenAI(base_url=role_url(proxy, rollout_id, CHECKER), api_key=key, max_retries=2,
-                                  timeout=120, default_headers=headers) as checker:
+                                  timeout=600, default_headers=headers) as checker:
         reply = await checker.chat.completions.create(
             model=model, temperature=TEMPERATURE, max_tokens=CHECKER_MAX_TOKENS,
             messages=[*CHECKER_EXAMPLES,

@@ -4,9 +4,9 @@ scores and publishes; the agent's held-out success — measured by the task's ow
 sees — rises.
 
 The judge is the stand-in (rlproxy/testing/judge_standin.py) reached over the same OpenAI-compatible API a real
-judge model would be, so grouping, prompts, parsing and training all run as they would; its hidden rubric is
-looser than the scorer (one to four lines "- name", any count, where the scorer wants exactly the N asked
-for), as a real judge's would be.
+judge model would be, so grouping, prompts, parsing and training all run as they would; its hidden rubric
+(tests/judge_rubrics.py) reads the conversation as a judge would — a bare list of as many lines as asked — and
+is a little looser than the scorer (it takes up to five words a line, and blank lines).
 """
 from __future__ import annotations
 
@@ -24,7 +24,6 @@ from tests.support import free_port, running, running_proxy, trainer_command, wa
 
 pytestmark = [pytest.mark.engine, pytest.mark.train, pytest.mark.slow]
 
-RUBRIC = r"(?:- \S+(?: \S+){0,3}\n){0,3}- \S+(?: \S+){0,3}"  # the stand-in's hidden rubric: a bare "- " list
 ROUNDS = 5
 GROUP = 8
 BATCH = 16
@@ -35,7 +34,8 @@ MARGIN = 0.20
 @pytest.fixture
 def judge(tmp_path: Path):
     port = free_port()
-    command = [PYTHON, "-m", "rlproxy.testing.judge_standin", "--port", str(port), "--pattern", RUBRIC]
+    command = [PYTHON, "-m", "rlproxy.testing.judge_standin", "--port", str(port),
+               "--rubric", "tests.judge_rubrics:lists_count"]
     with running(command, f"http://127.0.0.1:{port}/v1/models", log_path=tmp_path / "judge.log"):
         yield f"http://127.0.0.1:{port}"
 

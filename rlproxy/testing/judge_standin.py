@@ -1,7 +1,7 @@
 """A stand-in for the LLM judge (docs/judge.md), for tests and benchmarks: an OpenAI-compatible server whose
 "judgement" is a hidden rubric — a trajectory scores 1.0 when its final assistant turn contains `--marker`
-(or, with `--pattern`, is all matched by that regular expression), else 0.0 — answered in the judge's JSON
-contract. It can misbehave, to exercise the trainer's retries.
+(or, with `--pattern`, is all matched by that regular expression; or `--rubric module:function` scores the whole
+trajectory text), else 0.0 — answered in the judge's JSON contract. It can misbehave, to exercise the trainer's retries.
 
 Run it: `python -m rlproxy.testing.judge_standin --port 8002 --marker SOLVED [--bad 2 --bad-kind prose]`
 
@@ -12,8 +12,10 @@ Run it: `python -m rlproxy.testing.judge_standin --port 8002 --marker SOLVED [--
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import re
+from collections.abc import Callable
 
 from aiohttp import web
 
@@ -22,13 +24,17 @@ BLOCK = re.compile(r'<trajectory id="([^"]+)">\n(.*?)\n</trajectory>', re.DOTALL
 BAD_KINDS = ("prose", "count", "range")
 
 
-def hidden_scores(prompt: str, marker: str | None, pattern: re.Pattern | None = None) -> list[dict]:
+def hidden_scores(prompt: str, marker: str | None, pattern: re.Pattern | None = None,
+                  rubric: Callable[[str], float] | None = None) -> list[dict]:
     """The stand-in's verdict: 1.0 when the trajectory's last assistant turn contains the marker (or is all
-    matched by the pattern)."""
+    matched by the pattern, or the rubric function says so)."""
     scores = []
     for key, text in BLOCK.findall(prompt):
         final = text.rsplit("[assistant]", 1)[1] if "[assistant]" in text else ""
-        solved = bool(pattern.fullmatch(final.strip())) if pattern is not None else marker in final
+        if rubric is not None:
+            solved = rubric(text) >= 1.0
+        else:
+            solved = bool(pattern.fullmatch(final.strip())) if pattern is not None else marker in final
         scores.append({"id": key, "score": 1.0 if solved else 0.0,
                        "explanation": "the final answer meets the rubric" if solved else "it does not"})
     return scores
@@ -43,9 +49,14 @@ def bad_reply(scores: list[dict], kind: str) -> str:
     return json.dumps({"scores": [{**s, "score": 1.5} for s in scores]})
 
 
-def build_app(marker: str | None, bad: int, bad_kind: str, pattern: str | None = None) -> web.Application:
+def build_app(marker: str | None, bad: int, bad_kind: str, pattern: str | None = None,
+              rubric: str | None = None) -> web.Application:
     """`bad`: how many requests get a broken reply before the good ones (-1: every one)."""
     compiled = re.compile(pattern) if pattern else None
+    scorer = None
+    if rubric:
+        module, _, function = rubric.partition(":")
+        scorer = getattr(importlib.import_module(module), function)
     stats: dict = {"requests": 0, "trajectories": []}
 
     async def models(request: web.Request) -> web.Response:
@@ -54,7 +65,7 @@ def build_app(marker: str | None, bad: int, bad_kind: str, pattern: str | None =
     async def chat(request: web.Request) -> web.Response:
         body = await request.json()
         prompt = next((m["content"] for m in reversed(body["messages"]) if m["role"] == "user"), "")
-        scores = hidden_scores(prompt, marker, compiled)
+        scores = hidden_scores(prompt, marker, compiled, scorer)
         stats["requests"] += 1
         stats["trajectories"] = [s["id"] for s in scores]
         broken = bad < 0 or stats["requests"] <= bad
@@ -80,10 +91,11 @@ def main() -> None:
     rubric = parser.add_mutually_exclusive_group(required=True)
     rubric.add_argument("--marker", help="text a final answer must contain to score 1.0")
     rubric.add_argument("--pattern", help="a regular expression the whole final answer must match for 1.0")
+    rubric.add_argument("--rubric", help="module:function given a trajectory's text, returning its score")
     parser.add_argument("--bad", type=int, default=0, help="broken replies before good ones (-1: always)")
     parser.add_argument("--bad-kind", choices=BAD_KINDS, default="prose")
     args = parser.parse_args()
-    web.run_app(build_app(args.marker, args.bad, args.bad_kind, args.pattern), host=args.host, port=args.port,
+    web.run_app(build_app(args.marker, args.bad, args.bad_kind, args.pattern, args.rubric), host=args.host, port=args.port,
                 access_log=None, print=None)
 
 
