@@ -13,6 +13,7 @@ from datetime import timedelta
 import openai
 import pytest
 import requests
+from sqlalchemy import select
 
 from rewards.judge import (
     JudgeOutputError,
@@ -26,7 +27,7 @@ from rlproxy.settings import TrainerSettings
 from store import training
 from store.db import create_engine, session_factory
 from store.judging import IdleRollout
-from store.models import utcnow
+from store.models import Call, utcnow
 from tests.support import PYTHON, free_port, running, running_proxy
 from trainer.judge import JudgeJob, ready_groups
 from trainer.metrics import TrainerMetrics
@@ -190,6 +191,13 @@ async def test_a_bad_reply_is_retried_until_a_good_one(stub_url, own_database_ur
         stats = requests.get(f"{judge}/stats").json()
     assert rewards == [1.0, 0.0, 1.0]
     assert stats["requests"] == 3 and judged(metrics, "judged") == 1.0
+    # every request to the judge is on record, outside any rollout and policy: never claimed, never trained
+    engine_ = create_engine(own_database_url)
+    async with session_factory(engine_)() as session:
+        kept = (await session.execute(select(Call.agent, Call.rollout_id, Call.policy, Call.policy_version, Call.model)
+                                      .where(Call.agent == "rlproxy-judge"))).all()
+    await engine_.dispose()
+    assert kept == [("rlproxy-judge", None, None, None, "judge-standin")] * 3
 
 
 async def test_a_judge_that_never_keeps_the_contract_leaves_the_group_unjudged(stub_url, own_database_url, tmp_path):

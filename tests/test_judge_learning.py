@@ -24,7 +24,7 @@ from tests.support import free_port, running, running_proxy, trainer_command, wa
 
 pytestmark = [pytest.mark.engine, pytest.mark.train, pytest.mark.slow]
 
-ROUNDS = 5
+ROUNDS = 10
 GROUP = 8
 BATCH = 16
 HELDOUT = 48

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections import defaultdict
 from collections.abc import Sequence
 from datetime import datetime, timedelta
@@ -25,13 +26,16 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from rewards.judge import JudgeOutputError, Score, judge_messages, parse_scores, trajectory_ids, trajectory_text
 from rlproxy.settings import TrainerSettings
 from store import judging
+from store.calls import write_calls
 from store.judging import IdleRollout
 from store.models import utcnow
+from store.records import CallRecord
 from trainer.metrics import TrainerMetrics
 
 log = logging.getLogger("rlproxy.trainer")
 
 HOLD_S = 900.0  # judge+posted: how long one run's hold on a posted rollout lasts (renewed every run)
+JUDGE_AGENT = "rlproxy-judge"  # the agent name the judge's own calls are recorded under
 
 
 class JudgeUnreachable(RuntimeError):
@@ -152,6 +156,7 @@ class JudgeJob:
             if self.model is None:
                 self.model = await self._first_model(client)
             body = {"model": self.model, "messages": messages, "temperature": 0.0}
+            began, started = time.perf_counter(), utcnow()
             async with client.post(f"{self.url}/chat/completions", json=body) as response:
                 if response.status == 429 or response.status >= 500:
                     raise JudgeUnreachable(f"{self.url} answered {response.status}: {(await response.text())[:200]}")
@@ -161,6 +166,7 @@ class JudgeJob:
                 payload = await response.json(content_type=None)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise JudgeUnreachable(f"{self.url}: {exc!r}") from None
+        await self._record(body, payload, started, time.perf_counter() - began)
         try:
             content = payload["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError):
@@ -168,6 +174,16 @@ class JudgeJob:
         if not isinstance(content, str):
             raise JudgeOutputError("the judge's message has no text content")
         return content
+
+    async def _record(self, request: dict, response: object, started: datetime, seconds: float) -> None:
+        """Keep the judge's call in `calls`, for the record: outside any rollout and any policy (agent
+        `rlproxy-judge`), so no trainer ever claims or trains on it; pruned like other loose calls."""
+        record = CallRecord(id=uuid.uuid4().hex, route="chat", started_at=started, agent=JUDGE_AGENT,
+                            model=self.model, upstream_model=self.model, upstream=self.url, request=request,
+                            response=response if isinstance(response, dict) else {"body": response},
+                            http_status=200, latency_ms=seconds * 1000, finished_at=utcnow(), complete=True)
+        async with self.sessions() as session, session.begin():
+            await write_calls(session, [record])
 
     async def _first_model(self, client: aiohttp.ClientSession) -> str:
         async with client.get(f"{self.url}/models") as response:

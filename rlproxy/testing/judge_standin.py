@@ -95,8 +95,8 @@ def main() -> None:
     parser.add_argument("--bad", type=int, default=0, help="broken replies before good ones (-1: always)")
     parser.add_argument("--bad-kind", choices=BAD_KINDS, default="prose")
     args = parser.parse_args()
-    web.run_app(build_app(args.marker, args.bad, args.bad_kind, args.pattern, args.rubric), host=args.host, port=args.port,
-                access_log=None, print=None)
+    app = build_app(args.marker, args.bad, args.bad_kind, args.pattern, args.rubric)
+    web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)
 
 
 if __name__ == "__main__":
