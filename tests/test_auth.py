@@ -207,7 +207,7 @@ def test_policy_activation_needs_an_admin_key(secured):
     assert error["type"] == "permission_error"
     error_of(secured.get("/metrics", secured.keys["alpha"]), 403)
     activated = secured.post("/policies/0/activate", secured.keys["admin"])
-    assert activated.json() == {"version": 0, "status": "active"}
+    assert activated.json() == {"version": 0, "policy": "default", "status": "active"}
     assert secured.post("/policies/v0/activate", OPERATOR_KEY).status_code == 200
     assert secured.get("/metrics", secured.keys["admin"]).status_code == 200
     assert secured.get("/policies", secured.keys["alpha"]).status_code == 200  # reading is for every key
