@@ -44,20 +44,13 @@ def judge(tmp_path: Path):
 def trainer(engine_url: str, own_database_url: str, tmp_path: Path, judge: str):
     from rlproxy.model import prepare_model
 
-    log = open(tmp_path / "trainer.log", "wb")
-    process = subprocess.Popen(
-        trainer_command(own_database_url, engine_url, prepare_model(), tmp_path / "adapters", "--poll-interval", "0.2",
-                        "--reward", "judge", "--judge-url", judge + "/v1", "--judge-idle-s", "2",
-                        settings={"batch_rollouts": BATCH, "group_size": GROUP, "mini_batches": 4,
-                                  "learning_rate": 1e-3, "group_timeout_s": 120, "batch_timeout_s": 600}),
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    yield process
-    process.terminate()
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-    log.close()
+    command = trainer_command(own_database_url, engine_url, prepare_model(), tmp_path / "adapters",
+                              "--poll-interval", "0.2",
+                              "--reward", "judge", "--judge-url", judge + "/v1", "--judge-idle-s", "2",
+                              settings={"batch_rollouts": BATCH, "group_size": GROUP, "mini_batches": 4,
+                                        "learning_rate": 1e-3, "group_timeout_s": 120, "batch_timeout_s": 600})
+    with running(command, None, log_path=tmp_path / "trainer.log") as process:  # stopped at the end
+        yield process
 
 
 async def heldout_success(proxy: str, model: str) -> float:

@@ -29,7 +29,7 @@ from bench.families.lists import FAMILY
 from examples.solver_checker import CHECKER, SOLVER, run_episode
 from store.db import create_engine, session_factory
 from store.models import Call
-from tests.support import running_proxy, trainer_command, wait_http
+from tests.support import running, running_proxy, trainer_command, wait_http
 from tests.test_auth import make_key
 
 pytestmark = [pytest.mark.engine, pytest.mark.train, pytest.mark.slow]
@@ -50,20 +50,13 @@ def trainer(engine_url: str, own_database_url: str, tmp_path: Path):
     from rlproxy.model import prepare_model
 
     policies = [arg for name in TRAINED for arg in ("--policy", name)]
-    log = open(tmp_path / "trainer.log", "wb")
-    process = subprocess.Popen(
-        trainer_command(own_database_url, engine_url, prepare_model(), tmp_path / "adapters", "--poll-interval", "0.2",
-                        *policies, settings={"batch_rollouts": 2 * PER_PROJECT, "group_size": GROUP,
-                                             "mini_batches": 4, "learning_rate": 1e-3, "group_timeout_s": 120,
-                                             "batch_timeout_s": 600}),
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    yield process
-    process.terminate()
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-    log.close()
+    command = trainer_command(own_database_url, engine_url, prepare_model(), tmp_path / "adapters",
+                              "--poll-interval", "0.2",
+                              *policies, settings={"batch_rollouts": 2 * PER_PROJECT, "group_size": GROUP,
+                                                   "mini_batches": 4, "learning_rate": 1e-3, "group_timeout_s": 120,
+                                                   "batch_timeout_s": 600})
+    with running(command, None, log_path=tmp_path / "trainer.log") as process:  # stopped at the end
+        yield process
 
 
 async def evaluate(proxy: str, model: str, keys: dict[str, str]) -> dict[str, tuple[float, float]]:

@@ -86,11 +86,6 @@ class TrainerWorker:
         self.steps = 0
         self.tokenizer = None  # only for token_source="retokenized"
 
-    @property
-    def parent_version(self) -> int:
-        """The version the first policy trained continues from."""
-        return self.lines[self.settings.policies[0]].parent_version
-
     async def start(self) -> None:
         async with self.sessions() as session, session.begin():
             released = await training.release_untrained(session, self.settings.worker_id)
