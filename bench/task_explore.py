@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from rich.table import Table  # noqa: E402
 
 from demo.agent import PROMPTS, evaluate_detailed  # noqa: E402
 from demo.tasks import FAMILIES, heldout_tasks, train_tasks  # noqa: E402
+from store.evaluation import wilson  # noqa: E402
 
 DEFAULT_VARIANTS = (
     "calc-chat2/words2x2",  # the demo's choice
@@ -53,15 +53,6 @@ def parse_variant(text: str) -> tuple[str, str]:
     return prompting, family
 
 
-def wilson(p: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95% interval of a success rate from n episodes."""
-    if n == 0:
-        return 0.0, 1.0
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 async def explore(base_url: str, model: str, args: argparse.Namespace) -> list[dict]:
     client = openai.AsyncOpenAI(base_url=base_url.rstrip("/") + "/v1", api_key="unused", max_retries=0,
                                 timeout=300)
@@ -76,7 +67,7 @@ async def explore(base_url: str, model: str, args: argparse.Namespace) -> list[d
                 stats = await evaluate_detailed(
                     client, model, tasks, concurrency=args.concurrency, prompting=PROMPTS[prompting],
                     temperature=args.temperature, max_turns=args.max_turns, max_tokens=args.max_tokens)
-                lo, hi = wilson(stats.success, stats.n)
+                lo, hi = wilson(stats.success * stats.n, stats.n)
                 row = {"variant": variant, "split": args.split, "repeat": repeat, "n": stats.n,
                        "success": stats.success, "ci95": [lo, hi], "mean_turns": stats.mean_turns,
                        "tool_use_rate": stats.tool_use_rate, "answer_format_rate": stats.answer_format_rate,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -25,21 +24,8 @@ from demo.tasks import Task
 from rlproxy.evaluate import EvalError
 from store import policies
 from store.db import create_engine, session_factory
+from store.evaluation import wilson
 from store.models import Policy, utcnow
-
-Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
-
-
-def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval of a success rate: unlike p ± z·se it stays inside [0, 1] and is not
-    zero-width at 0 or n successes, which is where small evaluations often land."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = successes / n
-    denominator = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denominator
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def task_set(tasks: list[Task]) -> str:

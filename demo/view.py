@@ -96,7 +96,7 @@ def _base_rate(rows: dict[int, tuple[int, int]]) -> float | None:
 def heldout_table(progress, settings, rows: int | None = None, compact: bool = False) -> Table:
     """Held-out success per version. `rows`: at most that many (the base model and the newest), with a caption
     saying how many are left out; `compact`: no outer border lines (the live panel's)."""
-    from demo.evaluate import wilson
+    from store.evaluation import wilson
 
     table = Table(title="held-out success by policy version", expand=False,
                   box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD, show_edge=not compact)
@@ -136,7 +136,7 @@ def probe_periods(progress, parts: int = 3) -> list[tuple[float, float, list[int
 
 
 def summary(progress, settings, console: Console | None = None) -> None:
-    from demo.evaluate import wilson
+    from store.evaluation import wilson
 
     console = console or Console()
     console.print(heldout_table(progress, settings))

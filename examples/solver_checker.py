@@ -1,6 +1,6 @@
 """A two-role agent: a solver answers, a checker accepts or rejects the answer. Plain `openai` SDK code; the
-only thing it does for rlproxy is name each role in its base URL (`/rollouts/{id}/agents/{role}/v1`) and post
-one reward per episode. Which role learns, and as which policy, is the proxy's routing rules' business:
+only things it does for rlproxy are naming each role in its base URL (`/rollouts/{id}/agents/{role}/v1`) and
+posting rewards. Which role learns, and as which policy, is the proxy's routing rules' business:
 
     rlproxy serve --policy-rule agent:solver=solver --default-policy base      # only the solver learns
     rlproxy serve --policy-rule agent:solver=solver --policy-rule agent:checker=checker
@@ -10,7 +10,15 @@ one reward per episode. Which role learns, and as which policy, is the proxy's r
 
 The task is the `lists` family's (bench/families/lists.py: "List 3 birds. Write exactly 3 lines, each starting
 with "- " ..."). The checker sees the instruction and the solver's answer and must reply with one word, ACCEPT
-or REJECT. Both roles share the episode's reward: two thirds for a correct answer, one third for a right verdict.
+or REJECT. Rewards, the way a team with two roles would give them:
+
+* the episode's reward (shared by every call) is the team's outcome: 1 when the answer follows the instruction;
+* the checker's own call gets a reward for its verdict (`POST /reward` with that call's `X-Rlproxy-Call-Id`):
+  +1 when right, -1 when wrong or not one of the two words.
+
+Why the checker needs its own: from the shared outcome alone it cannot tell its part from the solver's (the
+outcome moves with the answer, not with the verdict), and when a verdict was folded into the shared reward the
+trained checker settled on always answering the verdict that was commoner at the time (docs/policies.md).
 """
 from __future__ import annotations
 
@@ -55,7 +63,7 @@ class Episode:
     task_id: str
     answer: str
     verdict: str  # what the checker wrote
-    solved: bool  # the answer follows the instruction (the task's own scorer)
+    solved: bool  # the answer follows the instruction (the task's own scorer): the episode's reward
     judged: bool  # the checker wrote exactly ACCEPT or REJECT, and the right one
     reward: float
 
@@ -66,45 +74,62 @@ def verdict_of(text: str) -> str | None:
     return word if word in (ACCEPT, REJECT) else None
 
 
-def reward_of(solved: bool, judged: bool) -> float:
-    """The episode's one reward, shared by both roles. Not halves: with equal weights a checker that always
-    rejects makes every episode worth 0.5 whatever the solver does (a wrong answer rejected = a right one
-    rejected), and neither role can learn from there — a trap two trained roles did fall into."""
-    return (2 * solved + judged) / 3
+def verdict_reward(judged: bool) -> float:
+    """The checker's own reward for its call: centred on zero, so a checker that is right as often as wrong
+    gains nothing on average, whatever the solver's answers are worth."""
+    return 1.0 if judged else -1.0
 
 
 def role_url(proxy: str, rollout_id: str, role: str) -> str:
     return f"{proxy.rstrip('/')}/rollouts/{rollout_id}/agents/{role}/v1"
 
 
-async def run_episode(proxy: str, model: str, item: Item, *, evaluation: bool = False,
-                      api_key: str | None = None) -> Episode:
-    """One episode: the solver answers, the checker judges, the reward is posted. With `evaluation` the
-    rollout is evaluation traffic (`X-Rlproxy-Eval: 1`): served the same, never trained on."""
-    rollout_id = f"{'eval' if evaluation else 'train'}-{uuid.uuid4().hex}"
-    key = api_key or os.environ.get("OPENAI_API_KEY") or "unused"
-    headers = {"X-Task-Id": item.item_id, **({"X-Rlproxy-Eval": "1"} if evaluation else {})}
-    async with openai.AsyncOpenAI(base_url=role_url(proxy, rollout_id, SOLVER), api_key=key, max_retries=2,
-                                  timeout=600, default_headers=headers) as solver:
-        reply = await solver.chat.completions.create(model=model, messages=list(item.messages),
-                                                     temperature=TEMPERATURE, max_tokens=FAMILY.max_tokens)
-    answer = reply.choices[0].message.content or ""
+def _client(proxy: str, rollout_id: str, role: str, key: str, headers: dict[str, str]) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=role_url(proxy, rollout_id, role), api_key=key, max_retries=2,
+                              timeout=600, default_headers=headers)
+
+
+async def check(proxy: str, model: str, item: Item, answer: str, *, rollout_id: str, key: str,
+                headers: dict[str, str]) -> tuple[str, str]:
+    """The checker's verdict on `answer` to `item`'s instruction: (what it wrote, the call id the proxy gave)."""
     instruction = item.messages[-1]["content"]
-    async with openai.AsyncOpenAI(base_url=role_url(proxy, rollout_id, CHECKER), api_key=key, max_retries=2,
-                                  timeout=600, default_headers=headers) as checker:
-        reply = await checker.chat.completions.create(
+    async with _client(proxy, rollout_id, CHECKER, key, headers) as checker:
+        raw = await checker.chat.completions.with_raw_response.create(
             model=model, temperature=TEMPERATURE, max_tokens=CHECKER_MAX_TOKENS,
             messages=[*CHECKER_EXAMPLES,
                       {"role": "user", "content": CHECKER_PROMPT.format(instruction=instruction, answer=answer)}])
-    verdict = reply.choices[0].message.content or ""
+    return raw.parse().choices[0].message.content or "", raw.headers.get("x-rlproxy-call-id", "")
+
+
+def evaluation_headers(item: Item) -> dict[str, str]:
+    """Evaluation traffic (`X-Rlproxy-Eval: 1`) is served the same and never trained on."""
+    return {"X-Task-Id": item.item_id, "X-Rlproxy-Eval": "1"}
+
+
+def api_key_of(api_key: str | None) -> str:
+    return api_key or os.environ.get("OPENAI_API_KEY") or "unused"
+
+
+async def run_episode(proxy: str, model: str, item: Item, *, evaluation: bool = False,
+                      api_key: str | None = None) -> Episode:
+    """One episode: the solver answers, the checker judges, the rewards are posted (the checker's call's
+    first: the final reward closes the rollout)."""
+    rollout_id = f"{'eval' if evaluation else 'train'}-{uuid.uuid4().hex}"
+    key = api_key_of(api_key)
+    headers = evaluation_headers(item) if evaluation else {"X-Task-Id": item.item_id}
+    async with _client(proxy, rollout_id, SOLVER, key, headers) as solver:
+        reply = await solver.chat.completions.create(model=model, messages=list(item.messages),
+                                                     temperature=TEMPERATURE, max_tokens=FAMILY.max_tokens)
+    answer = reply.choices[0].message.content or ""
+    verdict, checker_call = await check(proxy, model, item, answer, rollout_id=rollout_id, key=key,
+                                        headers=headers)
     solved = FAMILY.score(item, answer) >= 1.0
     judged = verdict_of(verdict) == (ACCEPT if solved else REJECT)
-    reward = reward_of(solved, judged)
-    async with httpx.AsyncClient(timeout=30, headers={"Authorization": f"Bearer {key}"}) as http:
-        posted = await http.post(f"{proxy.rstrip('/')}/reward",
-                                 json={"rollout_id": rollout_id, "reward": reward, "task_id": item.item_id})
-        posted.raise_for_status()
-    return Episode(rollout_id, item.item_id, answer, verdict, solved, judged, reward)
+    async with httpx.AsyncClient(base_url=proxy, timeout=30, headers={"Authorization": f"Bearer {key}"}) as http:
+        for body in ({"rollout_id": rollout_id, "call_id": checker_call, "reward": verdict_reward(judged)},
+                     {"rollout_id": rollout_id, "reward": float(solved), "task_id": item.item_id}):
+            (await http.post("/reward", json=body)).raise_for_status()
+    return Episode(rollout_id, item.item_id, answer, verdict, solved, judged, float(solved))
 
 
 def main() -> None:

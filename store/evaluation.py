@@ -36,7 +36,10 @@ def t975(df: int) -> float:
 
 
 def wilson(successes: float, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson's score interval of a success rate."""
+    """The Wilson score interval of a success rate: unlike p ± z·se it stays inside [0, 1] and is not
+    zero-width at 0 or n successes, which is where small evaluations often land. No trials: (0, 1)."""
+    if n <= 0:
+        return 0.0, 1.0
     p = successes / n
     denominator = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denominator

@@ -17,7 +17,7 @@ import pytest
 import requests
 from sqlalchemy import select
 
-from demo.evaluate import passes, task_set, transaction, wilson
+from demo.evaluate import passes, task_set, transaction
 from demo.tasks import heldout_tasks
 from proxy.policy import PolicyRouter, Route
 from rlproxy.settings import TrainerSettings
@@ -27,6 +27,7 @@ from store import rollouts as store_rollouts
 from store.calls import write_calls
 from store.db import create_engine, session_factory
 from store.errors import Conflict
+from store.evaluation import wilson
 from store.models import Call, Rollout, utcnow
 from store.records import CallRecord, ChoiceRecord
 from tests.support import ROOT, add_policies, policy_row, running_proxy

@@ -21,7 +21,7 @@ import pytest
 from demo.agent import run_episode
 from demo.evaluate import evaluate_heldout
 from demo.tasks import heldout_tasks, train_tasks
-from tests.support import running_proxy, trainer_command, wait_http
+from tests.support import running, running_proxy, trainer_command, wait_http
 
 pytestmark = [pytest.mark.engine, pytest.mark.train, pytest.mark.slow]
 
@@ -35,20 +35,13 @@ MARGIN = 0.20
 def trainer(engine_url: str, own_database_url: str, tmp_path: Path):
     from rlproxy.model import prepare_model
 
-    log = open(tmp_path / "trainer.log", "wb")
-    process = subprocess.Popen(
-        trainer_command(own_database_url, engine_url, prepare_model(), tmp_path / "adapters", "--poll-interval", "0.2",
-                        settings={"batch_rollouts": BATCH, "group_size": GROUP, "mini_batches": 4,
-                                  "learning_rate": 1e-3, "group_timeout_s": 120,
-                                  "batch_timeout_s": 600}),  # one step per round of BATCH episodes, never half
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    yield process
-    process.terminate()
-    try:
-        process.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-    log.close()
+    command = trainer_command(own_database_url, engine_url, prepare_model(), tmp_path / "adapters",
+                              "--poll-interval", "0.2",
+                              settings={"batch_rollouts": BATCH, "group_size": GROUP, "mini_batches": 4,
+                                        "learning_rate": 1e-3, "group_timeout_s": 120,
+                                        "batch_timeout_s": 600})  # one step per round of BATCH episodes, never half
+    with running(command, None, log_path=tmp_path / "trainer.log") as process:  # stopped at the end
+        yield process
 
 
 async def one_episode(http: aiohttp.ClientSession, proxy: str, model: str, task) -> tuple[str, float]:

@@ -19,14 +19,25 @@ import asyncio
 import os
 import random
 import subprocess
+import uuid
 from pathlib import Path
 
 import httpx
 import pytest
 from sqlalchemy import func, select
 
+from bench.families.base import Item
 from bench.families.lists import FAMILY
-from examples.solver_checker import CHECKER, SOLVER, run_episode
+from examples.solver_checker import (
+    ACCEPT,
+    CHECKER,
+    REJECT,
+    SOLVER,
+    check,
+    evaluation_headers,
+    run_episode,
+    verdict_of,
+)
 from store.db import create_engine, session_factory
 from store.models import Call
 from tests.support import running, running_proxy, trainer_command, wait_http
@@ -59,21 +70,50 @@ def trainer(engine_url: str, own_database_url: str, tmp_path: Path):
         yield process
 
 
-async def evaluate(proxy: str, model: str, keys: dict[str, str]) -> dict[str, tuple[float, float]]:
-    """(solver success, checker success) per project on the same held-out items, as evaluation rollouts."""
+Answer = tuple[Item, str, bool]  # an item, an answer to it, whether that answer is right
+
+
+async def solver_success(proxy: str, model: str, keys: dict[str, str]) -> tuple[dict[str, float], list[Answer]]:
+    """Each project's solver success on the held-out items (whole episodes, as evaluation rollouts), and every
+    answer given with whether it was right."""
     items = FAMILY.sample("heldout", HELDOUT)
     slots = asyncio.Semaphore(AT_ONCE)
 
-    async def episode(project: str, item):
+    async def episode(project: str, item: Item):
         async with slots:
-            return await run_episode(proxy, model, item, evaluation=True, api_key=keys[project])
+            return item, await run_episode(proxy, model, item, evaluation=True, api_key=keys[project])
 
     runs = await asyncio.gather(*(asyncio.gather(*(episode(p, item) for item in items)) for p in PROJECTS))
-    return {p: (sum(e.solved for e in eps) / len(eps), sum(e.judged for e in eps) / len(eps))
-            for p, eps in zip(PROJECTS, runs)}
+    success = {p: sum(e.solved for _, e in eps) / len(eps) for p, eps in zip(PROJECTS, runs)}
+    return success, [(item, e.answer, e.solved) for eps in runs for item, e in eps]
 
 
-async def train_for(proxy: str, model: str, keys: dict[str, str], trainer: subprocess.Popen) -> list[float]:
+def balanced(answers: list[Answer]) -> list[Answer]:
+    """As many right answers as wrong ones (the base model's own, so the mistakes are the real ones): a checker
+    that always gives one verdict scores 50% here, whatever the solver has learned since."""
+    right = [a for a in answers if a[2]]
+    wrong = [a for a in answers if not a[2]]
+    keep = min(len(right), len(wrong))
+    assert keep >= 4, f"too few right ({len(right)}) or wrong ({len(wrong)}) answers for a checker evaluation"
+    return right[:keep] + wrong[:keep]
+
+
+async def checker_success(proxy: str, model: str, keys: dict[str, str], answers: list[Answer]) -> dict[str, float]:
+    """Each project's checker: the share of right verdicts on the same fixed answers."""
+    slots = asyncio.Semaphore(AT_ONCE)
+
+    async def judged(project: str, item: Item, answer: str, right: bool) -> bool:
+        async with slots:
+            verdict, _ = await check(proxy, model, item, answer, rollout_id=f"eval-{uuid.uuid4().hex}",
+                                     key=keys[project], headers=evaluation_headers(item))
+        return verdict_of(verdict) == (ACCEPT if right else REJECT)
+
+    runs = await asyncio.gather(*(asyncio.gather(*(judged(p, *a) for a in answers)) for p in PROJECTS))
+    return {p: sum(run) / len(run) for p, run in zip(PROJECTS, runs)}
+
+
+async def train_for(proxy: str, model: str, keys: dict[str, str],
+                    trainer: subprocess.Popen) -> list[tuple[float, float]]:
     """On-policy rounds: a batch of episodes per project, then wait until the trainer has consumed them and
     each policy serves what it produced."""
     pool = FAMILY.items("train")
@@ -84,7 +124,9 @@ async def train_for(proxy: str, model: str, keys: dict[str, str], trainer: subpr
             batch = [(p, pool[(len(PROJECTS) * 2 * round_ + 2 * i + g) % len(pool)])
                      for i, p in enumerate(PROJECTS) for g in range(PER_PROJECT // GROUP) for _ in range(GROUP)]
             episodes = await asyncio.gather(*(run_episode(proxy, model, item, api_key=keys[p]) for p, item in batch))
-            rewards.append(round(sum(e.reward for e in episodes) / len(episodes), 2))
+            duo = [e for (project, _), e in zip(batch, episodes) if project == "duo"]
+            rewards.append((round(sum(e.reward for e in episodes) / len(episodes), 2),
+                            round(sum(e.judged for e in duo) / len(duo), 2)))
             for _ in range(1200):
                 assert trainer.poll() is None, "the trainer exited"
                 done = (await http.get(f"/rollouts/{episodes[-1].rollout_id}",
@@ -129,11 +171,16 @@ def test_each_trained_role_is_its_own_policy_and_the_untrained_role_stays_the_ba
     with running_proxy([engine_url], own_database_url, tmp_path, "proxy-multi-agent", *rules,
                        "--default-policy", "base") as proxy:
         wait_http(proxy + "/readyz", timeout=60)
-        before = asyncio.run(evaluate(proxy, engine_model, keys))
+        solver_before, answers = asyncio.run(solver_success(proxy, engine_model, keys))
+        answers = balanced(answers)
+        checker_before = asyncio.run(checker_success(proxy, engine_model, keys, answers))
         rewards = asyncio.run(train_for(proxy, engine_model, keys, trainer))
-        after = asyncio.run(evaluate(proxy, engine_model, keys))
+        solver_after, _ = asyncio.run(solver_success(proxy, engine_model, keys))
+        checker_after = asyncio.run(checker_success(proxy, engine_model, keys, answers))
     answered = asyncio.run(served_by(own_database_url))
-    print(f"held-out (solver, checker): before {before} after {after}; reward per round {rewards}")
+    print(f"held-out solver success: before {solver_before} after {solver_after}; checker success on "
+          f"{len(answers)} fixed balanced answers: before {checker_before} after {checker_after}; "
+          f"(team reward, duo checker's right verdicts) per round {rewards}")
 
     # who answered whom: the rules, and nothing else
     assert answered[("solo", CHECKER)] == {("base", 0)}
