@@ -24,9 +24,11 @@ from tests.support import free_port, running, running_proxy, trainer_command, wa
 
 pytestmark = [pytest.mark.engine, pytest.mark.train, pytest.mark.slow]
 
-ROUNDS = 10
+# Four task groups a step: with two (16 episodes a step, 10 rounds) held-out success rose 33% -> 96% in one run
+# and only 46% -> 60% in another; a step taken from two items is too noisy to count on.
+ROUNDS = 7
 GROUP = 8
-BATCH = 16
+BATCH = 32
 HELDOUT = 48
 MARGIN = 0.20
 
@@ -66,7 +68,8 @@ async def train_for(proxy: str, model: str, trainer: subprocess.Popen) -> list[f
     means = []
     async with httpx.AsyncClient(base_url=proxy, timeout=30) as http:
         for round_ in range(ROUNDS):
-            items = [pool[(7 * (2 * round_ + g)) % len(pool)] for g in range(BATCH // GROUP) for _ in range(GROUP)]
+            items = [pool[(7 * (BATCH // GROUP * round_ + g)) % len(pool)]
+                     for g in range(BATCH // GROUP) for _ in range(GROUP)]
             episodes = await asyncio.gather(*(run_episode(proxy, model, item) for item in items))
             for _ in range(1200):
                 assert trainer.poll() is None, "the trainer exited"
