@@ -65,38 +65,35 @@ class Episode:
     draft: str  # what the solver wrote
     final: str  # what the reviser made of it: the team's answer
     drafted: bool  # the draft follows the instruction (the task's own scorer): the solver's success
-    solved: bool  # the final answer follows it: the reviser's and the team's success
-    reward: float  # the episode's
+    solved: bool  # the final answer follows it: the reviser's and the team's success (the episode's reward)
 
 
 def role_url(proxy: str, rollout_id: str, role: str) -> str:
     return f"{proxy.rstrip('/')}/rollouts/{rollout_id}/agents/{role}/v1"
 
 
-def _client(proxy: str, rollout_id: str, role: str, key: str, headers: dict[str, str]) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=role_url(proxy, rollout_id, role), api_key=key, max_retries=2,
-                              timeout=600, default_headers=headers)
+async def _ask(proxy: str, model: str, role: str, messages: list[dict[str, str]], *, rollout_id: str, key: str,
+               headers: dict[str, str]) -> tuple[str, str]:
+    """One role's call: (what it wrote, the call id the proxy gave, to reward that call on its own)."""
+    async with openai.AsyncOpenAI(base_url=role_url(proxy, rollout_id, role), api_key=key, max_retries=2,
+                                  timeout=600, default_headers=headers) as client:
+        raw = await client.chat.completions.with_raw_response.create(
+            model=model, messages=messages, temperature=TEMPERATURE, max_tokens=FAMILY.max_tokens)
+    return raw.parse().choices[0].message.content or "", raw.headers.get("x-rlproxy-call-id", "")
 
 
 async def solve(proxy: str, model: str, item: Item, *, rollout_id: str, key: str,
                 headers: dict[str, str]) -> tuple[str, str]:
-    """The solver's draft for `item`: (what it wrote, the call id the proxy gave)."""
-    async with _client(proxy, rollout_id, SOLVER, key, headers) as solver:
-        raw = await solver.chat.completions.with_raw_response.create(
-            model=model, messages=list(item.messages), temperature=TEMPERATURE, max_tokens=FAMILY.max_tokens)
-    return raw.parse().choices[0].message.content or "", raw.headers.get("x-rlproxy-call-id", "")
+    """The solver's draft for `item`: (what it wrote, its call id)."""
+    return await _ask(proxy, model, SOLVER, list(item.messages), rollout_id=rollout_id, key=key, headers=headers)
 
 
 async def revise(proxy: str, model: str, item: Item, draft: str, *, rollout_id: str, key: str,
                  headers: dict[str, str]) -> tuple[str, str]:
-    """The reviser's final answer to `item`, made from `draft`: (what it wrote, the call id the proxy gave)."""
-    instruction = item.messages[-1]["content"]
-    async with _client(proxy, rollout_id, REVISER, key, headers) as reviser:
-        raw = await reviser.chat.completions.with_raw_response.create(
-            model=model, temperature=TEMPERATURE, max_tokens=FAMILY.max_tokens,
-            messages=[*REVISER_EXAMPLES,
-                      {"role": "user", "content": REVISER_PROMPT.format(instruction=instruction, draft=draft)}])
-    return raw.parse().choices[0].message.content or "", raw.headers.get("x-rlproxy-call-id", "")
+    """The reviser's final answer to `item`, made from `draft`: (what it wrote, its call id)."""
+    prompt = REVISER_PROMPT.format(instruction=item.messages[-1]["content"], draft=draft)
+    return await _ask(proxy, model, REVISER, [*REVISER_EXAMPLES, {"role": "user", "content": prompt}],
+                      rollout_id=rollout_id, key=key, headers=headers)
 
 
 def follows(item: Item, answer: str) -> bool:
@@ -127,7 +124,7 @@ async def run_episode(proxy: str, model: str, item: Item, *, evaluation: bool = 
                      {"rollout_id": rollout_id, "call_id": reviser_call, "reward": 1.0 if solved else -1.0},
                      {"rollout_id": rollout_id, "reward": float(solved), "task_id": item.item_id}):
             (await http.post("/reward", json=body)).raise_for_status()
-    return Episode(rollout_id, item.item_id, draft, final, drafted, solved, float(solved))
+    return Episode(rollout_id, item.item_id, draft, final, drafted, solved)
 
 
 def main() -> None:
