@@ -1,5 +1,6 @@
 # Two commands on a fresh machine: `make demo` (the main job) and `make test` (the test suite).
 # Both install into ./.venv from this repository's own files first (once; re-run when they change).
+# PYTEST_ARGS adds pytest options to `make test` (CI adds --durations=25).
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -17,7 +18,7 @@ demo: $(STAMP)
 	$(BIN)/rlproxy demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

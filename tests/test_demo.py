@@ -36,28 +36,6 @@ def run_demo(engine_url, tmp_path, *extra: str) -> tuple[subprocess.CompletedPro
     return done, str(database)
 
 
-def test_a_short_demo_trains_serves_and_measures_versions_on_heldout_probes(engine_url, tmp_path):
-    done, database = run_demo(engine_url, tmp_path, "--probe-share", "0.5")
-    with sqlite3.connect(database) as db:
-        by_agent = dict(db.execute("SELECT agent, count(*) FROM rollouts WHERE status = 'finished' GROUP BY agent"))
-        with_ids = db.execute("SELECT count(*) FROM calls WHERE prompt_token_ids IS NOT NULL "
-                              "AND rollout_id IS NOT NULL").fetchone()[0]
-        trained = dict(db.execute("SELECT agent, count(*) FROM rollouts WHERE trained_at IS NOT NULL GROUP BY agent"))
-        evaluation = dict(db.execute("SELECT agent, min(eval) FROM rollouts GROUP BY agent"))
-        versions = db.execute("SELECT version, status FROM policies ORDER BY version").fetchall()
-    assert by_agent.get("demo", 0) >= 4 and by_agent.get("demo-heldout", 0) >= 1, by_agent
-    assert with_ids >= sum(by_agent.values())
-    assert trained.get("demo", 0) >= 4
-    assert "demo-heldout" not in trained  # probes measure; they are never training data
-    assert evaluation == {"demo": 0, "demo-heldout": 1}  # probes are evaluation traffic, as a user marks it
-    assert versions, "no adapter version was produced"
-    # with probes, a new version serves at once (the deadline may stop a step before it is published)
-    assert all(status in ("active", "retired") for _, status in versions[:-1])
-    assert versions[-1][1] in ("active", "candidate")
-    assert len(versions) >= 2 or versions[0][1] == "active"
-    assert "episodes" in done.stdout and "95% interval" in done.stdout
-
-
 def test_a_short_demo_with_the_heldout_gate_evaluates_every_candidate(engine_url, tmp_path):
     _, database = run_demo(engine_url, tmp_path, "--gate", "heldout")
     with sqlite3.connect(database) as db:
@@ -76,7 +54,33 @@ def test_a_short_demo_with_the_heldout_gate_evaluates_every_candidate(engine_url
         assert json.loads(last[2])["command_gate"]["n"] == 8
 
 
-def test_ctrl_c_stops_the_demo_cleanly_and_the_next_run_resumes(engine_url, tmp_path):
+def assert_a_probed_demo_trained_served_and_measured(database: str, stdout: str) -> None:
+    """What a demo run with held-out probes leaves behind: recorded episodes with their token ids, trained
+    rollouts (never the probes), probes marked as evaluation traffic, and versions that served at once."""
+    with sqlite3.connect(database) as db:
+        by_agent = dict(db.execute("SELECT agent, count(*) FROM rollouts WHERE status = 'finished' GROUP BY agent"))
+        with_ids = db.execute("SELECT count(*) FROM calls WHERE prompt_token_ids IS NOT NULL "
+                              "AND rollout_id IS NOT NULL").fetchone()[0]
+        trained = dict(db.execute("SELECT agent, count(*) FROM rollouts WHERE trained_at IS NOT NULL GROUP BY agent"))
+        evaluation = dict(db.execute("SELECT agent, min(eval) FROM rollouts GROUP BY agent"))
+        versions = db.execute("SELECT version, status FROM policies ORDER BY version").fetchall()
+    assert by_agent.get("demo", 0) >= 4 and by_agent.get("demo-heldout", 0) >= 1, by_agent
+    assert with_ids >= sum(by_agent.values())
+    assert trained.get("demo", 0) >= 4
+    assert "demo-heldout" not in trained  # probes measure; they are never training data
+    assert evaluation == {"demo": 0, "demo-heldout": 1}  # probes are evaluation traffic, as a user marks it
+    assert versions, "no adapter version was produced"
+    # with probes, a new version serves at once (the stop may come before the last one is published)
+    assert all(status in ("active", "retired") for _, status in versions[:-1])
+    assert versions[-1][1] in ("active", "candidate")
+    assert len(versions) >= 2 or versions[0][1] == "active"
+    assert "episodes" in stdout and "95% interval" in stdout and "held-out success" in stdout
+
+
+def test_a_demo_with_probes_trains_and_serves_then_ctrl_c_stops_it_cleanly_and_the_next_run_resumes(
+        engine_url, tmp_path):
+    """One demo start serves two checks: what a run with held-out probes records and serves (stopped by
+    Ctrl-C once a version serves, as a user stops it), and that the next run resumes from what it made."""
     database = tmp_path / "rlproxy.db"
 
     def policies() -> list[tuple[int, str]]:
@@ -90,7 +94,8 @@ def test_ctrl_c_stops_the_demo_cleanly_and_the_next_run_resumes(engine_url, tmp_
 
     out_path, err_path = tmp_path / "first.out", tmp_path / "first.err"
     with open(out_path, "w") as out, open(err_path, "w") as err:  # files, not pipes: nobody reads them meanwhile
-        first = subprocess.Popen(demo_command(engine_url, tmp_path, 10), stdout=out, stderr=err)
+        first = subprocess.Popen(demo_command(engine_url, tmp_path, 10, "--probe-share", "0.5"),
+                                 stdout=out, stderr=err)
     try:
         deadline = time.monotonic() + 420
         while not any(status == "active" for _, status in policies()):
@@ -104,6 +109,10 @@ def test_ctrl_c_stops_the_demo_cleanly_and_the_next_run_resumes(engine_url, tmp_
     out, err = out_path.read_text(), err_path.read_text()
     assert first.returncode == 0, err[-3000:]
     assert "stopping:" in err and "held-out success" in out  # it said why it waited, then summed up
+    state = json.loads((tmp_path / "rlproxy-demo.json").read_text())
+    assert "0" in state["heldout"]  # the base model was measured on the held-out split
+    assert (tmp_path / "rlproxy-reward-curve.png").stat().st_size > 10_000
+    assert_a_probed_demo_trained_served_and_measured(str(database), out)
     before = policies()
     [active] = [version for version, status in before if status == "active"]
     with sqlite3.connect(database) as db:

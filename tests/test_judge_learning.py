@@ -3,6 +3,11 @@ through `rlproxy serve`; `rlproxy train --reward judge` has its task groups scor
 scores and publishes; the agent's held-out success — measured by the task's own scorer, which the judge never
 sees — rises.
 
+The default run is one round: it checks that every episode is judged (and only by the judge), trained on and
+that the version it produced serves. Whether success rises takes seven rounds (about six minutes here):
+`bench/judge_learning.py` runs this test at that size (RLPROXY_TEST_JUDGE_ROUNDS=7 RLPROXY_TEST_JUDGE_HELDOUT=48),
+asserting the margin, and keeps its output in bench/results/.
+
 The judge is the stand-in (rlproxy/testing/judge_standin.py) reached over the same OpenAI-compatible API a real
 judge model would be, so grouping, prompts, parsing and training all run as they would; its hidden rubric
 (tests/judge_rubrics.py) reads the conversation as a judge would — a bare list of as many lines as asked — and
@@ -11,6 +16,7 @@ is a little looser than the scorer (it takes up to five words a line, and blank 
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 from pathlib import Path
 
@@ -26,11 +32,12 @@ pytestmark = [pytest.mark.engine, pytest.mark.train, pytest.mark.slow]
 
 # Four task groups a step: with two (16 episodes a step, 10 rounds) held-out success rose 33% -> 96% in one run
 # and only 46% -> 60% in another; a step taken from two items is too noisy to count on.
-ROUNDS = 7
+ROUNDS = int(os.environ.get("RLPROXY_TEST_JUDGE_ROUNDS", "1"))
 GROUP = 8
-BATCH = 32
-HELDOUT = 48
+BATCH = int(os.environ.get("RLPROXY_TEST_JUDGE_BATCH", "16"))  # the measured runs use 32 (four task groups)
+HELDOUT = int(os.environ.get("RLPROXY_TEST_JUDGE_HELDOUT", "8"))
 MARGIN = 0.20
+LEARNS = ROUNDS >= 7  # what learning takes here; shorter runs check the judging and training only
 
 
 @pytest.fixture
@@ -96,4 +103,6 @@ def test_an_agent_that_never_posts_a_reward_learns_from_the_judge(engine_url, en
         judged = asyncio.run(train_for(proxy, engine_model, trainer))
         after = asyncio.run(heldout_success(proxy, engine_model))
     print(f"held-out success (the task's scorer): {before:.2f} -> {after:.2f}; judge's mean per round {judged}")
-    assert after >= before + MARGIN, (before, after, judged)
+    assert len(judged) == ROUNDS  # every round was judged, trained on and its version served (train_for)
+    if LEARNS:
+        assert after >= before + MARGIN, (before, after, judged)

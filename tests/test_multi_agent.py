@@ -13,8 +13,9 @@ other's, the solo reviser was the base model throughout, no project was answered
 It prints each role's held-out success before and after: the solvers' drafts on held-out items, the revisers'
 final answers made from one fixed set of the base model's own drafts (so that a reviser's score does not move
 with its solver's); with six rounds or more it asserts that each trained role's rose. docs/policies.md has the
-measured runs (RLPROXY_TEST_MULTI_AGENT_ROUNDS=6 RLPROXY_TEST_MULTI_AGENT_HELDOUT=32); several LoRAs in one
-batch make the CPU engine slow, so the default run is short.
+measured runs (`bench/learning_runs.py multi-agent`: RLPROXY_TEST_MULTI_AGENT_ROUNDS=6
+RLPROXY_TEST_MULTI_AGENT_HELDOUT=32, output in bench/results/); several LoRAs in one batch make the CPU engine
+slow, so the default run is one round.
 """
 from __future__ import annotations
 
@@ -50,10 +51,10 @@ PROJECTS = ("solo", "duo")
 RULES = ("project:solo&agent:solver=solo-solver", "project:duo&agent:solver=duo-solver",
          "project:duo&agent:reviser=duo-reviser")
 TRAINED = ("solo-solver", "duo-solver", "duo-reviser")
-ROUNDS = int(os.environ.get("RLPROXY_TEST_MULTI_AGENT_ROUNDS", "2"))
+ROUNDS = int(os.environ.get("RLPROXY_TEST_MULTI_AGENT_ROUNDS", "1"))
 GROUP = 8
 PER_PROJECT = 16  # episodes per project and round: two task groups
-HELDOUT = int(os.environ.get("RLPROXY_TEST_MULTI_AGENT_HELDOUT", "16"))
+HELDOUT = int(os.environ.get("RLPROXY_TEST_MULTI_AGENT_HELDOUT", "8"))
 AT_ONCE = 16  # episodes in flight: more only queue in the engine (and time out there)
 # Six rounds are what learning takes here (docs/policies.md); the default, shorter run checks everything else.
 LEARNS = ROUNDS >= 6
