@@ -11,6 +11,7 @@ import re
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pexpect
 import pyte
@@ -61,10 +62,21 @@ def in_a_terminal(command: list[str], columns: int, rows: int) -> tuple[list[str
 
 
 @pytest.mark.engine
-@pytest.mark.parametrize("columns,rows", [(80, 24), (120, 45)])
-def test_in_a_terminal_the_demo_shows_its_steps_then_one_panel_updated_in_place(engine_url, tmp_path, columns,
-                                                                                  rows):
-    lines, status = in_a_terminal(short_demo(engine_url, tmp_path), columns, rows)
+def test_in_a_terminal_the_demo_shows_its_steps_then_one_panel_updated_in_place(engine_url, tmp_path):
+    """Two terminal sizes, one demo in each, run side by side (each has its own proxy, trainer and store on
+    the shared engine): a small terminal and a large one."""
+    sizes = [(80, 24), (120, 45)]
+    workdirs = [tmp_path / f"{columns}x{rows}" for columns, rows in sizes]
+    for workdir in workdirs:
+        workdir.mkdir()
+    with ThreadPoolExecutor(len(sizes)) as pool:
+        shown = list(pool.map(lambda size, workdir: in_a_terminal(short_demo(engine_url, workdir), *size),
+                              sizes, workdirs))
+    for (columns, rows), workdir, (lines, status) in zip(sizes, workdirs, shown):
+        check_the_terminal_screen(lines, status, rows, workdir)
+
+
+def check_the_terminal_screen(lines: list[str], status: int, rows: int, tmp_path) -> None:
     shown = "\n".join(lines)
     assert status == 0, shown[-3000:]
     assert [line for line in lines if LOG_LINE.search(line)] == []  # the engine's and libraries' logs: in files

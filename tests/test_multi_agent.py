@@ -166,10 +166,13 @@ def test_each_trained_role_is_its_own_policy_and_the_untrained_role_stays_the_ba
     with running_proxy([engine_url], own_database_url, tmp_path, "proxy-multi-agent", *rules,
                        "--default-policy", "base") as proxy:
         wait_http(proxy + "/readyz", timeout=60)
-        solver_before, drafts = asyncio.run(solver_success(proxy, engine_model, keys))
-        reviser_before = asyncio.run(reviser_success(proxy, engine_model, keys, drafts))
+        if LEARNS:  # the base measurement only matters where learning is asserted
+            solver_before, drafts = asyncio.run(solver_success(proxy, engine_model, keys))
+            reviser_before = asyncio.run(reviser_success(proxy, engine_model, keys, drafts))
         progress = asyncio.run(train_for(proxy, engine_model, keys, trainer))
-        solver_after, _ = asyncio.run(solver_success(proxy, engine_model, keys))
+        solver_after, after_drafts = asyncio.run(solver_success(proxy, engine_model, keys))
+        if not LEARNS:
+            solver_before, reviser_before, drafts = None, None, after_drafts
         reviser_after = asyncio.run(reviser_success(proxy, engine_model, keys, drafts))
     answered = asyncio.run(served_by(own_database_url))
     print(f"held-out solver success: before {solver_before} after {solver_after}; reviser success on "
