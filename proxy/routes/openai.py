@@ -57,7 +57,7 @@ ENDPOINTS = mounted([
     Endpoint("post", "/v1/completions", completions, "OpenAI completions", {200: ENGINE_ANSWER}, API_ERRORS,
              body=CompletionRequest, engine_errors=True, context_headers=True,
              example=lambda model: {"model": model, "prompt": "6*7 ="}),
-    Endpoint("get", "/v1/models", models, "The engine's model list",
+    Endpoint("get", "/v1/models", models, "The engine's model list (a project's key: the models it may call)",
              {200: Answer("The engine's model list.", EngineObject)}, (400, 404, 502), engine_errors=True,
              context_headers=True),
 ], PREFIXES, RECORDED)
