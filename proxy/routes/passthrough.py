@@ -47,8 +47,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     context = call_context(request)  # validates the ids in a prefixed path
     app = state(request)
     body = await request.read()
-    if context.project is not None:
-        await app.access.check_body(body, context.project)
+    await app.access.check_body(body, context.project)
     replica = app.upstreams.choose(context.rollout_id)
     headers = {k: v for k, v in request.headers.items() if k.lower() not in DROPPED}
     try:
