@@ -16,6 +16,7 @@ from proxy.routes import all_endpoints, messages, passthrough
 from proxy.security import install as install_security
 from proxy.serving import CompletionServing
 from proxy.state import STATE, ProxyState
+from proxy.tenancy import ModelAccess
 from proxy.upstream import UpstreamPool
 from proxy.writer import CaptureWriter
 from rlproxy import lifecycle
@@ -63,7 +64,7 @@ async def api_errors(request: web.Request, handler):
 def build_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> web.Application:
     app = web.Application(middlewares=[api_errors], client_max_size=settings.client_max_size)
     register(app, all_endpoints())
-    passthrough.add_routes(app)  # last: whatever the proxy does not own goes to the engine
+    passthrough.add_routes(app)  # the engine's read-only routes, relayed (proxy/engine_routes.py)
     install_security(app, settings)
     app.cleanup_ctx.append(_lifecycle(settings, metrics or ProxyMetrics()))
     app.on_shutdown.append(_draining(settings))
@@ -85,9 +86,10 @@ def _lifecycle(settings: ProxySettings, metrics: ProxyMetrics):
         writer = CaptureWriter(sessions, settings.writer, metrics,
                                after_write=automatic_rewards(air_rules(settings), metrics))
         await writer.start()
+        access = ModelAccess(router, upstreams)
         app[STATE] = ProxyState(settings, engine, sessions, metrics, upstreams, router, writer,
-                                CompletionServing(upstreams, router, writer, metrics,
-                                                  redact=settings.auth.redact_content))
+                                CompletionServing(upstreams, router, writer, metrics, access,
+                                                  redact=settings.auth.redact_content), access)
         await router.start(settings.policy_refresh_interval)
         health = asyncio.create_task(_watch_engines(app[STATE]), name="engine-health")
         try:

@@ -27,6 +27,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from proxy.context import call_context
+from proxy.engine_routes import RELAYED
 from proxy.errors import Forbidden, NotFoundError, StoreUnavailable, Unauthorized
 from rlproxy.errors import RlproxyError
 from rlproxy.settings import AuthSettings
@@ -47,9 +48,10 @@ class Access(Enum):
 
 PUBLIC_ROUTES = {"/healthz", "/readyz", "/openapi.json"}
 ADMIN_ROUTES = {("POST", "/policies/{version}/activate"), ("GET", "/metrics")}
-# Routes whose calls belong to the rollout in their path (so a key may only use its own project's rollouts).
+# Routes whose calls belong to the rollout in their path (so a key may only use its own project's rollouts):
+# the recorded routes and the engine routes relayed beside them.
 OPENAI_SUFFIXES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/responses",
-                   "/v1/responses/{response_id}", "/v1/messages", "/v1/messages/count_tokens", "/{tail:.*}")
+                   "/v1/responses/{response_id}", "/v1/messages", "/v1/messages/count_tokens", *RELAYED)
 
 
 def route_pattern(request: web.Request) -> str | None:

@@ -26,6 +26,8 @@ class CallContext:
 
 def is_valid_id(value: str, what: str = "rollout") -> bool:
     """Whether `value` is a rollout, agent or task id the proxy accepts (ids reach URL paths and Postgres text)."""
+    if what != "task" and value in (".", ".."):  # a path segment every URL library resolves away
+        return False
     pattern = _TEXT if what == "task" else _ID
     return len(value) <= LIMITS[what] and pattern.match(value) is not None
 
@@ -35,7 +37,7 @@ def _clean(value: str | None, what: str) -> str | None:
         return None
     if not is_valid_id(value, what):
         raise InvalidRequest(f"{what} id must be 1-{LIMITS[what]} characters"
-                             + ("" if what == "task" else " of letters, digits and ._:@-"),
+                             + ("" if what == "task" else " of letters, digits and ._:@- (not . or ..)"),
                              param=what, code="invalid_id")
     return value
 

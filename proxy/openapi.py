@@ -44,7 +44,7 @@ _ERRORS = {
     400: "Malformed or invalid request (OpenAI routes), or over a configured limit.",
     401: "No key, or an unknown or revoked one (when auth is on).",
     403: "The route needs an admin key.",
-    404: "Unknown rollout, call, policy or route; another project's rollout looks the same.",
+    404: "Unknown rollout, call, policy, model or route; another project's rollout or adapter looks the same.",
     409: "A different final reward for a rollout that already has one.",
     413: "The request body is larger than the proxy accepts.",
     415: "A body in a content type the route does not read.",

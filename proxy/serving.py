@@ -24,6 +24,7 @@ from proxy.policy import PolicyRouter
 from proxy.redact import redact_record
 from proxy.schemas import ChatCompletionRequest, CompletionRequest, parse_json_object, validate
 from proxy.sse import Event, SSEParser
+from proxy.tenancy import ModelAccess
 from proxy.upstream import UpstreamPool
 from proxy.writer import CaptureWriter
 from store.models import CallStatus, utcnow
@@ -39,8 +40,9 @@ HistoryLoader = Callable[[dict[str, Any], CallContext], Awaitable[list[dict[str,
 
 class CompletionServing:
     def __init__(self, upstreams: UpstreamPool, router: PolicyRouter, writer: CaptureWriter,
-                 metrics: ProxyMetrics, *, redact: bool = False) -> None:
+                 metrics: ProxyMetrics, access: ModelAccess, *, redact: bool = False) -> None:
         self.upstreams = upstreams
+        self.access = access
         self.router = router
         self.writer = writer
         self.metrics = metrics
@@ -58,6 +60,8 @@ class CompletionServing:
             validate(ChatCompletionRequest if route == CHAT else CompletionRequest, body)
         else:
             dialect.validate(body)
+        await self.access.check(body["model"], context.project)  # another project's adapter: as if none existed
+        if dialect is not None:
             engine_body = dialect.to_chat(body, await history(body, context) if history is not None else [])
         target = await self.router.route_call(body["model"], context)
         upstream_body, additions = prepare_upstream_body(engine_body, route, target.upstream_model)

@@ -9,6 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from proxy.metrics import ProxyMetrics
 from proxy.policy import PolicyRouter
 from proxy.serving import CompletionServing
+from proxy.tenancy import ModelAccess
 from proxy.upstream import UpstreamPool
 from proxy.writer import CaptureWriter
 from rlproxy.settings import ProxySettings
@@ -24,6 +25,7 @@ class ProxyState:
     router: PolicyRouter
     writer: CaptureWriter
     serving: CompletionServing
+    access: ModelAccess  # which models a key's project may call
 
 
 STATE = web.AppKey("rlproxy_state", ProxyState)

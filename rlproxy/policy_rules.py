@@ -86,6 +86,20 @@ class PolicyRules:
         """Whether any rule looks at the agent (then a call without one is looked up by its rollout)."""
         return any(rule.needs_agent for rule in self.rules)
 
+    def reachable(self, project: str | None) -> set[str]:
+        """Every policy some call of `project` can be routed to, whatever its agent: the policies whose
+        adapters that project's keys may also call by name (proxy/tenancy.py)."""
+        found: set[str] = set()
+        for rule in self.rules:
+            projects = {value for key, value in rule.conditions if key == "project"}
+            agents = {value for key, value in rule.conditions if key == "agent"}
+            if projects - {project} or len(agents) > 1:  # never matches a call of this project
+                continue
+            found.add(rule.policy)
+            if not agents:  # matches every call of the project: the rules after it and the default never do
+                return found
+        return found | {self.default}
+
     def policies(self) -> list[str]:
         """Every policy the rules can name, the default first; `base` left out (it has no adapter)."""
         named = [self.default, *(rule.policy for rule in self.rules)]

@@ -100,6 +100,12 @@ async def names(session: AsyncSession) -> list[str]:
     return sorted((await session.execute(select(Policy.policy).distinct())).scalars())
 
 
+async def adapter_policies(session: AsyncSession, adapters: list[str]) -> dict[str, str]:
+    """The named policy of each of these adapter names that is a version (other names are left out)."""
+    rows = await session.execute(select(Policy.name, Policy.policy).where(Policy.name.in_(adapters)))
+    return {name: policy for name, policy in rows}
+
+
 async def next_version(session: AsyncSession) -> int:
     return int((await session.execute(select(func.coalesce(func.max(Policy.version), 0)))).scalar_one()) + 1
 

@@ -91,6 +91,15 @@ def proxy_url(stub_url: str, database_url: str, run_dir: Path) -> str:
         yield url
 
 
+@pytest.fixture(scope="session")
+def tenants(postgres_server: str, run_dir: Path, tmp_path_factory):
+    """Projects alpha and beta, each with its own adapter, on one secured proxy (tests/tenants.py)."""
+    from tests.tenants import secured_tenants
+
+    with secured_tenants(postgres_server, run_dir, tmp_path_factory.mktemp("tenant-adapters")) as tenants:
+        yield tenants
+
+
 TINY_VOCAB = 512
 
 

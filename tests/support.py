@@ -1,6 +1,7 @@
 """Helpers the tests share: free ports, starting real server processes, waiting for them."""
 from __future__ import annotations
 
+import asyncio
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
@@ -8,8 +9,9 @@ from pathlib import Path
 from rlproxy.testing.processes import (PYTHON, ROOT, free_port, fresh_database, proxy_command, running, stop,
                                        stub_command, trainer_command, wait_http)
 
-__all__ = ["PYTHON", "ROOT", "add_policies", "adapter_folder", "free_port", "fresh_database", "policy_row",
-           "proxy_command", "pump", "running", "running_proxy", "stop", "stub_command", "trainer_command", "wait_http"]
+__all__ = ["PYTHON", "ROOT", "add_policies", "adapter_folder", "free_port", "fresh_database", "make_key",
+           "policy_row", "proxy_command", "pump", "running", "running_proxy", "stop", "stub_command", "trainer_command",
+           "wait_http"]
 
 
 @contextmanager
@@ -85,3 +87,14 @@ async def policy_row(database_url: str, version: int):
 
     async with _transaction(database_url) as session:
         return await policies.get_policy(session, version)
+
+
+def make_key(database_url: str, project: str, **options) -> str:
+    """A new API key of `project` (created if new) in a test database."""
+    from store.keys import create_key
+
+    async def go() -> str:
+        async with _transaction(database_url) as session:
+            return (await create_key(session, project, **options))[0]
+
+    return asyncio.run(go())

@@ -144,7 +144,7 @@ def test_one_rollout_may_mix_apis_and_every_call_is_trainable(proxy_url):
                for c in data["calls"])
 
 
-def test_other_engine_routes_are_relayed_byte_for_byte_and_admin_routes_are_not(proxy_url, stub_url):
+def test_listed_engine_routes_are_relayed_byte_for_byte_and_admin_routes_are_not(proxy_url, stub_url):
     rollout_id, base_url = new_rollout(proxy_url)
     body = {"model": "stub-model", "prompt": "one two three"}
 
@@ -157,8 +157,8 @@ def test_other_engine_routes_are_relayed_byte_for_byte_and_admin_routes_are_not(
 
     assert relayed.content == under_rollout.content == direct.content and relayed.status_code == 200
     assert unknown.status_code == 404 and "GET /rollouts/" in unknown.json()["error"]["message"]
-    assert admin.status_code == 404 and "not exposed" in admin.json()["error"]["message"]
-    assert own.status_code == 404 and "GET /rollouts" in own.json()["error"]["message"]
+    assert admin.status_code == 404 and "POST /rollouts/" in admin.json()["error"]["message"]  # never relayed
+    assert own.status_code == 405 and "GET /rollouts" in own.json()["error"]["message"]  # only POST is a route
     assert rollout(proxy_url, rollout_id)["calls"] == []  # relayed, never recorded
     metrics = requests.get(f"{proxy_url}/metrics").text
     assert 'rlproxy_passthrough_requests_total{path="/tokenize",status="200"}' in metrics

@@ -30,6 +30,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     MESSAGES.validate(body, CountTokensRequest)
     context = call_context(request)
     app = state(request)
+    await app.access.check(body["model"], context.project)
     target = await app.router.route_call(body["model"], context)
     tokenize = {"model": target.upstream_model, "messages": chat_messages(body), "add_generation_prompt": True}
     if body.get("tools"):

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import aiohttp
+import orjson
 from aiohttp import web
 
 from proxy.bodies import EngineObject
 from proxy.capture import CHAT, COMPLETIONS
 from proxy.context import call_context
 from proxy.endpoints import Answer, Endpoint, mounted
-from proxy.errors import UpstreamUnavailable
+from proxy.errors import UpstreamUnavailable, json_response
 from proxy.schemas import ChatCompletionRequest, CompletionRequest
 from proxy.state import state
 
@@ -25,16 +26,23 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def models(request: web.Request) -> web.Response:
-    """The engine's model list, as the engine answers it."""
-    call_context(request)  # validates ids in the path
-    upstreams = state(request).upstreams
-    replica = upstreams.choose(request.match_info.get("rollout_id"))
+    """The engine's model list, as the engine answers it; for a project's key, only the models it may call."""
+    context = call_context(request)  # validates ids in the path
+    app = state(request)
+    replica = app.upstreams.choose(request.match_info.get("rollout_id"))
     try:
-        async with upstreams.session.get(replica.url + "/v1/models") as upstream:
-            return web.Response(body=await upstream.read(), status=upstream.status,
-                                content_type=upstream.content_type)
+        async with app.upstreams.session.get(replica.url + "/v1/models") as upstream:
+            raw, status, content_type = await upstream.read(), upstream.status, upstream.content_type
     except (aiohttp.ClientError, OSError) as exc:
         raise UpstreamUnavailable(f"engine unreachable: {exc}") from exc
+    if context.project is not None and status == 200:
+        try:
+            listing = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            raise UpstreamUnavailable("engine returned an invalid model list") from None
+        if isinstance(listing, dict):
+            return json_response(await app.access.visible(listing, context.project))
+    return web.Response(body=raw, status=status, content_type=content_type)
 
 
 ENGINE_ANSWER = Answer("The engine's answer, as the engine sent it (SSE when `stream` is true).", EngineObject,
@@ -49,7 +57,7 @@ ENDPOINTS = mounted([
     Endpoint("post", "/v1/completions", completions, "OpenAI completions", {200: ENGINE_ANSWER}, API_ERRORS,
              body=CompletionRequest, engine_errors=True, context_headers=True,
              example=lambda model: {"model": model, "prompt": "6*7 ="}),
-    Endpoint("get", "/v1/models", models, "The engine's model list",
+    Endpoint("get", "/v1/models", models, "The engine's model list (a project's key: the models it may call)",
              {200: Answer("The engine's model list.", EngineObject)}, (400, 404, 502), engine_errors=True,
              context_headers=True),
 ], PREFIXES, RECORDED)

@@ -1,55 +1,58 @@
-"""Every engine route the proxy does not own (`/v1/embeddings`, `/tokenize`, `/detokenize`, `/v1/rerank`,
-`/v1/score`, `/pooling`, audio, …) is relayed to the rollout's engine replica byte for byte, streamed bodies
-included, also under the `/rollouts/{id}[/agents/{agent}]` prefixes. Such calls are counted in metrics
-(`rlproxy_passthrough_requests_total`), never recorded or trained on. A path or method the engine has no route
-for either gets the proxy's own error, which names it (errors keep the route's shape everywhere).
+"""The engine routes of the allow-list (proxy/engine_routes.py: tokenize, embeddings, pooling, score, rerank,
+classify, health, …) are relayed to the rollout's engine replica byte for byte, streamed bodies included, also
+under the `/rollouts/{id}[/agents/{agent}]` prefixes. Such calls are counted in metrics
+(`rlproxy_passthrough_requests_total`), never recorded or trained on; they carry the key's tenant scope (another
+project's rollout in the prefix is 404, by the auth middleware) and the request limits, and a `model` in their
+body must be one the key may call (proxy/tenancy.py). Any other path is not routed at all: 404 (405 for a
+listed path with another method), in the proxy's own error shape.
 
-The engine's administration routes are not relayed: adapters are loaded and unloaded by the proxy's policy
-lifecycle alone, so an agent cannot change what the engine serves. The agent's own `Authorization` header is
-never passed on; the engines get the proxy's key."""
+The engine path is the table's, not the request's: whatever spelling matched, the engine gets the listed path
+and the request's query string, sent as they are (`encoded=True`: yarl would otherwise resolve dot segments).
+The agent's own `Authorization` header is never passed on; the engines get the proxy's key."""
 from __future__ import annotations
 
 import asyncio
-import re
 
 import aiohttp
 import orjson
 from aiohttp import web
+from yarl import URL
 
 from proxy.context import call_context
+from proxy.engine_routes import RELAYED
 from proxy.errors import NotFoundError, UpstreamTimeout, UpstreamUnavailable
+from proxy.routes.openai import PREFIXES
 from proxy.state import state
 
-ADMIN = re.compile(r"^/(v1/)?(load_lora_adapter|unload_lora_adapter|reset_prefix_cache|reset_mm_cache|"
-                   r"reset_encoder_cache|sleep|wake_up|is_sleeping|collective_rpc|start_profile|stop_profile|"
-                   r"scale_elastic_ep|is_scaling_elastic_ep|update_weights|init_weights_update_group|pause|resume|"
-                   r"server_info)\b")
 # Hop-by-hop headers (RFC 9110 §7.6.1) and what the proxy sets itself are not copied across.
 DROPPED = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
            "transfer-encoding", "upgrade", "host", "content-length", "authorization", "x-api-key"}
-KNOWN = ("/v1/embeddings", "/v1/rerank", "/v1/score", "/v1/audio/transcriptions", "/v1/audio/translations",
-         "/v1/classify", "/tokenize", "/detokenize", "/pooling", "/rerank", "/score", "/classify", "/health",
-         "/version", "/ping", "/v1/responses", "/v1/messages")
 
 
-OWN = {"rollouts", "reward", "policies", "healthz", "readyz", "metrics", "openapi.json"}
+def engine_path(request: web.Request) -> str:
+    """The listed path a request matched: its route's pattern without the rollout prefix (every prefix ends in
+    a `{…}` name, and no listed path has one)."""
+    return request.match_info.route.resource.canonical.rsplit("}", 1)[-1]
+
+
+def upstream_url(replica_url: str, path: str, query_string: str) -> URL:
+    base = URL(replica_url)
+    return URL.build(scheme=base.scheme, user=base.raw_user, password=base.raw_password, host=base.raw_host,
+                     port=base.explicit_port, path=base.raw_path.rstrip("/") + path, query_string=query_string,
+                     encoded=True)
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
-    path = "/" + request.match_info["tail"]
-    if path == request.path and path.split("/")[1] in OWN:  # the proxy's own namespace: never the engine's
-        raise NotFoundError(f"no route {request.method} {request.path} on this proxy")
-    if ADMIN.match(path):
-        raise NotFoundError(f"no route {request.method} {request.path} on this proxy (engine administration is "
-                            "not exposed to agents)")
+    path = engine_path(request)
     context = call_context(request)  # validates the ids in a prefixed path
     app = state(request)
+    body = await request.read()
+    await app.access.check_body(body, context.project)
     replica = app.upstreams.choose(context.rollout_id)
     headers = {k: v for k, v in request.headers.items() if k.lower() not in DROPPED}
-    label = path if path in KNOWN else "other"
     try:
         upstream = await app.upstreams.session.request(
-            request.method, replica.url + path, params=request.rel_url.query, data=await request.read(),
+            request.method, upstream_url(replica.url, path, request.rel_url.raw_query_string), data=body,
             headers=headers, allow_redirects=False)
     except asyncio.TimeoutError:
         raise UpstreamTimeout("engine did not answer in time") from None
@@ -58,8 +61,8 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         raise UpstreamUnavailable(f"engine unreachable: {exc}") from None
     if upstream.status in (404, 405) and not await _is_openai_error(upstream):
         upstream.close()
-        app.metrics.passthrough.labels(label, str(upstream.status)).inc()
-        error = NotFoundError(f"no route {request.method} {request.path} on this proxy or its engine")
+        app.metrics.passthrough.labels(path, str(upstream.status)).inc()
+        error = NotFoundError(f"no route {request.method} {request.path} on this proxy's engine")
         error.status = upstream.status
         raise error
     try:
@@ -77,12 +80,13 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         return response
     finally:
         upstream.close()
-        app.metrics.passthrough.labels(label, str(upstream.status)).inc()
+        app.metrics.passthrough.labels(path, str(upstream.status)).inc()
 
 
 async def _is_openai_error(upstream: aiohttp.ClientResponse) -> bool:
     """Whether a 404/405 is the engine's answer about something it serves (a model it does not know: relayed),
-    rather than about a path or method it has no route for (the proxy answers that in its own error shape)."""
+    rather than about a route it does not have (a pooling route of a generative model: the proxy answers that
+    in its own error shape)."""
     try:
         body = orjson.loads(await upstream.read())
     except (orjson.JSONDecodeError, aiohttp.ClientError, asyncio.TimeoutError):
@@ -91,6 +95,8 @@ async def _is_openai_error(upstream: aiohttp.ClientResponse) -> bool:
 
 
 def add_routes(app: web.Application) -> None:
-    """Registered last: every route the proxy owns is matched first."""
-    for prefix in ("/rollouts/{rollout_id}/agents/{agent}", "/rollouts/{rollout_id}", ""):
-        app.router.add_route("*", prefix + "/{tail:.*}", passthrough)
+    """Each listed path and method under each prefix, exactly as written; registered after the proxy's own."""
+    for prefix in PREFIXES:
+        for path, methods in RELAYED.items():
+            for method in methods:
+                app.router.add_route(method, prefix + path, passthrough)

@@ -21,6 +21,7 @@ import hashlib
 import json
 import time
 import zlib
+from collections import deque
 from pathlib import Path
 
 from aiohttp import web
@@ -69,6 +70,8 @@ class Stub:
         self.adapters: dict[str, str] = {}
         self.requests = 0
         self.last_body: dict | None = None
+        # (method, path and query exactly as they arrived) of the latest requests, routed or not
+        self.received: deque[tuple[str, str]] = deque(maxlen=10_000)
 
     def known(self, model: str) -> bool:
         return model == self.base_model or model in self.adapters
@@ -283,10 +286,19 @@ def require_key(api_key: str):
     return check
 
 
+def recording(stub: Stub):
+    """Keeps the raw request target of every request in `stub.received`, before any routing."""
+    @web.middleware
+    async def record(request: web.Request, handler):
+        stub.received.append((request.method, request.raw_path))
+        return await handler(request)
+    return record
+
+
 def build_app(base_model: str = BASE_MODEL, api_key: str | None = None, stub: Stub | None = None) -> web.Application:
     """The stand-in engine's routes, answered by `stub` (default: a `Stub` serving `base_model`)."""
     stub = stub or Stub(base_model)
-    app = web.Application(middlewares=[require_key(api_key)] if api_key else [])
+    app = web.Application(middlewares=[recording(stub)] + ([require_key(api_key)] if api_key else []))
     app["stub"] = stub
     app.router.add_get("/v1/models", stub.models)
     app.router.add_post("/v1/chat/completions", stub.chat)

@@ -1,0 +1,86 @@
+"""Two tenants on one proxy: `rlproxy serve` with keys on in front of the stand-in engine, which runs in the test
+process so that what it received can be read back (`Stub.received`: every request's method and raw path).
+
+Projects `alpha` and `beta` each have a policy of their own (`--policy-rule project:alpha=alpha` …) with an active
+adapter loaded on the engine: `rlproxy-v1` is alpha's, `rlproxy-v2` beta's. `gamma` has no rule, so it gets the
+default policy, which has no version: the base model. `operator` is the admin key of no project."""
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import anthropic
+import openai
+import requests
+from aiohttp import web
+
+from rlproxy.testing.stub_engine import BASE_MODEL, Stub, build_app
+from tests.support import add_policies, fresh_database, make_key, running_proxy
+
+OPERATOR = "operator-" + uuid.uuid4().hex
+MAX_BODY = 64 * 1024
+ADAPTERS = {"alpha": "rlproxy-v1", "beta": "rlproxy-v2"}
+
+
+@dataclass
+class Tenants:
+    url: str
+    stub: Stub
+    stub_url: str
+    keys: dict[str, str]  # project (or "operator") -> key
+
+    def headers(self, who: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.keys[who]}"}
+
+    def openai(self, who: str, base_url: str | None = None) -> openai.OpenAI:
+        return openai.OpenAI(base_url=base_url or f"{self.url}/v1", api_key=self.keys[who], max_retries=0)
+
+    def anthropic(self, who: str, base_url: str | None = None) -> anthropic.Anthropic:
+        return anthropic.Anthropic(base_url=base_url or self.url, api_key=self.keys[who], max_retries=0)
+
+    def rollout(self, who: str) -> dict:
+        created = requests.post(f"{self.url}/rollouts", json={}, headers=self.headers(who))
+        assert created.status_code == 201, created.text
+        return created.json()
+
+    def calls(self, who: str, rollout_id: str) -> list[dict]:
+        return requests.get(f"{self.url}/rollouts/{rollout_id}", headers=self.headers(who)).json()["calls"]
+
+
+@contextmanager
+def engine_in_thread(stub: Stub) -> Iterator[str]:
+    """The stand-in engine's HTTP server on its own event loop in a thread; yields its URL."""
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(build_app(stub=stub), access_log=None)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = runner.addresses[0][1]
+    thread = threading.Thread(target=loop.run_forever, name="stub-engine", daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()
+
+
+@contextmanager
+def secured_tenants(postgres_server: str, run_dir: Path, adapters: Path) -> Iterator[Tenants]:
+    stub = Stub(BASE_MODEL)
+    with engine_in_thread(stub) as engine_url, fresh_database(postgres_server) as database_url:
+        for version, project in enumerate(ADAPTERS, start=1):
+            asyncio.run(add_policies(database_url, adapters, [version], active=version, engine_url=engine_url,
+                                     policy=project))
+        keys = {project: make_key(database_url, project) for project in ("alpha", "beta", "gamma")}
+        rules = [arg for project in ADAPTERS for arg in ("--policy-rule", f"project:{project}={project}")]
+        with running_proxy([engine_url], database_url, run_dir, "proxy-tenants", "--admin-key", OPERATOR,
+                           "--client-max-size", str(MAX_BODY), *rules) as url:
+            yield Tenants(url, stub, engine_url, {**keys, "operator": OPERATOR})
