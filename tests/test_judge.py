@@ -200,9 +200,11 @@ async def test_a_bad_reply_is_retried_until_a_good_one(stub_url, own_database_ur
     assert kept == [("rlproxy-judge", None, None, None, "judge-standin")] * 3
 
 
-async def test_a_judge_that_never_keeps_the_contract_leaves_the_group_unjudged(stub_url, own_database_url, tmp_path):
+@pytest.mark.parametrize("bad_kind", ["range", "not-json"])  # not-json: a 200 whose body is an HTML page
+async def test_a_judge_that_never_keeps_the_contract_leaves_the_group_unjudged(stub_url, own_database_url, tmp_path,
+                                                                               bad_kind):
     with (running_proxy([stub_url], own_database_url, tmp_path) as proxy,
-          judge_standin(tmp_path, "--bad", "-1", "--bad-kind", "range") as judge):
+          judge_standin(tmp_path, "--bad", "-1", "--bad-kind", bad_kind) as judge):
         ids = [episode(proxy, "t3", MARKER) for _ in range(3)]
         metrics, ready = await run_judge(own_database_url, judge, stub_url, judge_attempts=2)
         rollouts = [requests.get(f"{proxy}/rollouts/{i}").json() for i in ids]

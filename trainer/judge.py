@@ -12,6 +12,7 @@ so they are never recorded as policy calls.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -99,7 +100,13 @@ class JudgeJob:
                 candidates += await judging.held_posted_rollouts(session, self.owner, idle_before)
         judged = 0
         for group in ready_groups(candidates, self.group_size, self.group_timeout_s, utcnow()):
-            judged += await self.judge_group(group)
+            try:
+                judged += await self.judge_group(group)
+            except Exception:  # noqa: BLE001 — one group the judge job trips on never stops the trainer
+                self.metrics.judge_groups.labels("error").inc()
+                log.exception("judging task %r (%d rollouts) failed; its rollouts are left unjudged (not asked "
+                              "again: they expire by reward_ttl_s)", group[0].task_id, len(group))
+                await self._release_quietly(group)
         return judged
 
     async def judge_group(self, group: list[IdleRollout]) -> int:
@@ -163,9 +170,17 @@ class JudgeJob:
                 if response.status >= 400:
                     raise JudgeRefused(f"{self.url} refused the request ({response.status}): "
                                        f"{(await response.text())[:200]}")
-                payload = await response.json(content_type=None)
+                raw = await response.text(errors="replace")
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise JudgeUnreachable(f"{self.url}: {exc!r}") from None
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            # A 200 that is not JSON at all (a proxy's HTML page, a truncated body) is the judge's bad output:
+            # counted and retried like a reply that breaks the contract, never a crash of the trainer.
+            kept = {"body": raw[:10_000].replace("\x00", "\\u0000")}  # on record; JSONB holds no NUL
+            await self._record(body, kept, started, time.perf_counter() - began)
+            raise JudgeOutputError(f"{self.url} answered 200 with a body that is not JSON: {raw[:200]!r}") from None
         await self._record(body, payload, started, time.perf_counter() - began)
         try:
             content = payload["choices"][0]["message"]["content"]
@@ -189,10 +204,16 @@ class JudgeJob:
         async with client.get(f"{self.url}/models") as response:
             if response.status != 200:
                 raise JudgeUnreachable(f"{self.url}/models answered {response.status}; set --judge-model")
-            models = (await response.json(content_type=None)).get("data") or []
-        if not models:
+            raw = await response.text(errors="replace")
+        try:
+            models = json.loads(raw)["data"]
+            names = [str(model["id"]) for model in models]
+        except (ValueError, LookupError, TypeError):
+            raise JudgeRefused(f"{self.url}/models is not an OpenAI model list ({raw[:100]!r}); is --judge-url an "
+                               f"OpenAI-compatible base URL ending in /v1? Else set --judge-model") from None
+        if not names:
             raise JudgeUnreachable(f"{self.url}/models lists no model; set --judge-model")
-        return str(models[0]["id"])
+        return names[0]
 
     async def _give_up(self, group: list[IdleRollout], *, retry_later: bool) -> None:
         """Bad output is not asked again: those rollouts expire by reward_ttl_s. For an unreachable judge the
@@ -204,6 +225,15 @@ class JudgeJob:
         if held:
             async with self.sessions() as session, session.begin():
                 await judging.release_held(session, held, self.owner)
+
+    async def _release_quietly(self, group: list[IdleRollout]) -> None:
+        """After an unexpected failure, as after bad output: not asked again (a failure that repeats would
+        otherwise fill the log every run), posted rollouts released. The database may be what failed, so this
+        may fail too; then the hold simply runs out."""
+        try:
+            await self._give_up(group, retry_later=False)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not release the held rollouts of task %r: %s", group[0].task_id, exc)
 
     def _forget_expired(self) -> None:
         """Given-up rollouts are remembered until they have surely expired (or restarted trainers forget)."""

@@ -50,7 +50,8 @@ class TrainerMetrics:
         self.judge_groups = Counter(
             "rlproxy_trainer_judge_groups_total",
             "Task groups the judge was asked to score, by outcome: judged, bad_output (no reply kept the JSON "
-            "contract in judge_attempts tries), unreachable, refused (the judge rejected the request).",
+            "contract in judge_attempts tries), unreachable, refused (the judge rejected the request), error (anything "
+            "else failed; logged).",
             ["outcome"], registry=r)
         self.judged_rollouts = Counter("rlproxy_trainer_judged_rollouts_total",
                                        "Rollouts whose final reward the judge gave (or weighed, judge+posted).",
