@@ -292,3 +292,22 @@ def test_load_none_returns_to_the_base_model_and_load_dir_restores_a_version(tin
     assert mean_logprob(trainer, batch) == pytest.approx(base, abs=1e-5)
     trainer.load(tmp_path / "v1")
     assert mean_logprob(trainer, batch) == pytest.approx(trained, abs=1e-5)
+
+
+def test_a_policy_from_the_base_model_starts_from_a_fresh_adapter_not_another_policys(tiny_model):
+    """Named policies are trained in turn on one model copy (trainer/worker.py). One that starts from the base
+    model starts from the adapter a new trainer draws from its seed, not from the LoRA A another policy's steps
+    left in the copy: its first step gives exactly what a fresh trainer's first step gives."""
+    fresh = make_trainer(tiny_model)
+    batch = on_policy_batch(fresh)
+    first_a = {n: p.detach().clone() for n, p in fresh.model.named_parameters() if "lora_A" in n}
+    fresh.step(batch)
+    expected = mean_logprob(fresh, batch)
+
+    shared = make_trainer(tiny_model)
+    for _ in range(3):  # another policy's steps move A as well as B
+        shared.step(batch)
+    shared.load(None)  # the next policy, new: from the base model
+    assert all(torch.equal(p, first_a[n]) for n, p in shared.model.named_parameters() if "lora_A" in n)
+    shared.step(batch)
+    assert mean_logprob(shared, batch) == pytest.approx(expected, abs=1e-6)
