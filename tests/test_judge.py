@@ -234,12 +234,12 @@ async def test_a_rollout_whose_agent_is_still_at_work_is_not_closed_by_the_judge
     (or that one of its spans carries) while it works on is a sign of life."""
     with running_proxy([stub_url], own_database_url, tmp_path) as proxy, judge_standin(tmp_path) as judge:
         ids = [episode(proxy, "t5", MARKER) for _ in range(3)]
-        await asyncio.sleep(1.6)  # every last call is older than judge_idle_s now
+        await asyncio.sleep(3.1)  # every last call is older than judge_idle_s (3 s) now
         working = ids[0]
         first_call = requests.get(f"{proxy}/rollouts/{working}").json()["calls"][0]["call_id"]
         assert requests.post(f"{proxy}/reward", json={"rollout_id": working, "call_id": first_call,
                                                       "reward": 0.5}).ok
-        metrics, _ = await run_judge(own_database_url, judge, stub_url, wait=False, judge_idle_s=1.5)
+        metrics, _ = await run_judge(own_database_url, judge, stub_url, wait=False, judge_idle_s=3)
         status = [requests.get(f"{proxy}/rollouts/{i}").json()["status"] for i in ids]
     assert status == ["open", "finished", "finished"]  # the two silent ones were judged as a group
     assert judged(metrics, "judged") == 1.0
