@@ -190,10 +190,13 @@ def passes(score: float, parent_score: float, margin: float) -> bool:
 
 def parent_needs(parent: int, model: str | None, base_url: str) -> str:
     """What the gate needs to score a parent, said where it cannot (stored reason, alert line, docs/gates.md)."""
-    served = (f"the engines must serve it as {model!r} at {base_url}" if model else
-              f"its adapter folder must still exist and load into every engine (it is served at {base_url})")
-    return (f"the command gate needs a score of the parent v{parent} to compare with: {served}, and the evaluation "
-            f"command must exit 0 with a JSON line like {{\"score\": 0.42}} for it as for the candidate")
+    if parent == policies.BASE_VERSION:
+        served = f"the base model served at {base_url}" + (f" as {model!r}" if model else "")
+    else:
+        served = (f"v{parent}'s adapter folder still on disk and loadable into every engine, to be served as "
+                  f"{model!r} at {base_url}")
+    return (f"the command gate needs a score of the parent v{parent} to compare with, so it needs {served}, and "
+            f"the evaluation command to exit 0 with a JSON line like {{\"score\": 0.42}} for it as for the candidate")
 
 
 class CommandGate:
