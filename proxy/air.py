@@ -3,9 +3,17 @@
 Faults of a call's own tool calls (arguments that are not JSON, a tool that was not offered) are known as
 soon as the call is recorded; the outcome of its tool calls is known when the next call of the same rollout
 and agent carries the tool results (or, for a text tool protocol, the turn that answers its reply). At most
-one automatic reward per call and reason is stored, so replays and re-scoring are no-ops."""
+one automatic reward per call and reason is stored, so replays and re-scoring are no-ops.
+
+AIR is a bonus on top of the record, never a condition of it: a call AIR cannot score (a body the rules did not
+foresee) or whose rewards the database refuses (the parent call pruned meanwhile) is stored without them, and
+the failure is logged and counted in `rlproxy_air_errors_total{stage}`. Only a database that cannot be reached
+fails the write, as it would without AIR (the writer then spools the calls)."""
 from __future__ import annotations
 
+import logging
+
+from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from proxy.dialects import chat_view
@@ -18,6 +26,8 @@ from store.dialect import insert_ignoring_duplicates
 from store.models import Reward, RewardKind, utcnow
 
 FAULTS = (INVALID_ARGUMENTS, UNKNOWN_TOOL)
+
+log = logging.getLogger("rlproxy.air")
 
 
 def air_rules(settings: ProxySettings) -> AirRules:
@@ -37,33 +47,50 @@ def automatic_rewards(rules: AirRules, metrics: ProxyMetrics):
     async def after_write(session: AsyncSession, written: list[WrittenCall]) -> None:
         rows = []
         for item in written:
-            record = item.record
-            if record.rollout_id is None or record.route == "completions" or not record.request:
-                continue
-            # Whatever API the calls came through, AIR reads them in chat form (proxy/dialects).
-            request, response = chat_view(record.route, record.request, record.response)
-            if request is None:
-                continue
-            own = [r for r in score_tool_calls(request, response, (), rules) if r.reason in FAULTS]
-            rows += [_row(record.rollout_id, record.id, reward, record.policy_version)
-                     for reward in merge_by_reason(own)]
-            parent = item.parent
-            if parent is not None and parent.response:
-                parent_request, parent_response = chat_view(parent.route, parent.request, parent.response)
-                outcomes = [r for r in score_tool_calls(parent_request, parent_response,
-                                                        request.get("messages"), rules)
-                            if r.reason not in FAULTS]
-                # agents with a text tool protocol: markers in the reply and in the turn that answers it
-                outcomes += score_text_tools(parent_request, parent_response, request.get("messages"), rules)
-                rows += [_row(record.rollout_id, parent.id, reward, record.policy_version)
-                         for reward in merge_by_reason(outcomes)]
+            try:
+                rows += _score(item, rules)
+            except Exception:  # noqa: BLE001 — whatever the rules did not foresee, the call is stored
+                metrics.air_errors.labels("score").inc()
+                log.exception("AIR could not score call %s (rollout %s); it is stored without automatic rewards",
+                              item.record.id, item.record.rollout_id)
         if rows:
-            await session.execute(insert_ignoring_duplicates(session, Reward.__table__),
-                                  [row for row, _ in rows])
+            try:
+                # a savepoint: rows the database refuses are undone without undoing the calls of this batch
+                async with session.begin_nested():
+                    await session.execute(insert_ignoring_duplicates(session, Reward.__table__),
+                                          [row for row, _ in rows])
+            except (IntegrityError, DataError) as exc:
+                metrics.air_errors.labels("store").inc()
+                log.error("the database refused %d automatic rewards (%s: %s); their calls are stored without them",
+                          len(rows), type(exc).__name__, exc)
+                return
             for row, policy in rows:
                 metrics.rewards.labels(RewardKind.AIR, row["reason"], "" if policy is None else str(policy)).inc()
 
     return after_write
+
+
+def _score(item: WrittenCall, rules: AirRules) -> list:
+    """The reward rows one written call brings: faults of its own tool calls, and the outcome of its parent's."""
+    record = item.record
+    if record.rollout_id is None or record.route == "completions" or not record.request:
+        return []
+    # Whatever API the calls came through, AIR reads them in chat form (proxy/dialects).
+    request, response = chat_view(record.route, record.request, record.response)
+    if request is None:
+        return []
+    own = [r for r in score_tool_calls(request, response, (), rules) if r.reason in FAULTS]
+    rows = [_row(record.rollout_id, record.id, reward, record.policy_version) for reward in merge_by_reason(own)]
+    parent = item.parent
+    if parent is not None and parent.response:
+        parent_request, parent_response = chat_view(parent.route, parent.request, parent.response)
+        outcomes = [r for r in score_tool_calls(parent_request, parent_response, request.get("messages"), rules)
+                    if r.reason not in FAULTS]
+        # agents with a text tool protocol: markers in the reply and in the turn that answers it
+        outcomes += score_text_tools(parent_request, parent_response, request.get("messages"), rules)
+        rows += [_row(record.rollout_id, parent.id, reward, record.policy_version)
+                 for reward in merge_by_reason(outcomes)]
+    return rows
 
 
 def _row(rollout_id: str, call_id: str, reward, policy: int | None):

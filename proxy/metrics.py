@@ -43,6 +43,9 @@ class ProxyMetrics:
                                     registry=r)
         self.rewards = Counter("rlproxy_rewards_total", "Rewards received, by kind and reason.",
                                ["kind", "reason", "policy"], registry=r)
+        self.air_errors = Counter("rlproxy_air_errors_total",
+                                  "Calls stored without their automatic rewards: AIR could not score them (stage "
+                                  "score) or the database refused the rewards (stage store).", ["stage"], registry=r)
         self.reward_value = FinalRewards(r)
         self.eval_reward_value = EvalRewards(r)
         self.otlp_spans = Counter("rlproxy_otlp_spans_total",

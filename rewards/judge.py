@@ -163,6 +163,26 @@ def _text(content: Any) -> str:
     return json.dumps(content)
 
 
+REDACTED = "[redacted]"  # what `rlproxy serve --redact-content` stores in place of every text (proxy/redact.py)
+_TURN = re.compile(r"^\[[^\]]+\] ?(.*)$")
+
+
+def only_redacted(trajectory: str) -> bool:
+    """Whether a trajectory's turns hold no text but the redaction marker (and tool calls, whose arguments
+    redaction empties): nothing a judge could score."""
+    seen = False
+    for line in trajectory.splitlines():
+        turn = _TURN.match(line)
+        text = (turn.group(1) if turn else line).strip()
+        if turn is None and text.startswith("(agent "):
+            continue
+        if text == REDACTED:
+            seen = True
+        elif text and not text.startswith("call "):
+            return False
+    return seen
+
+
 def _clipped(text: str) -> str:
     if len(text) <= TURN_CHARS:
         return text

@@ -224,26 +224,35 @@ class TrainerSettings(_Settings):
                               "reward (a posted one is never judged); judge+posted: as judge, and rollouts with a "
                               "posted reward are judged with their group too, their reward becoming "
                               "judge_weight * judge + (1 - judge_weight) * posted.")
+    redact_content: bool = Field(
+        False, description="The proxies store text redacted (`rlproxy serve --redact-content`; one "
+                           "RLPROXY_REDACT_CONTENT for every process says it once). The trainer then refuses to "
+                           "start with a judge (reward judge or judge+posted), which could only read the marker.")
     judge_url: str | None = Field(
-        None, description="OpenAI-compatible base URL (ending in /v1) of the judge; default: the first engine's, "
-                          "i.e. the base model judges.")
+        None, description="OpenAI-compatible base URL (ending in /v1) of the judge; required by reward judge and "
+                          "judge+posted. No default: the bundled base model judged at chance (docs/judge.md).")
     judge_model: str | None = Field(
         None, description="Model the judge is asked for; default: the first model the judge URL's /models lists "
                           "(an engine's base model).")
     judge_api_key: SecretStr | None = Field(
-        None, description="Bearer key sent to the judge; default: upstream_api_key when the judge is the engine.")
+        None, description="Bearer key sent to the judge; default: upstream_api_key when judge_url is an engine's.")
     judge_rubric: Path | None = Field(
         None, description="Text file whose rubric replaces the built-in one (rewards/judge.py, DEFAULT_RUBRIC).")
     judge_idle_s: float = Field(
-        60.0, gt=0, description="Seconds since a rollout's last call after which, still without a final reward, "
-                                "it is ready to be judged. Task groups are formed as for training (group_size, "
-                                "group_timeout_s).")
+        600.0, gt=0, description="Seconds a rollout's agent must have been silent (no call, no reward, no span "
+                                 "reward) before the judge may close it, still without a final reward; an agent "
+                                 "running a tool or waiting on a long call is silent too, so keep it above both "
+                                 "(600: the proxy's default upstream_timeout). Task groups are formed as for "
+                                 "training (group_size, group_timeout_s).")
     judge_weight: float = Field(
         0.5, ge=0, le=1, description="Weight of the judge's score against a posted reward under judge+posted.")
     judge_attempts: int = Field(
         3, ge=1, description="Requests per group before the judge gives up on it (unreachable, or a reply that "
                              "breaks the JSON contract); an unjudged rollout expires by reward_ttl_s.")
     judge_timeout_s: float = Field(300.0, gt=0, description="Seconds one judge request may take.")
+    judge_max_tokens: int | None = Field(
+        None, gt=0, description="max_tokens of each judge request (None: the judge's own limit). A judge that "
+                                "rambles on stops here, and its cut-off reply counts as bad output.")
 
     @field_validator("policies")
     @classmethod

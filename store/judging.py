@@ -17,6 +17,10 @@ from store.models import Call, Reward, RewardKind, Rollout, RolloutStatus, utcno
 from store.rollouts import post_reward
 
 JUDGE_REASON = "judge"  # rewards.reason of a final reward the judge gave
+# judge+posted: the judge could not score a posted rollout, which then trains on its posted reward alone. A final
+# reward row (its value the posted one, unchanged) so that the trainer's claim, which waits for the judge's word
+# on every posted rollout, sees that word was given.
+UNSCORED_REASON = "judge_unscored"
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,12 +33,14 @@ class IdleRollout:
 
 async def idle_open_rollouts(session: AsyncSession, idle_before: datetime, *, skip: Collection[str] = (),
                              limit: int = 256) -> list[IdleRollout]:
-    """Open (no final reward), non-evaluation rollouts with at least one call, none of them after
-    `idle_before`, least recently active first; `skip`: rollouts the judge has given up on."""
+    """Open (no final reward), non-evaluation rollouts with at least one call whose agent has been silent since
+    `idle_before`: no call and no reward (one it posted for a call, or one its spans or tool results gave)
+    since then. Least recently active first; `skip`: rollouts the judge has given up on."""
     last_call = func.max(func.coalesce(Call.finished_at, Call.started_at))
+    recent_reward = select(Reward.id).where(Reward.rollout_id == Rollout.id, Reward.created_at >= idle_before)
     query = (select(Rollout.id, Rollout.task_id, last_call.label("last_call_at"))
              .join(Call, Call.rollout_id == Rollout.id)
-             .where(Rollout.status == RolloutStatus.OPEN, ~Rollout.eval)
+             .where(Rollout.status == RolloutStatus.OPEN, ~Rollout.eval, ~recent_reward.exists())
              .group_by(Rollout.id, Rollout.task_id)
              .having(last_call < idle_before)
              .order_by(last_call).limit(limit))
@@ -69,12 +75,17 @@ async def close_with_judge_score(session: AsyncSession, rollout_id: str, score: 
 # --- judge+posted: rollouts with a posted reward wait for the judge too -------------------------------------
 
 
+def judge_had_its_say():
+    """A condition on `Rollout`: the judge scored it, or (judge+posted) gave up on it. Under judge+posted the
+    trainer claims only such rollouts, so a reward posted after the judge's last look is never trained unweighed."""
+    return select(Reward.id).where(Reward.rollout_id == Rollout.id, Reward.kind == RewardKind.FINAL,
+                                   Reward.reason.in_((JUDGE_REASON, UNSCORED_REASON))).exists()
+
+
 def _unjudged_posted(owner: str, now: datetime):
-    judged = select(Reward.id).where(Reward.rollout_id == Rollout.id, Reward.kind == RewardKind.FINAL,
-                                     Reward.reason == JUDGE_REASON)
     unleased = or_(Rollout.lease_owner.is_(None), Rollout.lease_owner == owner, Rollout.lease_expires_at < now)
     return and_(Rollout.status == RolloutStatus.FINISHED, Rollout.trained_at.is_(None), ~Rollout.eval,
-                unleased, ~judged.exists())
+                unleased, ~judge_had_its_say())
 
 
 async def hold_posted(session: AsyncSession, owner: str, seconds: float, *, skip: Collection[str] = ()) -> int:
@@ -118,7 +129,16 @@ async def weigh_posted_with_judge(session: AsyncSession, rollout_id: str, owner:
     return True
 
 
-async def release_held(session: AsyncSession, rollout_ids: list[str], owner: str) -> None:
-    """Give up on weighing these: they train on their posted reward alone."""
+async def release_held(session: AsyncSession, rollout_ids: list[str], owner: str, why: str = "") -> int:
+    """Give up on weighing these: they train on their posted reward alone, which a `judge_unscored` final reward
+    row (the posted value, `why` in its metadata) records. Returns how many were released."""
+    held = (await session.execute(
+        select(Rollout.id, Rollout.reward).where(Rollout.id.in_(rollout_ids), Rollout.lease_owner == owner,
+                                                 Rollout.status == RolloutStatus.FINISHED, Rollout.trained_at.is_(None))
+        .with_for_update())).all()
+    for rollout_id, posted in held:
+        session.add(Reward(rollout_id=rollout_id, kind=RewardKind.FINAL, value=posted, reason=UNSCORED_REASON,
+                           metadata_={"source": "judge", "scored": False, "why": why[:500]}))
     await session.execute(update(Rollout).where(Rollout.id.in_(rollout_ids), Rollout.lease_owner == owner)
                           .values(lease_owner=None, lease_expires_at=None))
+    return len(held)

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from store.judging import judge_had_its_say
 from store.models import (
     Call,
     CallChoice,
@@ -52,13 +53,16 @@ def _unleased(now: datetime):
     return or_(Rollout.lease_expires_at.is_(None), Rollout.lease_expires_at < now)
 
 
-def _trainable(agents: Sequence[str] = ()):
+def _trainable(agents: Sequence[str] = (), judged: bool = False):
     """Finished, untrained and not evaluation traffic (`rollouts.eval`); with `agents`, also not created for
     some other agent (an evaluation agent's rollouts, say, are never training data). Rollouts created without
-    an agent always qualify. (The same conditions as the partial index `ix_rollouts_trainable`.)"""
+    an agent always qualify. (The same conditions as the partial index `ix_rollouts_trainable`.) With `judged`
+    (reward judge+posted), also judged, or given up on by the judge (store/judging.py)."""
     condition = and_(Rollout.status == RolloutStatus.FINISHED, Rollout.trained_at.is_(None), ~Rollout.eval)
     if agents:
         condition = and_(condition, or_(Rollout.agent.is_(None), Rollout.agent.in_(list(agents))))
+    if judged:
+        condition = and_(condition, judge_had_its_say())
     return condition
 
 
@@ -75,14 +79,14 @@ async def mark_eval_agents(session: AsyncSession, agents: Sequence[str]) -> list
 
 
 async def ready_rollouts(session: AsyncSession, *, limit: int, group_size: int, group_timeout_s: float,
-                         batch_timeout_s: float = 0.0, agents: Sequence[str] = ()) -> list[str]:
+                         batch_timeout_s: float = 0.0, agents: Sequence[str] = (), judged: bool = False) -> list[str]:
     """Finished, untrained, unleased rollouts whose task group is complete (or waited long enough), oldest
     first, whole groups only, at most about `limit`; fewer than `limit` only once the oldest of them has
-    waited `batch_timeout_s`."""
+    waited `batch_timeout_s`. `judged`: only rollouts the judge has had its say on (judge+posted)."""
     now = utcnow()
     rows = (await session.execute(
         select(Rollout.id, Rollout.task_id, Rollout.finished_at)
-        .where(_trainable(agents), _unleased(now)).order_by(Rollout.finished_at).limit(limit * 8)
+        .where(_trainable(agents, judged), _unleased(now)).order_by(Rollout.finished_at).limit(limit * 8)
     )).all()
     groups: dict[str | None, list[tuple[str, datetime]]] = defaultdict(list)
     for rollout_id, task_id, finished_at in rows:
@@ -112,10 +116,11 @@ def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
-async def lease(session: AsyncSession, rollout_ids: list[str], owner: str, seconds: float) -> list[str]:
+async def lease(session: AsyncSession, rollout_ids: list[str], owner: str, seconds: float, *,
+                judged: bool = False) -> list[str]:
     """Take a lease on those of `rollout_ids` nobody else holds (row locks skipped, not waited for)."""
     now = utcnow()
-    query = select(Rollout.id).where(Rollout.id.in_(rollout_ids), _trainable(), _unleased(now))
+    query = select(Rollout.id).where(Rollout.id.in_(rollout_ids), _trainable(judged=judged), _unleased(now))
     if session.get_bind().dialect.name == "postgresql":
         query = query.with_for_update(skip_locked=True)
     got = list((await session.execute(query)).scalars())

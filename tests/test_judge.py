@@ -139,14 +139,15 @@ def episode(proxy: str, task_id: str, answer: str, reward: float | None = None) 
     return rollout["rollout_id"]
 
 
-async def run_judge(database_url: str, judge: str, engine: str, **settings):
+async def run_judge(database_url: str, judge: str, engine: str, wait: bool = True, **settings):
     """One run of the trainer's judge job, as `rlproxy train --reward judge` runs it between steps."""
-    await asyncio.sleep(0.3)  # judge_idle_s
+    settings = {"reward": "judge", "judge_idle_s": 0.2, **settings}
+    if wait:
+        await asyncio.sleep(settings["judge_idle_s"] + 0.1)
     metrics = TrainerMetrics()
     engine_ = create_engine(database_url)
     try:
-        config = TrainerSettings(database_url=database_url, upstreams=(engine,), judge_url=f"{judge}/v1",
-                                 judge_idle_s=0.2, **{"reward": "judge", **settings})
+        config = TrainerSettings(database_url=database_url, upstreams=(engine,), judge_url=f"{judge}/v1", **settings)
         job = JudgeJob(config, session_factory(engine_), metrics, group_size=3, group_timeout_s=0)
         await job.run_once()
         await job.run_once()  # a second run finds nothing new to ask
@@ -200,9 +201,11 @@ async def test_a_bad_reply_is_retried_until_a_good_one(stub_url, own_database_ur
     assert kept == [("rlproxy-judge", None, None, None, "judge-standin")] * 3
 
 
-async def test_a_judge_that_never_keeps_the_contract_leaves_the_group_unjudged(stub_url, own_database_url, tmp_path):
+@pytest.mark.parametrize("bad_kind", ["range", "not-json"])  # not-json: a 200 whose body is an HTML page
+async def test_a_judge_that_never_keeps_the_contract_leaves_the_group_unjudged(stub_url, own_database_url, tmp_path,
+                                                                               bad_kind):
     with (running_proxy([stub_url], own_database_url, tmp_path) as proxy,
-          judge_standin(tmp_path, "--bad", "-1", "--bad-kind", "range") as judge):
+          judge_standin(tmp_path, "--bad", "-1", "--bad-kind", bad_kind) as judge):
         ids = [episode(proxy, "t3", MARKER) for _ in range(3)]
         metrics, ready = await run_judge(own_database_url, judge, stub_url, judge_attempts=2)
         rollouts = [requests.get(f"{proxy}/rollouts/{i}").json() for i in ids]
@@ -224,3 +227,87 @@ async def test_judge_plus_posted_weighs_the_judge_with_the_posted_reward(stub_ur
     weighed = rollouts[posted_wrong]["rewards"][-1]["metadata"]
     assert (weighed["posted"], weighed["combined"], weighed["source"]) == (1.0, 0.5, "judge")
     assert set(ready) == {posted_wrong, posted_right, unposted}  # released to the trainer once weighed
+
+
+async def test_a_rollout_whose_agent_is_still_at_work_is_not_closed_by_the_judge(stub_url, own_database_url, tmp_path):
+    """Silence, not the last call's age, makes a rollout ready: a reward the agent posts for one of its calls
+    (or that one of its spans carries) while it works on is a sign of life."""
+    with running_proxy([stub_url], own_database_url, tmp_path) as proxy, judge_standin(tmp_path) as judge:
+        ids = [episode(proxy, "t5", MARKER) for _ in range(3)]
+        await asyncio.sleep(3.1)  # every last call is older than judge_idle_s (3 s) now
+        working = ids[0]
+        first_call = requests.get(f"{proxy}/rollouts/{working}").json()["calls"][0]["call_id"]
+        assert requests.post(f"{proxy}/reward", json={"rollout_id": working, "call_id": first_call,
+                                                      "reward": 0.5}).ok
+        metrics, _ = await run_judge(own_database_url, judge, stub_url, wait=False, judge_idle_s=3)
+        status = [requests.get(f"{proxy}/rollouts/{i}").json()["status"] for i in ids]
+    assert status == ["open", "finished", "finished"]  # the two silent ones were judged as a group
+    assert judged(metrics, "judged") == 1.0
+
+
+async def test_under_judge_plus_posted_the_trainer_never_claims_a_posted_rollout_before_the_judge(
+        stub_url, own_database_url, tmp_path):
+    """The trainer's claim waits for the judge's word on every posted rollout, however soon after the reward it
+    looks; once the judge has scored the group, or given up on it, the group is claimed."""
+    from trainer.config import TrainConfig
+    from trainer.worker import TrainerWorker
+
+    def trainer(judge_url: str) -> TrainerWorker:
+        settings = TrainerSettings(database_url=own_database_url, upstreams=(stub_url,), metrics_port=None,
+                                   reward="judge+posted", judge_url=judge_url)
+        return TrainerWorker(settings, TrainConfig(group_size=2, group_timeout_s=0, batch_timeout_s=0), tmp_path)
+
+    async def claim(judge_url: str) -> set[str]:
+        worker = trainer(judge_url)
+        try:
+            return set(await worker._claim())
+        finally:
+            await worker.engine.dispose()
+
+    with running_proxy([stub_url], own_database_url, tmp_path) as proxy, judge_standin(tmp_path) as judge:
+        weighed = [episode(proxy, "t6", answer, reward=1.0) for answer in (MARKER, "The answer is 5")]
+        assert await claim(f"{judge}/v1") == set()  # posted, not judged yet: the judge has not run since
+        await run_judge(own_database_url, judge, stub_url, reward="judge+posted")
+        assert await claim(f"{judge}/v1") == set(weighed)
+
+        dead_judge = f"http://127.0.0.1:{free_port()}"
+        unweighed = [episode(proxy, "t7", MARKER, reward=1.0) for _ in range(2)]
+        assert await claim(f"{dead_judge}/v1") == set()
+        metrics, _ = await run_judge(own_database_url, dead_judge, stub_url, reward="judge+posted", judge_attempts=1)
+        assert judged(metrics, "unreachable") == 1.0
+        assert await claim(f"{dead_judge}/v1") == set(unweighed)  # released: trained on the posted reward alone
+        kept = requests.get(f"{proxy}/rollouts/{unweighed[0]}").json()
+    finals = [r for r in kept["rewards"] if r["kind"] == "final"]
+    assert [(r["reason"], r["value"]) for r in finals] == [(None, 1.0), ("judge_unscored", 1.0)]
+    assert kept["reward"] == 1.0 and finals[-1]["metadata"]["why"].startswith("unreachable")
+
+
+def test_the_trainer_refuses_to_start_with_a_judge_it_cannot_use():
+    """Usage errors (exit status 2) before anything starts: no judge named (the base model judges at chance), or a
+    judge that could only read the marker redacted text is stored as."""
+    from click.testing import CliRunner
+
+    from rlproxy.cli import main
+
+    result = CliRunner().invoke(main, ["train", "--upstream", "http://127.0.0.1:9", "--reward", "judge"])
+    assert result.exit_code == 2 and "--reward judge needs --judge-url" in result.output
+    args = ["train", "--upstream", "http://127.0.0.1:9", "--judge-url", "http://127.0.0.1:9/v1"]
+    for reward in ("judge", "judge+posted"):
+        result = CliRunner().invoke(main, [*args, "--reward", reward, "--redact-content"])
+        assert result.exit_code == 2, result.output
+        assert f"--reward {reward} cannot be used with --redact-content" in result.output
+    # one RLPROXY_REDACT_CONTENT for every process (as the Helm chart sets it) says it to the trainer too
+    result = CliRunner().invoke(main, [*args, "--reward", "judge"], env={"RLPROXY_REDACT_CONTENT": "true"})
+    assert result.exit_code == 2 and "--redact-content" in result.output
+
+
+def test_a_trajectory_of_redacted_text_is_recognised_as_unreadable():
+    from rewards.judge import only_redacted
+
+    redacted = RecordedCall("chat", {"messages": [{"role": "user", "content": "[redacted]"}]},
+                            {"choices": [{"message": {"role": "assistant", "content": "[redacted]", "tool_calls": [
+                                {"function": {"name": "calc", "arguments": "{}"}}]}}]})
+    assert only_redacted(trajectory_text([redacted]))
+    readable = RecordedCall("chat", {"messages": [{"role": "user", "content": "2+2?"}]},
+                            {"choices": [{"message": {"role": "assistant", "content": "[redacted]"}}]})
+    assert not only_redacted(trajectory_text([readable]))

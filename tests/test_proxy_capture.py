@@ -213,3 +213,25 @@ def test_a_failing_tool_result_becomes_an_automatic_intermediate_reward(proxy_ur
     assert air["reason"] == "tool_error" and air["value"] < 0
     metrics = requests.get(f"{proxy_url}/metrics").text
     assert 'rlproxy_rewards_total{kind="air",policy="0",reason="tool_error"}' in metrics
+
+
+def test_a_call_air_cannot_score_is_stored_all_the_same(proxy_url, run_dir):
+    """AIR is a bonus on the record: a body its rules did not foresee (here `tools` that is not a list, which
+    this engine answers anyway) costs the call its automatic rewards, never its place in the store."""
+    def air_errors() -> float:
+        metrics = requests.get(f"{proxy_url}/metrics").text
+        found = re.search(r'^rlproxy_air_errors_total\{stage="score"\} (\S+)$', metrics, re.MULTILINE)
+        return float(found.group(1)) if found else 0.0
+
+    before = air_errors()
+    rollout_id, base_url = new_rollout(proxy_url)
+    answer = requests.post(f"{base_url}/chat/completions", json={"model": "stub-model", "messages": MESSAGES,
+                                                                 "tools": 5})
+    assert answer.status_code == 200, answer.text
+
+    data = rollout(proxy_url, rollout_id)
+    assert [c["call_id"] for c in data["calls"]] == [answer.headers["X-Rlproxy-Call-Id"]]
+    assert data["calls"][0]["request"]["tools"] == 5 and data["rewards"] == []
+    rejected = run_dir / "proxy-spool.rejected.jsonl"
+    assert not rejected.exists() or rollout_id not in rejected.read_text()
+    assert air_errors() == before + 1

@@ -292,3 +292,21 @@ def test_load_none_returns_to_the_base_model_and_load_dir_restores_a_version(tin
     assert mean_logprob(trainer, batch) == pytest.approx(base, abs=1e-5)
     trainer.load(tmp_path / "v1")
     assert mean_logprob(trainer, batch) == pytest.approx(trained, abs=1e-5)
+
+
+def test_a_policy_from_the_base_model_starts_from_a_fresh_adapter_not_another_policys(tiny_model):
+    """Named policies are trained in turn on one model copy (trainer/worker.py). One that starts from the base
+    model starts from the adapter the trainer drew from its seed, not from the LoRA A another policy's steps
+    left in the copy: its first step gives exactly what the copy's very first step gave."""
+    trainer = make_trainer(tiny_model)
+    batch = on_policy_batch(trainer)
+    drawn = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if "lora_A" in n}
+    trainer.step(batch)  # policy "a", from the base model
+    first_step = mean_logprob(trainer, batch)
+    trainer.step(batch)  # once B is no longer zero, a's steps move A too
+    assert any(not torch.equal(p, drawn[n]) for n, p in trainer.model.named_parameters() if "lora_A" in n)
+
+    trainer.load(None)  # policy "b", new: from the base model, on the same copy
+    assert all(torch.equal(p, drawn[n]) for n, p in trainer.model.named_parameters() if "lora_A" in n)
+    trainer.step(batch)
+    assert mean_logprob(trainer, batch) == pytest.approx(first_step, abs=1e-6)

@@ -84,6 +84,28 @@ async def test_a_failing_evaluation_script_is_a_clear_verdict_never_a_promotion(
     assert detail in kept["detail"] and detail in kept["reason"]
 
 
+async def test_a_parent_the_gate_cannot_score_is_an_alert_that_says_what_the_gate_needs(
+        own_database_url, stub_url, tmp_path, monkeypatch, caplog):
+    """Without the parent's score every candidate would be retired: that is counted, logged as an alert and
+    stored, each time saying what is missing, never left to one quiet log line."""
+    from trainer.metrics import TrainerMetrics
+
+    await add_policies(own_database_url, tmp_path, [1], engine_url=stub_url)
+    monkeypatch.setenv("RUNS_FILE", str(tmp_path / "runs.txt"))
+    monkeypatch.setenv("SCORES", json.dumps({BASE: 0.5, "rlproxy-v1": 0.9}))
+    metrics = TrainerMetrics()
+    gate = build_gate(TrainerSettings(database_url=own_database_url, upstreams=(stub_url,), metrics_port=None,
+                                      gate="command", eval_command=user_script("exit", only=BASE)), metrics=metrics)
+    with caplog.at_level("ERROR", logger="rlproxy.gates"):
+        assert await gate(1) is False  # 0.9, but against nothing
+    reason = (await policy_row(own_database_url, 1)).evaluation[KEY]["reason"]
+    assert reason.startswith("the parent v0 could not be scored (exited with status 3: could not reach the grader)")
+    assert "the command gate needs a score of the parent v0" in reason and f"as '{BASE}'" in reason
+    [alert] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ALERT command gate")]
+    assert reason in alert
+    assert metrics.registry.get_sample_value("rlproxy_trainer_gate_parent_unscored_total", {"why": "exit"}) == 1.0
+
+
 def test_a_command_with_an_unknown_placeholder_is_refused_before_anything_runs(own_database_url, stub_url):
     with pytest.raises(EvalCommandError, match=r"unknown placeholder\(s\) url; known: \{base_url\}"):
         command_gate(own_database_url, stub_url, "python eval.py --url {url}")

@@ -2,16 +2,17 @@
 posted reward are scored by an LLM judge that compares the trajectories of one task group, so an agent with no
 reward code still teaches. Run between training steps by trainer/housekeeping.py.
 
-One run: find the rollouts whose last call is `judge_idle_s` old and that still have no final reward; group
-them by task as the trainer does (a group of `group_size`, or a smaller one that waited `group_timeout_s`);
-for each group ask the judge (up to `judge_attempts` times) and store every score as the rollout's final
-reward, closing it as `POST /reward` does. A group the judge cannot score is left alone (it expires by
-`reward_ttl_s`): no score is ever made up. Judge requests go straight to the judge, never through the proxy,
-so they are never recorded as policy calls.
+One run: find the rollouts whose agent has been silent for `judge_idle_s` (no call, no reward) and that still
+have no final reward; group them by task as the trainer does (a group of `group_size`, or a smaller one that
+waited `group_timeout_s`); for each group ask the judge (up to `judge_attempts` times) and store every score as
+the rollout's final reward, closing it as `POST /reward` does. A group the judge cannot score is left alone (it
+expires by `reward_ttl_s`): no score is ever made up. Judge requests go straight to the judge, never through the
+proxy, so they are never recorded as policy calls. There is no default judge (`usage_problem`).
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 import uuid
@@ -23,7 +24,8 @@ from pathlib import Path
 import aiohttp
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from rewards.judge import JudgeOutputError, Score, judge_messages, parse_scores, trajectory_ids, trajectory_text
+from rewards.judge import (JudgeOutputError, Score, judge_messages, only_redacted, parse_scores, trajectory_ids,
+                           trajectory_text)
 from rlproxy.settings import TrainerSettings
 from store import judging
 from store.calls import write_calls
@@ -36,6 +38,23 @@ log = logging.getLogger("rlproxy.trainer")
 
 HOLD_S = 900.0  # judge+posted: how long one run's hold on a posted rollout lasts (renewed every run)
 JUDGE_AGENT = "rlproxy-judge"  # the agent name the judge's own calls are recorded under
+
+
+def usage_problem(settings: TrainerSettings) -> str | None:
+    """Why these settings cannot give judge rewards (a usage error at start-up), or None."""
+    if settings.reward == "posted":
+        return None
+    if settings.redact_content:
+        return (f"--reward {settings.reward} cannot be used with --redact-content: the judge reads the recorded "
+                f"conversations, and with --redact-content every text in them is stored as \"[redacted]\". "
+                f"Use --reward posted, or record the text (no --redact-content on rlproxy serve).")
+    if not settings.judge_url:
+        # There is no default judge: the engine's base model, the obvious candidate, judges at chance when it is
+        # the bundled 135M model (bench/results/judge_agreement.txt, docs/judge.md).
+        return (f"--reward {settings.reward} needs --judge-url (RLPROXY_JUDGE_URL): the OpenAI-compatible base URL, "
+                f"ending in /v1, of a model capable of judging (--judge-model names it, RLPROXY_JUDGE_API_KEY is its "
+                f"key). There is no default: the bundled base model judged at chance (docs/judge.md).")
+    return None
 
 
 class JudgeUnreachable(RuntimeError):
@@ -77,12 +96,14 @@ class JudgeJob:
         self.group_timeout_s = group_timeout_s
         self.with_posted = settings.reward == "judge+posted"
         self.owner = f"{settings.worker_id}/judge"  # the lease owner of posted rollouts waiting for the judge
+        problem = usage_problem(settings)
+        if problem:
+            raise ValueError(problem)
         self.rubric = _read_rubric(settings.judge_rubric)
-        engine = settings.upstreams[0].rstrip("/") + "/v1" if settings.upstreams else None
-        self.url = (settings.judge_url or engine or "").rstrip("/")
-        if not self.url:
-            raise ValueError("--reward judge needs --judge-url or an --upstream engine to judge with")
-        key = settings.judge_api_key or (settings.upstream_api_key if not settings.judge_url else None)
+        self.url = settings.judge_url.rstrip("/")
+        # an engine as the judge (a capable base model) takes the engines' key unless the judge has its own
+        on_engine = any(self.url.startswith(upstream.rstrip("/") + "/") for upstream in settings.upstreams)
+        key = settings.judge_api_key or (settings.upstream_api_key if on_engine else None)
         self.headers = {"Authorization": f"Bearer {key.get_secret_value()}"} if key else {}
         self.model = settings.judge_model  # None: asked of the judge on first use
         self.given_up: dict[str, float] = {}  # rollout id -> monotonic time: not judged again (bad output)
@@ -95,19 +116,30 @@ class JudgeJob:
             if self.with_posted:
                 await judging.hold_posted(session, self.owner, HOLD_S, skip=self.given_up)
             candidates = await judging.idle_open_rollouts(session, idle_before, skip=self.given_up)
-            if self.with_posted:
-                candidates += await judging.held_posted_rollouts(session, self.owner, idle_before)
+            if self.with_posted:  # a posted final reward ended the episode: no silence to wait for
+                candidates += await judging.held_posted_rollouts(session, self.owner, utcnow())
         judged = 0
         for group in ready_groups(candidates, self.group_size, self.group_timeout_s, utcnow()):
-            judged += await self.judge_group(group)
+            try:
+                judged += await self.judge_group(group)
+            except Exception:  # noqa: BLE001 — one group the judge job trips on never stops the trainer
+                self.metrics.judge_groups.labels("error").inc()
+                log.exception("judging task %r (%d rollouts) failed; its rollouts are left unjudged (not asked "
+                              "again: they expire by reward_ttl_s)", group[0].task_id, len(group))
+                await self._release_quietly(group)
         return judged
 
     async def judge_group(self, group: list[IdleRollout]) -> int:
         ids = [rollout.id for rollout in group]
         async with self.sessions() as session:
             calls = await judging.recorded_calls(session, ids)
-        messages = judge_messages(group[0].task_id, [trajectory_text(calls[i]) for i in ids], self.rubric)
+        texts = [trajectory_text(calls[i]) for i in ids]
+        messages = judge_messages(group[0].task_id, texts, self.rubric)
         try:
+            if all(only_redacted(text) for text in texts):  # a proxy runs with --redact-content: nothing to read
+                raise JudgeRefused("the recorded text is redacted (rlproxy serve --redact-content), so no judge can "
+                                   "read it: run rlproxy train with --redact-content too, which refuses --reward "
+                                   f"{self.settings.reward} at start-up, or record the text")
             scores = await self._scores(messages, trajectory_ids(len(ids)))
         except (JudgeOutputError, JudgeUnreachable, JudgeRefused) as exc:
             outcome = {JudgeOutputError: "bad_output", JudgeUnreachable: "unreachable",
@@ -115,7 +147,7 @@ class JudgeJob:
             self.metrics.judge_groups.labels(outcome).inc()
             log.warning("judge gave no scores for task %r (%d rollouts) after %d attempts: %s", group[0].task_id,
                         len(ids), self.settings.judge_attempts, exc)
-            await self._give_up(group, retry_later=outcome == "unreachable")
+            await self._give_up(group, retry_later=outcome == "unreachable", why=f"{outcome}: {exc}")
             return 0
         stored = 0
         async with self.sessions() as session, session.begin():
@@ -156,6 +188,8 @@ class JudgeJob:
             if self.model is None:
                 self.model = await self._first_model(client)
             body = {"model": self.model, "messages": messages, "temperature": 0.0}
+            if self.settings.judge_max_tokens:
+                body["max_tokens"] = self.settings.judge_max_tokens
             began, started = time.perf_counter(), utcnow()
             async with client.post(f"{self.url}/chat/completions", json=body) as response:
                 if response.status == 429 or response.status >= 500:
@@ -163,9 +197,17 @@ class JudgeJob:
                 if response.status >= 400:
                     raise JudgeRefused(f"{self.url} refused the request ({response.status}): "
                                        f"{(await response.text())[:200]}")
-                payload = await response.json(content_type=None)
+                raw = await response.text(errors="replace")
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise JudgeUnreachable(f"{self.url}: {exc!r}") from None
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            # A 200 that is not JSON at all (a proxy's HTML page, a truncated body) is the judge's bad output:
+            # counted and retried like a reply that breaks the contract, never a crash of the trainer.
+            kept = {"body": raw[:10_000].replace("\x00", "\\u0000")}  # on record; JSONB holds no NUL
+            await self._record(body, kept, started, time.perf_counter() - began)
+            raise JudgeOutputError(f"{self.url} answered 200 with a body that is not JSON: {raw[:200]!r}") from None
         await self._record(body, payload, started, time.perf_counter() - began)
         try:
             content = payload["choices"][0]["message"]["content"]
@@ -189,12 +231,18 @@ class JudgeJob:
         async with client.get(f"{self.url}/models") as response:
             if response.status != 200:
                 raise JudgeUnreachable(f"{self.url}/models answered {response.status}; set --judge-model")
-            models = (await response.json(content_type=None)).get("data") or []
-        if not models:
+            raw = await response.text(errors="replace")
+        try:
+            models = json.loads(raw)["data"]
+            names = [str(model["id"]) for model in models]
+        except (ValueError, LookupError, TypeError):
+            raise JudgeRefused(f"{self.url}/models is not an OpenAI model list ({raw[:100]!r}); is --judge-url an "
+                               f"OpenAI-compatible base URL ending in /v1? Else set --judge-model") from None
+        if not names:
             raise JudgeUnreachable(f"{self.url}/models lists no model; set --judge-model")
-        return str(models[0]["id"])
+        return names[0]
 
-    async def _give_up(self, group: list[IdleRollout], *, retry_later: bool) -> None:
+    async def _give_up(self, group: list[IdleRollout], *, retry_later: bool, why: str) -> None:
         """Bad output is not asked again: those rollouts expire by reward_ttl_s. For an unreachable judge the
         open rollouts are tried again at the next run; posted ones are released at once either way, to train
         on their posted reward alone rather than wait for a judge that may not come back."""
@@ -203,7 +251,16 @@ class JudgeJob:
         self.given_up.update((rollout.id, now) for rollout in group if rollout.posted is not None or not retry_later)
         if held:
             async with self.sessions() as session, session.begin():
-                await judging.release_held(session, held, self.owner)
+                await judging.release_held(session, held, self.owner, why)
+
+    async def _release_quietly(self, group: list[IdleRollout]) -> None:
+        """After an unexpected failure, as after bad output: not asked again (a failure that repeats would
+        otherwise fill the log every run), posted rollouts released. The database may be what failed, so this
+        may fail too; then the hold simply runs out."""
+        try:
+            await self._give_up(group, retry_later=False, why="error: the judge job failed")
+        except Exception as exc:  # noqa: BLE001
+            log.warning("could not release the held rollouts of task %r: %s", group[0].task_id, exc)
 
     def _forget_expired(self) -> None:
         """Given-up rollouts are remembered until they have surely expired (or restarted trainers forget)."""

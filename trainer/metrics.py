@@ -50,7 +50,8 @@ class TrainerMetrics:
         self.judge_groups = Counter(
             "rlproxy_trainer_judge_groups_total",
             "Task groups the judge was asked to score, by outcome: judged, bad_output (no reply kept the JSON "
-            "contract in judge_attempts tries), unreachable, refused (the judge rejected the request).",
+            "contract in judge_attempts tries), unreachable, refused (the judge rejected the request), error (anything "
+            "else failed; logged).",
             ["outcome"], registry=r)
         self.judged_rollouts = Counter("rlproxy_trainer_judged_rollouts_total",
                                        "Rollouts whose final reward the judge gave (or weighed, judge+posted).",
@@ -61,6 +62,10 @@ class TrainerMetrics:
             "rlproxy_trainer_retokenized_mismatches_total",
             "Sequences whose re-tokenized ids differ from the recorded ones (token_source=retokenized only).",
             registry=r)
+        self.gate_parent_unscored = Counter(
+            "rlproxy_trainer_gate_parent_unscored_total",
+            "Command gate runs that could not score the parent version (so the candidate was retired), by why: "
+            "not-served, exit, timeout, no-score, not-started. Any increase needs an operator.", ["why"], registry=r)
         self.publish_failures = Counter("rlproxy_trainer_publish_failures_total", "Adapters that failed to load.",
                                         registry=r)
         # The proxy's evaluation reward metrics, for the rollouts this trainer marks by agent (--eval-agents);

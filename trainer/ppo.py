@@ -114,6 +114,10 @@ class PolicyTrainer:
         self._masked_mean = parts.masked_mean
         self.params = [p for p in self.actor.parameters() if p.requires_grad]
         self._broadcast_parameters()  # LoRA A is random: every rank starts from rank 0's draw
+        # The adapter a policy starts from when it starts from the base model: this draw (from `seed`), kept, so
+        # that every policy trained on this model copy starts from it, not from what another policy left in A.
+        self._fresh_lora = {name: param.detach().clone() for name, param in self.model.named_parameters()
+                            if "lora_A" in name}
         self.optimizer = torch.optim.AdamW(
             self.params, lr=config.learning_rate, weight_decay=config.weight_decay
         )
@@ -303,7 +307,8 @@ class PolicyTrainer:
         )
 
     def load(self, adapter_dir: str | os.PathLike[str] | None) -> None:
-        """Continue from a saved adapter (with its optimizer state), or from the base model when None."""
+        """Continue from a saved adapter (with its optimizer state), or from the base model when None: a fresh
+        adapter, the one this trainer drew when it was built (from `seed`), as a new policy starts."""
         self.optimizer.state.clear()
         if adapter_dir is not None:
             state = load_adapter(self.model, adapter_dir, self.optimizer)
@@ -314,6 +319,8 @@ class PolicyTrainer:
             for name, param in self.model.named_parameters():
                 if "lora_B" in name:
                     param.zero_()
+                elif name in self._fresh_lora:  # A as first drawn: B's first updates go the way a new trainer's go
+                    param.copy_(self._fresh_lora[name])
         self.step_count = 0
 
     def close(self) -> None:

@@ -222,13 +222,17 @@ class TrainerWorker:
         async with self.sessions() as session, session.begin():
             agents = self.config.train_agents
             self.metrics.rollouts_waiting.set(await training.waiting_rollouts(session, agents))
+            # judge+posted: a posted rollout waits for the judge's word, however soon after its reward we look
+            judged = self.settings.reward == "judge+posted"
             ready = await training.ready_rollouts(session, limit=self.config.batch_rollouts,
                                                   group_size=self.config.group_size,
                                                   group_timeout_s=self.config.group_timeout_s,
-                                                  batch_timeout_s=self.config.batch_timeout_s, agents=agents)
+                                                  batch_timeout_s=self.config.batch_timeout_s, agents=agents,
+                                                  judged=judged)
             if not ready:
                 return []
-            return await training.lease(session, ready, self.settings.worker_id, self.settings.lease_seconds)
+            return await training.lease(session, ready, self.settings.worker_id, self.settings.lease_seconds,
+                                        judged=judged)
 
     async def _save(self) -> tuple[int, Path]:
         async with self.sessions() as session:

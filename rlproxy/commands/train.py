@@ -24,12 +24,16 @@ def train(overrides, **params) -> None:
     """Run the trainer worker: rewarded rollouts in, LoRA PPO, new adapters hot-loaded into the engines."""
     import asyncio
 
-    from trainer import parallel
-    from trainer.worker import TrainerWorker
+    from trainer.judge import usage_problem
 
     TRAIN_FLAGS.apply_set(params, overrides)
     if not params.get("upstreams"):
         raise click.UsageError("--upstream is required: the engine(s) to load adapters into")
+    if problem := usage_problem(TRAIN_FLAGS.build(TrainerSettings, dict(params))):  # at once, before torch loads
+        raise click.UsageError(problem)
+    from trainer import parallel
+    from trainer.worker import TrainerWorker
+
     if params["nproc_per_node"] > 1 and not parallel.launched_by_torchrun():
         _exec_torchrun(params["nproc_per_node"])
     if params["gate"] == "heldout":  # the bundled demo task's own configuration of the command gate

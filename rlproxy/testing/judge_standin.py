@@ -1,7 +1,8 @@
 """A stand-in for the LLM judge (docs/judge.md), for tests and benchmarks: an OpenAI-compatible server whose
 "judgement" is a hidden rubric — a trajectory scores 1.0 when its final assistant turn contains `--marker`
 (or, with `--pattern`, is all matched by that regular expression; or `--rubric module:function` scores the whole
-trajectory text), else 0.0 — answered in the judge's JSON contract. It can misbehave, to exercise the trainer's retries.
+trajectory text), else 0.0 — answered in the judge's JSON contract. It can misbehave, to exercise the trainer's
+retries: a reply in prose, one score short, a score out of range, or (`not-json`) a 200 whose body is no JSON.
 
 Run it: `python -m rlproxy.testing.judge_standin --port 8002 --marker SOLVED [--bad 2 --bad-kind prose]`
 
@@ -21,7 +22,7 @@ from aiohttp import web
 
 MODEL = "judge-standin"
 BLOCK = re.compile(r'<trajectory id="([^"]+)">\n(.*?)\n</trajectory>', re.DOTALL)
-BAD_KINDS = ("prose", "count", "range")
+BAD_KINDS = ("prose", "count", "range", "not-json")
 
 
 def hidden_scores(prompt: str, marker: str | None, pattern: re.Pattern | None = None,
@@ -69,6 +70,8 @@ def build_app(marker: str | None, bad: int, bad_kind: str, pattern: str | None =
         stats["requests"] += 1
         stats["trajectories"] = [s["id"] for s in scores]
         broken = bad < 0 or stats["requests"] <= bad
+        if broken and bad_kind == "not-json":  # a 200 whose body is no JSON at all, as a gateway's error page
+            return web.Response(text="<html><body>Service warming up</body></html>", content_type="text/html")
         content = bad_reply(scores, bad_kind) if broken else "```json\n" + json.dumps({"scores": scores}) + "\n```"
         return web.json_response({
             "id": f"judge-{stats['requests']}", "object": "chat.completion", "model": body.get("model", MODEL),

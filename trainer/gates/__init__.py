@@ -27,7 +27,7 @@ def build_gate(settings: TrainerSettings, *, eval_agents: tuple[str, ...] | list
     """The worker's `on_published` hook for `settings.gate` (None for "none"). `eval_agents`: the agents whose
     rollouts are evaluation traffic by name (TrainConfig.eval_agents)."""
     if settings.gate == "command":
-        return CommandGate(settings)
+        return CommandGate(settings, metrics=metrics)
     if settings.gate in ("canary", "eval-traffic"):
         return CanaryGate(settings, eval_agents=eval_agents, metrics=metrics)
     return None

@@ -15,6 +15,9 @@ of its standard output counts. Its output goes to the trainer's log, line by lin
 
 Each failure gets its own verdict and none is a score: a run past `eval_timeout` (its process group is
 killed), a non-zero exit, or no JSON line with a finite score. The gate then does not promote the candidate.
+A parent that cannot be scored (not servable, or its run fails) leaves nothing to compare with, so every
+candidate would be retired: that is an alert (an ERROR line starting "ALERT command gate", the counter
+`rlproxy_trainer_gate_parent_unscored_total{why}`) saying what the gate needs, and the stored reason says it too.
 The parent's score on the same command and split is measured once and kept (on the parent's row, or for the
 base model on its children's), so each candidate costs one run.
 """
@@ -185,10 +188,21 @@ def passes(score: float, parent_score: float, margin: float) -> bool:
     return score >= parent_score - margin
 
 
+def parent_needs(parent: int, model: str | None, base_url: str) -> str:
+    """What the gate needs to score a parent, said where it cannot (stored reason, alert line, docs/gates.md)."""
+    if parent == policies.BASE_VERSION:
+        served = f"the base model served at {base_url}" + (f" as {model!r}" if model else "")
+    else:
+        served = (f"v{parent}'s adapter folder still on disk and loadable into every engine, to be served as "
+                  f"{model!r} at {base_url}")
+    return (f"the command gate needs a score of the parent v{parent} to compare with, so it needs {served}, and "
+            f"the evaluation command to exit 0 with a JSON line like {{\"score\": 0.42}} for it as for the candidate")
+
+
 class CommandGate:
     """`--gate command`: score the candidate (and, once, its parent) with `eval_command` on split "gate"."""
 
-    def __init__(self, settings: TrainerSettings) -> None:
+    def __init__(self, settings: TrainerSettings, metrics=None) -> None:
         if not settings.eval_command:
             raise EvalCommandError("the command gate needs an evaluation command (--eval-command)")
         if not settings.upstreams and not settings.eval_base_url:
@@ -199,34 +213,46 @@ class CommandGate:
         key = settings.upstream_api_key
         self.api_key = key.get_secret_value() if key else None
         self.base_url = settings.eval_base_url or f"{settings.upstreams[0].rstrip('/')}/v1"
+        self.metrics = metrics  # trainer.metrics.TrainerMetrics: parents the gate could not score
 
     async def score(self, version: int, model: str) -> CommandScore:
         return await run_command(self.template, base_url=self.base_url, model=model, version=version, split=GATE,
                                  timeout=self.settings.eval_timeout, api_key=self.api_key)
 
-    async def _score_parent(self, sessions, parent: int, parent_row: Policy | None) -> float | None:
+    async def _score_parent(self, sessions, parent: int, parent_row: Policy | None) -> tuple[float | None, str]:
+        """The parent's score, or None and why not (then the alert is raised and counted)."""
         import aiohttp
 
         from rlproxy import lifecycle
         from rlproxy.adapters import AdapterError, EngineAdapters
         from rlproxy.evaluate import EvalError, base_model
 
+        model = parent_row.name if parent_row is not None else None
         try:
             if parent_row is not None:  # it may have been unloaded since it stopped serving
                 await lifecycle.ensure_loaded(sessions, EngineAdapters(self.settings.upstreams, api_key=self.api_key),
                                               parent)
-                model = parent_row.name
             else:
                 model = await base_model(self.base_url.removesuffix("/v1"), api_key=self.api_key)
         except (AdapterError, EvalError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            log.error("gate: the parent v%d cannot be served for scoring: %s", parent, exc)
-            return None
+            return None, self._parent_unscored(parent, model, "not-served", f"it cannot be served: {exc}")
         measured = await self.score(parent, model)
         log.info("gate: %s", measured.describe())
-        if measured.ok and parent_row is not None:
+        if not measured.ok:
+            return None, self._parent_unscored(parent, model, measured.verdict, measured.detail)
+        if parent_row is not None:
             async with sessions() as session, session.begin():
                 await _store(session, parent, measured, self.digest)
-        return measured.score
+        return measured.score, ""
+
+    def _parent_unscored(self, parent: int, model: str | None, why: str, detail: str) -> str:
+        """Without a parent score every candidate is retired, so this is an operator's alarm, not a verdict."""
+        if self.metrics is not None:
+            self.metrics.gate_parent_unscored.labels(why).inc()
+        reason = f"the parent v{parent} could not be scored ({detail}); {parent_needs(parent, model, self.base_url)}"
+        log.error("ALERT command gate: %s. Every candidate is retired until the parent can be scored "
+                  "(rlproxy_trainer_gate_parent_unscored_total).", reason)
+        return reason
 
     async def __call__(self, version: int) -> bool:
         engine = create_engine(self.settings.database_url, pool_size=1)
@@ -237,12 +263,13 @@ class CommandGate:
                 parent = candidate.parent_version or policies.BASE_VERSION
                 parent_row = None if parent == policies.BASE_VERSION else await policies.get_policy(session, parent)
                 parent_score = await known_score(session, parent, self.digest)
+            problem = ""
             if parent_score is None:
-                parent_score = await self._score_parent(sessions, parent, parent_row)
+                parent_score, problem = await self._score_parent(sessions, parent, parent_row)
             result = await self.score(version, policies.adapter_name(version))
             log.info("gate: %s", result.describe())
             if parent_score is None:
-                promoted, reason = False, "the parent could not be scored, so there is nothing to compare with"
+                promoted, reason = False, problem
             elif not result.ok:
                 promoted, reason = False, result.detail
             else:
