@@ -21,6 +21,7 @@ RESPONSES = frozenset({
     "parallel_tool_calls", "previous_response_id", "prompt", "prompt_cache_key", "prompt_cache_options",
     "prompt_cache_retention", "reasoning", "safety_identifier", "service_tier", "store", "stream",
     "stream_options", "temperature", "text", "tool_choice", "tools", "top_logprobs", "top_p", "truncation", "user",
+    "client_metadata",  # Codex CLI's own (0.169), not in the Python SDK's type
     # vLLM's sampling extensions, which the proxy passes on to the engine (proxy/dialects/responses.py SAMPLING)
     "seed", "top_k", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty", "stop",
 })
@@ -44,9 +45,13 @@ COUNT_TOKENS = frozenset({
 })
 
 
+MAX_NAME = 256  # of an unknown field's name in the answer: a body may be megabytes, its echo need not be
+
+
 def unknown_field(body: dict[str, Any], known: frozenset[str]) -> str | None:
     """The first top-level field of `body` that is not in `known` (in the body's order), or None."""
-    return next((name for name in body if name not in known), None)
+    name = next((name for name in body if name not in known), None)
+    return None if name is None else name[:MAX_NAME]
 
 
 def refuse_unknown_openai(body: dict[str, Any], known: frozenset[str]) -> None:
