@@ -18,12 +18,19 @@ from tests.support import running_proxy
 AT_ONCE = 20
 
 
-@pytest.fixture(params=["postgres", "sqlite"])
-def proxy(request, stub_url, run_dir):
-    """The proxy as a real process on each database."""
-    url = request.getfixturevalue("own_database_url" if request.param == "postgres" else "sqlite_url")
-    with running_proxy([stub_url], url, run_dir, f"proxy-final-{request.param}") as proxy_url:
-        yield proxy_url
+@pytest.fixture(scope="module", params=["postgres", "sqlite"])
+def proxy(request, stub_url, run_dir, postgres_server):
+    """The proxy as a real process on each database (a fresh one, migrated by the proxy at its start)."""
+    if request.param == "sqlite":
+        url = f"sqlite+aiosqlite:///{run_dir / 'final-reward.db'}"
+    else:
+        url = create_database(postgres_server, "rlproxy_final_reward", migrate=False)
+    try:
+        with running_proxy([stub_url], url, run_dir, f"proxy-final-{request.param}") as proxy_url:
+            yield proxy_url
+    finally:
+        if request.param == "postgres":
+            drop_database(postgres_server, url)
 
 
 def post_at_once(proxy_url: str, rollout_id: str, values: list[float]) -> list[requests.Response]:
