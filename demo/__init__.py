@@ -6,21 +6,14 @@ Nothing here downloads anything: tasks come from a seeded generator, the tool ru
 """
 from __future__ import annotations
 
-from demo.agent import (
-    DEFAULT_MAX_TOKENS,
-    DEFAULT_MAX_TURNS,
-    FEW_SHOT,
-    PROMPTS,
-    PROTOCOL,
-    SYSTEM_PROMPT,
-    EpisodeResult,
-    EvalStats,
-    Prompting,
-    evaluate,
-    evaluate_detailed,
-    run_episode,
-)
-from demo.tasks import DEFAULT_FAMILY, FAMILIES, Task, heldout_tasks, train_tasks
+from typing import Any
+
+# Imported on first use: the agent needs `openai`, which the proxy alone (`pip install rlproxy`) does not
+# install, and `rlproxy`'s command line loads demo.settings through this package.
+_LAZY = {name: "demo.agent" for name in (
+    "DEFAULT_MAX_TOKENS", "DEFAULT_MAX_TURNS", "FEW_SHOT", "PROMPTS", "PROTOCOL", "SYSTEM_PROMPT", "EpisodeResult",
+    "EvalStats", "Prompting", "evaluate", "evaluate_detailed", "run_episode")}
+_LAZY |= {name: "demo.tasks" for name in ("DEFAULT_FAMILY", "FAMILIES", "Task", "heldout_tasks", "train_tasks")}
 
 __all__ = [
     "DEFAULT_FAMILY",
@@ -41,3 +34,11 @@ __all__ = [
     "run_episode",
     "train_tasks",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'demo' has no attribute {name!r}")

@@ -18,6 +18,7 @@ from proxy.capture import (CHAT, Additions, StreamAssembler, capture_response, o
                            prepare_upstream_body, relay_bytes, strip_additions)
 from proxy.context import CallContext, call_context
 from proxy.dialects import Dialect, Output, StreamTranslator
+from proxy.dialects.base import openai_engine_error
 from proxy.errors import ProxyError, StoreUnavailable, UpstreamTimeout, UpstreamUnavailable, sse_error_event
 from proxy.metrics import ProxyMetrics
 from proxy.policy import PolicyRouter
@@ -142,15 +143,15 @@ class CompletionServing:
 
     async def _relay_error(self, upstream: aiohttp.ClientResponse, record: CallRecord,
                            headers: dict[str, str], dialect: Dialect | None) -> web.Response:
-        """Engine errors (4xx/5xx) reach the agent as they are (in its dialect's shape), and are recorded."""
+        """Engine errors (4xx/5xx) reach the agent with their status and message, in its route's shape: an
+        OpenAI-shaped one as it is, any other body (an HTML page from a gateway, plain text) wrapped in the
+        shape, so a client never gets HTML under an error it parses as JSON. Recorded as they came."""
         raw = await upstream.read()
         record.status = CallStatus.UPSTREAM_ERROR
         record.error = raw.decode("utf-8", errors="replace")[:4000]
-        if dialect is not None:
-            return web.Response(body=dialect.engine_error(upstream.status, raw), status=upstream.status,
-                                headers=headers, content_type="application/json")
-        return web.Response(body=raw, status=upstream.status, headers=headers,
-                            content_type=upstream.content_type or "application/json")
+        body = dialect.engine_error(upstream.status, raw) if dialect is not None else openai_engine_error(
+            upstream.status, raw)
+        return web.Response(body=body, status=upstream.status, headers=headers, content_type="application/json")
 
     async def _translate_json(self, upstream: aiohttp.ClientResponse, record: CallRecord,
                               headers: dict[str, str], dialect: Dialect) -> web.Response:
@@ -217,9 +218,10 @@ class CompletionServing:
             record.response = assembler.response(additions.requested_model)
         if translator is not None and record.complete:
             tail = translator.finish(_output(record, record.response))
-            record.response = translator.final
         elif translator is not None and not tail and record.status == CallStatus.OK:
             tail = translator.error(502, "the engine ended the stream early", "upstream_error", None)
+        if translator is not None and translator.final is not None:
+            record.response = translator.final  # what the agent received (a failed Responses stream's too)
         try:
             await self._hand_over(route, record, began)
         except StoreUnavailable as exc:

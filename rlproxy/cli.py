@@ -11,6 +11,7 @@ import click
 
 from rlproxy.commands import demo, evaluate, keys, prune, serve, train
 from rlproxy.commands.options import option
+from rlproxy.extras import require
 
 
 def _logging(verbose: bool) -> None:
@@ -39,6 +40,7 @@ def model() -> None:
 @option("--out", default=None, type=click.Path(path_type=Path), help="Folder to write (default: the cache).")
 def model_prepare(out: Path | None) -> None:
     """Turn the bundled SmolLM2-135M-Instruct GGUF into a Hugging Face folder (idempotent); print its path."""
+    require("model prepare", "train", ("transformers", "gguf"))
     from rlproxy.model import prepare_model
 
     click.echo(str(prepare_model(out)))

@@ -211,6 +211,23 @@ class Reward(Base):
             postgresql_where=text("kind = 'air'"),
             sqlite_where=text("kind = 'air'"),
         ),
+        # One final reward per rollout from the agent (no reason) and one per other giver (the judge): the
+        # database refuses a second even where row locks are no-ops (SQLite). Migration 0006.
+        Index(
+            "uq_rewards_final",
+            "rollout_id",
+            unique=True,
+            postgresql_where=text("kind = 'final' AND reason IS NULL"),
+            sqlite_where=text("kind = 'final' AND reason IS NULL"),
+        ),
+        Index(
+            "uq_rewards_final_by_reason",
+            "rollout_id",
+            "reason",
+            unique=True,
+            postgresql_where=text("kind = 'final' AND reason IS NOT NULL"),
+            sqlite_where=text("kind = 'final' AND reason IS NOT NULL"),
+        ),
     )
 
 

@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from store.errors import Conflict, NotFound
@@ -54,9 +55,13 @@ async def rollout_taking_rewards(session: AsyncSession, rollout_id: str, project
     `Conflict` once it has expired (it takes no more rewards)."""
     rollout = await _rollout_for_update(session, rollout_id, project)
     if rollout.status == RolloutStatus.EXPIRED:
-        raise Conflict(f"rollout {rollout_id!r} expired at {rollout.finished_at:%Y-%m-%d %H:%M:%S} UTC without a "
-                       f"final reward (the trainer's reward TTL); it takes no more rewards")
+        raise _expired(rollout)
     return rollout
+
+
+def _expired(rollout: Rollout) -> Conflict:
+    return Conflict(f"rollout {rollout.id!r} expired at {rollout.finished_at:%Y-%m-%d %H:%M:%S} UTC without a "
+                    f"final reward (the trainer's reward TTL); it takes no more rewards")
 
 
 async def post_reward(
@@ -84,16 +89,26 @@ async def post_reward(
                            metadata_=metadata))
         return RewardResult(rollout_id, value, call_id, True)
 
-    if rollout.status == RolloutStatus.FINISHED:
+    closing = {"status": RolloutStatus.FINISHED, "reward": value, "finished_at": utcnow()}
+    if task_id is not None and rollout.task_id is None:
+        closing["task_id"] = task_id
+    # Closed only if still open, in one statement: the lock above is a no-op on SQLite, where another request
+    # may have closed the rollout since it was read; the loser then answers from what the winner stored.
+    still_open = (Rollout.id == rollout_id) & (Rollout.status == RolloutStatus.OPEN)
+    closed = await session.execute(update(Rollout).where(still_open).values(closing)
+                                   .execution_options(synchronize_session="evaluate"))
+    if closed.rowcount != 1:
+        await session.refresh(rollout)
+        if rollout.status == RolloutStatus.EXPIRED:
+            raise _expired(rollout)
         if rollout.reward == value:
             return RewardResult(rollout_id, value, None, False, rollout.policy_version, rollout.eval)
         raise Conflict(f"rollout {rollout_id!r} already has final reward {rollout.reward}, not {value}")
-    rollout.status = RolloutStatus.FINISHED
-    rollout.reward = value
-    rollout.finished_at = utcnow()
-    if task_id is not None and rollout.task_id is None:
-        rollout.task_id = task_id
     session.add(Reward(rollout_id=rollout_id, kind=RewardKind.FINAL, value=value, reason=reason, metadata_=metadata))
+    try:
+        await session.flush()
+    except IntegrityError:  # uq_rewards_final: a final reward stored by a path that bypassed the update above
+        raise Conflict(f"rollout {rollout_id!r} already has a final reward") from None
     return RewardResult(rollout_id, value, None, True, rollout.policy_version, rollout.eval)
 
 

@@ -187,3 +187,35 @@ def test_a_stream_request_answered_with_one_json_body_is_relayed_and_recorded_as
     assert call["stream"] is False and call["status"] == "ok"
     assert call["completion_token_ids"] and call["response"]["choices"][0]["message"]["content"] == \
         answer.json()["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("model,status", [("stub-fail-500-html", 500), ("stub-fail-503-text", 503)])
+def test_an_engine_error_that_is_not_json_reaches_the_agent_as_an_anthropic_error(proxy_url, model, status):
+    client = anthropic.Anthropic(base_url=proxy_url, api_key="unused", max_retries=0)
+
+    with pytest.raises(anthropic.APIStatusError) as failed:
+        client.messages.create(model=model, max_tokens=8, messages=[{"role": "user", "content": "x"}])
+
+    assert failed.value.status_code == status
+    assert failed.value.response.headers["Content-Type"].startswith("application/json")
+    assert failed.value.body["type"] == "error" and str(status) in failed.value.body["error"]["message"]
+
+
+def test_unknown_fields_are_refused_by_name_and_the_apis_own_are_taken(proxy_url):
+    client = anthropic.Anthropic(base_url=proxy_url, api_key="unused", max_retries=0)
+    hello = [{"role": "user", "content": "hi"}]
+
+    with pytest.raises(anthropic.BadRequestError) as misspelt:
+        client.messages.create(model="stub-model", max_tokens=8, messages=hello, extra_body={"top_kk": 5})
+    with pytest.raises(anthropic.BadRequestError) as misspelt_count:
+        client.messages.count_tokens(model="stub-model", messages=hello, extra_body={"max_tokens": 5})
+    answer = client.beta.messages.create(
+        model="stub-model", max_tokens=8, messages=hello, metadata={"user_id": "user-1"}, service_tier="auto",
+        stop_sequences=["END"], thinking={"type": "disabled"}, betas=["context-management-2025-06-27"],
+        context_management={"edits": []}, mcp_servers=[],
+        extra_body={"temperature": 0.5, "top_p": 0.9, "top_k": 5})  # as earlier SDKs and Claude Code send them
+
+    assert misspelt.value.body == {"type": "error", "error": {
+        "type": "invalid_request_error", "message": "top_kk: Extra inputs are not permitted"}}
+    assert "max_tokens" in misspelt_count.value.body["error"]["message"]
+    assert answer.content[0].text

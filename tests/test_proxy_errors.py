@@ -102,6 +102,22 @@ def test_engine_errors_are_relayed_as_they_are_and_recorded(proxy_url, stub_url)
     assert call["status"] == "upstream_error" and call["http_status"] == 404
 
 
+@pytest.mark.parametrize("route,body", [
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+    ("completions", {"prompt": "hi"}),
+])
+def test_an_engine_error_that_is_not_json_is_relayed_in_openai_shape(proxy_url, route, body):
+    rollout_id = uuid.uuid4().hex
+    response = requests.post(f"{proxy_url}/rollouts/{rollout_id}/v1/{route}",
+                             json={"model": "stub-fail-502-html", **body})
+
+    error = assert_openai_error(response, 502)
+    assert response.headers["Content-Type"].startswith("application/json")
+    assert error["type"] == "server_error" and "502" in error["message"]
+    [call] = recorded_calls(proxy_url, rollout_id)
+    assert call["status"] == "upstream_error" and "<html>" in call["error"]  # recorded as the engine sent it
+
+
 def test_unreachable_engine_is_502(database_url, run_dir):
     dead = f"http://127.0.0.1:{free_port()}"
     with running_proxy([dead], database_url, run_dir, "proxy-502") as url:

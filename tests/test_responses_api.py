@@ -195,3 +195,46 @@ def test_langchain_with_the_responses_api(proxy_url):
     [call] = calls_of(proxy_url, rollout_id)
     assert_recorded_exactly(call)
     assert message.text == call["response"]["output"][0]["content"][0]["text"]
+
+
+@pytest.mark.parametrize("model,status", [("stub-fail-500-html", 500), ("stub-fail-503-text", 503)])
+def test_an_engine_error_that_is_not_json_reaches_the_agent_as_an_openai_error(proxy_url, model, status):
+    client = openai.OpenAI(base_url=f"{proxy_url}/v1", api_key="unused", max_retries=0)
+
+    with pytest.raises(openai.APIStatusError) as failed:
+        client.responses.create(model=model, input="hi")
+
+    assert failed.value.status_code == status
+    assert failed.value.response.headers["Content-Type"].startswith("application/json")
+    assert failed.value.body["type"] == "server_error" and str(status) in failed.value.body["message"]
+
+
+def test_a_stream_the_engine_cuts_off_ends_with_response_failed(proxy_url):
+    rollout_id, base_url = new_rollout(proxy_url)
+    client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
+
+    events = list(client.responses.create(model="stub-die-after-2", input="hi", stream=True))
+
+    assert [e.type for e in events[:2]] == ["response.created", "response.in_progress"]
+    assert [e.type for e in events[-2:]] == ["error", "response.failed"]
+    assert events[-1].response.status == "failed" and events[-1].response.id == events[0].response.id
+    assert "engine" in events[-1].response.error.message
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    [call] = calls_of(proxy_url, rollout_id)
+    assert call["status"] == "upstream_error" and call["response"]["status"] == "failed"
+
+
+def test_unknown_fields_are_refused_by_name_and_the_apis_own_are_taken(proxy_url):
+    client = openai.OpenAI(base_url=f"{proxy_url}/v1", api_key="unused", max_retries=0)
+
+    with pytest.raises(openai.BadRequestError) as misspelt:
+        client.responses.create(model="stub-model", input="hi", extra_body={"temprature": 0.2})
+    answer = client.responses.create(
+        model="stub-model", input="hi", metadata={"task": "t1"}, store=True, prompt_cache_key="agent-1",
+        safety_identifier="user-1", service_tier="auto", truncation="disabled", user="user-1", max_tool_calls=2,
+        parallel_tool_calls=False, text={"format": {"type": "text"}}, include=[], temperature=0.5, top_p=0.9)
+
+    assert misspelt.value.body == {"message": "Unknown parameter: 'temprature'.", "type": "invalid_request_error",
+                                   "param": "temprature", "code": "unknown_parameter"}
+    assert answer.status == "completed" and answer.output_text
+

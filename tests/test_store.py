@@ -1,6 +1,7 @@
 """The store on both databases it supports: Postgres (production) and SQLite (the embedded default)."""
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
@@ -119,3 +120,33 @@ async def test_one_active_policy_and_rollback_to_base(sessions):
         await policies.activate(session, 0)
     async with sessions() as session:
         assert await policies.active_policy(session) == policies.BASE
+
+
+@pytest.mark.parametrize("values", [[i / 10 for i in range(12)], [0.5] * 12], ids=["different", "identical"])
+async def test_concurrent_final_rewards_close_a_rollout_once(sessions, values):
+    """Twelve transactions (within the connection pool) that all read the rollout open before any of them
+    writes, as concurrent requests do on SQLite (it ignores `FOR UPDATE`): one closes it, the others answer from
+    what it stored: the same reward is a no-op, a different one a conflict."""
+    rollout_id = uuid.uuid4().hex
+    async with sessions() as session, session.begin():
+        await rollouts.create_rollout(session, rollout_id)
+
+    everyone_read_it = asyncio.Barrier(len(values))
+
+    async def post(value: float) -> float | str:
+        try:
+            async with sessions() as session, session.begin():
+                assert (await session.get(Rollout, rollout_id)).status == "open"
+                await everyone_read_it.wait()
+                result = await rollouts.post_reward(session, rollout_id, value)
+                return value if result.created else "same"
+        except Conflict:
+            return "conflict"
+
+    outcomes = await asyncio.gather(*(post(value) for value in values))
+    [stored] = [o for o in outcomes if isinstance(o, float)]
+    others = "conflict" if len(set(values)) > 1 else "same"
+    assert sorted(o for o in outcomes if o != stored) == [others] * (len(values) - 1)
+    async with sessions() as session:
+        data = await rollouts.get_rollout(session, rollout_id)
+    assert (data["reward"], [r["value"] for r in data["rewards"]]) == (stored, [stored])

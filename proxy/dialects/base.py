@@ -111,14 +111,42 @@ def text_of(content: Any) -> str:
 
 
 def engine_error_message(raw: bytes) -> tuple[str, str | None]:
-    """The message and type of an engine's OpenAI-shaped error body (or its text when it is not one)."""
+    """The message and type of an engine's OpenAI-shaped error body (or its text when it is not one: an HTML
+    page or a line of text from whatever answered in the engine's place, a framework's `{"detail": …}`)."""
     try:
         payload = orjson.loads(raw)
     except orjson.JSONDecodeError:
-        return raw.decode("utf-8", errors="replace")[:2000] or "engine error", None
+        return " ".join(raw.decode("utf-8", errors="replace").split())[:2000] or "engine error", None
     error = payload.get("error") if isinstance(payload, dict) else None
     if isinstance(error, dict):
         return str(error.get("message") or "engine error"), error.get("type")
     if isinstance(error, str):
         return error, None
+    for key in ("message", "detail"):  # vLLM's older top-level error, FastAPI's
+        if isinstance(payload, dict) and payload.get(key):
+            return str(payload[key])[:2000], payload.get("type") if key == "message" else None
     return str(payload)[:2000], None
+
+
+OPENAI_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                      404: "not_found_error", 409: "conflict_error", 413: "invalid_request_error",
+                      422: "invalid_request_error", 429: "rate_limit_error"}
+
+
+def is_openai_error(raw: bytes) -> bool:
+    """Whether an engine's error body is OpenAI-shaped already: `{"error": {"message": …, …}}`."""
+    try:
+        payload = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return False
+    error = payload.get("error") if isinstance(payload, dict) else None
+    return isinstance(error, dict) and isinstance(error.get("message"), str)
+
+
+def openai_engine_error(status: int, raw: bytes) -> bytes:
+    """An engine's error body for an OpenAI route: as it is when OpenAI-shaped, else its text in that shape."""
+    if is_openai_error(raw):
+        return raw
+    message, kind = engine_error_message(raw)
+    kind = kind or OPENAI_ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return orjson.dumps({"error": {"message": message, "type": kind, "param": None, "code": None}})

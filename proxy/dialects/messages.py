@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
+from proxy.dialects import fields
 from proxy.dialects.base import Output, engine_error_message, imported_later, text_of
 from proxy.dialects.checks import plainly_valid_messages
 from proxy.errors import InvalidRequest
@@ -34,7 +35,8 @@ _stream_type = imported_later("proxy.dialects.messages_stream", "MessagesStream"
 
 
 class MessagesRequest(BaseModel):
-    """What the proxy checks; everything else in the body is the agent's own and is recorded as sent."""
+    """What the proxy checks; the other fields the API knows (proxy/dialects/fields.py) are the agent's own and
+    are recorded as sent, and any other is refused (400 naming it)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -63,6 +65,7 @@ class MessagesDialect:
     def validate(self, body: dict[str, Any], model: type[BaseModel] = MessagesRequest) -> None:
         if model is not MessagesRequest or not plainly_valid_messages(body):
             validate(model, body)
+        fields.refuse_unknown_anthropic(body, fields.MESSAGES if model is MessagesRequest else fields.COUNT_TOKENS)
         system = body.get("system")
         if system is not None and not isinstance(system, str) and not (
                 isinstance(system, list) and all(isinstance(b, dict) and b.get("type") == "text" for b in system)):

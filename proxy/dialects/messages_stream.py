@@ -29,6 +29,7 @@ class MessagesStream:
         self.blocks = 0  # content blocks opened so far
         self.open: tuple[str, Any] | None = None  # (kind, tool index) of the block being written
         self.final: dict[str, Any] | None = None  # the whole Message, once finished
+        self.failed = False  # an `error` event was sent: it ends the stream
 
     def _start(self, prompt_tokens: int) -> bytes:
         self.started = True
@@ -81,6 +82,8 @@ class MessagesStream:
         return out
 
     def finish(self, output: Output) -> bytes:
+        if self.failed:  # the engine's [DONE] after an error: the error event was the stream's end
+            return b""
         out = (b"" if self.started else self._start(output.prompt_tokens)) + self._stop_block()
         stop_reason, stop_sequence = M.stop_of(output)
         out += sse("message_delta", {"type": "message_delta",
@@ -90,4 +93,7 @@ class MessagesStream:
         return out + STOP
 
     def error(self, status: int, message: str, kind: str, code: str | None) -> bytes:
+        if self.failed:
+            return b""
+        self.failed = True
         return sse("error", M.error_body(status, message))

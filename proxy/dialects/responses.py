@@ -18,7 +18,8 @@ from typing import Any
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
-from proxy.dialects.base import Output, imported_later
+from proxy.dialects import fields
+from proxy.dialects.base import Output, imported_later, openai_engine_error
 from proxy.dialects.checks import plainly_valid_responses
 from proxy.errors import InvalidRequest
 from proxy.schemas import validate
@@ -34,7 +35,8 @@ SERVED_TOOLS = ("function", "custom")  # hosted tools (web_search, file_search, 
 
 
 class ResponsesRequest(BaseModel):
-    """What the proxy checks; everything else in the body is the agent's own and is recorded as sent."""
+    """What the proxy checks; the other fields the API knows (proxy/dialects/fields.py) are the agent's own and
+    are recorded as sent, and any other is refused (400 naming it)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -63,6 +65,7 @@ class ResponsesDialect:
     def validate(self, body: dict[str, Any]) -> None:
         if not plainly_valid_responses(body):
             validate(ResponsesRequest, body)
+        fields.refuse_unknown_openai(body, fields.RESPONSES)
         if body.get("background"):
             raise InvalidRequest("background responses are not supported: the proxy answers while it records",
                                  param="background", code="unsupported_parameter")
@@ -110,7 +113,7 @@ class ResponsesDialect:
         return _stream_type()(self, body, call_id, created)
 
     def engine_error(self, status: int, raw: bytes) -> bytes:
-        return raw  # the engine's errors are OpenAI-shaped already
+        return openai_engine_error(status, raw)
 
     def chat_view(self, request: dict[str, Any] | None, response: dict[str, Any] | None):
         chat_request = None

@@ -4,7 +4,8 @@ The sequence is the one the official SDKs parse: `response.created`, `response.i
 `response.output_item.added` … its deltas (`response.output_text.delta`, `response.function_call_arguments.delta`,
 `response.reasoning_text.delta`) … its `.done` events and `response.output_item.done`, and last
 `response.completed` (or `response.incomplete` when `max_output_tokens` cut it short) with the whole Response.
-Every event carries a `sequence_number`; an error becomes an `error` event.
+Every event carries a `sequence_number`; a failure (the engine's error, its stream cut off) ends the stream with
+an `error` event and then `response.failed`.
 
 Each event's payload is written out in place and serialized with its head looked up (`_sse`): a helper taking
 keyword fields and merging them into the payload cost more than the serialization on every event.
@@ -24,7 +25,7 @@ HEADS = {kind: sse_head(kind) for kind in (
     "response.output_text.delta", "response.reasoning_text.delta", "response.function_call_arguments.delta",
     "response.output_text.done", "response.content_part.done", "response.reasoning_text.done",
     "response.function_call_arguments.done", "response.output_item.done", "response.completed",
-    "response.incomplete", "error")}
+    "response.incomplete", "response.failed", "error")}
 TEXT_DELTA = HEADS["response.output_text.delta"]  # once per engine chunk: written without the lookup
 
 
@@ -57,6 +58,7 @@ class ResponsesStream:
         self.final: dict[str, Any] | None = None  # the whole Response, once finished
         self.want_logprobs = R.wants_logprobs(body)
         self.snapshot: dict[str, Any] | None = None  # the Response without output, as `response.created` sent it
+        self.failed = False  # `response.failed` was sent: nothing follows it (the engine's [DONE] after an error)
 
     def _start(self) -> bytes:
         self.started = True
@@ -163,6 +165,8 @@ class ResponsesStream:
                            "output_index": index, "item": item})
 
     def finish(self, output: Output) -> bytes:
+        if self.failed:
+            return b""
         out = b"" if self.started else self._start()
         if not self.items:  # the model said nothing: an empty message, as in the non-streamed answer
             out += self._text_delta("", [])
@@ -176,5 +180,15 @@ class ResponsesStream:
         return out + _sse({"type": final, "sequence_number": next(self.numbers), "response": response})
 
     def error(self, status: int, message: str, kind: str, code: str | None) -> bytes:
-        return _sse({"type": "error", "sequence_number": next(self.numbers), "code": code or kind,
+        """The stream's end when the call fails: an `error` event (what this stream has always sent), then
+        `response.failed` with the Response as far as it got (the items it finished) and the error, as the API
+        ends a failed response, so a client waiting for the Response's last state gets one."""
+        if self.failed:
+            return b""
+        self.failed = True
+        out = b"" if self.started else self._start()
+        out += _sse({"type": "error", "sequence_number": next(self.numbers), "code": code or kind,
                      "message": message, "param": None})
+        self.final = {**self.snapshot, "status": "failed", "error": {"code": code or kind, "message": message},
+                      "output": [opened.item for opened in self.items if opened.done]}
+        return out + _sse({"type": "response.failed", "sequence_number": next(self.numbers), "response": self.final})

@@ -8,6 +8,7 @@ import click
 
 from demo.settings import DemoSettings, demo_training
 from rlproxy.commands.flags import Flags
+from rlproxy.extras import require
 from trainer.config import TrainConfig
 
 # The demo's training flags are the trainer's, with the demo's own defaults (demo/settings.py)
@@ -21,6 +22,7 @@ DEMO_FLAGS = Flags(DemoSettings, TrainConfig, skip=("train",), defaults={TrainCo
 def demo(overrides, **params) -> None:
     """The whole loop on the embedded default: engine + proxy + trainer + a tool-using agent, learning live.
     The engine's output goes to engine.log and every log to rlproxy.log, in --workdir."""
+    require("demo", "demo")
     from demo.main import run_demo
 
     DEMO_FLAGS.apply_set(params, overrides)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from rlproxy.commands.options import database_option, option, redact
+from rlproxy.extras import require
 
 
 def _policy_version(value) -> int:
@@ -66,6 +67,7 @@ def eval_(version, eval_command, split, traffic, proxy, upstream, tasks, seed, c
                 timeout=eval_timeout))
             click.echo(f"{result.describe()} ({result.model}, {result.seconds:.0f} s)")
         else:
+            require("eval (the demo task's held-out set)", "demo", ("openai",))
             from demo.evaluate import evaluate_policy
 
             result, stored = asyncio.run(evaluate_policy(

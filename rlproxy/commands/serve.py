@@ -5,6 +5,7 @@ import click
 
 from rlproxy.commands.flags import Flags
 from rlproxy.commands.options import database_option, redact
+from rlproxy.extras import require
 from rlproxy.settings import EngineSettings, ProxySettings
 
 SERVE_FLAGS = Flags(ProxySettings)
@@ -14,10 +15,12 @@ SERVE_FLAGS = Flags(ProxySettings)
 @SERVE_FLAGS
 def serve(**params) -> None:
     """Run the proxy."""
+    settings = SERVE_FLAGS.build(ProxySettings, params)
+    if not settings.upstreams:
+        require("serve (without --upstream: it starts a local engine)", "engine")
     from proxy.air import air_rules
     from proxy.app import run
 
-    settings = SERVE_FLAGS.build(ProxySettings, params)
     try:
         air_rules(settings)
     except ValueError as exc:
@@ -89,6 +92,7 @@ def engine(**params) -> None:
 
     from rlproxy.engine import Engine
 
+    require("engine", "engine")
     settings = ENGINE_FLAGS.build(EngineSettings, params)
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())

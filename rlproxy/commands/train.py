@@ -9,6 +9,7 @@ import click
 
 from rlproxy.commands.flags import Flags
 from rlproxy.commands.options import database_option, option
+from rlproxy.extras import require
 from rlproxy.settings import TrainerSettings
 from trainer.config import TrainConfig
 
@@ -24,6 +25,7 @@ def train(overrides, **params) -> None:
     """Run the trainer worker: rewarded rollouts in, LoRA PPO, new adapters hot-loaded into the engines."""
     import asyncio
 
+    require("train", "train")
     from trainer.judge import usage_problem
 
     TRAIN_FLAGS.apply_set(params, overrides)

@@ -12,6 +12,10 @@ Test controls, read from the request body (unknown fields pass through the proxy
   "stub_plain_json": answer a `stream: true` request with one JSON body, as a server without streaming does;
   "stub_reply": answer with this text (its whitespace-separated words, one token each) instead of the
                deterministic words, e.g. a text-protocol tool call such as "CALC: 1 / 0".
+Two controls in the model name, the one control the Responses and Messages routes pass on (they send the engine
+a chat request of their own): `stub-fail-<status>-html` or `-text` (e.g. stub-fail-500-html) answers that status
+with an HTML page or a plain-text line, as a gateway in front of a failing engine does; `stub-die-after-<n>`
+is the base model with "stub_die_after": n.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import re
 import time
 import zlib
 from collections import deque
@@ -62,6 +67,17 @@ def dumps(obj) -> bytes:
 def error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
     body = {"error": {"message": message, "type": kind, "param": None, "code": status}}
     return web.Response(body=dumps(body), status=status, content_type="application/json")
+
+
+FAILING_MODEL = re.compile(r"stub-fail-(?P<status>\d{3})-(?P<kind>html|text)")
+DYING_MODEL = re.compile(r"stub-die-after-(\d+)")
+
+
+def non_json_error(status: int, kind: str) -> web.Response:
+    if kind == "html":
+        page = f"<html><head><title>{status} Internal Server Error</title></head><body><h1>{status}</h1></body></html>"
+        return web.Response(text=page, status=status, content_type="text/html")
+    return web.Response(text=f"upstream failure {status}", status=status, content_type="text/plain")
 
 
 class Stub:
@@ -140,6 +156,12 @@ class Stub:
             return error(400, "invalid JSON")
         if body.get("stub_status"):
             return error(int(body["stub_status"]), "stub error on request")
+        failing = FAILING_MODEL.fullmatch(str(body.get("model")))
+        if failing:
+            return non_json_error(int(failing["status"]), failing["kind"])
+        dying = DYING_MODEL.fullmatch(str(body.get("model")))
+        if dying:
+            body = {**body, "model": self.base_model, "stub_die_after": int(dying[1])}
         if not self.known(body.get("model", "")):
             return error(404, f"The model `{body.get('model')}` does not exist.", "NotFoundError")
         temperature = body.get("temperature", 1.0)
