@@ -30,6 +30,7 @@ from typing import Callable, Iterable, Iterator
 
 import orjson
 
+from proxy.rejected import encode
 from store.records import CallRecord
 
 log = logging.getLogger("rlproxy.spool")
@@ -129,9 +130,14 @@ class Spool:
             yield batch
 
     def write(self, records: list[CallRecord]) -> range:
-        """Append `records` (not durable yet: see `flush`); returns their lsns."""
-        # orjson writes the dataclass as `CallRecord.to_json()` would, a hundred times faster (no asdict copy)
-        data = b"".join(orjson.dumps(r) + b"\n" for r in records)
+        """Append `records` (not durable yet: see `flush`); returns their lsns. Raises TypeError for a record
+        JSON cannot hold (see `proxy.rejected.encode`), before anything is written."""
+        return self.write_lines([encode(r) for r in records])
+
+    def write_lines(self, lines: list[bytes]) -> range:
+        """Append records already encoded, one line each, with one write() (the kernel has them once it
+        returns: they survive the process being killed); returns their lsns."""
+        data = b"".join(lines)
         with self._lock:
             segment = self._active()
             try:
@@ -141,9 +147,9 @@ class Spool:
             except OSError:
                 os.ftruncate(segment.fd, segment.size)  # no half-written line left behind
                 raise
-            lsns = range(self.next_lsn, self.next_lsn + len(records))
-            segment.count += len(records)
-            segment.live += len(records)
+            lsns = range(self.next_lsn, self.next_lsn + len(lines))
+            segment.count += len(lines)
+            segment.live += len(lines)
             segment.size += len(data)
             self.next_lsn = lsns.stop
         self.live.update(lsns)
@@ -151,7 +157,10 @@ class Spool:
 
     async def append(self, records: list[CallRecord]) -> range:
         """Append `records` and wait until they are on disk."""
-        lsns = self.write(records)
+        return await self.append_lines([encode(r) for r in records])
+
+    async def append_lines(self, lines: list[bytes]) -> range:
+        lsns = self.write_lines(lines)
         await self.flush(lsns.stop)
         return lsns
 
@@ -264,7 +273,10 @@ class Spool:
                     self._drop_if_done(segment)
 
     def _drop_if_done(self, segment: Segment) -> None:
-        if segment.sealed and not segment.live and segment.fd is None and segment in self.segments:
+        if segment.sealed and not segment.live and segment in self.segments:
+            # Every record in it is in the database: whether its last writes were ever fsynced no longer matters
+            # (without `sync` durability they are not, unless the database was down).
+            self._close_fd(segment)
             segment.path.unlink(missing_ok=True)
             self.segments.remove(segment)
 

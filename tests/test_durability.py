@@ -1,6 +1,6 @@
-"""`sync` durability: a call is on disk in the spool before it is acknowledged (concurrent calls share one
-fsync), reaches the real Postgres exactly once, and leaves the spool once stored — also after a crash, a
-torn write, or a database outage."""
+"""`spool` and `sync` durability: a call is in the spool before it is acknowledged (with `sync` on disk:
+concurrent calls share one fsync), reaches the real Postgres exactly once, and leaves the spool once stored —
+also after a crash, a torn write, or a database outage."""
 from __future__ import annotations
 
 import asyncio
@@ -63,8 +63,9 @@ async def test_concurrent_calls_share_fsyncs_and_are_stored_once(sessions, tmp_p
     assert spool_files(settings) == []
 
 
-async def test_a_spool_left_by_a_crash_is_replayed_exactly_once(sessions, tmp_path):
-    settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", durability="sync")
+@pytest.mark.parametrize("durability", ["spool", "sync"])
+async def test_a_spool_left_by_a_crash_is_replayed_exactly_once(sessions, tmp_path, durability):
+    settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", durability=durability)
     rollout_id = uuid.uuid4().hex
     records = [record(rollout_id) for _ in range(40)]
     # A proxy stored the first 25 calls, then died with all 40 in its spool and a torn write at the end.
@@ -120,7 +121,7 @@ async def test_sync_calls_stay_acknowledged_through_a_database_outage(link, data
     assert spool_files(settings) == []
 
 
-@pytest.mark.parametrize("durability", ["batch", "sync"])
+@pytest.mark.parametrize("durability", ["batch", "spool", "sync"])
 async def test_calls_beyond_a_full_queue_go_through_the_spool_in_order(sessions, tmp_path, durability):
     settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", durability=durability, queue_size=4)
     metrics = ProxyMetrics()
@@ -134,5 +135,25 @@ async def test_calls_beyond_a_full_queue_go_through_the_spool_in_order(sessions,
     await writer.sync(timeout=15)
     assert await seqs_in_order(sessions, records) == list(range(1, 61))
     assert not writer.spooling and writer.awaiting_replay == 0
+    await writer.close()
+    assert spool_files(settings) == []
+
+
+async def test_spool_mode_writes_each_call_before_its_answer_without_fsync(sessions, tmp_path):
+    settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", durability="spool", spool_segment_bytes=16 << 10)
+    metrics = ProxyMetrics()
+    writer = CaptureWriter(sessions, settings, metrics)
+    await writer.start()
+    rollout_id = uuid.uuid4().hex
+    records = [record(rollout_id) for _ in range(120)]
+    for r in records:
+        await writer.commit(r)
+        written = b"".join(p.read_bytes() for p in settings.spool_path.parent.glob("spool.jsonl*"))
+        assert r.id.encode() in written  # in the file (the kernel has it) when the agent is answered
+    assert not metrics.registry.get_sample_value("rlproxy_capture_spool_fsync_calls_count")
+
+    await writer.sync()
+    assert await seqs_in_order(sessions, records) == list(range(1, 121))
+    assert len(spool_files(settings)) == 1  # full segments, stored, are deleted though never fsynced
     await writer.close()
     assert spool_files(settings) == []
