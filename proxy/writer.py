@@ -384,7 +384,7 @@ class CaptureWriter:
         if len(records) > 1:
             middle = len(records) // 2
             return await self._write(records[:middle]) and await self._write(records[middle:])
-        self.rejected.keep(records[0], f"the database refused it: {type(exc).__name__}: {exc}")
+        self.rejected.keep(records[0], f"storing it failed, on its own: {type(exc).__name__}: {exc}")
         return True
 
     @property
