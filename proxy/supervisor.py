@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 from prometheus_client import Counter, Gauge
 
@@ -43,17 +43,16 @@ class Supervised:
                 try:
                     await self._run()
                     return
-                except Exception as exc:  # noqa: BLE001 — whatever it was, the task must go on
+                except Exception as exc:  # whatever it was, the task must go on
                     self._set_running(False)
                     self._restarts.inc()
                     if time.monotonic() - began > HEALTHY_SECONDS:
                         pause = FIRST_PAUSE
-                    log.exception("the %s failed (%s: %s); starting it again in %.1f s", self.name,
-                                  type(exc).__name__, exc, pause)
+                    log.exception("the %s failed; starting it again in %.1f s", self.name, pause)
                     if self._after_failure is not None:
                         try:
                             await self._after_failure(exc)
-                        except Exception:  # noqa: BLE001
+                        except Exception:
                             log.exception("cleaning up after the %s failed", self.name)
                     await asyncio.sleep(pause)
                     pause = min(pause * 2, LONGEST_PAUSE)

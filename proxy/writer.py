@@ -31,10 +31,7 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import Awaitable, Callable
 
-from sqlalchemy import text
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from proxy.errors import StoreUnavailable
@@ -42,13 +39,12 @@ from proxy.metrics import ProxyMetrics
 from proxy.rejected import RejectedCalls, encode
 from proxy.spool import Spool
 from proxy.supervisor import Supervised
+from proxy.transactions import AfterWrite, Batches
 from rlproxy.settings import WriterSettings
-from store.calls import WrittenCall, write_calls
 from store.records import CallRecord
 
 log = logging.getLogger("rlproxy.writer")
 
-AfterWrite = Callable[[AsyncSession, list[WrittenCall]], Awaitable[None]]
 Item = tuple[CallRecord, int | None]  # a call and its spool lsn (None: only in memory)
 
 RETRY_SECONDS = 1.0  # between replay attempts while the database does not answer
@@ -76,7 +72,7 @@ class CaptureWriter:
         self._suspects: list[Item] = []  # in hand when the writer failed: stored one at a time
         self._supervisor = Supervised("capture writer", self._run, restarts=metrics.writer_restarts,
                                       up=metrics.writer_running, after_failure=self._after_failure)
-        self.database_ok = True
+        self.batches = Batches(sessions, metrics, self.rejected, after_write)
         self._gauges()
 
     async def start(self) -> None:
@@ -271,7 +267,7 @@ class CaptureWriter:
             return await self._replay()
         if not items:
             return True
-        if await self._write([r for r, _ in items], may_repeat=False):
+        if await self.batches.write([r for r, _ in items], may_repeat=False):
             self.spool.retire(lsn for _, lsn in items if lsn is not None)
             return True
         await self._spool([r for r, lsn in items if lsn is None])
@@ -325,7 +321,7 @@ class CaptureWriter:
         self._dropped = False
         for batch in self.spool.batches(self.settings.batch_size, upto):
             records = [r for _, r in batch if r is not None]
-            if records and not await self._write(records):
+            if records and not await self.batches.write(records):
                 self._retry_at = time.monotonic() + RETRY_SECONDS
                 return False
             self.spool.retire(lsn for lsn, _ in batch)
@@ -337,55 +333,9 @@ class CaptureWriter:
             log.info("replayed %d spooled calls", stored)
         return True
 
-    async def _write(self, records: list[CallRecord], *, may_repeat: bool = True) -> bool:
-        """Store one batch. False when the database is unreachable (the caller spools). A batch the database
-        rejects for what it contains is split so one bad record cannot block the rest; a record rejected on
-        its own goes to the `.rejected.jsonl` file next to the spool, kept for inspection."""
-        try:
-            await self._transaction(records, may_repeat)
-        except Exception as exc:  # noqa: BLE001 — classified below; nothing is dropped either way
-            self.metrics.write_errors.inc()
-            if not _is_transient(exc) and await self._database_answers():
-                return await self._write_rejected(records, exc)
-            if self.database_ok:
-                log.error("writing %d calls failed (%s: %s); spooling until the database answers",
-                          len(records), type(exc).__name__, exc)
-            self.database_ok = False
-            return False
-        if not self.database_ok:
-            log.info("database answers again")
-        self.database_ok = True
-        return True
-
-    async def _database_answers(self) -> bool:
-        """Whether a failure could be the database refusing the data: only if it still answers at all (a
-        server shutting down fails statements in ways that look like data errors)."""
-        try:
-            async with asyncio.timeout(3), self.sessions() as session:
-                await session.execute(text("SELECT 1"))
-            return True
-        except Exception:  # noqa: BLE001 — any failure means it does not
-            return False
-
-    async def _transaction(self, records: list[CallRecord], may_repeat: bool) -> None:
-        began = time.perf_counter()
-        async with self.sessions() as session, session.begin():
-            written = await write_calls(session, records, may_repeat=may_repeat)
-            if self.after_write is not None and written:
-                await self.after_write(session, written)
-        self.metrics.writer_batch.observe(len(records))
-        self.metrics.writer_flush.observe(time.perf_counter() - began)
-        self.metrics.rows_written.inc(len(written))
-        for item in written:
-            if item.prefix_kind is not None:
-                self.metrics.prefix_links.labels(item.prefix_kind).inc()
-
-    async def _write_rejected(self, records: list[CallRecord], exc: Exception) -> bool:
-        if len(records) > 1:
-            middle = len(records) // 2
-            return await self._write(records[:middle]) and await self._write(records[middle:])
-        self.rejected.keep(records[0], f"storing it failed, on its own: {type(exc).__name__}: {exc}")
-        return True
+    @property
+    def database_ok(self) -> bool:
+        return self.batches.database_ok
 
     @property
     def rejected_path(self) -> Path:
@@ -399,13 +349,6 @@ class CaptureWriter:
         self.metrics.spool_pending.set(self.awaiting_replay)
         self.metrics.spooling.set(1 if self.backlog else 0)
         self.metrics.writer_queue.set(self.queue.qsize())
-
-
-def _is_transient(exc: BaseException) -> bool:
-    """Failures of reaching the database (retry later), as opposed to the database refusing the data."""
-    if isinstance(exc, (OSError, asyncio.TimeoutError, OperationalError, InterfaceError)):
-        return True
-    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
 def _log_failure(future: asyncio.Future) -> None:

@@ -10,10 +10,10 @@ import signal
 import sqlite3
 import time
 import uuid
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import aiohttp
 import psycopg
