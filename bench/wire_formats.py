@@ -24,7 +24,7 @@ def print_wire_formats(cell: dict, stream: bool, apis: dict[str, str], base: str
     confidence = median_interval(list(range(rounds)))[2]
     print(f"{title} in the same round, ms; median of {rounds} rounds [{confidence:.0%} interval]; "
           f"within {BOUND_MS} ms?")
-    print(f"{'conc':>5}" + "".join(f"{apis[name]:>30}" for name in others))
+    print(f"{'conc':>5}" + "".join(f"{apis[name]:>34}" for name in others))
     for level in levels:
         chat = cell[(base, stream, level)]["round_p50"]
         line = f"{level:>5}"
@@ -33,12 +33,12 @@ def print_wire_formats(cell: dict, stream: bool, apis: dict[str, str], base: str
             deltas = [d for d in (mine - theirs for mine, theirs in zip(row["round_p50"], chat))
                       if not math.isnan(d)] if row else []
             if not deltas:
-                line += f"{'n/a':>30}"
+                line += f"{'n/a':>34}"
                 continue
             low, high, _ = median_interval(deltas)
             verdict = ("yes" if -BOUND_MS <= low and high <= BOUND_MS
                        else "no" if low > BOUND_MS or high < -BOUND_MS else "unsure")
-            line += f"{f'{statistics.median(deltas):+.2f} [{low:+.2f}, {high:+.2f}] {verdict}':>30}"
+            line += f"{f'{statistics.median(deltas):+.2f} [{low:+.2f}, {high:+.2f}] {verdict}':>34}"
         print(line)
 
 

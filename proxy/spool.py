@@ -12,11 +12,14 @@
   skipped.
 
 Files: `<path>` is the first segment, then `<path>.1`, `<path>.2`, … in order; numbering starts again once
-every segment is gone.
+every segment is gone. `<path>.lock` is held (a POSIX lock, released when the process ends, however it ends)
+while a process uses the spool: a second process on the same path would replay, and delete, the first one's
+records while it still writes them, so it is refused.
 """
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import heapq
 import itertools
 import logging
@@ -31,9 +34,14 @@ from typing import Callable, Iterable, Iterator
 import orjson
 
 from proxy.rejected import encode
+from rlproxy.errors import RlproxyError
 from store.records import CallRecord
 
 log = logging.getLogger("rlproxy.spool")
+
+class SpoolInUse(RlproxyError):
+    """Another process holds the spool."""
+
 
 OnFsync = Callable[[int, float], None]
 """Called after each fsync with the number of records it made durable and its duration in seconds."""
@@ -74,6 +82,7 @@ class Spool:
         self._flusher: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
+        self._lock_fd = _lock(path.with_name(path.name + ".lock"))
         self._load()
 
     @property
@@ -300,6 +309,24 @@ class Spool:
                     segment.sealed = True
                     self._close_fd(segment)
                     self._drop_if_done(segment)
+            if self._lock_fd is not None:
+                self.path.with_name(self.path.name + ".lock").unlink(missing_ok=True)
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+
+def _lock(path: Path) -> int:
+    """Hold `path` locked for this process (POSIX locks are per process: a second Spool on the same path in the
+    same process, as tests make, is not refused)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise SpoolInUse(f"another process uses the spool {path.with_suffix('')}: give each proxy its own "
+                         "--spool-path") from None
+    return fd
 
 
 def _sync(fds: list[int], directory: Path | None) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -12,6 +14,7 @@ from sqlalchemy import select
 
 from proxy.errors import StoreUnavailable
 from proxy.metrics import ProxyMetrics
+from proxy.spool import Spool, SpoolInUse
 from proxy.writer import CaptureWriter
 from rlproxy.settings import WriterSettings
 from store.db import create_engine, session_factory
@@ -19,7 +22,9 @@ from store.models import Call, Rollout
 from tests.test_writer_spool import count, link, record  # noqa: F401 — `link` is a fixture
 
 def spool_files(settings: WriterSettings) -> list[str]:
-    return sorted(p.name for p in settings.spool_path.parent.glob(settings.spool_path.name + "*"))
+    """The spool's segment files (not the lock file its process holds while it is open)."""
+    return sorted(p.name for p in settings.spool_path.parent.glob(settings.spool_path.name + "*")
+                  if not p.name.endswith(".lock"))
 
 
 async def seqs_in_order(sessions, records) -> list[int]:
@@ -60,7 +65,7 @@ async def test_concurrent_calls_share_fsyncs_and_are_stored_once(sessions, tmp_p
     assert spool_files(settings) == [spool_files(settings)[-1]]  # stored segments are deleted
     assert await seqs_in_order(sessions, records) == list(range(1, 301))
     await writer.close()
-    assert spool_files(settings) == []
+    assert not list(tmp_path.iterdir())  # a clean stop leaves no file, the lock file included
 
 
 @pytest.mark.parametrize("durability", ["spool", "sync"])
@@ -157,3 +162,18 @@ async def test_spool_mode_writes_each_call_before_its_answer_without_fsync(sessi
     assert len(spool_files(settings)) == 1  # full segments, stored, are deleted though never fsynced
     await writer.close()
     assert spool_files(settings) == []
+
+
+def test_a_spool_is_refused_to_a_second_process_while_the_first_holds_it(tmp_path):
+    path = tmp_path / "spool.jsonl"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; from proxy.spool import "
+                               "Spool; spool = Spool(Path(sys.argv[1])); print('held', flush=True); sys.stdin.read()",
+                               str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(SpoolInUse, match="give each proxy its own --spool-path"):
+            Spool(path)
+    finally:
+        holder.kill()  # however it ends, its lock goes with it
+        holder.wait()
+    Spool(path)  # taken at once
