@@ -47,7 +47,7 @@ class Proxy:
     def start(self, stack: ExitStack):
         port = free_port()
         self.starts += 1
-        args = proxy_command(port, [self.stub_url], self.database_url, "--spool-path",
+        args = proxy_command(port, [self.stub_url], self.database_url, "--no-migrate", "--spool-path",
                              str(self.workdir / "spool.jsonl"), *self.flags)
         process = stack.enter_context(running(args, f"http://127.0.0.1:{port}/healthz",
                                               log_path=self.workdir / f"proxy-{self.starts}.log"))
