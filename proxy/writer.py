@@ -216,10 +216,11 @@ class CaptureWriter:
             self._gauges()
             self._answer_markers(ok)
             if stop:
-                rest = self._drain_nowait()
+                rest = self._in_hand = self._drain_nowait()
                 if (rest or self.backlog) and not await self._store(rest, retry_now=True):
                     log.warning("database unavailable at shutdown: %d calls left in the spool",
                                 self.spool.pending)
+                self._in_hand = []
                 return
 
     def _answer_markers(self, ok: bool) -> None:
@@ -305,6 +306,8 @@ class CaptureWriter:
     def _spool_in_background(self, records: list[CallRecord]) -> None:
         """From `submit` (it cannot wait): the records are written now, their fsync follows."""
         lines = self._lines(records)
+        if not lines:
+            return
         try:
             self.spool.write_lines(lines)
         except OSError as exc:
