@@ -90,8 +90,8 @@ class CaptureWriter:
 
     @property
     def awaiting_replay(self) -> int:
-        """Calls in the spool waiting for the database to take them again. (With `sync` durability every
-        call passes through the spool; those on their normal way to the database are not counted.)"""
+        """Calls in the spool waiting for the database to take them again. (With `spool` and `sync` durability
+        every call passes through the spool; those on their normal way to the database are not counted.)"""
         return self.spool.pending if self.backlog else 0
 
     def submit(self, record: CallRecord) -> int | None:
@@ -259,7 +259,7 @@ class CaptureWriter:
 
     async def _store(self, items: list[Item], *, retry_now: bool = False) -> bool:
         """Write `items` behind any backlog; True when nothing is left waiting."""
-        # A call a replay already stored (sync mode: it was in the spool) is not written twice.
+        # A call a replay already stored (spool and sync mode: it was in the spool) is not written twice.
         items = [(r, lsn) for r, lsn in items if lsn is None or lsn in self.spool.live]
         if self.backlog:
             await self._spool([r for r, lsn in items if lsn is None])  # spooled ones are there already
@@ -293,8 +293,8 @@ class CaptureWriter:
         return lines
 
     def _overflow(self, record: CallRecord) -> None:
-        """(batch) The queue is full: the queued calls go to the spool, then this one, so they stay in order;
-        waiters for `sync` keep their place."""
+        """A call only in memory meets a full queue: the queued calls go to the spool, then this one, so they
+        stay in order; waiters for `sync()` keep their place."""
         queued, others = [], []
         while not self.queue.empty():
             item = self.queue.get_nowait()
