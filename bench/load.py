@@ -1,16 +1,17 @@
 """One load generator against several OpenAI-compatible proxies in front of the same stub engine: the stub
-itself, `rlproxy serve` recording into Postgres with `--durability batch` and `sync`, LiteLLM's proxy (no
-database), Agent Lightning's LLM proxy and rllm-model-gateway. Non-streaming and streaming chat at several
-concurrency levels, the targets interleaved cell by cell; prints throughput, the latency each adds to the
-stub's (p50/p99), throughput relative to LiteLLM, and lost calls (acknowledged but not stored) where the
-target stores calls somewhere we can count.
+itself, `rlproxy serve` recording into Postgres with `--durability spool` (the default), `batch` and `sync`,
+LiteLLM's proxy (no database), Agent Lightning's LLM proxy and rllm-model-gateway. Non-streaming and streaming
+chat at several concurrency levels, the targets interleaved cell by cell; prints throughput, the latency each
+adds to the stub's (p50/p99), throughput relative to LiteLLM, and lost calls (acknowledged but not stored) where
+the target stores calls somewhere we can count.
 
 `rlproxy-responses` and `rlproxy-messages` send the same prompt and token budget as the OpenAI Responses API
 (`/v1/responses`) and Anthropic Messages (`/v1/messages`) to the very `rlproxy-batch` process, which translates
 them to chat for the stub: their cells differ from its chat cells by the wire format alone. Each cell is split
 into `--rounds` rounds, every target once per round in an order that rotates from round to round; the table is
 followed by their p50 minus chat's in the same round, the median over rounds with a distribution-free
-confidence interval for it (the noise), against the bound of 0.2 ms.
+confidence interval for it (the noise), against the bound of 0.2 ms; and so are `rlproxy-spool` and `rlproxy-sync`
+against `rlproxy-batch` (what recording each call in the spool before its answer costs).
 
     python bench/load.py [--database-url postgresql+asyncpg://postgres@127.0.0.1:5432/test]
                          [--seconds 3] [--rounds 5] [--levels 1,16,64,256] [--only stub,rlproxy-batch,...]
@@ -49,9 +50,10 @@ LITELLM_ENV = {"LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False",
                "LITELLM_DANGEROUSLY_PERMIT_WEAK_OR_UNSET_MASTER_KEY": "true"}
 # The targets each process serves, and the API each target speaks (chat unless named here).
 PROCESSES = {"rlproxy-batch": ["rlproxy-batch", "rlproxy-responses", "rlproxy-messages"],
-             "rlproxy-sync": ["rlproxy-sync"], "litellm": ["litellm"], "agentlightning": ["agentlightning"],
+             "rlproxy-spool": ["rlproxy-spool"], "rlproxy-sync": ["rlproxy-sync"], "litellm": ["litellm"], "agentlightning": ["agentlightning"],
              "rllm-gateway": ["rllm-gateway"]}
 APIS = {"rlproxy-responses": "responses", "rlproxy-messages": "messages"}
+MODES = {"rlproxy-spool": "spool", "rlproxy-sync": "sync"}  # against rlproxy-batch
 TARGET_NAMES = ["stub"] + [name for names in PROCESSES.values() for name in names]
 
 
@@ -304,6 +306,7 @@ def print_table(rows: list[dict], targets: list[Target]) -> None:
                       f"{added[0]:>9}{added[1]:>9}{ratio:>18}")
             print()
         print_wire_formats(cell, stream, APIS)
+        print_wire_formats(cell, stream, MODES, title="durability: p50 minus rlproxy-batch's")
 
 
 def print_losses(targets: list[Target]) -> None:
@@ -337,6 +340,7 @@ def main() -> None:
     stub = f"http://127.0.0.1:{stub_port}"
     starters = {  # each a process, yielding its targets among `names`
         "rlproxy-batch": lambda names: rlproxy_targets(stub, args.database_url, "batch", workdir, names),
+        "rlproxy-spool": lambda names: rlproxy_targets(stub, args.database_url, "spool", workdir, names),
         "rlproxy-sync": lambda names: rlproxy_targets(stub, args.database_url, "sync", workdir, names),
         "litellm": lambda names: litellm_target(stub, workdir),
         "agentlightning": lambda names: agentlightning_target(stub, workdir),

@@ -1,5 +1,6 @@
-"""The Responses and Messages cells of bench/load.py against chat's on the same proxy process: their p50 minus
-chat's round by round, with a noise estimate, against the bound the translation must stay within."""
+"""Cells of bench/load.py against a baseline's, round by round, with a noise estimate, against a bound of 0.2 ms:
+the Responses and Messages cells against chat's on the same proxy process (what the translation costs), and the
+durability modes against `batch` (what recording each call in the spool before its answer costs)."""
 from __future__ import annotations
 
 import math
@@ -8,34 +9,36 @@ import statistics
 BOUND_MS = 0.2  # how far the Responses and Messages p50 may be from chat's (the proxy's translation costs)
 
 
-def print_wire_formats(cell: dict, stream: bool, apis: dict[str, str]) -> None:
-    """The Responses and Messages p50 minus chat's on the same rlproxy-batch process, round by round (the
-    stub's p50 cancels out): the median of those differences, an interval that holds the true median with the
-    confidence shown whatever the noise's distribution, and whether the bound holds (`yes`: the whole interval
-    is within it; `no`: the whole interval is outside; `unsure`: the noise is too large to tell)."""
+def print_wire_formats(cell: dict, stream: bool, apis: dict[str, str], base: str = "rlproxy-batch",
+                       title: str = "wire format on rlproxy-batch: p50 minus chat's") -> None:
+    """The p50 of each target in `apis` (name: column title) minus `base`'s, round by round (the stub's p50
+    cancels out): by default the Responses and Messages p50 minus chat's on the same rlproxy-batch process. The
+    median of those differences, an interval that holds the true median with the confidence shown whatever the
+    noise's distribution, and whether the bound holds (`yes`: the whole interval is within it; `no`: the whole
+    interval is outside; `unsure`: the noise is too large to tell)."""
     others = [name for name in apis if any(key[0] == name for key in cell)]
-    levels = sorted({key[2] for key in cell if key[0] == "rlproxy-batch" and key[1] == stream})
+    levels = sorted({key[2] for key in cell if key[0] == base and key[1] == stream})
     if not others or not levels:
         return
-    rounds = len(cell[("rlproxy-batch", stream, levels[0])]["round_p50"])
+    rounds = len(cell[(base, stream, levels[0])]["round_p50"])
     confidence = median_interval(list(range(rounds)))[2]
-    print(f"wire format on rlproxy-batch: p50 minus chat's in the same round, ms; median of {rounds} rounds "
-          f"[{confidence:.0%} interval]; within {BOUND_MS} ms?")
-    print(f"{'conc':>5}" + "".join(f"{apis[name]:>30}" for name in others))
+    print(f"{title} in the same round, ms; median of {rounds} rounds [{confidence:.0%} interval]; "
+          f"within {BOUND_MS} ms?")
+    print(f"{'conc':>5}" + "".join(f"{apis[name]:>34}" for name in others))
     for level in levels:
-        chat = cell[("rlproxy-batch", stream, level)]["round_p50"]
+        chat = cell[(base, stream, level)]["round_p50"]
         line = f"{level:>5}"
         for name in others:
             row = cell.get((name, stream, level))
             deltas = [d for d in (mine - theirs for mine, theirs in zip(row["round_p50"], chat))
                       if not math.isnan(d)] if row else []
             if not deltas:
-                line += f"{'n/a':>30}"
+                line += f"{'n/a':>34}"
                 continue
             low, high, _ = median_interval(deltas)
             verdict = ("yes" if -BOUND_MS <= low and high <= BOUND_MS
                        else "no" if low > BOUND_MS or high < -BOUND_MS else "unsure")
-            line += f"{f'{statistics.median(deltas):+.2f} [{low:+.2f}, {high:+.2f}] {verdict}':>30}"
+            line += f"{f'{statistics.median(deltas):+.2f} [{low:+.2f}, {high:+.2f}] {verdict}':>34}"
         print(line)
 
 

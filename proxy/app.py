@@ -77,14 +77,15 @@ def _lifecycle(settings: ProxySettings, metrics: ProxyMetrics):
             await upgrade_async(settings.database_url)
         engine = create_engine(settings.database_url)
         sessions = session_factory(engine)
+        # First: it takes the spool, which another process may hold (then nothing else is left to close).
+        writer = CaptureWriter(sessions, settings.writer, metrics,
+                               after_write=automatic_rewards(air_rules(settings), metrics))
         upstreams = UpstreamPool(settings.upstreams, timeout=settings.upstream_timeout,
                                  connect_attempts=settings.upstream_connect_attempts,
                                  api_key=_secret(settings.auth.upstream_api_key))
         await upstreams.start()
         await upstreams.refresh_health()
         router = PolicyRouter(sessions, settings.served_model, settings.routing())
-        writer = CaptureWriter(sessions, settings.writer, metrics,
-                               after_write=automatic_rewards(air_rules(settings), metrics))
         await writer.start()
         access = ModelAccess(router, upstreams)
         app[STATE] = ProxyState(settings, engine, sessions, metrics, upstreams, router, writer,

@@ -191,13 +191,15 @@ class Health(Body):
 class SpoolState(Body):
     pending: int = Field(description="Calls in the spool waiting to be written to the database.")
     spooling: bool = Field(description="New calls are going to the spool (the database is not taking them).")
-    durability: Literal["batch", "sync"]
+    durability: Literal["spool", "sync", "batch"]
     path: str
 
 
 class Ready(Body):
     status: Literal["ready", "unavailable"]
     database: bool
+    writer: bool = Field(description="The capture writer is running: false while it starts again after a "
+                                     "failure (then the status is unavailable).")
     engines: dict[str, bool]
     spooled_calls: int
     policy: int = Field(description="The policy version serving now.")

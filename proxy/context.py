@@ -9,7 +9,9 @@ from aiohttp import web
 from proxy.errors import InvalidRequest
 
 _ID = re.compile(r"^[A-Za-z0-9._:@\-]+$")  # safe in a URL path segment
-_TEXT = re.compile(r"^[^\x00-\x1f\x7f]+$")  # task ids are free text (e.g. "gsm8k/train/17")
+# Task ids are free text (e.g. "gsm8k/train/17"). aiohttp reads header bytes that are not UTF-8 as lone surrogates
+# (surrogateescape), which no JSON writer or database takes: refused here, with control characters.
+_TEXT = re.compile(r"^[^\x00-\x1f\x7f\ud800-\udfff]+$")
 LIMITS = {"rollout": 128, "agent": 128, "task": 256}
 EVAL_HEADER = "X-Rlproxy-Eval"
 _FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}

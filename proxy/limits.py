@@ -1,12 +1,13 @@
-"""Limits at the edge: requests per second per key (a token bucket in memory), the request body size, and
-the `max_tokens` / `n` an OpenAI request may ask for. Each answers with an OpenAI-shaped error before the
-request reaches the engine or the recorder."""
+"""Limits at the edge: requests per second per key (a token bucket in memory), the request body size, how deeply
+a JSON body may nest, and the `max_tokens` / `n` an OpenAI request may ask for. Each answers with an error in the
+route's shape before the request reaches the engine or the recorder."""
 from __future__ import annotations
 
 import math
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from aiohttp import web
@@ -16,6 +17,31 @@ from proxy.errors import InvalidRequest, PayloadTooLarge, RateLimited
 from rlproxy.settings import ProxySettings
 
 TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")  # chat, Messages; Responses
+
+MAX_JSON_DEPTH = 64
+"""The deepest nesting of arrays and objects accepted in a JSON body (the body itself is level 1). orjson reads
+up to 1,024 levels but writes only up to 254, and every call is written again: to the engine, to the spool, to
+the database. A body that could be read but not written would fail after it was answered, where no error can
+reach its sender. Agents' bodies, JSON schemas of tools included, stay far below 64."""
+
+
+def too_deep(value: Any, raw: bytes | None = None, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether parsed JSON `value` nests deeper than `limit`. With the `raw` bytes it came from, most bodies are
+    cleared at once: nesting cannot exceed the number of opening brackets."""
+    if raw is not None and raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    level, depth = [value], 0  # breadth first, one level at a time: no recursion to run out of
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        below = []
+        for item in level:
+            for child in item.values() if type(item) is dict else item if type(item) is list else ():
+                if type(child) is dict or type(child) is list:
+                    below.append(child)
+        level = below
+    return False
 
 
 @dataclass(slots=True)

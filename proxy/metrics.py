@@ -35,9 +35,15 @@ class ProxyMetrics:
         self.spool_pending = Gauge("rlproxy_capture_spool_pending", "Calls in the spool awaiting replay.",
                                    registry=r)
         self.rows_rejected = Counter("rlproxy_capture_calls_rejected_total",
-                                     "Calls the database refused for their content (kept in the rejected file).",
+                                     "Calls that could not be stored (the database refused them, or they cannot be written as "
+                                     "JSON), kept in the rejected file with the reason.",
                                      registry=r)
         self.write_errors = Counter("rlproxy_capture_write_errors_total", "Failed write transactions.", registry=r)
+        self.writer_running = Gauge("rlproxy_capture_writer_running",
+                                    "1 while the capture writer runs; 0 while it starts again after a failure "
+                                    "(calls are still answered and queued; /readyz answers 503).", registry=r)
+        self.writer_restarts = Counter("rlproxy_capture_writer_restarts_total",
+                                       "Times the capture writer failed and was started again.", registry=r)
         self.prefix_links = Counter("rlproxy_prefix_links_total",
                                     "How each call's prompt continues the previous call of its rollout.", ["kind"],
                                     registry=r)

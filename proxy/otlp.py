@@ -35,6 +35,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from proxy.context import is_valid_id
 from proxy.dialects import chat_view
+from proxy.limits import MAX_JSON_DEPTH, too_deep
 
 PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
 JSON_TYPE = "application/json"
@@ -103,6 +104,8 @@ def decode_request(body: bytes, content_type: str) -> ExportTraceServiceRequest:
         raise OtlpFormatError(f"body is not valid JSON: {exc}") from None
     if not isinstance(document, dict):
         raise OtlpFormatError("body must be a JSON object (an OTLP ExportTraceServiceRequest)")
+    if too_deep(document, body):
+        raise OtlpFormatError(f"body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep")
     try:
         json_format.ParseDict(_ids_as_base64(document), message, ignore_unknown_fields=True)
     except (json_format.ParseError, TypeError, ValueError) as exc:

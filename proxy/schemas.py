@@ -9,6 +9,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator, model_validator
 
 from proxy.errors import InvalidRequest, ProxyError, Unprocessable
+from proxy.limits import MAX_JSON_DEPTH, too_deep
 
 
 class _OpenAIRequest(BaseModel):
@@ -86,12 +87,17 @@ class RewardPost(_Stored):
 
 
 def parse_json_object(raw: bytes, error: type[ProxyError] = InvalidRequest) -> dict[str, Any]:
+    """A request body that must be a JSON object. orjson refuses invalid UTF-8 and lone surrogates (`"\\ud800"`)
+    here, so every string in the body can be written out again; nesting is bounded for the same reason."""
     try:
         body = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise error(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise error("request body must be a JSON object", code="invalid_json")
+    if too_deep(body, raw):
+        raise error(f"request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep",
+                    code="json_too_deep")
     return body
 
 

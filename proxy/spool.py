@@ -12,11 +12,14 @@
   skipped.
 
 Files: `<path>` is the first segment, then `<path>.1`, `<path>.2`, … in order; numbering starts again once
-every segment is gone.
+every segment is gone. `<path>.lock` is held (a POSIX lock, released when the process ends, however it ends)
+while a process uses the spool: a second process on the same path would replay, and delete, the first one's
+records while it still writes them, so it is refused.
 """
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import heapq
 import itertools
 import logging
@@ -30,9 +33,15 @@ from typing import Callable, Iterable, Iterator
 
 import orjson
 
+from proxy.rejected import encode
+from rlproxy.errors import RlproxyError
 from store.records import CallRecord
 
 log = logging.getLogger("rlproxy.spool")
+
+class SpoolInUse(RlproxyError):
+    """Another process holds the spool."""
+
 
 OnFsync = Callable[[int, float], None]
 """Called after each fsync with the number of records it made durable and its duration in seconds."""
@@ -73,6 +82,7 @@ class Spool:
         self._flusher: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
+        self._lock_fd = _lock(path.with_name(path.name + ".lock"))
         self._load()
 
     @property
@@ -129,9 +139,14 @@ class Spool:
             yield batch
 
     def write(self, records: list[CallRecord]) -> range:
-        """Append `records` (not durable yet: see `flush`); returns their lsns."""
-        # orjson writes the dataclass as `CallRecord.to_json()` would, a hundred times faster (no asdict copy)
-        data = b"".join(orjson.dumps(r) + b"\n" for r in records)
+        """Append `records` (not durable yet: see `flush`); returns their lsns. Raises TypeError for a record
+        JSON cannot hold (see `proxy.rejected.encode`), before anything is written."""
+        return self.write_lines([encode(r) for r in records])
+
+    def write_lines(self, lines: list[bytes]) -> range:
+        """Append records already encoded, one line each, with one write() (the kernel has them once it
+        returns: they survive the process being killed); returns their lsns."""
+        data = b"".join(lines)
         with self._lock:
             segment = self._active()
             try:
@@ -141,9 +156,9 @@ class Spool:
             except OSError:
                 os.ftruncate(segment.fd, segment.size)  # no half-written line left behind
                 raise
-            lsns = range(self.next_lsn, self.next_lsn + len(records))
-            segment.count += len(records)
-            segment.live += len(records)
+            lsns = range(self.next_lsn, self.next_lsn + len(lines))
+            segment.count += len(lines)
+            segment.live += len(lines)
             segment.size += len(data)
             self.next_lsn = lsns.stop
         self.live.update(lsns)
@@ -151,7 +166,10 @@ class Spool:
 
     async def append(self, records: list[CallRecord]) -> range:
         """Append `records` and wait until they are on disk."""
-        lsns = self.write(records)
+        return await self.append_lines([encode(r) for r in records])
+
+    async def append_lines(self, lines: list[bytes]) -> range:
+        lsns = self.write_lines(lines)
         await self.flush(lsns.stop)
         return lsns
 
@@ -264,7 +282,10 @@ class Spool:
                     self._drop_if_done(segment)
 
     def _drop_if_done(self, segment: Segment) -> None:
-        if segment.sealed and not segment.live and segment.fd is None and segment in self.segments:
+        if segment.sealed and not segment.live and segment in self.segments:
+            # Every record in it is in the database: whether its last writes were ever fsynced no longer matters
+            # (without `sync` durability they are not, unless the database was down).
+            self._close_fd(segment)
             segment.path.unlink(missing_ok=True)
             self.segments.remove(segment)
 
@@ -288,6 +309,24 @@ class Spool:
                     segment.sealed = True
                     self._close_fd(segment)
                     self._drop_if_done(segment)
+            if self._lock_fd is not None:
+                self.path.with_name(self.path.name + ".lock").unlink(missing_ok=True)
+                os.close(self._lock_fd)
+                self._lock_fd = None
+
+
+def _lock(path: Path) -> int:
+    """Hold `path` locked for this process (POSIX locks are per process: a second Spool on the same path in the
+    same process, as tests make, is not refused)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise SpoolInUse(f"another process uses the spool {path.with_suffix('')}: give each proxy its own "
+                         "--spool-path") from None
+    return fd
 
 
 def _sync(fds: list[int], directory: Path | None) -> None:

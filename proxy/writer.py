@@ -2,11 +2,14 @@
 writer drains a bounded queue and stores batches, one transaction each.
 
 Durability (`WriterSettings.durability`):
+- `spool` (the default): every call is appended to the spool with one write() before the agent receives its
+  answer, then written to the database as usual and retired from the spool. The kernel has it once write()
+  returns, so a call the agent received survives the proxy being killed; only a crash of the machine can
+  lose what was not on disk yet.
+- `sync`: the same, and the spool is fsynced before the answer (group commit: concurrent calls share one
+  fsync; see `proxy.spool`), so a call the agent received also survives the machine crashing.
 - `batch`: a call is acknowledged first and written afterwards; the spool covers the database being down or
-  slow. A crash of the proxy loses the calls still queued in memory (at most a flush interval's worth).
-- `sync`: every call is appended to the spool and fsynced before the agent receives its answer (group
-  commit: concurrent calls share one fsync; see `proxy.spool`), then written to the database as usual and
-  retired from the spool. A call the agent received survives the proxy being killed.
+  slow. A crash of the proxy loses the calls still queued in memory (everything the database has not taken).
 
 Nothing accepted is dropped:
 - queue full (the database is slower than the traffic) → the call waits in the spool;
@@ -16,6 +19,11 @@ Nothing accepted is dropped:
   stored. Writes are idempotent by call id, so a replay interrupted by a crash is simply replayed again
   (exactly once); a call already taken by a replay is skipped when its in-memory copy comes by.
 - on shutdown, whatever is still queued is written, or left in the spool if the database does not answer.
+
+Nothing one call contains can stop the others from being recorded: a call that cannot be written as JSON or
+that the database refuses is set aside in the rejected file with the reason (proxy/rejected.py), and the
+writer runs supervised (proxy/supervisor.py): should it fail anyway, it starts again, and the calls it had in
+hand are stored one at a time, so that a call that made it fail is set aside instead of failing it again.
 """
 from __future__ import annotations
 
@@ -23,24 +31,20 @@ import asyncio
 import logging
 import time
 from pathlib import Path
-from typing import Awaitable, Callable
 
-from sqlalchemy import text
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-
-import orjson
 
 from proxy.errors import StoreUnavailable
 from proxy.metrics import ProxyMetrics
+from proxy.rejected import RejectedCalls, encode
 from proxy.spool import Spool
+from proxy.supervisor import Supervised
+from proxy.transactions import AfterWrite, Batches
 from rlproxy.settings import WriterSettings
-from store.calls import WrittenCall, write_calls
 from store.records import CallRecord
 
 log = logging.getLogger("rlproxy.writer")
 
-AfterWrite = Callable[[AsyncSession, list[WrittenCall]], Awaitable[None]]
 Item = tuple[CallRecord, int | None]  # a call and its spool lsn (None: only in memory)
 
 RETRY_SECONDS = 1.0  # between replay attempts while the database does not answer
@@ -53,20 +57,31 @@ class CaptureWriter:
         self.settings = settings
         self.metrics = metrics
         self.after_write = after_write
-        self.durable = settings.durability == "sync"
+        self.durable = settings.durability in ("spool", "sync")  # every call is in the spool before its answer
+        self.fsync = settings.durability == "sync"  # ... and on disk
         self.queue: asyncio.Queue[Item | asyncio.Future | object] = asyncio.Queue(settings.queue_size)
         self.spool = Spool(settings.spool_path, segment_bytes=settings.spool_segment_bytes,
                            retain_active=self.durable, on_fsync=self._observe_fsync)
+        self.rejected = RejectedCalls(settings.spool_path.with_suffix(".rejected.jsonl"), metrics)
         self.backlog = self.spool.pending > 0  # calls wait in the spool with no copy in memory
-        self._dropped = False  # (sync) a spooled call's copy in memory was dropped since the replay began
+        self._dropped = False  # (durable) a spooled call's copy in memory was dropped since the replay began
         self._retry_at = 0.0
         self._task: asyncio.Task | None = None
         self._in_hand: list[Item] = []  # the batch being written
-        self.database_ok = True
+        self._markers: list[asyncio.Future] = []  # `sync()` waiters answered after that batch
+        self._suspects: list[Item] = []  # in hand when the writer failed: stored one at a time
+        self._supervisor = Supervised("capture writer", self._run, restarts=metrics.writer_restarts,
+                                      up=metrics.writer_running, after_failure=self._after_failure)
+        self.batches = Batches(sessions, metrics, self.rejected, after_write)
         self._gauges()
 
     async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="capture-writer")
+        self._task = self._supervisor.start()
+
+    @property
+    def running(self) -> bool:
+        """Whether the writer is taking calls (false while it starts again after a failure, and once closed)."""
+        return self._supervisor.running
 
     @property
     def spooling(self) -> bool:
@@ -75,17 +90,42 @@ class CaptureWriter:
 
     @property
     def awaiting_replay(self) -> int:
-        """Calls in the spool waiting for the database to take them again. (With `sync` durability every
-        call passes through the spool; those on their normal way to the database are not counted.)"""
+        """Calls in the spool waiting for the database to take them again. (With `spool` and `sync` durability
+        every call passes through the spool; those on their normal way to the database are not counted.)"""
         return self.spool.pending if self.backlog else 0
 
     def submit(self, record: CallRecord) -> int | None:
-        """Hand a finished call to the writer; never waits. In `sync` mode the call is appended to the spool
-        first (see `commit`); returns its spool lsn, or None when it is only in memory."""
+        """Hand a finished call to the writer; never waits, never raises. In `spool` and `sync` mode the call
+        is appended to the spool first (see `commit`); returns its spool lsn, or None when it is only in
+        memory."""
+        return self._take(record)[1]
+
+    async def commit(self, record: CallRecord) -> None:
+        """`submit`; in `spool` and `sync` mode, StoreUnavailable if the call could not be written to the
+        spool. In `sync` mode, then wait until the call is on disk (with everyone else's: one fsync)."""
+        kept, lsn = self._take(record)
+        if not kept:
+            raise StoreUnavailable("the call could not be written to the spool")
+        if not self.fsync or lsn is None:
+            return
+        try:
+            await self.spool.flush(lsn + 1)
+        except OSError as exc:
+            raise StoreUnavailable(f"the call could not be made durable: {exc}") from None
+
+    def _take(self, record: CallRecord) -> tuple[bool, int | None]:
+        """Queue the call (in `spool` and `sync` mode after appending it to the spool). Returns whether it is
+        kept as the durability mode promises, and its lsn. A call that cannot be written as JSON is set aside
+        in the rejected file at once: neither the spool nor the database could take it."""
         lsn = None
         if self.durable:
             try:
-                [lsn] = self.spool.write([record])
+                line = encode(record)
+            except TypeError as exc:
+                self.rejected.keep(record, f"cannot be written as JSON: {exc}")
+                return True, None
+            try:
+                [lsn] = self.spool.write_lines([line])
             except OSError as exc:
                 log.error("could not append call %s to the spool %s: %s", record.id, self.spool.path, exc)
         try:
@@ -95,19 +135,7 @@ class CaptureWriter:
                 self._overflow(record)
             self.backlog = self._dropped = True  # the writer replays it from the spool
         self._gauges()
-        return lsn
-
-    async def commit(self, record: CallRecord) -> None:
-        """`submit`, then in `sync` mode wait until the call is on disk (with everyone else's: one fsync)."""
-        lsn = self.submit(record)
-        if not self.durable:
-            return
-        if lsn is None:
-            raise StoreUnavailable("the call could not be written to the spool")
-        try:
-            await self.spool.flush(lsn + 1)
-        except OSError as exc:
-            raise StoreUnavailable(f"the call could not be made durable: {exc}") from None
+        return not self.durable or lsn is not None, lsn
 
     async def sync(self, timeout: float = 10.0) -> None:
         """Wait until every call submitted so far is in the database (read-your-writes for rewards)."""
@@ -131,9 +159,8 @@ class CaptureWriter:
                 await self._task
             except asyncio.CancelledError:
                 pass
-            leftovers = [r for r, lsn in self._in_hand + self._drain_nowait() if lsn is None]
-            if leftovers:
-                await self.spool.append(leftovers)
+            leftovers = [r for r, lsn in self._suspects + self._in_hand + self._drain_nowait() if lsn is None]
+            await self._spool(leftovers)
             log.warning("the database did not take every call in time: %d left in the spool for the next "
                         "start", self.spool.pending)
         finally:
@@ -180,29 +207,59 @@ class CaptureWriter:
         return items, markers, stop
 
     async def _run(self) -> None:
+        await self._recover()
         while True:
-            items, markers, stop = await self._next_batch()
+            items, self._markers, stop = await self._next_batch()
             self._in_hand = items
-            ok = await self._store(items, retry_now=bool(markers) or stop)
+            ok = await self._store(items, retry_now=bool(self._markers) or stop)
             self._in_hand = []
             self._gauges()
-            for marker in markers:
-                if marker.done():
-                    continue
-                if ok:
-                    marker.set_result(None)
-                else:
-                    marker.set_exception(StoreUnavailable("the database is unavailable; calls are spooled"))
+            self._answer_markers(ok)
             if stop:
-                rest = self._drain_nowait()
+                rest = self._in_hand = self._drain_nowait()
                 if (rest or self.backlog) and not await self._store(rest, retry_now=True):
                     log.warning("database unavailable at shutdown: %d calls left in the spool",
                                 self.spool.pending)
+                self._in_hand = []
                 return
+
+    def _answer_markers(self, ok: bool) -> None:
+        markers, self._markers = self._markers, []
+        for marker in markers:
+            if marker.done():
+                continue
+            if ok:
+                marker.set_result(None)
+            else:
+                marker.set_exception(StoreUnavailable("the database is unavailable; calls are spooled"))
+
+    async def _after_failure(self, exc: BaseException) -> None:
+        """The writer failed with a batch in hand: its calls are suspects (see `_recover`)."""
+        self._suspects += self._in_hand
+        self._in_hand = []
+        self._gauges()
+
+    async def _recover(self) -> None:
+        """After a failure, before anything else: store the calls that were in hand one at a time, so that one
+        that makes the writer fail again (a fault nothing else caught) is set aside, and the others are kept.
+        Failures of the disk (OSError) say nothing about a call: the supervisor tries again later."""
+        ok = True
+        while self._suspects:
+            record, lsn = self._suspects[0]
+            try:
+                ok = await self._store([(record, lsn)], retry_now=True) and ok
+            except OSError:
+                raise
+            except Exception as exc:  # noqa: BLE001 — this call is what fails
+                self.rejected.keep(record, f"the capture writer failed on it: {type(exc).__name__}: {exc}")
+                if lsn is not None:
+                    self.spool.retire([lsn])
+            self._suspects.pop(0)
+        self._answer_markers(ok)  # the `sync()` waiters of the failed batch
 
     async def _store(self, items: list[Item], *, retry_now: bool = False) -> bool:
         """Write `items` behind any backlog; True when nothing is left waiting."""
-        # A call a replay already stored (sync mode: it was in the spool) is not written twice.
+        # A call a replay already stored (spool and sync mode: it was in the spool) is not written twice.
         items = [(r, lsn) for r, lsn in items if lsn is None or lsn in self.spool.live]
         if self.backlog:
             await self._spool([r for r, lsn in items if lsn is None])  # spooled ones are there already
@@ -211,7 +268,7 @@ class CaptureWriter:
             return await self._replay()
         if not items:
             return True
-        if await self._write([r for r, _ in items], may_repeat=False):
+        if await self.batches.write([r for r, _ in items], may_repeat=False):
             self.spool.retire(lsn for _, lsn in items if lsn is not None)
             return True
         await self._spool([r for r, lsn in items if lsn is None])
@@ -220,13 +277,24 @@ class CaptureWriter:
         return False
 
     async def _spool(self, records: list[CallRecord]) -> None:
-        if records:
-            await self.spool.append(records)
-            self.metrics.rows_spooled.inc(len(records))
+        lines = self._lines(records)
+        if lines:
+            await self.spool.append_lines(lines)
+            self.metrics.rows_spooled.inc(len(lines))
+
+    def _lines(self, records: list[CallRecord]) -> list[bytes]:
+        """The records as spool lines; one that cannot be written as JSON is set aside instead."""
+        lines = []
+        for record in records:
+            try:
+                lines.append(encode(record))
+            except TypeError as exc:
+                self.rejected.keep(record, f"cannot be written as JSON: {exc}")
+        return lines
 
     def _overflow(self, record: CallRecord) -> None:
-        """(batch) The queue is full: the queued calls go to the spool, then this one, so they stay in order;
-        waiters for `sync` keep their place."""
+        """A call only in memory meets a full queue: the queued calls go to the spool, then this one, so they
+        stay in order; waiters for `sync()` keep their place."""
         queued, others = [], []
         while not self.queue.empty():
             item = self.queue.get_nowait()
@@ -237,8 +305,16 @@ class CaptureWriter:
 
     def _spool_in_background(self, records: list[CallRecord]) -> None:
         """From `submit` (it cannot wait): the records are written now, their fsync follows."""
-        self.spool.write(records)
-        self.metrics.rows_spooled.inc(len(records))
+        lines = self._lines(records)
+        if not lines:
+            return
+        try:
+            self.spool.write_lines(lines)
+        except OSError as exc:
+            log.error("could not append %d calls beyond the full queue to the spool %s: they are lost (%s)",
+                      len(lines), self.spool.path, exc)
+            return
+        self.metrics.rows_spooled.inc(len(lines))
         asyncio.ensure_future(self.spool.flush()).add_done_callback(_log_failure)
 
     async def _replay(self) -> bool:
@@ -248,7 +324,7 @@ class CaptureWriter:
         self._dropped = False
         for batch in self.spool.batches(self.settings.batch_size, upto):
             records = [r for _, r in batch if r is not None]
-            if records and not await self._write(records):
+            if records and not await self.batches.write(records):
                 self._retry_at = time.monotonic() + RETRY_SECONDS
                 return False
             self.spool.retire(lsn for lsn, _ in batch)
@@ -260,63 +336,13 @@ class CaptureWriter:
             log.info("replayed %d spooled calls", stored)
         return True
 
-    async def _write(self, records: list[CallRecord], *, may_repeat: bool = True) -> bool:
-        """Store one batch. False when the database is unreachable (the caller spools). A batch the database
-        rejects for what it contains is split so one bad record cannot block the rest; a record rejected on
-        its own goes to the `.rejected.jsonl` file next to the spool, kept for inspection."""
-        try:
-            await self._transaction(records, may_repeat)
-        except Exception as exc:  # noqa: BLE001 — classified below; nothing is dropped either way
-            self.metrics.write_errors.inc()
-            if not _is_transient(exc) and await self._database_answers():
-                return await self._write_rejected(records, exc)
-            if self.database_ok:
-                log.error("writing %d calls failed (%s: %s); spooling until the database answers",
-                          len(records), type(exc).__name__, exc)
-            self.database_ok = False
-            return False
-        if not self.database_ok:
-            log.info("database answers again")
-        self.database_ok = True
-        return True
-
-    async def _database_answers(self) -> bool:
-        """Whether a failure could be the database refusing the data: only if it still answers at all (a
-        server shutting down fails statements in ways that look like data errors)."""
-        try:
-            async with asyncio.timeout(3), self.sessions() as session:
-                await session.execute(text("SELECT 1"))
-            return True
-        except Exception:  # noqa: BLE001 — any failure means it does not
-            return False
-
-    async def _transaction(self, records: list[CallRecord], may_repeat: bool) -> None:
-        began = time.perf_counter()
-        async with self.sessions() as session, session.begin():
-            written = await write_calls(session, records, may_repeat=may_repeat)
-            if self.after_write is not None and written:
-                await self.after_write(session, written)
-        self.metrics.writer_batch.observe(len(records))
-        self.metrics.writer_flush.observe(time.perf_counter() - began)
-        self.metrics.rows_written.inc(len(written))
-        for item in written:
-            if item.prefix_kind is not None:
-                self.metrics.prefix_links.labels(item.prefix_kind).inc()
-
-    async def _write_rejected(self, records: list[CallRecord], exc: Exception) -> bool:
-        if len(records) > 1:
-            middle = len(records) // 2
-            return await self._write(records[:middle]) and await self._write(records[middle:])
-        log.error("the database rejected call %s (%s: %s); kept in %s", records[0].id, type(exc).__name__,
-                  exc, self.rejected_path)
-        with self.rejected_path.open("ab") as fh:
-            fh.write(orjson.dumps(records[0].to_json()) + b"\n")
-        self.metrics.rows_rejected.inc()
-        return True
+    @property
+    def database_ok(self) -> bool:
+        return self.batches.database_ok
 
     @property
     def rejected_path(self) -> Path:
-        return self.settings.spool_path.with_suffix(".rejected.jsonl")
+        return self.rejected.path
 
     def _observe_fsync(self, calls: int, seconds: float) -> None:
         self.metrics.spool_fsync.observe(seconds)
@@ -326,13 +352,6 @@ class CaptureWriter:
         self.metrics.spool_pending.set(self.awaiting_replay)
         self.metrics.spooling.set(1 if self.backlog else 0)
         self.metrics.writer_queue.set(self.queue.qsize())
-
-
-def _is_transient(exc: BaseException) -> bool:
-    """Failures of reaching the database (retry later), as opposed to the database refusing the data."""
-    if isinstance(exc, (OSError, asyncio.TimeoutError, OperationalError, InterfaceError)):
-        return True
-    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
 
 
 def _log_failure(future: asyncio.Future) -> None:

@@ -285,7 +285,7 @@ def _is_json_object(arguments: Any) -> bool:
         return False
     try:
         return isinstance(loads_strict(arguments), dict)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested past Python's recursion limit: no object a tool can take
         return False
 
 

@@ -41,11 +41,13 @@ class WriterSettings(_Settings):
         Path("rlproxy-spool.jsonl"),
         description="Append-only file holding calls the database could not take yet; replayed in order.",
     )
-    durability: Literal["batch", "sync"] = Field(
-        "batch",
-        description="batch: answer the agent, then record the call (the spool covers database outages); "
-                    "sync: the call is in the spool on disk (fsynced, shared by concurrent calls) before "
-                    "the agent gets its answer, so a killed proxy loses no acknowledged call.",
+    durability: Literal["spool", "sync", "batch"] = Field(
+        "spool",
+        description="spool: the call is appended to the spool (one write(), no fsync) before the agent gets its "
+                    "answer, so a killed proxy loses no acknowledged call; only a machine crash can. sync: the "
+                    "same, and fsynced (shared by concurrent calls): not even a machine crash loses one. batch: "
+                    "answer the agent, then record the call (the spool covers database outages); a killed proxy "
+                    "loses the calls the database had not taken.",
     )
     spool_segment_bytes: int = Field(4 << 20, description="Size at which the spool starts a new file.")
 

@@ -1,10 +1,12 @@
-"""`sync` durability: a call is on disk in the spool before it is acknowledged (concurrent calls share one
-fsync), reaches the real Postgres exactly once, and leaves the spool once stored — also after a crash, a
-torn write, or a database outage."""
+"""`spool` and `sync` durability: a call is in the spool before it is acknowledged (with `sync` on disk:
+concurrent calls share one fsync), reaches the real Postgres exactly once, and leaves the spool once stored —
+also after a crash, a torn write, or a database outage."""
 from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -12,6 +14,7 @@ from sqlalchemy import select
 
 from proxy.errors import StoreUnavailable
 from proxy.metrics import ProxyMetrics
+from proxy.spool import Spool, SpoolInUse
 from proxy.writer import CaptureWriter
 from rlproxy.settings import WriterSettings
 from store.db import create_engine, session_factory
@@ -19,7 +22,9 @@ from store.models import Call, Rollout
 from tests.test_writer_spool import count, link, record  # noqa: F401 — `link` is a fixture
 
 def spool_files(settings: WriterSettings) -> list[str]:
-    return sorted(p.name for p in settings.spool_path.parent.glob(settings.spool_path.name + "*"))
+    """The spool's segment files (not the lock file its process holds while it is open)."""
+    return sorted(p.name for p in settings.spool_path.parent.glob(settings.spool_path.name + "*")
+                  if not p.name.endswith(".lock"))
 
 
 async def seqs_in_order(sessions, records) -> list[int]:
@@ -60,11 +65,12 @@ async def test_concurrent_calls_share_fsyncs_and_are_stored_once(sessions, tmp_p
     assert spool_files(settings) == [spool_files(settings)[-1]]  # stored segments are deleted
     assert await seqs_in_order(sessions, records) == list(range(1, 301))
     await writer.close()
-    assert spool_files(settings) == []
+    assert not list(tmp_path.iterdir())  # a clean stop leaves no file, the lock file included
 
 
-async def test_a_spool_left_by_a_crash_is_replayed_exactly_once(sessions, tmp_path):
-    settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", durability="sync")
+@pytest.mark.parametrize("durability", ["spool", "sync"])
+async def test_a_spool_left_by_a_crash_is_replayed_exactly_once(sessions, tmp_path, durability):
+    settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", durability=durability)
     rollout_id = uuid.uuid4().hex
     records = [record(rollout_id) for _ in range(40)]
     # A proxy stored the first 25 calls, then died with all 40 in its spool and a torn write at the end.
@@ -120,7 +126,7 @@ async def test_sync_calls_stay_acknowledged_through_a_database_outage(link, data
     assert spool_files(settings) == []
 
 
-@pytest.mark.parametrize("durability", ["batch", "sync"])
+@pytest.mark.parametrize("durability", ["batch", "spool", "sync"])
 async def test_calls_beyond_a_full_queue_go_through_the_spool_in_order(sessions, tmp_path, durability):
     settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", durability=durability, queue_size=4)
     metrics = ProxyMetrics()
@@ -136,3 +142,38 @@ async def test_calls_beyond_a_full_queue_go_through_the_spool_in_order(sessions,
     assert not writer.spooling and writer.awaiting_replay == 0
     await writer.close()
     assert spool_files(settings) == []
+
+
+async def test_spool_mode_writes_each_call_before_its_answer_without_fsync(sessions, tmp_path):
+    settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", durability="spool", spool_segment_bytes=16 << 10)
+    metrics = ProxyMetrics()
+    writer = CaptureWriter(sessions, settings, metrics)
+    await writer.start()
+    rollout_id = uuid.uuid4().hex
+    records = [record(rollout_id) for _ in range(120)]
+    for r in records:
+        await writer.commit(r)
+        written = b"".join(p.read_bytes() for p in settings.spool_path.parent.glob("spool.jsonl*"))
+        assert r.id.encode() in written  # in the file (the kernel has it) when the agent is answered
+    assert not metrics.registry.get_sample_value("rlproxy_capture_spool_fsync_calls_count")
+
+    await writer.sync()
+    assert await seqs_in_order(sessions, records) == list(range(1, 121))
+    assert len(spool_files(settings)) == 1  # full segments, stored, are deleted though never fsynced
+    await writer.close()
+    assert spool_files(settings) == []
+
+
+def test_a_spool_is_refused_to_a_second_process_while_the_first_holds_it(tmp_path):
+    path = tmp_path / "spool.jsonl"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; from proxy.spool import "
+                               "Spool; spool = Spool(Path(sys.argv[1])); print('held', flush=True); sys.stdin.read()",
+                               str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(SpoolInUse, match="give each proxy its own --spool-path"):
+            Spool(path)
+    finally:
+        holder.kill()  # however it ends, its lock goes with it
+        holder.wait()
+    Spool(path)  # taken at once

@@ -1,5 +1,5 @@
-"""Nothing accepted is lost: with the connection to the real Postgres cut, calls go to the spool, and they
-reach the database exactly once when it answers again or when the next proxy starts."""
+"""Nothing accepted is lost (`batch` durability): with the connection to the real Postgres cut, calls go to the
+spool, and they reach the database exactly once when it answers again or when the next proxy starts."""
 from __future__ import annotations
 
 import asyncio
@@ -66,7 +66,7 @@ async def link(database_url):
 
 async def test_calls_survive_a_database_outage_and_arrive_once_in_order(link, database_url, tmp_path):
     link, via_link = link
-    settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", flush_interval=0.01)
+    settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", durability="batch", flush_interval=0.01)
     metrics = ProxyMetrics()
     engine = create_engine(via_link)
     writer = CaptureWriter(session_factory(engine), settings, metrics)
@@ -104,7 +104,7 @@ async def test_calls_survive_a_database_outage_and_arrive_once_in_order(link, da
 
 async def test_a_spool_left_by_a_stopped_proxy_is_replayed_by_the_next(link, database_url, tmp_path):
     link, via_link = link
-    settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", flush_interval=0.01)
+    settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", durability="batch", flush_interval=0.01)
     rollout_id = uuid.uuid4().hex
     await link.cut()
     engine = create_engine(via_link)

@@ -22,6 +22,7 @@ from proxy.dialects import fields
 from proxy.dialects.base import Output, engine_error_message, imported_later, text_of
 from proxy.dialects.checks import plainly_valid_messages
 from proxy.errors import InvalidRequest
+from proxy.limits import too_deep
 from proxy.schemas import validate
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
@@ -180,12 +181,13 @@ def tool_use_block(call: dict[str, Any]) -> dict[str, Any]:
 
 def tool_input(arguments: str) -> Any:
     """A tool call's arguments as the object Anthropic's `input` is; text that is not a JSON object (a model's
-    malformed call) is kept whole under `_raw` rather than dropped, so the agent can see what went wrong."""
+    malformed call) is kept whole under `_raw` rather than dropped, so the agent can see what went wrong. So is
+    an object nested too deeply to be written out again (proxy/limits.py)."""
     try:
         parsed = orjson.loads(arguments) if arguments.strip() else {}
     except orjson.JSONDecodeError:
         return {"_raw": arguments}
-    return parsed if isinstance(parsed, dict) else {"_raw": arguments}
+    return parsed if isinstance(parsed, dict) and not too_deep(parsed) else {"_raw": arguments}
 
 
 def chat_messages(body: dict[str, Any], *, mark_errors: bool = False) -> list[dict[str, Any]]:

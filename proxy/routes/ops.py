@@ -1,5 +1,5 @@
-"""Operations: `GET /healthz` (process up), `GET /readyz` (an engine reachable and calls recorded: in the database,
-or in the spool while it is down), `GET /metrics`."""
+"""Operations: `GET /healthz` (process up), `GET /readyz` (an engine reachable and calls recorded: the capture
+writer running, and the database answering or the spool writable while it is down), `GET /metrics`."""
 from __future__ import annotations
 
 import asyncio
@@ -31,8 +31,9 @@ async def readyz(request: web.Request) -> web.Response:
     writer = app.writer
     # Calls keep being served while the database is down: they wait in the spool, so that is still ready.
     recording = database or writer.spool.writable()
-    ready = recording and any(engines.values())
-    answer = Ready(status="ready" if ready else "unavailable", database=database, engines=engines,
+    ready = recording and writer.running and any(engines.values())
+    answer = Ready(status="ready" if ready else "unavailable", database=database, writer=writer.running,
+                   engines=engines,
                    spooled_calls=writer.awaiting_replay, policy=app.router.active.version,
                    spool=SpoolState(pending=writer.awaiting_replay, spooling=writer.spooling,
                                     durability=writer.settings.durability, path=str(writer.spool.path)))

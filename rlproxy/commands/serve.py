@@ -21,18 +21,23 @@ def serve(**params) -> None:
     from proxy.air import air_rules
     from proxy.app import run
 
+    from proxy.spool import SpoolInUse
+
     try:
         air_rules(settings)
     except ValueError as exc:
         raise click.UsageError(f"--air-text-*: {exc}") from None
     _refuse_open_network(settings)
-    if settings.upstreams:
-        run(settings)
-        return
-    from rlproxy.engine import Engine
+    try:
+        if settings.upstreams:
+            run(settings)
+            return
+        from rlproxy.engine import Engine
 
-    with Engine(engine_settings(settings)) as engine:
-        run(settings.model_copy(update={"upstreams": (engine.base_url,)}))
+        with Engine(engine_settings(settings)) as engine:
+            run(settings.model_copy(update={"upstreams": (engine.base_url,)}))
+    except SpoolInUse as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 def engine_settings(settings: ProxySettings) -> EngineSettings:

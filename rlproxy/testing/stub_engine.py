@@ -11,7 +11,9 @@ Test controls, read from the request body (unknown fields pass through the proxy
   "stub_spaced": write JSON with spaces after separators (`"token_ids": [1, 2]`), as other servers do;
   "stub_plain_json": answer a `stream: true` request with one JSON body, as a server without streaming does;
   "stub_reply": answer with this text (its whitespace-separated words, one token each) instead of the
-               deterministic words, e.g. a text-protocol tool call such as "CALC: 1 / 0".
+               deterministic words, e.g. a text-protocol tool call such as "CALC: 1 / 0";
+  "stub_tool_arguments": the arguments text of the tool call the stub makes (with `tools`, when the last
+               message says "use tool"), e.g. malformed or deeply nested JSON as a model may write it.
 Two controls in the model name, the one control the Responses and Messages routes pass on (they send the engine
 a chat request of their own): `stub-fail-<status>-html` or `-text` (e.g. stub-fail-500-html) answers that status
 with an HTML page or a plain-text line, as a gateway in front of a failing engine does; `stub-die-after-<n>`
@@ -176,8 +178,11 @@ class Stub:
             tool_call = None
             if chat and body.get("tools") and "use tool" in json.dumps(body["messages"][-1]):
                 name = body["tools"][0]["function"]["name"]
+                arguments = body.get("stub_tool_arguments")
+                if not isinstance(arguments, str):
+                    arguments = json.dumps({"expression": "6*7"})
                 tool_call = {"id": f"chatcmpl-tool-{index}{len(prompt_ids)}", "type": "function",
-                             "function": {"name": name, "arguments": json.dumps({"expression": "6*7"})}}
+                             "function": {"name": name, "arguments": arguments}}
                 words = ["<tool_call>", json.dumps({"name": name}), "</tool_call>"]
             max_tokens = body.get("max_tokens") or 16
             stopped = len(words) < max_tokens

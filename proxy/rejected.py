@@ -1,0 +1,92 @@
+"""Calls that cannot be stored, set aside one per line in `<spool>.rejected.jsonl` with the reason, so that one
+bad call never holds up or stops the recording of the others.
+
+A line is `{"reason": str, "call": {...}}`, the call as the spool writes it. A call that cannot be written as
+JSON at all (nested past what orjson writes, a string with a lone surrogate) is written in a safe form instead:
+strings with such characters escaped as `\\udcff` text, levels past `KEPT_LEVELS` replaced by a marker. Keeping a
+call must never fail in a way that reaches the writer: the last resort is a log line with the call's id.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from proxy.metrics import ProxyMetrics
+from store.records import CallRecord
+
+log = logging.getLogger("rlproxy.writer")
+
+KEPT_LEVELS = 200  # below orjson's 254 and far below Python's recursion limit
+DEEPER = "(nested deeper than this: not kept)"
+MAX_REASON = 2000  # a database's message can quote the whole statement
+
+
+def encode(record: CallRecord) -> bytes:
+    """The call as one spool line. Raises TypeError (orjson.JSONEncodeError is one) for a call that JSON cannot
+    hold as it is."""
+    # orjson writes the dataclass as `CallRecord.to_json()` would, a hundred times faster (no asdict copy)
+    return orjson.dumps(record) + b"\n"
+
+
+class RejectedCalls:
+    def __init__(self, path: Path, metrics: ProxyMetrics) -> None:
+        self.path = path
+        self.metrics = metrics
+
+    def keep(self, record: CallRecord, reason: str) -> None:
+        """Set `record` aside with `reason`; never raises."""
+        self.metrics.rows_rejected.inc()
+        reason = reason if len(reason) <= MAX_REASON else reason[:MAX_REASON] + "…"
+        call_id = _text(getattr(record, "id", "?"))
+        log.error("call %s cannot be stored (%s); kept in %s", call_id, reason, self.path)
+        try:
+            line = _line(record, reason)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            try:
+                os.write(fd, line)  # one write: a line is whole or absent
+            finally:
+                os.close(fd)
+        except Exception as exc:  # noqa: BLE001 — the disk is full or the file unwritable: the log has the id
+            log.error("call %s could not be written to %s either (%s: %s): it is lost", call_id, self.path,
+                      type(exc).__name__, exc)
+
+
+def _line(record: CallRecord, reason: str) -> bytes:
+    try:
+        return orjson.dumps({"reason": reason, "call": record}) + b"\n"
+    except TypeError:
+        pass
+    try:
+        return orjson.dumps({"reason": _text(reason), "call": _safe(record, 0)}) + b"\n"
+    except Exception:  # noqa: BLE001 — not even the safe form: keep the id
+        return orjson.dumps({"reason": _text(reason), "call": {"id": _text(getattr(record, "id", "?"))}}) + b"\n"
+
+
+def _safe(value: Any, depth: int) -> Any:
+    """`value` as something orjson always writes."""
+    if isinstance(value, str):
+        return _text(value)
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if depth >= KEPT_LEVELS:
+        return DEEPER
+    if isinstance(value, dict):
+        return {_text(str(key)): _safe(item, depth + 1) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_safe(item, depth + 1) for item in value]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _safe(getattr(value, f.name), depth + 1) for f in dataclasses.fields(value)}
+    if isinstance(value, datetime.datetime):
+        return value.isoformat()
+    return _text(repr(value)[:1000])
+
+
+def _text(value: Any) -> str:
+    """A string with every character UTF-8 can hold, the others (lone surrogates) written as escapes."""
+    return str(value).encode("utf-8", "backslashreplace").decode("utf-8")

@@ -1,0 +1,88 @@
+"""Storing calls in the database, one transaction per batch, and telling the database being unreachable (the
+writer spools and retries) from the database refusing what a call contains (that call is set aside)."""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from proxy.metrics import ProxyMetrics
+from proxy.rejected import RejectedCalls
+from store.calls import WrittenCall, write_calls
+from store.records import CallRecord
+
+log = logging.getLogger("rlproxy.writer")
+
+AfterWrite = Callable[[AsyncSession, list[WrittenCall]], Awaitable[None]]
+
+
+class Batches:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], metrics: ProxyMetrics, rejected: RejectedCalls,
+                 after_write: AfterWrite | None = None) -> None:
+        self.sessions = sessions
+        self.metrics = metrics
+        self.rejected = rejected
+        self.after_write = after_write
+        self.database_ok = True
+
+    async def write(self, records: list[CallRecord], *, may_repeat: bool = True) -> bool:
+        """Store one batch. False when the database is unreachable (the caller spools). A batch the database
+        rejects for what it contains is split so one bad record cannot block the rest; a record rejected on
+        its own goes to the `.rejected.jsonl` file next to the spool, kept for inspection."""
+        try:
+            await self._transaction(records, may_repeat)
+        except Exception as exc:  # noqa: BLE001 — classified below; nothing is dropped either way
+            self.metrics.write_errors.inc()
+            if not _is_transient(exc) and await self._database_answers():
+                return await self._write_rejected(records, exc)
+            if self.database_ok:
+                log.error("writing %d calls failed (%s: %s); spooling until the database answers",
+                          len(records), type(exc).__name__, exc)
+            self.database_ok = False
+            return False
+        if not self.database_ok:
+            log.info("database answers again")
+        self.database_ok = True
+        return True
+
+    async def _database_answers(self) -> bool:
+        """Whether a failure could be the database refusing the data: only if it still answers at all (a
+        server shutting down fails statements in ways that look like data errors)."""
+        try:
+            async with asyncio.timeout(3), self.sessions() as session:
+                await session.execute(text("SELECT 1"))
+            return True
+        except Exception:  # noqa: BLE001 — any failure means it does not
+            return False
+
+    async def _transaction(self, records: list[CallRecord], may_repeat: bool) -> None:
+        began = time.perf_counter()
+        async with self.sessions() as session, session.begin():
+            written = await write_calls(session, records, may_repeat=may_repeat)
+            if self.after_write is not None and written:
+                await self.after_write(session, written)
+        self.metrics.writer_batch.observe(len(records))
+        self.metrics.writer_flush.observe(time.perf_counter() - began)
+        self.metrics.rows_written.inc(len(written))
+        for item in written:
+            if item.prefix_kind is not None:
+                self.metrics.prefix_links.labels(item.prefix_kind).inc()
+
+    async def _write_rejected(self, records: list[CallRecord], exc: Exception) -> bool:
+        if len(records) > 1:
+            middle = len(records) // 2
+            return await self.write(records[:middle]) and await self.write(records[middle:])
+        self.rejected.keep(records[0], f"storing it failed, on its own: {type(exc).__name__}: {exc}")
+        return True
+
+
+def _is_transient(exc: BaseException) -> bool:
+    """Failures of reaching the database (retry later), as opposed to the database refusing the data."""
+    if isinstance(exc, (OSError, asyncio.TimeoutError, OperationalError, InterfaceError)):
+        return True
+    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)

@@ -1,0 +1,100 @@
+"""One call cannot stop the recording of the others: a call that cannot be written as JSON, or that the database
+refuses, is set aside in the rejected file with its reason; if the writer fails anyway (here: the spool's folder
+is gone while the database is down), it is started again and loses nothing. Real Postgres throughout."""
+from __future__ import annotations
+
+import asyncio
+import shutil
+import uuid
+
+import orjson
+import pytest
+
+from proxy.metrics import ProxyMetrics
+from proxy.writer import CaptureWriter
+from rlproxy.settings import WriterSettings
+from store.db import create_engine, session_factory
+from tests.test_durability import seqs_in_order, sessions  # noqa: F401 — `sessions` is a fixture
+from tests.test_writer_spool import count, link, record  # noqa: F401 — `link` is a fixture
+
+
+def nested(depth: int):
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def poisoned(rollout_id: str):
+    """Calls nothing can store as they are: nested past what orjson writes, a lone surrogate (what aiohttp makes
+    of header bytes that are not UTF-8), a NUL character (Postgres text and JSONB refuse it)."""
+    deep, surrogate, nul = (record(rollout_id) for _ in range(3))
+    deep.request = {"messages": [{"role": "user", "content": "hi", "x": nested(300)}]}
+    surrogate.agent = "agent\udcff"
+    nul.request = {"messages": [{"role": "user", "content": "a\x00b"}]}
+    return [deep, surrogate, nul]
+
+
+def rejected_lines(writer: CaptureWriter) -> dict[str, str]:
+    lines = [orjson.loads(line) for line in writer.rejected.path.read_bytes().splitlines()]
+    return {line["call"]["id"]: line["reason"] for line in lines}
+
+
+@pytest.mark.parametrize("durability", ["batch", "spool"])
+async def test_calls_that_cannot_be_stored_are_set_aside_and_the_rest_are_stored(sessions, tmp_path, durability):
+    settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", durability=durability)
+    metrics = ProxyMetrics()
+    writer = CaptureWriter(sessions, settings, metrics)
+    await writer.start()
+    rollout_id = uuid.uuid4().hex
+    good = [record(rollout_id) for _ in range(6)]
+    bad = poisoned(rollout_id)
+    for call in [good[0], good[1], bad[0], good[2], bad[1], good[3], bad[2], good[4], good[5]]:
+        await writer.commit(call)
+    await writer.sync()
+
+    assert await seqs_in_order(sessions, good) == [1, 2, 3, 4, 5, 6]
+    reasons = rejected_lines(writer)
+    assert set(reasons) == {call.id for call in bad}
+    assert "Recursion limit reached" in reasons[bad[0].id]
+    assert "surrogates not allowed" in reasons[bad[1].id]
+    assert "unsupported Unicode escape sequence" in reasons[bad[2].id]  # Postgres' own words
+    assert metrics.registry.get_sample_value("rlproxy_capture_calls_rejected_total") == 3
+    assert writer.running and not metrics.registry.get_sample_value("rlproxy_capture_writer_restarts_total")
+    await writer.close()
+
+
+async def test_the_writer_is_started_again_after_a_failure_and_loses_nothing(link, database_url, tmp_path):
+    link, via_link = link
+    folder = tmp_path / "spool"
+    folder.mkdir()
+    settings = WriterSettings(spool_path=folder / "spool.jsonl", durability="batch", flush_interval=0.01)
+    metrics = ProxyMetrics()
+    engine = create_engine(via_link)
+    writer = CaptureWriter(session_factory(engine), settings, metrics)
+    await writer.start()
+    rollout_id = uuid.uuid4().hex
+    calls = [record(rollout_id) for _ in range(5)]
+
+    await link.cut()
+    shutil.rmtree(folder)  # the database is down and the calls have nowhere to wait: the writer fails
+    for call in calls:
+        writer.submit(call)
+    stopped = []  # what /readyz and the gauge say between the failure and the restart
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if metrics.registry.get_sample_value("rlproxy_capture_writer_restarts_total"):
+            stopped.append((writer.running, metrics.registry.get_sample_value("rlproxy_capture_writer_running")))
+            if len(stopped) == 10:
+                break
+    assert (False, 0) in stopped
+
+    folder.mkdir()
+    await link.open()
+    await writer.sync(timeout=15)  # answered once the calls it had in hand are stored
+    assert writer.running and metrics.registry.get_sample_value("rlproxy_capture_writer_running") == 1
+    direct = create_engine(database_url)
+    assert await seqs_in_order(session_factory(direct), calls) == [1, 2, 3, 4, 5]
+    await direct.dispose()
+    await writer.close()
+    await engine.dispose()
