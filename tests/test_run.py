@@ -1,0 +1,194 @@
+"""`rlproxy run` against the real proxy process in front of the stand-in engine (Postgres): each way of naming
+the agent, the Agent Lightning event URL and model "auto", retries of infrastructure failures only, resuming,
+and bad input refused before anything starts."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+import requests
+from click.testing import CliRunner
+
+from rlproxy.cli import main
+from tests.support import PYTHON, ROOT
+
+TASKS = ROOT / "examples" / "run_tasks.jsonl"  # six arithmetic questions with their answers
+
+
+@pytest.fixture
+def three_tasks(tmp_path) -> Path:
+    """The first three tasks: for the agents that start a process per attempt."""
+    path = tmp_path / "three.jsonl"
+    path.write_text("".join(TASKS.read_text().splitlines(keepends=True)[:3]))
+    return path
+
+
+def rlproxy_run(proxy_url: str, log: Path, *args: str):
+    """`rlproxy run` in this process (its agents and the proxy are real; only the command is not a new process)."""
+    result = CliRunner().invoke(main, ["run", "--proxy", proxy_url, "--log", str(log), *args],
+                                catch_exceptions=False)
+    return result
+
+
+def finished(log: Path) -> list[dict]:
+    return [entry for entry in map(json.loads, log.read_text().splitlines()) if entry["event"] == "finished"]
+
+
+def stored(proxy_url: str, rollout_id: str) -> dict:
+    answer = requests.get(f"{proxy_url}/rollouts/{rollout_id}", timeout=10)
+    answer.raise_for_status()
+    return answer.json()
+
+
+def test_function_agent_each_attempt_is_a_recorded_rewarded_rollout(proxy_url, tmp_path):
+    log = tmp_path / "run.jsonl"
+    result = rlproxy_run(proxy_url, log, "--tasks", str(TASKS), "--agent", "examples.run_agent:solve",
+                         "--attempts", "2", "--task-id-field", "id", "--eval-share", "0.5", "--concurrency", "4")
+    assert result.exit_code == 0, result.output
+    entries = finished(log)
+    evaluation = {e["task_id"] for e in entries if e["split"] == "eval"}
+    training = {e["task_id"] for e in entries if e["split"] == "train"}
+    assert evaluation and training and not evaluation & training  # held out by task id, both splits present
+    assert len(entries) == 2 * len(training) + len(evaluation)  # groups of 2 to train on, one measurement each
+    for entry in entries:
+        rollout = stored(proxy_url, entry["rollout_id"])
+        assert entry["status"] == "rewarded" and rollout["reward"] == entry["reward"] in (0.0, 1.0)
+        assert rollout["task_id"] == entry["task_id"] and rollout["eval"] == (entry["split"] == "eval")
+        assert [call["model"] for call in rollout["calls"]] == ["auto"]  # asked for the rollout's policy
+        assert rollout["calls"][0]["completion_token_ids"]
+    assert "success is a reward >= 1" in result.output and "eval" in result.output and "v0" in result.output
+
+
+def test_async_function_agent(proxy_url, tmp_path):
+    log = tmp_path / "run.jsonl"
+    result = rlproxy_run(proxy_url, log, "--tasks", str(TASKS), "--agent", "examples.run_agent:solve_async",
+                         "--attempts", "1")
+    assert result.exit_code == 0, result.output
+    assert [e["status"] for e in finished(log)] == ["rewarded"] * 6
+
+
+def test_command_agent_reward_from_its_last_line_or_its_own_post(proxy_url, tmp_path, three_tasks):
+    log = tmp_path / "run.jsonl"
+    result = rlproxy_run(proxy_url, log, "--tasks", str(three_tasks), "--command",
+                         f"{PYTHON} examples/run_command_agent.py", "--env-map", "QUESTION=question",
+                         "--env-map", "ANSWER=answer", "--attempts", "1")
+    assert result.exit_code == 0, result.output
+    entries = finished(log)
+    assert len(entries) == 3 and all(e["status"] == "rewarded" and e["calls"] == 1 for e in entries)
+    assert all(stored(proxy_url, e["rollout_id"])["reward"] == e["reward"] for e in entries)
+
+    # a program that posts its reward and prints another number: the posted one is the reward
+    posts_and_prints = (
+        f"{PYTHON} -c \"import os, requests; requests.post(os.environ['RLPROXY_REWARD_URL'], "
+        "json={'rollout_id': os.environ['RLPROXY_ROLLOUT_ID'], 'reward': 0.25}).raise_for_status(); "
+        "print(0.75)\"")
+    log2 = tmp_path / "posted.jsonl"
+    result = rlproxy_run(proxy_url, log2, "--tasks", str(three_tasks), "--command", posts_and_prints,
+                         "--attempts", "1")
+    assert result.exit_code == 0, result.output
+    assert {e["reward"] for e in finished(log2)} == {0.25}
+
+
+def test_agent_lightning_class_runs_unmodified(proxy_url, tmp_path, three_tasks):
+    """The real command, as a new user types it; the agent posts Agent Lightning's reward event."""
+    log = tmp_path / "run.jsonl"
+    done = subprocess.run(
+        [PYTHON, "-m", "rlproxy.cli", "run", "--proxy", proxy_url, "--log", str(log), "--tasks", str(three_tasks),
+         "--agent-class", "examples.agl_calc_agent:CalcAgent", "--env-map", "QUESTION=question",
+         "--env-map", "ANSWER=answer", "--attempts", "2", "--concurrency", "6"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    entries = finished(log)
+    assert len(entries) == 6 and all(e["status"] == "rewarded" for e in entries), entries
+    for entry in entries:
+        rollout = stored(proxy_url, entry["rollout_id"])
+        assert len(rollout["calls"]) == 1 and rollout["calls"][0]["model"] == "auto"
+        assert rollout["calls"][0]["policy"] == 0 and rollout["calls"][0]["status"] == "ok"
+        assert rollout["reward"] == entry["reward"] and rollout["rewards"][0]["kind"] == "final"
+        assert [e["event_type"] for e in rollout["metadata"]["events"]] == ["message"]  # kept with the rollout
+    assert "success" in done.stdout and "train" in done.stdout  # the summary table
+
+
+def test_event_url_takes_agent_lightning_bodies(proxy_url):
+    rollout_id = requests.post(f"{proxy_url}/rollouts", json={"task_id": "t"}, timeout=10).json()["rollout_id"]
+    events = f"{proxy_url}/rollouts/{rollout_id}/events"
+    bad = requests.post(events, json={"event_type": "reward", "data": {"value": "high"}}, timeout=10)
+    assert bad.status_code == 422 and bad.json()["error"]["param"] == "data.value"
+    assert requests.post(events, json={"data": {}}, timeout=10).status_code == 422
+    assert requests.post(events, json={"event_type": "span", "data": {"name": "tool"}}, timeout=10).json()["stored"]
+    assert requests.post(events, json={"event_type": "reward", "data": {"value": 1}}, timeout=10).json()["reward"] == 1
+    assert requests.post(events, json={"event_type": "reward", "data": {"value": 1}}, timeout=10).status_code == 200
+    assert requests.post(events, json={"event_type": "reward", "data": {"value": 0}}, timeout=10).status_code == 409
+    missing = requests.post(f"{proxy_url}/rollouts/nope/events", json={"event_type": "reward",
+                                                                        "data": {"value": 1}}, timeout=10)
+    assert missing.status_code == 404 and missing.json()["error"]["message"]
+    rollout = stored(proxy_url, rollout_id)
+    assert rollout["reward"] == 1.0 and rollout["metadata"]["events"][0]["data"] == {"name": "tool"}
+
+
+def test_infrastructure_failures_are_retried_the_agents_own_are_not(proxy_url, tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "a", "marker_dir": str(tmp_path)}) + "\n")
+    log = tmp_path / "run.jsonl"
+    assert rlproxy_run(proxy_url, log, "--tasks", str(tasks), "--task-id-field", "id", "--attempts", "1",
+                       "--agent", "tests.run_agents:engine_down_once").exit_code == 0
+    retried, entry = finished(log)
+    assert retried["status"] == "try_failed" and "503" in retried["error"]
+    assert entry["status"] == "rewarded" and entry["tries"] == 2  # on a new rollout after the engine's 503
+    assert entry["rollout_id"] != retried["rollout_id"]
+
+    log = tmp_path / "own.jsonl"
+    assert rlproxy_run(proxy_url, log, "--tasks", str(tasks), "--attempts", "1",
+                       "--agent", "tests.run_agents:own_bug").exit_code == 0
+    [entry] = finished(log)
+    assert entry["status"] == "failed" and entry["tries"] == 1 and "own bug" in entry["error"]
+
+    log = tmp_path / "down.jsonl"
+    assert rlproxy_run(proxy_url, log, "--tasks", str(tasks), "--attempts", "1", "--retries", "1",
+                       "--agent", "tests.run_agents:refused_by_engine").exit_code == 0
+    assert [e["status"] for e in finished(log)] == ["try_failed", "try_failed", "infrastructure"]
+
+
+def test_resume_skips_rewarded_attempts(proxy_url, tmp_path):
+    log = tmp_path / "run.jsonl"
+    args = ["--tasks", str(TASKS), "--task-id-field", "id", "--agent", "examples.run_agent:solve"]
+    assert rlproxy_run(proxy_url, log, *args, "--attempts", "1").exit_code == 0
+    # a crash after the agent rewarded an attempt, before the runner logged its end: only "started" is logged
+    rollout_id = requests.post(f"{proxy_url}/rollouts", json={"task_id": "ten"}, timeout=10).json()["rollout_id"]
+    requests.post(f"{proxy_url}/reward", json={"rollout_id": rollout_id, "reward": 1.0}, timeout=10)
+    with log.open("a") as file:
+        file.write(json.dumps({"event": "started", "task_id": "ten", "epoch": 0, "attempt": 1,
+                               "rollout_id": rollout_id}) + "\n")
+    result = rlproxy_run(proxy_url, log, *args, "--attempts", "2", "--resume")
+    assert result.exit_code == 0, result.output
+    again = finished(log)[6:]
+    assert sorted(e["task_id"] for e in again) == sorted({"add-3-4", "add-2-5", "mul-6-7", "sub-9-4", "add-20-22"})
+    assert all(e["attempt"] == 1 for e in again)
+
+
+@pytest.mark.parametrize("content, args, says", [
+    ('{"id": 1}\nnot json\n', [], "tasks.jsonl line 2: not JSON"),
+    ('{"id": 1}\n[1, 2]\n', [], "tasks.jsonl line 2: a task is a JSON object"),
+    ('{"id": 1}\n{"id": 2, "q": "x"}\n', ["--env-map", "Q=q"], "line 1: no field 'q' (named by --env-map Q=q)"),
+    ('{"id": 1}\n{"id": 1}\n', ["--task-id-field", "id"], "line 2: task id '1' repeats"),
+])
+def test_bad_task_files_are_refused_before_anything_starts(tmp_path, content, args, says):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(content)
+    result = rlproxy_run("http://127.0.0.1:9", tmp_path / "log.jsonl", "--tasks", str(tasks),
+                         "--agent", "examples.run_agent:solve", *args)
+    assert result.exit_code == 2 and says in result.output and len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("agent, says", [
+    (["--agent", "no_such_module:solve"], "cannot import no_such_module (ModuleNotFoundError"),
+    (["--agent", "examples.run_agent:nothing"], "has no 'nothing'"),
+    (["--agent-class", "examples.run_agent:solve"], "is not a class with a run() method"),
+    (["--agent-class", "examples.missing_agent:Agent"], "cannot import examples.missing_agent (ModuleNotFound"),
+    (["--agent", "examples.run_agent:solve", "--command", "true"], "name the agent once"),
+])
+def test_agents_that_cannot_be_used_are_refused(tmp_path, agent, says):
+    result = rlproxy_run("http://127.0.0.1:9", tmp_path / "log.jsonl", "--tasks", str(TASKS), *agent)
+    assert result.exit_code == 2 and says in result.output and len(result.output.strip().splitlines()) == 1
