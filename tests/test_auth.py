@@ -193,6 +193,18 @@ def test_another_projects_rollout_answers_404_like_a_missing_one(secured):
     assert secured.get(f"/rollouts/{rid}", OPERATOR_KEY).status_code == 200  # the operator sees every project
 
 
+def test_the_event_url_has_the_keys_and_tenancy_of_reward(secured):
+    """Agent Lightning's event URL (`AGL_EVENT_URL`): its key is a bearer token, scoped as `POST /reward` is."""
+    alpha, beta = secured.keys["alpha"], secured.keys["beta"]
+    rid = secured.post("/rollouts", alpha, json={"task_id": "t1"}).json()["rollout_id"]
+    reward = {"event_type": "reward", "data": {"value": 1.0}}
+    error_of(secured.post(f"/rollouts/{rid}/events", None, json=reward), 401)
+    error_of(secured.post(f"/rollouts/{rid}/events", beta, json=reward), 404)
+    error_of(secured.post(f"/rollouts/{rid}/events", beta, json={"event_type": "span", "data": {}}), 404)
+    assert secured.post(f"/rollouts/{rid}/events", alpha, json=reward).json()["reward"] == 1.0
+    assert secured.get(f"/rollouts/{rid}", alpha).json()["reward"] == 1.0
+
+
 def test_the_first_call_claims_a_new_rollout_id_for_its_project(secured):
     rid = f"shared-{uuid.uuid4().hex[:8]}"
     base_url = f"{secured.url}/rollouts/{rid}/v1"
