@@ -74,8 +74,13 @@ def summary(outcomes: list[Outcome], threshold: float) -> Table:
     table = Table(title=f"rlproxy run: success is a reward >= {threshold:g}")
     for column in ("split", "policy", "attempts", "rewarded", "success", "mean reward", "failed"):
         table.add_column(column, justify="left" if column in ("split", "policy") else "right")
+    versions = defaultdict(int)
+    for split, version in groups:
+        versions[split] += version != "all"
     for (split, version), items in sorted(groups.items(), key=lambda item: (item[0][0], item[0][1] == "all",
                                                                             item[0][1])):
+        if version == "all" and versions[split] == 1:
+            continue  # the one version's row says it all
         rewards = [o.reward for o in items if o.reward is not None]
         wins = sum(r >= threshold for r in rewards)
         table.add_row(split, version, str(len(items)), str(len(rewards)),
