@@ -192,3 +192,9 @@ def test_bad_task_files_are_refused_before_anything_starts(tmp_path, content, ar
 def test_agents_that_cannot_be_used_are_refused(tmp_path, agent, says):
     result = rlproxy_run("http://127.0.0.1:9", tmp_path / "log.jsonl", "--tasks", str(TASKS), *agent)
     assert result.exit_code == 2 and says in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_every_flag_reads_its_environment_variable(tmp_path):
+    result = CliRunner().invoke(main, ["run"], env={"RLPROXY_TASKS": str(TASKS), "RLPROXY_AGENT": "no_such:solve",
+                                                     "RLPROXY_LOG": str(tmp_path / "log.jsonl")})
+    assert result.exit_code == 2 and "--agent 'no_such:solve': cannot import no_such" in result.output
