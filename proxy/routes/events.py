@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from aiohttp import web
-from pydantic import Field, StrictStr
+from pydantic import Field, StrictStr, field_validator
 
 from proxy.bodies import Body
 from proxy.endpoints import Answer, Endpoint
@@ -21,12 +21,31 @@ from store import events as store_events
 from store import rollouts as store_rollouts
 
 REWARD = "reward"
+MAX_DEPTH = 64  # JSON nesting kept: the store's JSON encoder gives up past 254 levels (a 500 otherwise)
 
 
 class RolloutEvent(_Stored):
     event_type: StrictStr = Field(min_length=1, max_length=128,
                                   description='"reward" (data.value is the final reward) or any other kind.')
-    data: dict[str, Any] = Field(default_factory=dict)
+    data: Any = Field(default_factory=dict, description="Any JSON (nested at most 64 levels); a reward event's "
+                                                        "is an object with `value`.")
+
+    @field_validator("data")
+    @classmethod
+    def _shallow(cls, data: Any) -> Any:
+        if _too_deep(data, MAX_DEPTH):
+            raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+        return data
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    level = [value]
+    for _ in range(limit):
+        level = [child for item in level if isinstance(item, (dict, list))
+                 for child in (item.values() if isinstance(item, dict) else item)]
+        if not level:
+            return False
+    return any(isinstance(item, (dict, list)) for item in level)
 
 
 class EventResult(Body):
@@ -36,8 +55,8 @@ class EventResult(Body):
     stored: bool = Field(description="False when the rollout already holds the most events kept (counted only).")
 
 
-def _reward_value(data: dict[str, Any]) -> float:
-    value = data.get("value")
+def _reward_value(data: Any) -> float:
+    value = data.get("value") if isinstance(data, dict) else None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise Unprocessable("a reward event needs data.value, a finite number", param="data.value")
     return float(value)
