@@ -4,6 +4,7 @@ new rollout (tenacity); one the agent itself failed is not."""
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -71,6 +72,9 @@ class Runner:
         # sync function agents run in threads: as many as attempts in flight (the default pool has cores + 4)
         asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(self.settings.concurrency, "agent"))
         self.journal = Journal(self.settings.log)
+        # SIGTERM stops the run as Ctrl-C does: the attempts are cancelled and their processes killed (they run
+        # in sessions of their own, so nothing else would stop them)
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
         try:
             if not await self.client.healthy():
                 raise ProxyRefused(f"the proxy at {self.settings.proxy} does not answer (GET /healthz)")

@@ -3,8 +3,12 @@ the agent, the Agent Lightning event URL and model "auto", retries of infrastruc
 and bad input refused before anything starts."""
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -159,6 +163,17 @@ def test_infrastructure_failures_are_retried_the_agents_own_are_not(proxy_url, t
     assert [e["status"] for e in finished(log)] == ["try_failed", "try_failed", "infrastructure"]
 
 
+def test_an_agent_over_its_timeout_is_stopped_with_everything_it_started(proxy_url, tmp_path, three_tasks):
+    pids = tmp_path / "pids"
+    log = tmp_path / "run.jsonl"
+    result = rlproxy_run(proxy_url, log, "--tasks", str(three_tasks), "--attempts", "1", "--timeout", "1",
+                         "--command", f"sleep 60 & echo $! >> {pids}; wait")
+    assert result.exit_code == 0, result.output
+    assert [e["status"] for e in finished(log)] == ["timeout"] * 3
+    for pid in pids.read_text().split():  # the program's own children are gone too
+        assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+
+
 def test_resume_skips_rewarded_attempts(proxy_url, tmp_path):
     log = tmp_path / "run.jsonl"
     args = ["--tasks", str(TASKS), "--task-id-field", "id", "--agent", "examples.run_agent:solve"]
@@ -176,14 +191,40 @@ def test_resume_skips_rewarded_attempts(proxy_url, tmp_path):
     assert all(e["attempt"] == 1 for e in again)
 
 
+def test_an_interrupted_run_resumes_without_running_a_rewarded_attempt_twice(proxy_url, tmp_path):
+    tasks, log = tmp_path / "tasks.jsonl", tmp_path / "run.jsonl"
+    tasks.write_text("".join(json.dumps({"id": name}) + "\n" for name in "abc"))
+    for name, seconds in (("a", 0), ("b", 0), ("c", 60)):  # how long each task's agent takes
+        (tmp_path / name).write_text(str(seconds))
+    args = ["run", "--proxy", proxy_url, "--log", str(log), "--tasks", str(tasks), "--task-id-field", "id",
+            "--attempts", "1", "--env-map", "ID=id", "--command", f"sleep $(cat {tmp_path}/$ID); echo 1"]
+    running = subprocess.Popen([PYTHON, "-m", "rlproxy.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not (log.exists() and len(finished(log)) == 2) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    running.send_signal(signal.SIGTERM)  # as a scheduler stops it (Ctrl-C alike)
+    _, err = running.communicate(timeout=30)
+    assert running.returncode == 130 and err.strip().endswith(f"`--resume` goes on from {log}")
+
+    (tmp_path / "c").write_text("0")
+    result = CliRunner().invoke(main, [*args, "--resume"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert [(e["task_id"], e["status"]) for e in finished(log)][2:] == [("c", "rewarded")]  # a and b skipped
+    # the summary counts all three attempts: 3 rewarded, all successes, under the base model (v0)
+    assert re.search(r"train\W+v0\W+3\W+3\W+100%", result.output), result.output
+
+
 @pytest.mark.parametrize("content, args, says", [
     ('{"id": 1}\nnot json\n', [], "tasks.jsonl line 2: not JSON"),
     ('{"id": 1}\n[1, 2]\n', [], "tasks.jsonl line 2: a task is a JSON object"),
     ('{"id": 1}\n{"id": 2, "q": "x"}\n', ["--env-map", "Q=q"], "line 1: no field 'q' (named by --env-map Q=q)"),
     ('{"id": 1}\n{"id": 1}\n', ["--task-id-field", "id"], "line 2: task id '1' repeats"),
+    pytest.param("", [], "needs the datasets package (pip install datasets)", marks=pytest.mark.skipif(
+        importlib.util.find_spec("datasets") is not None, reason="datasets is installed")),
 ])
 def test_bad_task_files_are_refused_before_anything_starts(tmp_path, content, args, says):
-    tasks = tmp_path / "tasks.jsonl"
+    tasks = tmp_path / ("tasks.parquet" if "datasets" in says else "tasks.jsonl")
     tasks.write_text(content)
     result = rlproxy_run("http://127.0.0.1:9", tmp_path / "log.jsonl", "--tasks", str(tasks),
                          "--agent", "examples.run_agent:solve", *args)

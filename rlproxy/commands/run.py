@@ -41,6 +41,6 @@ def run(**params) -> None:
         _fail(str(exc), BAD_INPUT)
     except ProxyRefused as exc:
         _fail(str(exc), 1)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C, or SIGTERM (runner/run.py)
         _fail(f"interrupted; `--resume` goes on from {settings.log}", 130)
     Console().print(summary(outcomes, settings.success_threshold))
