@@ -153,10 +153,16 @@ class ClassAgent:
     """An Agent Lightning v1 agent class: `Class().run()` in a fresh process (runner/agl_host.py) with the
     three variables its controller sets, `AGL_OPENAI_BASE_URL`, `AGL_EVENT_URL` and `AGL_KEY`."""
 
-    def __init__(self, spec: str) -> None:
-        cls = import_target(spec, "--agent-class")
-        if not inspect.isclass(cls) or not callable(getattr(cls, "run", None)):
-            raise RunInputError(f"--agent-class {spec!r} is not a class with a run() method")
+    def __init__(self, spec: str, check_env: dict[str, str]) -> None:
+        """Imported once before the run in a process of its own, with `check_env` (the AGL variables), as each
+        attempt will import it: the module is not imported into the runner."""
+        import subprocess
+
+        done = subprocess.run([sys.executable, "-m", "runner.agl_host", "--check", spec], capture_output=True,
+                              text=True, env={**os.environ, **check_env}, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            lines = done.stderr.strip().splitlines()
+            raise RunInputError(lines[-1] if lines else f"--agent-class {spec!r}: exit status {done.returncode}")
         self.spec = spec
 
     async def run(self, task: dict[str, Any], config: ClientConfig, env: dict[str, str]) -> AgentResult:
@@ -166,5 +172,8 @@ class ClassAgent:
         return AgentResult(error=None if code == 0 else _failure(code, err))
 
 
-def make_agent(kind: str, target: str) -> FunctionAgent | CommandAgent | ClassAgent:
-    return {"agent": FunctionAgent, "command": CommandAgent, "agent-class": ClassAgent}[kind](target)
+def make_agent(kind: str, target: str, check_env: dict[str, str]) -> FunctionAgent | CommandAgent | ClassAgent:
+    """`check_env`: the variables an agent class is checked with (the proxy's URLs for no rollout yet)."""
+    if kind == "agent-class":
+        return ClassAgent(target, check_env)
+    return FunctionAgent(target) if kind == "agent" else CommandAgent(target)

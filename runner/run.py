@@ -42,7 +42,9 @@ def prepare(settings: RunSettings) -> Plan:
     if settings.tasks is None and settings.eval_tasks is None:
         raise RunInputError("no tasks: give --tasks FILE (JSON lines)")
     mapped = env_map(settings.env_map)
-    agent = make_agent(kind, target)
+    proxy = settings.proxy.rstrip("/")
+    agent = make_agent(kind, target, {"AGL_OPENAI_BASE_URL": f"{proxy}/v1", "AGL_KEY": settings.key() or NO_KEY,
+                                      "AGL_EVENT_URL": f"{proxy}/rollouts/none/events"})
     tasks: list[Task] = []
     if settings.tasks is not None:
         tasks += read_tasks(settings.tasks, TRAIN, settings.task_id_field, mapped, settings.eval_share)

@@ -234,7 +234,7 @@ def test_bad_task_files_are_refused_before_anything_starts(tmp_path, content, ar
 @pytest.mark.parametrize("agent, says", [
     (["--agent", "no_such_module:solve"], "cannot import no_such_module (ModuleNotFoundError"),
     (["--agent", "examples.run_agent:nothing"], "has no 'nothing'"),
-    (["--agent-class", "examples.run_agent:solve"], "is not a class with a run() method"),
+    (["--agent-class", "json:JSONDecoder"], "is not a class with a run() method"),
     (["--agent-class", "examples.missing_agent:Agent"], "cannot import examples.missing_agent (ModuleNotFound"),
     (["--agent", "examples.run_agent:solve", "--command", "true"], "name the agent once"),
 ])
