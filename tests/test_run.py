@@ -88,31 +88,31 @@ def test_command_agent_reward_from_its_last_line_or_its_own_post(proxy_url, tmp_
         f"{PYTHON} -c \"import os, requests; requests.post(os.environ['RLPROXY_REWARD_URL'], "
         "json={'rollout_id': os.environ['RLPROXY_ROLLOUT_ID'], 'reward': 0.25}).raise_for_status(); "
         "print(0.75)\"")
-    log2 = tmp_path / "posted.jsonl"
-    result = rlproxy_run(proxy_url, log2, "--tasks", str(three_tasks), "--command", posts_and_prints,
+    log2, one_task = tmp_path / "posted.jsonl", tmp_path / "one.jsonl"
+    one_task.write_text(three_tasks.read_text().splitlines()[0])
+    result = rlproxy_run(proxy_url, log2, "--tasks", str(one_task), "--command", posts_and_prints,
                          "--attempts", "1")
     assert result.exit_code == 0, result.output
     assert {e["reward"] for e in finished(log2)} == {0.25}
 
 
 def test_agent_lightning_class_runs_unmodified(proxy_url, tmp_path, three_tasks):
-    """The real command, as a new user types it; the agent posts Agent Lightning's reward event."""
+    """Each attempt runs the class in a process of its own; the agent posts Agent Lightning's reward event."""
     log = tmp_path / "run.jsonl"
-    done = subprocess.run(
-        [PYTHON, "-m", "rlproxy.cli", "run", "--proxy", proxy_url, "--log", str(log), "--tasks", str(three_tasks),
-         "--agent-class", "examples.agl_calc_agent:CalcAgent", "--env-map", "QUESTION=question",
-         "--env-map", "ANSWER=answer", "--attempts", "2", "--concurrency", "6"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    result = rlproxy_run(proxy_url, log, "--tasks", str(three_tasks), "--agent-class",
+                         "examples.agl_calc_agent:CalcAgent", "--env-map", "QUESTION=question",
+                         "--env-map", "ANSWER=answer", "--attempts", "1")
+    assert result.exit_code == 0, result.output
     entries = finished(log)
-    assert len(entries) == 6 and all(e["status"] == "rewarded" for e in entries), entries
+    assert len(entries) == 3 and all(e["status"] == "rewarded" for e in entries), entries
     for entry in entries:
         rollout = stored(proxy_url, entry["rollout_id"])
         assert len(rollout["calls"]) == 1 and rollout["calls"][0]["model"] == "auto"
         assert rollout["calls"][0]["policy"] == 0 and rollout["calls"][0]["status"] == "ok"
+        assert rollout["calls"][0]["completion_token_ids"]
         assert rollout["reward"] == entry["reward"] and rollout["rewards"][0]["kind"] == "final"
         assert [e["event_type"] for e in rollout["metadata"]["events"]] == ["message"]  # kept with the rollout
-    assert "success" in done.stdout and "train" in done.stdout  # the summary table
+    assert "success" in result.output and "train" in result.output  # the summary table
 
 
 def test_event_url_takes_agent_lightning_bodies(proxy_url):
