@@ -93,7 +93,7 @@ class FunctionAgent:
             return AgentResult(error=f"{type(exc).__name__}: {exc}")
 
 
-def _last_number(output: bytes) -> float | None:
+def last_number(output: bytes) -> float | None:
     lines = output.decode(errors="replace").strip().splitlines()
     try:
         return float(lines[-1].strip()) if lines else None
@@ -101,12 +101,14 @@ def _last_number(output: bytes) -> float | None:
         return None
 
 
-async def _run_process(argv: list[str] | str, env: dict[str, str]) -> tuple[int, bytes, bytes]:
-    """Run a program to its end in its own process group; cancelling the attempt (its timeout) kills the
-    group, so nothing it started outlives the attempt."""
+async def run_process(argv: list[str] | str, env: dict[str, str], *, cwd: str | None = None,
+                      inherit: dict[str, str] | None = None) -> tuple[int, bytes, bytes]:
+    """Run a program to its end in its own process group, with `env` over `inherit` (default: this process's
+    environment); cancelling the attempt (its timeout) kills the group, so nothing it started outlives it."""
     spawn = asyncio.create_subprocess_shell if isinstance(argv, str) else asyncio.create_subprocess_exec
     args = [argv] if isinstance(argv, str) else argv
-    process = await spawn(*args, env={**os.environ, **env}, stdin=asyncio.subprocess.DEVNULL,
+    base = os.environ if inherit is None else inherit
+    process = await spawn(*args, env={**base, **env}, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
                           stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
     try:
         out, err = await process.communicate()
@@ -120,7 +122,7 @@ async def _run_process(argv: list[str] | str, env: dict[str, str]) -> tuple[int,
     return process.returncode, out[-NUMBER_TAIL:], err[-NUMBER_TAIL:]
 
 
-def _failure(code: int, err: bytes) -> str:
+def failure(code: int, err: bytes) -> str:
     tail = err.decode(errors="replace").strip().splitlines()
     return f"exit status {code}" + (f": {tail[-1]}" if tail else "")
 
@@ -143,10 +145,10 @@ class CommandAgent:
         self.command = command
 
     async def run(self, task: dict[str, Any], config: ClientConfig, env: dict[str, str]) -> AgentResult:
-        code, out, err = await _run_process(self.command, {**base_env(config, task), **env})
+        code, out, err = await run_process(self.command, {**base_env(config, task), **env})
         if code != 0:
-            return AgentResult(error=_failure(code, err))
-        return AgentResult(_last_number(out))
+            return AgentResult(error=failure(code, err))
+        return AgentResult(last_number(out))
 
 
 class ClassAgent:
@@ -168,8 +170,8 @@ class ClassAgent:
     async def run(self, task: dict[str, Any], config: ClientConfig, env: dict[str, str]) -> AgentResult:
         agl = {"AGL_OPENAI_BASE_URL": config.openai_base_url, "AGL_EVENT_URL": config.event_url,
                "AGL_KEY": config.api_key}
-        code, _, err = await _run_process([sys.executable, "-m", "runner.agl_host", self.spec], {**agl, **env})
-        return AgentResult(error=None if code == 0 else _failure(code, err))
+        code, _, err = await run_process([sys.executable, "-m", "runner.agl_host", self.spec], {**agl, **env})
+        return AgentResult(error=None if code == 0 else failure(code, err))
 
 
 def make_agent(kind: str, target: str, check_env: dict[str, str]) -> FunctionAgent | CommandAgent | ClassAgent:

@@ -42,14 +42,22 @@ def prepare(settings: RunSettings) -> Plan:
     if settings.tasks is None and settings.eval_tasks is None:
         raise RunInputError("no tasks: give --tasks FILE (JSON lines)")
     mapped = env_map(settings.env_map)
+    needed = {field: f"--env-map {variable}={field}" for variable, field in mapped.items()}
     proxy = settings.proxy.rstrip("/")
-    agent = make_agent(kind, target, {"AGL_OPENAI_BASE_URL": f"{proxy}/v1", "AGL_KEY": settings.key() or NO_KEY,
-                                      "AGL_EVENT_URL": f"{proxy}/rollouts/none/events"})
+    if kind == "harness":
+        from runner.harness import HarnessAgent
+
+        agent = HarnessAgent(target, settings.prompt_field, settings.verify, settings.workdir, settings.repo_field,
+                             settings.harness_args)
+        needed.update(agent.needed_fields())
+    else:
+        agent = make_agent(kind, target, {"AGL_OPENAI_BASE_URL": f"{proxy}/v1", "AGL_KEY": settings.key() or NO_KEY,
+                                          "AGL_EVENT_URL": f"{proxy}/rollouts/none/events"})
     tasks: list[Task] = []
     if settings.tasks is not None:
-        tasks += read_tasks(settings.tasks, TRAIN, settings.task_id_field, mapped, settings.eval_share)
+        tasks += read_tasks(settings.tasks, TRAIN, settings.task_id_field, needed, settings.eval_share)
     if settings.eval_tasks is not None:
-        extra = read_tasks(settings.eval_tasks, EVAL, settings.task_id_field, mapped)
+        extra = read_tasks(settings.eval_tasks, EVAL, settings.task_id_field, needed)
         known = {task.id: task.where for task in tasks}
         for task in extra:
             if task.id in known:

@@ -3,6 +3,7 @@ reads `RLPROXY_<FLAG>`)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
@@ -20,6 +21,17 @@ class RunSettings(BaseModel):
                                                   "environment (docs/run.md).")
     agent_class: str | None = Field(None, description="module:Class, an Agent Lightning v1 agent class run per "
                                                       "attempt in its own process as Class().run().")
+    harness: Literal["claude-code", "codex"] | None = Field(
+        None, description="A coding-agent harness run per attempt in a fresh working folder; --verify scores it.")
+    prompt_field: str = Field("prompt", description="Task field holding the harness's prompt.")
+    verify: str | None = Field(None, description="Shell command run in the harness's working folder afterwards: "
+                                                 "its last line if a number, else its exit status (0: 1.0), is "
+                                                 "the reward.")
+    workdir: Path | None = Field(None, description="Folder copied as each harness attempt's working folder.")
+    repo_field: str | None = Field(None, description="Task field naming a git repository cloned as the working "
+                                                     "folder instead.")
+    harness_args: tuple[str, ...] = Field((), description="One more argument for the harness (repeat).",
+                                          json_schema_extra={"split": False})
     env_map: tuple[str, ...] = Field((), description="VAR=field: the task's field given to the agent as the "
                                                      "environment variable VAR (repeat).")
     proxy: str = Field(DEFAULT_PROXY, description="The running proxy's URL.")
@@ -44,12 +56,13 @@ class RunSettings(BaseModel):
     def mode(self) -> tuple[str, str]:
         """(kind, target) of the one agent named."""
         named = [(kind, value) for kind, value in (("agent", self.agent), ("command", self.command),
-                                                    ("agent-class", self.agent_class)) if value]
+                                                    ("agent-class", self.agent_class),
+                                                    ("harness", self.harness)) if value]
         if len(named) != 1:
             from runner.errors import RunInputError
 
-            raise RunInputError("name the agent once: --agent module:function, --command \"...\" or "
-                                "--agent-class module:Class")
+            raise RunInputError("name the agent once: --agent module:function, --command \"...\", "
+                                "--agent-class module:Class or --harness claude-code|codex")
         return named[0]
 
     def key(self) -> str | None:

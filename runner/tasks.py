@@ -76,7 +76,7 @@ def _dataset(path: Path) -> list[tuple[str, dict[str, Any]]]:
 
 def read_tasks(path: Path, split: str, id_field: str | None = None, needed: dict[str, str] | None = None,
                eval_share: float = 0.0) -> list[Task]:
-    """The tasks of one file. `needed` maps environment variables to fields every task must have."""
+    """The tasks of one file. `needed`: the fields every task must have, each with the flag that names it."""
     if not path.exists():
         raise RunInputError(f"{path}: no such file")
     rows = _dataset(path) if path.is_dir() or path.suffix == ".parquet" else _json_lines(path)
@@ -84,9 +84,9 @@ def read_tasks(path: Path, split: str, id_field: str | None = None, needed: dict
         raise RunInputError(f"{path}: no tasks")
     tasks, seen = [], {}
     for where, data in rows:
-        for variable, field in (needed or {}).items():
+        for field, named_by in (needed or {}).items():
             if field not in data:
-                raise RunInputError(f"{where}: no field {field!r} (named by --env-map {variable}={field})")
+                raise RunInputError(f"{where}: no field {field!r} (named by {named_by})")
         if id_field is not None:
             if data.get(id_field) in (None, ""):
                 raise RunInputError(f"{where}: no field {id_field!r} (named by --task-id-field)")
