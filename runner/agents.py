@@ -14,6 +14,7 @@ import json
 import os
 import signal
 import sys
+import threading
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
@@ -65,6 +66,30 @@ def import_target(spec: str, flag: str) -> Any:
     return target
 
 
+def in_thread(function: Callable, *args: Any) -> asyncio.Future:
+    """`function(*args)` in a daemon thread of its own: a sync agent stuck past its timeout cannot hold up the
+    other attempts (one thread each) nor the runner's exit (a pool's threads are joined at exit)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if not future.done():  # cancelled by the attempt's timeout: nobody waits for it any more
+            future.set_exception(error) if error is not None else future.set_result(result)
+
+    def target() -> None:
+        try:
+            outcome: tuple[Any, BaseException | None] = (function(*args), None)
+        except BaseException as exc:  # noqa: BLE001 — handed to the waiting attempt
+            outcome = (None, exc)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the run is over (its loop closed)
+            pass
+
+    threading.Thread(target=target, name="agent", daemon=True).start()
+    return future
+
+
 def _reward(value: Any, source: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{source} returned {type(value).__name__}, not a number or None")
@@ -83,7 +108,7 @@ class FunctionAgent:
             if inspect.iscoroutinefunction(self.function):
                 value = await self.function(task, config)
             else:  # in a thread, so the other attempts go on while it waits for the model
-                value = await asyncio.to_thread(self.function, task, config)
+                value = await in_thread(self.function, task, config)
                 if inspect.isawaitable(value):
                     value = await value
             return AgentResult(None if value is None else _reward(value, self.spec))

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,8 +78,6 @@ class Runner:
 
     async def run(self, display_console=None) -> list[Outcome]:
         self.client = ProxyClient(self.settings.proxy, self.settings.key())  # (aiohttp wants a running loop)
-        # sync function agents run in threads: as many as attempts in flight (the default pool has cores + 4)
-        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(self.settings.concurrency, "agent"))
         self.journal = Journal(self.settings.log)
         # SIGTERM stops the run as Ctrl-C does: the attempts are cancelled and their processes killed (they run
         # in sessions of their own, so nothing else would stop them)
