@@ -1,6 +1,7 @@
 """Agents the `rlproxy run` tests name with `--agent`: each shows one way an attempt can end."""
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from openai import APIStatusError, OpenAI
@@ -35,4 +36,10 @@ def refused_by_engine(task: dict, config) -> float:
                                                 messages=[{"role": "user", "content": "hi"}])
     except APIStatusError as exc:
         raise RuntimeError(f"engine said {exc.status_code}") from None
+    return 1.0
+
+
+def stuck(task: dict, config) -> float:
+    """A sync agent that never comes back in time (its thread cannot be stopped, only left behind)."""
+    time.sleep(20)
     return 1.0

@@ -174,6 +174,14 @@ def test_an_agent_over_its_timeout_is_stopped_with_everything_it_started(proxy_u
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
 
 
+def test_a_stuck_sync_agent_does_not_hold_up_the_run(proxy_url, tmp_path, three_tasks):
+    log, began = tmp_path / "run.jsonl", time.monotonic()
+    result = rlproxy_run(proxy_url, log, "--tasks", str(three_tasks), "--attempts", "1", "--timeout", "0.5",
+                         "--agent", "tests.run_agents:stuck")
+    assert result.exit_code == 0 and time.monotonic() - began < 10  # the agents' threads sleep 20 s
+    assert [e["status"] for e in finished(log)] == ["timeout"] * 3
+
+
 def test_resume_skips_rewarded_attempts(proxy_url, tmp_path, three_tasks):
     log = tmp_path / "run.jsonl"
     args = ["--tasks", str(three_tasks), "--task-id-field", "id", "--agent", "examples.run_agent:solve"]
