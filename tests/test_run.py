@@ -254,3 +254,15 @@ def test_every_flag_reads_its_environment_variable(tmp_path):
     result = CliRunner().invoke(main, ["run"], env={"RLPROXY_TASKS": str(TASKS), "RLPROXY_AGENT": "no_such:solve",
                                                      "RLPROXY_LOG": str(tmp_path / "log.jsonl")})
     assert result.exit_code == 2 and "--agent 'no_such:solve': cannot import no_such" in result.output
+
+
+def test_the_runner_is_only_an_http_client_of_the_proxy():
+    """runner/ imports nothing of the proxy, the store or the trainer: it runs wherever the proxy is reachable."""
+    import ast
+
+    for path in (ROOT / "runner").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            for name in names:
+                assert name.split(".")[0] not in {"proxy", "store", "trainer", "demo"}, (path.name, name)
