@@ -4,6 +4,7 @@ new rollout (tenacity); one the agent itself failed is not."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from dataclasses import dataclass, field
@@ -81,7 +82,8 @@ class Runner:
         self.journal = Journal(self.settings.log)
         # SIGTERM stops the run as Ctrl-C does: the attempts are cancelled and their processes killed (they run
         # in sessions of their own, so nothing else would stop them)
-        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
+        with contextlib.suppress(ValueError, NotImplementedError, RuntimeError):  # not the main thread
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
         try:
             if not await self.client.healthy():
                 raise ProxyRefused(f"the proxy at {self.settings.proxy} does not answer (GET /healthz)")
@@ -179,7 +181,8 @@ class Runner:
                 reward = result.reward
             else:
                 reward = ((await self.client.rollout(created.rollout_id)) or {}).get("reward")
-        status = ("timeout" if timed_out else "rewarded" if reward is not None
+        # a reward posted before the agent hung or failed still counts
+        status = ("rewarded" if reward is not None else "timeout" if timed_out
                   else "failed" if result.error else "unrewarded")
         policy = _policy(stored)
         self._log("finished", key, task, rollout_id=created.rollout_id, status=status, reward=reward,
