@@ -39,6 +39,7 @@ COPY rlproxy/ rlproxy/
 COPY proxy/ proxy/
 COPY trainer/ trainer/
 COPY demo/ demo/
+COPY runner/ runner/
 
 # ----------------------------------------------------------------------------------------- the proxy
 FROM source AS build-proxy

@@ -24,6 +24,9 @@ from store import canary as canaries
 from store.models import Rollout
 from store.policies import ActivePolicy, base_of
 
+# The model name that means "whatever policy serves this rollout" (what Agent Lightning agents ask for), as the
+# served model name does.
+AUTO_MODEL = "auto"
 ROLLOUT_CACHE_SIZE = 65_536  # rollouts whose evaluation flag and agent are remembered (a few MB)
 
 log = logging.getLogger("rlproxy.policy")
@@ -86,10 +89,14 @@ class PolicyRouter:
         by_agent = canary is not None and canary.traffic == canaries.EVAL and agent in canary.eval_agents
         return self.version_for(rollout_id, evaluation or by_agent, policy)
 
+    def serves(self, requested_model: str) -> bool:
+        """The model name routes to a policy: the served model name, or "auto"."""
+        return requested_model == AUTO_MODEL or requested_model == self.served_model
+
     async def route_call(self, requested_model: str, context: CallContext) -> Route:
         """`route` for a call: its policy by the rules (a call that names no agent is its rollout's agent's),
         knowing whether its rollout is evaluation traffic when that decides it."""
-        if requested_model != self.served_model:
+        if not self.serves(requested_model):
             return Route(requested_model, None)
         agent = context.agent
         if agent is None and context.rollout_id is not None and self.rules.needs_agent:
@@ -126,15 +133,21 @@ class PolicyRouter:
 
     def route(self, requested_model: str, rollout_id: str | None = None, evaluation: bool = False,
               policy: str | None = None) -> Route:
-        if requested_model != self.served_model:
+        if not self.serves(requested_model):
             return Route(requested_model, None)
         policy = policy or self.rules.default
         if policy == BASE_POLICY:
-            return Route(self.base_model or requested_model, 0, BASE_POLICY)
+            return Route(self._base(requested_model), 0, BASE_POLICY)
         chosen = self.policy_for(rollout_id, evaluation, policy)
         if chosen.name is not None:
             return Route(chosen.name, chosen.version, policy)
-        return Route(self.base_model or requested_model, chosen.version, policy)
+        return Route(self._base(requested_model), chosen.version, policy)
+
+    def _base(self, requested_model: str) -> str:
+        """The engine's name for the base model ("auto" is not one before the engine is known)."""
+        if self.base_model:
+            return self.base_model
+        return (self.served_model or requested_model) if requested_model == AUTO_MODEL else requested_model
 
     async def refresh(self) -> None:
         async with self.sessions() as session:

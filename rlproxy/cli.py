@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from rlproxy.commands import demo, evaluate, keys, prune, serve, train
+from rlproxy.commands import demo, evaluate, keys, prune, run, serve, train
 from rlproxy.commands.options import option
 from rlproxy.extras import require
 
@@ -47,7 +47,7 @@ def model_prepare(out: Path | None) -> None:
 
 
 for command in (serve.serve, serve.engine, serve.migrate, train.train, train.train_config, train.export,
-                evaluate.eval_, demo.demo, keys.keys, prune.prune):
+                evaluate.eval_, demo.demo, keys.keys, prune.prune, run.run):
     main.add_command(command)
 
 if __name__ == "__main__":

@@ -193,6 +193,45 @@ def test_another_projects_rollout_answers_404_like_a_missing_one(secured):
     assert secured.get(f"/rollouts/{rid}", OPERATOR_KEY).status_code == 200  # the operator sees every project
 
 
+def test_the_event_url_has_the_keys_and_tenancy_of_reward(secured):
+    """Agent Lightning's event URL (`AGL_EVENT_URL`): its key is a bearer token, scoped as `POST /reward` is."""
+    alpha, beta = secured.keys["alpha"], secured.keys["beta"]
+    rid = secured.post("/rollouts", alpha, json={"task_id": "t1"}).json()["rollout_id"]
+    reward = {"event_type": "reward", "data": {"value": 1.0}}
+    error_of(secured.post(f"/rollouts/{rid}/events", None, json=reward), 401)
+    error_of(secured.post(f"/rollouts/{rid}/events", beta, json=reward), 404)
+    error_of(secured.post(f"/rollouts/{rid}/events", beta, json={"event_type": "span", "data": {}}), 404)
+    assert secured.post(f"/rollouts/{rid}/events", alpha, json=reward).json()["reward"] == 1.0
+    assert secured.get(f"/rollouts/{rid}", alpha).json()["reward"] == 1.0
+
+
+def test_rlproxy_run_with_the_projects_key(secured, tmp_path):
+    """The runner sends its --api-key; the agent asks for "auto", which reaches the engine as its base model;
+    this engine always answers 42, so exactly the two tasks whose answer is 42 succeed."""
+    from click.testing import CliRunner
+
+    from rlproxy.cli import main
+
+    tasks, log = ROOT / "examples" / "run_tasks.jsonl", tmp_path / "run.jsonl"
+    args = ["run", "--proxy", secured.url, "--tasks", str(tasks), "--task-id-field", "id", "--attempts", "1",
+            "--agent", "examples.run_agent:solve", "--log", str(log)]
+    wrong = CliRunner().invoke(main, [*args, "--api-key", "wrong"])
+    assert wrong.exit_code == 1 and wrong.output.strip().splitlines() == [
+        "rlproxy run: POST /rollouts: 401 invalid API key (unknown or revoked)"]
+
+    seen = len(secured.engine.seen)
+    result = CliRunner().invoke(main, [*args, "--api-key", secured.keys["alpha"]])
+    assert result.exit_code == 0, result.output
+    ended = [json.loads(line) for line in log.read_text().splitlines() if '"finished"' in line]
+    assert {e["task_id"]: e["reward"] for e in ended} == {"add-3-4": 0.0, "add-2-5": 0.0, "mul-6-7": 1.0,
+                                                         "sub-9-4": 0.0, "ten": 0.0, "add-20-22": 1.0}
+    assert {json.loads(raw)["model"] for path, _, raw in secured.engine.seen[seen:]
+            if path == "/v1/chat/completions"} == {MODEL}
+    assert "33%" in result.output  # the summary: 2 of 6 succeeded
+    rollout = secured.get(f"/rollouts/{ended[0]['rollout_id']}", secured.keys["beta"])
+    assert rollout.status_code == 404  # the runner's rollouts are its key's project's
+
+
 def test_the_first_call_claims_a_new_rollout_id_for_its_project(secured):
     rid = f"shared-{uuid.uuid4().hex[:8]}"
     base_url = f"{secured.url}/rollouts/{rid}/v1"

@@ -19,6 +19,7 @@ from rlproxy.commands.settings_doc import markdown
 from rlproxy.commands.train import train_config_from
 from rlproxy.settings import EngineSettings, ProxySettings, TrainerSettings
 from rlproxy.testing.processes import rlproxy_command
+from runner.settings import RunSettings
 from trainer.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,7 +31,8 @@ def test_the_settings_page_is_what_the_models_say():
 
 
 @pytest.mark.parametrize("command, models", [
-    ("serve", [ProxySettings]), ("engine", [EngineSettings]), ("train", [TrainerSettings, TrainConfig])])
+    ("serve", [ProxySettings]), ("engine", [EngineSettings]), ("train", [TrainerSettings, TrainConfig]),
+    ("run", [RunSettings])])
 def test_every_field_of_a_commands_models_is_one_flag_in_its_help(command, models):
     help_text = CliRunner().invoke(main, [command, "--help"], terminal_width=200).output
     for model in models:

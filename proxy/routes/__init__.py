@@ -6,7 +6,7 @@ from proxy.endpoints import Endpoint
 
 
 def all_endpoints() -> list[Endpoint]:
-    from proxy.routes import docs, messages, openai, ops, policies, responses, rollouts, traces
+    from proxy.routes import docs, events, messages, openai, ops, policies, responses, rollouts, traces
 
-    return [*openai.ENDPOINTS, *responses.ENDPOINTS, *messages.ENDPOINTS, *rollouts.ENDPOINTS,
+    return [*openai.ENDPOINTS, *responses.ENDPOINTS, *messages.ENDPOINTS, *rollouts.ENDPOINTS, *events.ENDPOINTS,
             *traces.ENDPOINTS, *policies.ENDPOINTS, *ops.ENDPOINTS, *docs.ENDPOINTS]

@@ -1,0 +1,91 @@
+"""`POST /rollouts/{rollout_id}/events`: the event URL an Agent Lightning v1 agent is given (`AGL_EVENT_URL`),
+so such an agent runs against the proxy unchanged. Its body is `{"event_type": str, "data": object}`:
+a `reward` event (`data.value`, a finite number) is the rollout's final reward, exactly as `POST /reward`
+without `call_id` (same no-op on a repeat, 409 for a different value); any other event is kept with the
+rollout (its metadata's "events", shown by `GET /rollouts/{id}`). Same keys and tenancy as `POST /reward`."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from aiohttp import web
+from pydantic import Field, StrictStr, field_validator
+
+from proxy.bodies import Body
+from proxy.endpoints import Answer, Endpoint
+from proxy.errors import NotFoundError, Unprocessable
+from proxy.routes.rollouts import count_reward
+from proxy.schemas import _Stored, parse_json_object, validate
+from proxy.state import state
+from store import events as store_events
+from store import rollouts as store_rollouts
+
+REWARD = "reward"
+MAX_DEPTH = 64  # JSON nesting kept: the store's JSON encoder gives up past 254 levels (a 500 otherwise)
+
+
+class RolloutEvent(_Stored):
+    event_type: StrictStr = Field(min_length=1, max_length=128,
+                                  description='"reward" (data.value is the final reward) or any other kind.')
+    data: Any = Field(default_factory=dict, description="Any JSON (nested at most 64 levels); a reward event's "
+                                                        "is an object with `value`.")
+
+    @field_validator("data")
+    @classmethod
+    def _shallow(cls, data: Any) -> Any:
+        if _too_deep(data, MAX_DEPTH):
+            raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+        return data
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    level = [value]
+    for _ in range(limit):
+        level = [child for item in level if isinstance(item, (dict, list))
+                 for child in (item.values() if isinstance(item, dict) else item)]
+        if not level:
+            return False
+    return any(isinstance(item, (dict, list)) for item in level)
+
+
+class EventResult(Body):
+    rollout_id: str
+    event_type: str
+    reward: float | None = Field(None, description="The final reward stored (reward events only).")
+    stored: bool = Field(description="False when the rollout already holds the most events kept (counted only).")
+
+
+def _reward_value(data: Any) -> float:
+    value = data.get("value") if isinstance(data, dict) else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise Unprocessable("a reward event needs data.value, a finite number", param="data.value")
+    return float(value)
+
+
+async def post_event(request: web.Request) -> web.Response:
+    rollout_id = request.match_info["rollout_id"]
+    if "\x00" in rollout_id:
+        raise NotFoundError(f"rollout {rollout_id!r} does not exist")
+    event = validate(RolloutEvent, parse_json_object(await request.read(), Unprocessable), Unprocessable)
+    app = state(request)
+    project = request.get("project")
+    if event.event_type == REWARD:
+        value = _reward_value(event.data)
+        await app.writer.sync()  # as POST /reward: the rollout's calls are stored before it closes
+        async with app.sessions() as session, session.begin():
+            result = await store_rollouts.post_reward(session, rollout_id, value, project=project,
+                                                      metadata={"event": REWARD})
+        if result.created:
+            count_reward(app, result)
+        return EventResult(rollout_id=rollout_id, event_type=REWARD, reward=result.reward, stored=True).reply()
+    async with app.sessions() as session, session.begin():
+        stored = await store_events.add_event(session, rollout_id, event.event_type, event.data, project=project)
+    return EventResult(rollout_id=rollout_id, event_type=event.event_type, stored=stored).reply()
+
+
+ENDPOINTS = [
+    Endpoint("post", "/rollouts/{rollout_id}/events", post_event,
+             "An agent event (Agent Lightning's event URL): a reward event is the final reward, others are kept "
+             "with the rollout", {200: Answer("Stored (or the same final reward again).", EventResult)},
+             (404, 409, 422, 503), body=RolloutEvent, path_params={"rollout_id": {"type": "string"}}),
+]

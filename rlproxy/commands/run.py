@@ -1,0 +1,46 @@
+"""`rlproxy run`: an agent driven over a task set through a running proxy (runner/, docs/run.md)."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from rlproxy.commands.flags import Flags
+from runner.settings import RunSettings
+
+RUN_FLAGS = Flags(RunSettings)
+BAD_INPUT = 2  # as click's usage errors
+
+
+def _fail(message: str, code: int) -> None:
+    click.echo(f"rlproxy run: {message}", err=True)
+    sys.exit(code)
+
+
+@click.command("run")
+@RUN_FLAGS
+def run(**params) -> None:
+    """Run an agent over a task set: each attempt is one rollout of the proxy, rewarded by the agent (or by what
+    it returns), in groups of --attempts per task, resumable with --resume. See docs/run.md."""
+    import asyncio
+
+    from rich.console import Console
+
+    from runner.errors import ProxyRefused, RunInputError
+    from runner.progress import summary
+    from runner.run import Runner, prepare
+
+    settings = RUN_FLAGS.build(RunSettings, params)
+    try:
+        plan = prepare(settings)
+    except RunInputError as exc:
+        _fail(str(exc), BAD_INPUT)
+    try:
+        outcomes = asyncio.run(Runner(plan).run())
+    except RunInputError as exc:
+        _fail(str(exc), BAD_INPUT)
+    except ProxyRefused as exc:
+        _fail(str(exc), 1)
+    except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C, or SIGTERM (runner/run.py)
+        _fail(f"interrupted; `--resume` goes on from {settings.log}", 130)
+    Console().print(summary(outcomes, settings.success_threshold))

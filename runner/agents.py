@@ -1,0 +1,206 @@
+"""The three ways to name the agent, each run once per attempt with the rollout's URLs:
+
+- a Python function `(task, client_config) -> float | None`, sync or async (`--agent module:function`);
+- a program, with the URLs in its environment (`--command "python my_agent.py"`);
+- an Agent Lightning v1 agent class, unmodified, in its own process (`--agent-class module:Class`).
+
+An agent's result is what it says the reward is (None: it posted its own, or none) or the error that ended it."""
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import os
+import signal
+import sys
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from runner.errors import RunInputError
+
+NUMBER_TAIL = 2000  # bytes of a program's output kept for its last line and the log
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """What an agent is given for one attempt."""
+
+    openai_base_url: str  # ends in /v1: every call through it is recorded into the rollout
+    anthropic_base_url: str  # the same rollout for Anthropic's clients (they add /v1/messages)
+    rollout_id: str
+    reward_url: str  # POST {"rollout_id", "reward"} here (the proxy's /reward)
+    event_url: str  # or Agent Lightning's event body here
+    api_key: str  # the proxy's agent key ("rlproxy" when its keys are off: clients insist on one)
+    model: str  # the model name to ask for ("auto": the rollout's policy)
+    task_id: str
+    eval: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class AgentResult:
+    reward: float | None = None
+    error: str | None = None  # the agent failed (its own exception or exit status)
+
+
+def import_target(spec: str, flag: str) -> Any:
+    """`module:name` imported from the working directory first, as `python -m` would; bad input otherwise."""
+    module_name, sep, name = spec.partition(":")
+    if not sep or not module_name or not name:
+        raise RunInputError(f"{flag} {spec!r}: expected module:name")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001 — the import's own error, in one line
+        raise RunInputError(f"{flag} {spec!r}: cannot import {module_name} ({type(exc).__name__}: {exc})") from None
+    target = module
+    for part in name.split("."):
+        if not hasattr(target, part):
+            raise RunInputError(f"{flag} {spec!r}: {module_name} has no {name!r}")
+        target = getattr(target, part)
+    return target
+
+
+def in_thread(function: Callable, *args: Any) -> asyncio.Future:
+    """`function(*args)` in a daemon thread of its own: a sync agent stuck past its timeout cannot hold up the
+    other attempts (one thread each) nor the runner's exit (a pool's threads are joined at exit)."""
+    loop = asyncio.get_running_loop()
+    future = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if not future.done():  # cancelled by the attempt's timeout: nobody waits for it any more
+            future.set_exception(error) if error is not None else future.set_result(result)
+
+    def target() -> None:
+        try:
+            outcome: tuple[Any, BaseException | None] = (function(*args), None)
+        except BaseException as exc:  # noqa: BLE001 — handed to the waiting attempt
+            outcome = (None, exc)
+        try:
+            loop.call_soon_threadsafe(settle, *outcome)
+        except RuntimeError:  # the run is over (its loop closed)
+            pass
+
+    threading.Thread(target=target, name="agent", daemon=True).start()
+    return future
+
+
+def _reward(value: Any, source: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{source} returned {type(value).__name__}, not a number or None")
+    return float(value)
+
+
+class FunctionAgent:
+    def __init__(self, spec: str) -> None:
+        self.function: Callable = import_target(spec, "--agent")
+        if not callable(self.function):
+            raise RunInputError(f"--agent {spec!r} is not callable")
+        self.spec = spec
+
+    async def run(self, task: dict[str, Any], config: ClientConfig, env: dict[str, str]) -> AgentResult:
+        try:
+            if inspect.iscoroutinefunction(self.function):
+                value = await self.function(task, config)
+            else:  # in a thread, so the other attempts go on while it waits for the model
+                value = await in_thread(self.function, task, config)
+                if inspect.isawaitable(value):
+                    value = await value
+            return AgentResult(None if value is None else _reward(value, self.spec))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 — the agent's own failure, logged with the attempt
+            return AgentResult(error=f"{type(exc).__name__}: {exc}")
+
+
+def last_number(output: bytes) -> float | None:
+    lines = output.decode(errors="replace").strip().splitlines()
+    try:
+        return float(lines[-1].strip()) if lines else None
+    except ValueError:
+        return None
+
+
+async def run_process(argv: list[str] | str, env: dict[str, str], *, cwd: str | None = None,
+                      inherit: dict[str, str] | None = None) -> tuple[int, bytes, bytes]:
+    """Run a program to its end in its own process group, with `env` over `inherit` (default: this process's
+    environment); cancelling the attempt (its timeout) kills the group, so nothing it started outlives it."""
+    spawn = asyncio.create_subprocess_shell if isinstance(argv, str) else asyncio.create_subprocess_exec
+    args = [argv] if isinstance(argv, str) else argv
+    base = os.environ if inherit is None else inherit
+    process = await spawn(*args, env={**base, **env}, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
+                          stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = await process.communicate()
+    except asyncio.CancelledError:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        await process.wait()
+        raise
+    return process.returncode, out[-NUMBER_TAIL:], err[-NUMBER_TAIL:]
+
+
+def failure(code: int, err: bytes) -> str:
+    tail = err.decode(errors="replace").strip().splitlines()
+    return f"exit status {code}" + (f": {tail[-1]}" if tail else "")
+
+
+def base_env(config: ClientConfig, task: dict[str, Any]) -> dict[str, str]:
+    """The variables `--command` programs get (docs/run.md lists them)."""
+    return {
+        "OPENAI_BASE_URL": config.openai_base_url, "OPENAI_API_KEY": config.api_key,
+        "ANTHROPIC_BASE_URL": config.anthropic_base_url, "ANTHROPIC_API_KEY": config.api_key,
+        "RLPROXY_REWARD_URL": config.reward_url, "RLPROXY_EVENT_URL": config.event_url,
+        "RLPROXY_ROLLOUT_ID": config.rollout_id, "RLPROXY_TASK_ID": config.task_id,
+        "RLPROXY_MODEL": config.model, "RLPROXY_API_KEY": config.api_key,
+        "RLPROXY_EVAL": "1" if config.eval else "0",
+        "RLPROXY_TASK": json.dumps(task, ensure_ascii=False, default=str),
+    }
+
+
+class CommandAgent:
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    async def run(self, task: dict[str, Any], config: ClientConfig, env: dict[str, str]) -> AgentResult:
+        code, out, err = await run_process(self.command, {**base_env(config, task), **env})
+        if code != 0:
+            return AgentResult(error=failure(code, err))
+        return AgentResult(last_number(out))
+
+
+class ClassAgent:
+    """An Agent Lightning v1 agent class: `Class().run()` in a fresh process (runner/agl_host.py) with the
+    three variables its controller sets, `AGL_OPENAI_BASE_URL`, `AGL_EVENT_URL` and `AGL_KEY`."""
+
+    def __init__(self, spec: str, check_env: dict[str, str]) -> None:
+        """Imported once before the run in a process of its own, with `check_env` (the AGL variables), as each
+        attempt will import it: the module is not imported into the runner."""
+        import subprocess
+
+        done = subprocess.run([sys.executable, "-m", "runner.agl_host", "--check", spec], capture_output=True,
+                              text=True, env={**os.environ, **check_env}, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            lines = done.stderr.strip().splitlines()
+            raise RunInputError(lines[-1] if lines else f"--agent-class {spec!r}: exit status {done.returncode}")
+        self.spec = spec
+
+    async def run(self, task: dict[str, Any], config: ClientConfig, env: dict[str, str]) -> AgentResult:
+        agl = {"AGL_OPENAI_BASE_URL": config.openai_base_url, "AGL_EVENT_URL": config.event_url,
+               "AGL_KEY": config.api_key}
+        code, _, err = await run_process([sys.executable, "-m", "runner.agl_host", self.spec], {**agl, **env})
+        return AgentResult(error=None if code == 0 else failure(code, err))
+
+
+def make_agent(kind: str, target: str, check_env: dict[str, str]) -> FunctionAgent | CommandAgent | ClassAgent:
+    """`check_env`: the variables an agent class is checked with (the proxy's URLs for no rollout yet)."""
+    if kind == "agent-class":
+        return ClassAgent(target, check_env)
+    return FunctionAgent(target) if kind == "agent" else CommandAgent(target)

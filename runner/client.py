@@ -1,0 +1,79 @@
+"""The proxy as the runner sees it: its public HTTP routes (`POST /rollouts`, `POST /reward`,
+`GET /rollouts/{id}`, `GET /healthz`), with failures sorted into infrastructure (tried again) and refusals
+(the run stops)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from runner.errors import InfrastructureError, ProxyRefused
+
+
+@dataclass(frozen=True)
+class NewRollout:
+    rollout_id: str
+    base_url: str  # ends in /rollouts/{id}/v1
+
+
+class ProxyClient:
+    def __init__(self, proxy: str, api_key: str | None, timeout: float = 60.0) -> None:
+        self.proxy = proxy.rstrip("/")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=timeout))
+
+    async def close(self) -> None:
+        await self._http.close()
+
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+        try:
+            async with self._http.request(method, self.proxy + path, json=body) as response:
+                status = response.status
+                payload = await response.json(content_type=None) if await response.read() else None
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise InfrastructureError(f"{method} {path}: proxy unreachable ({type(exc).__name__}: {exc})") from None
+        if status >= 500:
+            raise InfrastructureError(f"{method} {path}: proxy answered {status} ({_message(payload)})")
+        return status, payload
+
+    async def healthy(self) -> bool:
+        try:
+            status, _ = await self._call("GET", "/healthz")
+        except InfrastructureError:
+            return False
+        return status == 200
+
+    async def create_rollout(self, task_id: str, *, agent: str | None, evaluation: bool,
+                             metadata: dict[str, Any]) -> NewRollout:
+        body = {"task_id": task_id, "metadata": metadata, "eval": evaluation}
+        if agent:
+            body["agent"] = agent
+        status, payload = await self._call("POST", "/rollouts", body)
+        if status != 201:
+            raise ProxyRefused(f"POST /rollouts: {status} {_message(payload)}")
+        return NewRollout(payload["rollout_id"], payload["base_url"])
+
+    async def post_reward(self, rollout_id: str, reward: float) -> bool:
+        """The final reward; False when the rollout already had another one (409)."""
+        status, payload = await self._call("POST", "/reward", {"rollout_id": rollout_id, "reward": reward})
+        if status == 409:
+            return False
+        if status != 200:
+            raise ProxyRefused(f"POST /reward: {status} {_message(payload)}")
+        return True
+
+    async def rollout(self, rollout_id: str) -> dict[str, Any] | None:
+        """The rollout as stored (reward, policy, calls); None when the proxy does not know it."""
+        status, payload = await self._call("GET", f"/rollouts/{rollout_id}")
+        if status == 404:
+            return None
+        if status != 200:
+            raise ProxyRefused(f"GET /rollouts/{rollout_id}: {status} {_message(payload)}")
+        return payload
+
+
+def _message(payload: Any) -> str:
+    if isinstance(payload, dict) and isinstance(payload.get("error"), dict):
+        return str(payload["error"].get("message"))
+    return str(payload)[:200]

@@ -1,0 +1,90 @@
+"""What the person running it sees: a rich progress bar (rate, success, ETA) in a terminal, time-stamped lines
+otherwise; and the summary table at the end, success by split and by policy version."""
+from __future__ import annotations
+
+import sys
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One attempt's end, as counted."""
+
+    split: str
+    status: str  # rewarded, unrewarded, failed, timeout, infrastructure, skipped (rewarded in an earlier run)
+    reward: float | None
+    policy: int | None
+
+
+class Display:
+    def __init__(self, total: int, threshold: float, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.total, self.threshold = total, threshold
+        self.done = self.successes = self.rewarded = 0
+        self.began = time.monotonic()
+        self._bar: Progress | None = None
+        if self.console.is_terminal:
+            self._bar = Progress(TextColumn("[bold]run"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[rate]}"), TextColumn("{task.fields[success]}"),
+                                 TextColumn("ETA"), TimeRemainingColumn(), console=self.console)
+            self._task = self._bar.add_task("run", total=total, rate="", success="")
+            self._bar.start()
+
+    def _rate(self) -> float:
+        return self.done / max(time.monotonic() - self.began, 1e-9)
+
+    def success_text(self) -> str:
+        if not self.rewarded:
+            return "success -"
+        return f"success {self.successes / self.rewarded:.0%}"
+
+    def advance(self, outcome: Outcome, label: str) -> None:
+        self.done += 1
+        if outcome.reward is not None:
+            self.rewarded += 1
+            self.successes += outcome.reward >= self.threshold
+        rate = self._rate()
+        if self._bar is not None:
+            self._bar.update(self._task, advance=1, rate=f"{rate:.2f}/s", success=self.success_text())
+            return
+        left = (self.total - self.done) / rate if rate > 0 else float("inf")
+        reward = "" if outcome.reward is None else f" reward {outcome.reward:g}"
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        print(f"{stamp} {self.done}/{self.total} {label} {outcome.status}{reward} | {rate:.2f}/s "
+              f"{self.success_text()} ETA {left:.0f}s", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def summary(outcomes: list[Outcome], threshold: float) -> Table:
+    """Attempts, rewarded, success and mean reward, by split and by the policy version that answered."""
+    groups: dict[tuple[str, str], list[Outcome]] = defaultdict(list)
+    for outcome in outcomes:
+        version = "-" if outcome.policy is None else f"v{outcome.policy}"
+        groups[(outcome.split, version)].append(outcome)
+        groups[(outcome.split, "all")].append(outcome)
+    table = Table(title=f"rlproxy run: success is a reward >= {threshold:g}")
+    for column in ("split", "policy", "attempts", "rewarded", "success", "mean reward", "failed"):
+        table.add_column(column, justify="left" if column in ("split", "policy") else "right")
+    versions = defaultdict(int)
+    for split, version in groups:
+        versions[split] += version != "all"
+    for (split, version), items in sorted(groups.items(), key=lambda item: (item[0][0], item[0][1] == "all",
+                                                                            item[0][1])):
+        if version == "all" and versions[split] == 1:
+            continue  # the one version's row says it all
+        rewards = [o.reward for o in items if o.reward is not None]
+        wins = sum(r >= threshold for r in rewards)
+        table.add_row(split, version, str(len(items)), str(len(rewards)),
+                      f"{wins / len(rewards):.0%}" if rewards else "-",
+                      f"{sum(rewards) / len(rewards):.3f}" if rewards else "-",
+                      str(sum(o.status in ("failed", "timeout", "infrastructure") for o in items)))
+    return table

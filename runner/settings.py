@@ -1,0 +1,69 @@
+"""What `rlproxy run` is told: one pydantic model, from which the command's flags are made (every flag also
+reads `RLPROXY_<FLAG>`)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
+
+DEFAULT_PROXY = "http://127.0.0.1:8400"
+
+
+class RunSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tasks: Path | None = Field(None, description="Task file: JSON lines, one task object a line (or a Parquet "
+                                                 "file / `datasets` folder when the datasets package is installed).")
+    agent: str | None = Field(None, description="module:function called per attempt as (task, client_config) -> "
+                                                "reward or None (sync or async).")
+    command: str | None = Field(None, description="Shell command run per attempt with the rollout's URLs in its "
+                                                  "environment (docs/run.md).")
+    agent_class: str | None = Field(None, description="module:Class, an Agent Lightning v1 agent class run per "
+                                                      "attempt in its own process as Class().run().")
+    harness: Literal["claude-code", "codex"] | None = Field(
+        None, description="A coding-agent harness run per attempt in a fresh working folder; --verify scores it.")
+    prompt_field: str = Field("prompt", description="Task field holding the harness's prompt.")
+    verify: str | None = Field(None, description="Shell command run in the harness's working folder afterwards: "
+                                                 "its last line if a number, else its exit status (0: 1.0), is "
+                                                 "the reward.")
+    workdir: Path | None = Field(None, description="Folder copied as each harness attempt's working folder.")
+    repo_field: str | None = Field(None, description="Task field naming a git repository cloned as the working "
+                                                     "folder instead.")
+    harness_args: tuple[str, ...] = Field((), description="One more argument for the harness (repeat).",
+                                          json_schema_extra={"split": False})
+    env_map: tuple[str, ...] = Field((), description="VAR=field: the task's field given to the agent as the "
+                                                     "environment variable VAR (repeat).")
+    proxy: str = Field(DEFAULT_PROXY, description="The running proxy's URL.")
+    api_key: SecretStr | None = Field(None, description="Agent key sent to the proxy (when its keys are on).")
+    model: str = Field("auto", description='Model name the agent is told to ask for ("auto": the rollout\'s '
+                                           "policy).")
+    agent_name: str | None = Field(None, description="Agent name of the rollouts (policy rules may route by it).")
+    task_id_field: str | None = Field(None, description="Task field holding its id (default: a hash of the task).")
+    attempts: int = Field(4, ge=1, description="Attempts per task and epoch: the group the trainer compares.")
+    concurrency: int = Field(8, ge=1, description="Attempts in flight at once.")
+    epochs: int = Field(1, ge=1, description="Passes over the task set.")
+    timeout: float = Field(600.0, gt=0, description="Seconds one attempt may take.")
+    retries: int = Field(3, ge=0, description="Times an attempt is tried again after an infrastructure failure "
+                                              "(proxy or engine unreachable, 5xx before any answer).")
+    eval_share: float = Field(0.0, ge=0, le=1, description="Share of the tasks held out as evaluation rollouts "
+                                                            "(chosen by task id, never trained on).")
+    eval_tasks: Path | None = Field(None, description="A second task file run as evaluation rollouts only.")
+    success_threshold: float = Field(1.0, description="A reward at least this counts as a success.")
+    log: Path = Field(Path("rlproxy-run.jsonl"), description="JSON lines log of every attempt (read by --resume).")
+    resume: bool = Field(False, description="Skip attempts the log shows rewarded (checked with the proxy).")
+
+    def mode(self) -> tuple[str, str]:
+        """(kind, target) of the one agent named."""
+        named = [(kind, value) for kind, value in (("agent", self.agent), ("command", self.command),
+                                                    ("agent-class", self.agent_class),
+                                                    ("harness", self.harness)) if value]
+        if len(named) != 1:
+            from runner.errors import RunInputError
+
+            raise RunInputError("name the agent once: --agent module:function, --command \"...\", "
+                                "--agent-class module:Class or --harness claude-code|codex")
+        return named[0]
+
+    def key(self) -> str | None:
+        return self.api_key.get_secret_value() if self.api_key is not None else None

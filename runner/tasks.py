@@ -1,0 +1,112 @@
+"""Reading the task set: JSON lines (errors name the line), or a Parquet file / `datasets` folder when the
+`datasets` package is installed. Each task gets a stable id and a split (train or eval)."""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from runner.errors import RunInputError
+
+TRAIN, EVAL = "train", "eval"
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str
+    data: dict[str, Any]
+    split: str  # TRAIN or EVAL
+    where: str  # "tasks.jsonl line 3", for errors about this task
+
+
+def canonical_id(task: dict[str, Any]) -> str:
+    """A hash of the task's canonical JSON (sorted keys, no spaces): the same task has the same id in every
+    run, so a resumed run finds its attempts."""
+    text = json.dumps(task, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def held_out(task_id: str, share: float) -> bool:
+    """Whether a task falls in the evaluation share: by its id, so the split is the same in every run."""
+    return int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) / 2**32 < share
+
+
+def _json_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    rows = []
+    try:
+        with path.open(encoding="utf-8") as file:
+            for number, line in enumerate(file, 1):
+                if not line.strip():
+                    continue
+                where = f"{path} line {number}"
+                try:
+                    task = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise RunInputError(f"{where}: not JSON ({exc.msg}); a task file has one JSON object a "
+                                        "line") from None
+                if not isinstance(task, dict):
+                    raise RunInputError(f"{where}: a task is a JSON object, not {type(task).__name__}")
+                rows.append((where, task))
+    except UnicodeDecodeError as exc:
+        raise RunInputError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except OSError as exc:
+        raise RunInputError(f"{path}: {exc.strerror}") from None
+    return rows
+
+
+def _dataset(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    try:
+        import datasets
+    except ImportError:
+        raise RunInputError(f"{path}: reading a Parquet file or a datasets folder needs the datasets package "
+                            "(pip install datasets); or give JSON lines") from None
+    try:
+        data = (datasets.Dataset.from_parquet(str(path)) if path.is_file()
+                else datasets.load_from_disk(str(path)))
+    except Exception as exc:  # noqa: BLE001 — whatever datasets raises, said in one line
+        raise RunInputError(f"{path}: {exc}") from None
+    if isinstance(data, datasets.DatasetDict):
+        if len(data) != 1:
+            raise RunInputError(f"{path}: holds the splits {sorted(data)}; give one split's folder")
+        data = next(iter(data.values()))
+    return [(f"{path} row {index}", dict(row)) for index, row in enumerate(data)]
+
+
+def read_tasks(path: Path, split: str, id_field: str | None = None, needed: dict[str, str] | None = None,
+               eval_share: float = 0.0) -> list[Task]:
+    """The tasks of one file. `needed`: the fields every task must have, each with the flag that names it."""
+    if not path.exists():
+        raise RunInputError(f"{path}: no such file")
+    rows = _dataset(path) if path.is_dir() or path.suffix == ".parquet" else _json_lines(path)
+    if not rows:
+        raise RunInputError(f"{path}: no tasks")
+    tasks, seen = [], {}
+    for where, data in rows:
+        for field, named_by in (needed or {}).items():
+            if field not in data:
+                raise RunInputError(f"{where}: no field {field!r} (named by {named_by})")
+        if id_field is not None:
+            if data.get(id_field) in (None, ""):
+                raise RunInputError(f"{where}: no field {id_field!r} (named by --task-id-field)")
+            task_id = str(data[id_field])
+        else:
+            task_id = canonical_id(data)
+        if task_id in seen:
+            raise RunInputError(f"{where}: task id {task_id!r} repeats {seen[task_id]}")
+        seen[task_id] = where
+        chosen = EVAL if split == EVAL or (eval_share > 0 and held_out(task_id, eval_share)) else TRAIN
+        tasks.append(Task(task_id, data, chosen, where))
+    return tasks
+
+
+def env_map(pairs: tuple[str, ...]) -> dict[str, str]:
+    """`--env-map VAR=field` pairs as {VAR: field}."""
+    mapped = {}
+    for pair in pairs:
+        variable, sep, field = pair.partition("=")
+        if not sep or not variable.strip() or not field.strip():
+            raise RunInputError(f"--env-map {pair!r}: expected VAR=field")
+        mapped[variable.strip()] = field.strip()
+    return mapped
