@@ -1,6 +1,6 @@
-"""Which models a project's key may call: the base model(s) the engines serve, the served model name, and the
-adapters of the policies its calls can be routed to (rlproxy/policy_rules.py `reachable`): never another
-project's adapter. A model outside that set answers 404 `model_not_found` before anything reaches the engine or
+"""Which models a project's key may call: the base model(s) the engines serve, the served model name (or
+"auto"), and the adapters of the policies its calls can be routed to (rlproxy/policy_rules.py `reachable`):
+never another project's adapter. A model outside that set answers 404 `model_not_found` before anything reaches the engine or
 the recorder, worded alike for a name that does not exist and one that is someone else's, so names do not leak;
 `GET /v1/models` lists only the set. Keys of no project (the operator's) and a proxy without keys may call
 anything the engines serve.
@@ -16,7 +16,7 @@ import orjson
 from sqlalchemy.exc import SQLAlchemyError
 
 from proxy.errors import NotFoundError, StoreUnavailable
-from proxy.policy import PolicyRouter
+from proxy.policy import AUTO_MODEL, PolicyRouter
 from proxy.upstream import UpstreamPool
 from store import policies
 
@@ -39,7 +39,8 @@ class ModelAccess:
 
     def _base_models(self) -> set[str]:
         names = {m for replica in self.upstreams.replicas for m in replica.base_models}
-        return names | {n for n in (self.router.served_model, self.router.base_model) if n}
+        # "auto" (Agent Lightning's name for "the rollout's policy") routes like the served model name
+        return names | {n for n in (self.router.served_model, self.router.base_model, AUTO_MODEL) if n}
 
     async def _policies_of(self, models: list[str]) -> dict[str, str]:
         unknown = [m for m in dict.fromkeys(models) if m not in self._policies]
