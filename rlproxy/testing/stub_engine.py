@@ -327,8 +327,10 @@ def recording(stub: Stub):
     return record
 
 
-def build_app(base_model: str = BASE_MODEL, api_key: str | None = None, stub: Stub | None = None) -> web.Application:
-    """The stand-in engine's routes, answered by `stub` (default: a `Stub` serving `base_model`)."""
+def build_app(base_model: str = BASE_MODEL, api_key: str | None = None, stub: Stub | None = None,
+              pooling: bool = True) -> web.Application:
+    """The stand-in engine's routes, answered by `stub` (default: a `Stub` serving `base_model`); without
+    `pooling`, no pooling routes, as vLLM serving a generative model."""
     stub = stub or Stub(base_model)
     app = web.Application(middlewares=[recording(stub)] + ([require_key(api_key)] if api_key else []))
     app["stub"] = stub
@@ -338,7 +340,7 @@ def build_app(base_model: str = BASE_MODEL, api_key: str | None = None, stub: St
     app.router.add_post(LOAD_ROUTE, stub.load_lora)  # the routes rlproxy/adapters.py calls, as vLLM serves them
     app.router.add_post(UNLOAD_ROUTE, stub.unload_lora)
     app.router.add_get("/health", lambda r: web.Response(text="ok"))
-    stub_pooling.add_routes(app, stub.tokenize)  # tokenize, pooling, score, rerank, ping, version
+    stub_pooling.add_routes(app, stub.tokenize, pooling)  # tokenize, pooling, score, rerank, ping, version
     return app
 
 

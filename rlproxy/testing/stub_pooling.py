@@ -142,12 +142,15 @@ async def version(request: web.Request) -> web.Response:
     return web.json_response({"version": VERSION})
 
 
-def add_routes(app: web.Application, tokenize) -> None:
-    """These routes on the stub's app; `tokenize(body) -> answer` is the stub's own (it renders chat)."""
-    for path, build in (("/tokenize", tokenize), ("/detokenize", detokenize), ("/v1/embeddings", embeddings),
-                        ("/v2/embed", embed_v2), ("/pooling", pooling), ("/classify", classify),
-                        ("/score", score), ("/v1/score", score), ("/rerank", rerank), ("/v1/rerank", rerank),
-                        ("/v2/rerank", rerank)):
+POOLING = {"/v1/embeddings": embeddings, "/v2/embed": embed_v2, "/pooling": pooling, "/classify": classify,
+           "/score": score, "/v1/score": score, "/rerank": rerank, "/v1/rerank": rerank, "/v2/rerank": rerank}
+
+
+def add_routes(app: web.Application, tokenize, pooling_routes: bool = True) -> None:
+    """These routes on the stub's app; `tokenize(body) -> answer` is the stub's own (it renders chat). Without
+    `pooling_routes` the stub is like vLLM serving a generative model, which has no pooling routes (404)."""
+    routes = {"/tokenize": tokenize, "/detokenize": detokenize, **(POOLING if pooling_routes else {})}
+    for path, build in routes.items():
         app.router.add_post(path, answering(build))
     app.router.add_get("/ping", ping)
     app.router.add_post("/ping", ping)
