@@ -51,10 +51,10 @@ def refuse_deep_json(raw: bytes) -> None:
     if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:  # nearly every body: no parsing here
         return
     try:
-        value = orjson.loads(raw)
-    except orjson.JSONDecodeError:
-        return
-    if too_deep(value):
+        deep = too_deep(orjson.loads(raw))
+    except orjson.JSONDecodeError as exc:
+        deep = "depth limit" in str(exc)  # past orjson's own 1,024 levels: still JSON, just deeper still
+    if deep:
         raise InvalidRequest(f"request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep",
                              code="json_too_deep")
 

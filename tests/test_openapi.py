@@ -182,6 +182,15 @@ def test_every_json_body_is_bounded_in_depth_as_documented(api: Api):
     deepest = {"model": "stub-model", "prompt": "six times seven", "x": nested(MAX_JSON_DEPTH - 1)}
     tokenized = requests.post(f"{api.url}/tokenize", json=deepest, headers=agent, timeout=30)
     assert tokenized.status_code == 200 and tokenized.json()["count"] == 3, tokenized.text
+    # A relayed body past what orjson writes (254) or reads (1,024) is refused the same; many shallow lists pass.
+    embeddings = f"{api.url}/rollouts/{rollout_id}/v1/embeddings"
+    for levels in (300, 2000):
+        deep = requests.post(embeddings, data=b'{"input": ' + b"[" * levels + b"]" * levels + b"}",
+                             headers={**agent, "Content-Type": "application/json"}, timeout=30)
+        assert deep.status_code == 400 and deep.json()["error"]["code"] == "json_too_deep", (levels, deep.text)
+    wide = requests.post(embeddings, json={"model": "stub-model", "input": [[i] for i in range(200)]},
+                         headers=agent, timeout=30)
+    assert wide.status_code == 200 and len(wide.json()["data"]) == 200, wide.text
 
 
 def test_every_error_the_proxy_raises_has_the_documented_shape():
