@@ -28,6 +28,10 @@ def _score(first: str, second: str) -> float:
     return round(hashlib.sha256(f"{first}\x00{second}".encode("utf-8", "surrogatepass")).digest()[0] / 255, 4)
 
 
+def _ids(values: list) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) for v in values)
+
+
 def _texts(value: Any, name: str) -> list[str]:
     """A text, a list of texts, token ids or lists of token ids (as OpenAI's `input`), each as one text."""
     if isinstance(value, str):
@@ -35,9 +39,9 @@ def _texts(value: Any, name: str) -> list[str]:
     if isinstance(value, list) and value:
         if all(isinstance(v, str) for v in value):
             return value
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        if _ids(value):
             return [" ".join(map(str, value))]
-        if all(isinstance(v, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in v) for v in value):
+        if all(isinstance(v, list) and _ids(v) for v in value):
             return [" ".join(map(str, v)) for v in value]
     raise BadBody(f"{name} must be a string, a list of strings or token ids")
 
@@ -61,7 +65,7 @@ def _listing(body: dict, kind: str, data: list[dict], texts: list[str]) -> dict[
 
 def detokenize(body: dict) -> dict:
     tokens = _field(body, "tokens")
-    if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
+    if not isinstance(tokens, list) or not _ids(tokens):
         raise BadBody("tokens must be a list of token ids")
     return {"prompt": " ".join(f"<{t}>" for t in tokens)}
 
@@ -76,7 +80,8 @@ def embed_v2(body: dict) -> dict:
     """Cohere's embed API, as vLLM serves it at /v2/embed."""
     texts = _texts(_field(body, "texts", "inputs"), "texts")
     return {"id": "embd-stub", "embeddings": {"float": [_vector(t) for t in texts]}, "texts": texts,
-            "meta": {"api_version": {"version": "2"}, "billed_units": {"input_tokens": _usage(texts)["total_tokens"]}}}
+            "meta": {"api_version": {"version": "2"},
+                     "billed_units": {"input_tokens": _usage(texts)["total_tokens"]}}}
 
 
 def pooling(body: dict) -> dict:
@@ -102,7 +107,8 @@ def score(body: dict) -> dict:
         first = first * len(second)
     if len(first) != len(second):
         raise BadBody("text_1 and text_2 must be as many, or text_1 one")
-    data = [{"index": i, "object": "score", "score": _score(a, b)} for i, (a, b) in enumerate(zip(first, second))]
+    data = [{"index": i, "object": "score", "score": _score(a, b)}
+            for i, (a, b) in enumerate(zip(first, second))]
     return _listing(body, "score", data, first + second)
 
 
@@ -115,8 +121,9 @@ def rerank(body: dict) -> dict:
     if not isinstance(top_n, int) or isinstance(top_n, bool) or top_n < 1:
         raise BadBody("top_n must be a positive integer")
     ranked = sorted(((i, _score(query, d)) for i, d in enumerate(documents)), key=lambda x: -x[1])[:top_n]
-    return {"id": "rerank-stub", "model": body.get("model"), "usage": {"total_tokens": _usage(documents)["total_tokens"]},
-            "results": [{"index": i, "document": {"text": documents[i]}, "relevance_score": s} for i, s in ranked]}
+    results = [{"index": i, "document": {"text": documents[i]}, "relevance_score": s} for i, s in ranked]
+    return {"id": "rerank-stub", "model": body.get("model"),
+            "usage": {"total_tokens": _usage(documents)["total_tokens"]}, "results": results}
 
 
 def answering(build):
