@@ -44,6 +44,21 @@ def too_deep(value: Any, raw: bytes | None = None, limit: int = MAX_JSON_DEPTH) 
     return False
 
 
+def refuse_deep_json(raw: bytes) -> None:
+    """A relayed engine body that is JSON nested too deeply: 400 `json_too_deep`, as on the proxy's own routes. The
+    proxy parses these bodies too (the `model` a key may call), and the engine is spared a body no agent sends.
+    A body that is not JSON is the engine's to refuse."""
+    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:  # nearly every body: no parsing here
+        return
+    try:
+        deep = too_deep(orjson.loads(raw))
+    except orjson.JSONDecodeError as exc:
+        deep = "depth limit" in str(exc)  # past orjson's own 1,024 levels: still JSON, just deeper still
+    if deep:
+        raise InvalidRequest(f"request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep",
+                             code="json_too_deep")
+
+
 @dataclass(slots=True)
 class TokenBucket:
     rate: float  # tokens added per second

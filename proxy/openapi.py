@@ -1,9 +1,10 @@
-"""The OpenAPI 3.1 document of the proxy's own routes (`GET /openapi.json`), generated from the route table (each
-module of proxy/routes/ lists its Endpoints) and the models: request bodies from proxy/schemas.py and the
-dialect modules, response bodies from proxy/bodies.py, which the handlers answer with. What the running server
-enforces on top (max_tokens / n limits, whether a key is needed) is written in from its settings, so the
-document describes this server as it runs. Bodies the engine answers (completions, the model list) are
-described loosely: they are the engine's own, passed through.
+"""The OpenAPI 3.1 document of the proxy's routes (`GET /openapi.json`), generated from the route table (each
+module of proxy/routes/ lists its Endpoints, the relayed engine routes included) and the models: request bodies
+from proxy/schemas.py and the dialect modules, response bodies from proxy/bodies.py, which the handlers answer
+with. What the running server enforces on top (max_tokens / n limits, whether a key is needed, how deeply a JSON
+body may nest) is written in from its settings and proxy/limits.py, so the document describes this server as it
+runs. Bodies the engine answers (completions, the model list, the relayed routes) are described loosely: they are
+the engine's own, passed through.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pydantic import BaseModel
 
 from proxy.bodies import AnthropicError, Error
 from proxy.endpoints import Answer, Endpoint
+from proxy.limits import MAX_JSON_DEPTH
 from rlproxy.settings import ProxySettings
 
 REF = "#/components/schemas/{model}"
@@ -41,14 +43,15 @@ def _component_schemas(models: list[type[BaseModel]]) -> dict[str, Any]:
 
 
 _ERRORS = {
-    400: "Malformed or invalid request (OpenAI routes), or over a configured limit.",
+    400: "Malformed or invalid request (OpenAI routes), a JSON body nested too deeply (`json_too_deep`), or over "
+         "a configured limit.",
     401: "No key, or an unknown or revoked one (when auth is on).",
     403: "The route needs an admin key.",
     404: "Unknown rollout, call, policy, model or route; another project's rollout or adapter looks the same.",
     409: "A different final reward for a rollout that already has one.",
     413: "The request body is larger than the proxy accepts.",
     415: "A body in a content type the route does not read.",
-    422: "Malformed body, or a reward that is not a finite number.",
+    422: "Malformed body, a JSON body nested too deeply (`json_too_deep`), or a reward that is not a finite number.",
     429: "Over the key's rate limit; Retry-After says when to try again.",
     502: "No engine reachable, or the engine refused to load the adapter.",
     503: "The database did not answer in time.",
@@ -82,6 +85,13 @@ def _answer(answer: Answer) -> dict[str, Any]:
         if answer.stream:
             out["content"]["text/event-stream"] = {}  # events as the engine (or the dialect) sends them
     return out
+
+
+def _depth_note(endpoint: Endpoint) -> str:
+    # Routes that answer a malformed body with 422 (/rollouts, /reward) list 422 and not 400 among their errors.
+    status = 400 if 400 in endpoint.errors else 422
+    return (f"A JSON body that nests arrays and objects more than {MAX_JSON_DEPTH} levels deep (the body itself "
+            f"is level 1) is refused: {status}, error code `json_too_deep`.")
 
 
 def _operation_id(method: str, path: str) -> str:
@@ -141,7 +151,8 @@ class _Builder:
         if endpoint.body is not None:
             body = (self.api_body(endpoint.body, endpoint.example(self.served_model)) if endpoint.example
                     else _json(_model_schema(endpoint.body)))
-            operation["requestBody"] = {"required": endpoint.body_required, **body}
+            operation["requestBody"] = {"required": endpoint.body_required, "description": _depth_note(endpoint),
+                                        **body}
             responses.update(_errors((413,), shape))
         if endpoint.protobuf:  # the same message, binary: in the request and in the answer
             operation["requestBody"]["content"][PROTOBUF] = {"schema": {"type": "string", "format": "binary"}}
@@ -172,11 +183,12 @@ class _Builder:
 
 def openapi_document(settings: ProxySettings, *, auth_enabled: bool, served_model: str | None,
                      endpoints: list[Endpoint] | None = None) -> dict[str, Any]:
-    """The document for `endpoints` (default: every route the proxy serves itself)."""
+    """The document for `endpoints` (default: every route the proxy serves itself, and the relayed engine routes
+    without a rollout prefix)."""
     if endpoints is None:
-        from proxy.routes import all_endpoints  # the routes import this module's caller, not the other way
+        from proxy.routes import all_endpoints, passthrough  # the routes import this module's caller
 
-        endpoints = all_endpoints()
+        endpoints = all_endpoints() + passthrough.ENDPOINTS
     builder = _Builder(settings, auth_enabled, served_model)
     for endpoint in endpoints:
         builder.add(endpoint)
@@ -190,7 +202,10 @@ def openapi_document(settings: ProxySettings, *, auth_enabled: bool, served_mode
         "openapi": "3.1.0",
         "info": {"title": "rlproxy", "version": "1",
                  "description": "An OpenAI-compatible proxy that records every call by rollout and takes "
-                                "rewards. Errors everywhere: {\"error\": {message, type, param, code}}."},
+                                "rewards. Errors everywhere: {\"error\": {message, type, param, code}}. The "
+                                "engine's read-only routes (tokenize, pooling, score, rerank, liveness) are relayed "
+                                "unrecorded; they are described here without a prefix, and are served the same "
+                                "under /rollouts/{rollout_id} and /rollouts/{rollout_id}/agents/{agent}."},
         "paths": builder.paths,
         "components": components,
     }

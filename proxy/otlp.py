@@ -55,6 +55,10 @@ _ID_FIELDS = ("traceId", "spanId", "parentSpanId")  # hex in OTLP JSON, bytes (b
 class OtlpFormatError(ValueError):
     """The body is not an OTLP trace export request in the encoding its content type names."""
 
+    def __init__(self, message: str, code: str = "invalid_otlp") -> None:
+        super().__init__(message)
+        self.code = code  # the error code the route answers with
+
 
 @dataclass(frozen=True, slots=True)
 class SpanFacts:
@@ -105,7 +109,8 @@ def decode_request(body: bytes, content_type: str) -> ExportTraceServiceRequest:
     if not isinstance(document, dict):
         raise OtlpFormatError("body must be a JSON object (an OTLP ExportTraceServiceRequest)")
     if too_deep(document, body):
-        raise OtlpFormatError(f"body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep")
+        raise OtlpFormatError(f"body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep",
+                              code="json_too_deep")
     try:
         json_format.ParseDict(_ids_as_base64(document), message, ignore_unknown_fields=True)
     except (json_format.ParseError, TypeError, ValueError) as exc:

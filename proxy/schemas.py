@@ -37,6 +37,13 @@ class TraceExport(BaseModel):
     resourceSpans: list[dict[str, Any]] = Field(default_factory=list)
 
 
+class EngineRequest(BaseModel):
+    """The body of a relayed engine route (proxy/engine_routes.py): the engine's to read and to refuse. The proxy
+    reads only its `model` (one the key may call) and how deeply it nests."""
+
+    model_config = ConfigDict(extra="allow")
+
+
 def _has_nul(value: Any) -> bool:
     if isinstance(value, str):
         return "\x00" in value
@@ -111,5 +118,5 @@ def validate(model: type[BaseModel], body: dict[str, Any], error: type[ProxyErro
         raise error(f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
 
 
-__all__ = ["ChatCompletionRequest", "CompletionRequest", "RolloutCreate", "RewardPost", "TraceExport",
-           "parse_json_object", "validate", "Unprocessable"]
+__all__ = ["ChatCompletionRequest", "CompletionRequest", "EngineRequest", "RolloutCreate", "RewardPost",
+           "TraceExport", "parse_json_object", "validate", "Unprocessable"]

@@ -56,7 +56,7 @@ class Tenants:
 def engine_in_thread(stub: Stub) -> Iterator[str]:
     """The stand-in engine's HTTP server on its own event loop in a thread; yields its URL."""
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(build_app(stub=stub), access_log=None)
+    runner = web.AppRunner(build_app(stub=stub, pooling=False), access_log=None)  # a generative model's engine
     loop.run_until_complete(runner.setup())
     site = web.TCPSite(runner, "127.0.0.1", 0)
     loop.run_until_complete(site.start())

@@ -8,7 +8,10 @@ listed path with another method), in the proxy's own error shape.
 
 The engine path is the table's, not the request's: whatever spelling matched, the engine gets the listed path
 and the request's query string, sent as they are (`encoded=True`: yarl would otherwise resolve dot segments).
-The agent's own `Authorization` header is never passed on; the engines get the proxy's key."""
+The agent's own `Authorization` header is never passed on; the engines get the proxy's key.
+
+ENDPOINTS describes the listed routes (bare) for the OpenAPI document; the same list, mounted under each prefix,
+is what the app registers."""
 from __future__ import annotations
 
 import asyncio
@@ -18,10 +21,14 @@ import orjson
 from aiohttp import web
 from yarl import URL
 
+from proxy.bodies import EngineObject
 from proxy.context import call_context
+from proxy.endpoints import Answer, Endpoint, mounted, register
 from proxy.engine_routes import RELAYED
 from proxy.errors import NotFoundError, UpstreamTimeout, UpstreamUnavailable
+from proxy.limits import refuse_deep_json
 from proxy.routes.openai import PREFIXES
+from proxy.schemas import EngineRequest
 from proxy.state import state
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) and what the proxy sets itself are not copied across.
@@ -47,6 +54,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     context = call_context(request)  # validates the ids in a prefixed path
     app = state(request)
     body = await request.read()
+    refuse_deep_json(body)
     await app.access.check_body(body, context.project)
     replica = app.upstreams.choose(context.rollout_id)
     headers = {k: v for k, v in request.headers.items() if k.lower() not in DROPPED}
@@ -94,9 +102,22 @@ async def _is_openai_error(upstream: aiohttp.ClientResponse) -> bool:
     return isinstance(body, dict) and isinstance(body.get("error"), dict)
 
 
+NO_BODY = {"/health", "/ping"}  # liveness: an empty 200, whatever the method
+RELAYED_ANSWER = Answer("The engine's answer, relayed as the engine sent it (not recorded).", EngineObject)
+LIVE_ANSWER = Answer("The engine is up (an empty body, as vLLM answers).")
+
+
+def _endpoint(path: str, method: str) -> Endpoint:
+    live = path in NO_BODY
+    return Endpoint(method.lower(), path, passthrough, f"The engine's {path}, relayed (not recorded)",
+                    {200: LIVE_ANSWER if live else RELAYED_ANSWER}, (400, 404, 502, 503, 504),
+                    body=None if live or method == "GET" else EngineRequest, engine_errors=True,
+                    context_headers=True)
+
+
+ENDPOINTS = [_endpoint(path, method) for path, methods in RELAYED.items() for method in methods]
+
+
 def add_routes(app: web.Application) -> None:
     """Each listed path and method under each prefix, exactly as written; registered after the proxy's own."""
-    for prefix in PREFIXES:
-        for path, methods in RELAYED.items():
-            for method in methods:
-                app.router.add_route(method, prefix + path, passthrough)
+    register(app, mounted(ENDPOINTS, PREFIXES))

@@ -49,7 +49,7 @@ async def export_traces(request: web.Request) -> web.Response:
     try:
         spans = span_facts(decode_request(raw, content_type))
     except OtlpFormatError as exc:
-        raise InvalidRequest(str(exc), code="invalid_otlp") from None
+        raise InvalidRequest(str(exc), code=exc.code) from None
 
     app = state(request)
     weights = ToolWeights.of(app.settings)

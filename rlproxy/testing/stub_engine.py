@@ -34,6 +34,7 @@ from pathlib import Path
 from aiohttp import web
 
 from rlproxy.adapters import LOAD_ROUTE, UNLOAD_ROUTE
+from rlproxy.testing import stub_pooling
 
 BASE_MODEL = "stub-model"
 VOCAB = ["The", "answer", "is", "42", "and", "that", "settles", "it", ".", "Sure", "here", "you", "go", "!"]
@@ -129,12 +130,16 @@ class Stub:
             return error(404, f"The lora adapter '{body['lora_name']}' cannot be found.", "NotFoundError")
         return web.Response(text="Success")
 
-    async def tokenize(self, request: web.Request) -> web.Response:
+    def tokenize(self, body: dict) -> dict:
         """vLLM's `/tokenize`: chat form (`messages`, rendered as the chat route does) or prompt form."""
-        body = json.loads(await request.read())
-        ids = tokenize(render_chat(body["messages"]) if "messages" in body else body["prompt"])
-        return web.Response(body=dumps({"count": len(ids), "max_model_len": 4096, "tokens": ids,
-                                        "token_strs": None}), content_type="application/json")
+        messages, prompt = body.get("messages"), body.get("prompt")
+        if isinstance(messages, list) and all(isinstance(m, dict) for m in messages):
+            ids = tokenize(render_chat(messages))
+        elif isinstance(prompt, str):
+            ids = tokenize(prompt)
+        else:
+            raise ValueError("prompt (a string) or messages (a list of message objects) is required")
+        return {"count": len(ids), "max_model_len": 4096, "tokens": ids, "token_strs": None}
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
         return await self._complete(request, chat=True)
@@ -322,18 +327,20 @@ def recording(stub: Stub):
     return record
 
 
-def build_app(base_model: str = BASE_MODEL, api_key: str | None = None, stub: Stub | None = None) -> web.Application:
-    """The stand-in engine's routes, answered by `stub` (default: a `Stub` serving `base_model`)."""
+def build_app(base_model: str = BASE_MODEL, api_key: str | None = None, stub: Stub | None = None,
+              pooling: bool = True) -> web.Application:
+    """The stand-in engine's routes, answered by `stub` (default: a `Stub` serving `base_model`); without
+    `pooling`, no pooling routes, as vLLM serving a generative model."""
     stub = stub or Stub(base_model)
     app = web.Application(middlewares=[recording(stub)] + ([require_key(api_key)] if api_key else []))
     app["stub"] = stub
     app.router.add_get("/v1/models", stub.models)
     app.router.add_post("/v1/chat/completions", stub.chat)
     app.router.add_post("/v1/completions", stub.completions)
-    app.router.add_post("/tokenize", stub.tokenize)
     app.router.add_post(LOAD_ROUTE, stub.load_lora)  # the routes rlproxy/adapters.py calls, as vLLM serves them
     app.router.add_post(UNLOAD_ROUTE, stub.unload_lora)
     app.router.add_get("/health", lambda r: web.Response(text="ok"))
+    stub_pooling.add_routes(app, stub.tokenize, pooling)  # tokenize, pooling, score, rerank, ping, version
     return app
 
 
