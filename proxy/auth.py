@@ -173,7 +173,10 @@ class Authenticator:
         token = token or request.headers.get("x-api-key", "").strip()  # what Anthropic's clients send
         if not token:
             raise Unauthorized("missing API key: send the header 'Authorization: Bearer <key>' (or 'x-api-key')")
-        digest = hash_key(token)
+        try:
+            digest = hash_key(token)
+        except UnicodeEncodeError:  # header bytes that are not UTF-8 arrive as lone surrogates: no key of ours
+            raise Unauthorized("invalid API key (unknown or revoked)") from None
         if self._admin_digest is not None and hmac.compare_digest(digest, self._admin_digest):
             return OPERATOR
         info = self._keys.get(digest)

@@ -157,6 +157,10 @@ def test_without_a_valid_key_everything_but_health_is_401(secured):
     for key in (None, "wrong", "rlp_" + "x" * 43):
         assert error_of(secured.get("/policies", key), 401)["code"] == "invalid_api_key"
         assert error_of(secured.post("/rollouts", key, json={}), 401)
+    for header in ("Authorization", "x-api-key"):  # a key that is not UTF-8 (byte 0xff): 401, never a 500
+        value = "Bearer rlp_\xff" if header == "Authorization" else "rlp_\xff"
+        answer = requests.get(secured.url + "/policies", headers={header: value})
+        assert error_of(answer, 401)["code"] == "invalid_api_key"
     assert secured.get("/rollouts/anything", None).headers["WWW-Authenticate"] == "Bearer"
     assert secured.get("/healthz", None).status_code == 200
     assert secured.get("/openapi.json", None).status_code == 200
