@@ -121,7 +121,14 @@ def test_the_document_describes_this_server(api: Api):
     assert "refused: 422" in paths["/reward"]["post"]["requestBody"]["description"]
 
 
+# Headers that frame the HTTP message itself: a generated value for one (`content-length: }{0o1j(`) is a
+# malformed request that aiohttp's parser refuses before any route runs, not a case of the document.
+FRAMING_HEADERS = {"content-length", "transfer-encoding", "host", "connection", "expect", "te", "upgrade"}
+
+
 def _call(case, api: Api) -> None:
+    for name in [name for name in (case.headers or {}) if name.lower() in FRAMING_HEADERS]:
+        del case.headers[name]
     admin = case.path in ("/policies/{version}/activate", "/metrics")
     key = ADMIN_KEY if admin else api.agent_key
     case.call_and_validate(base_url=api.url, headers={"Authorization": f"Bearer {key}"}, checks=CHECKS,
