@@ -32,6 +32,8 @@ WORKDIR /var/lib/rlproxy
 FROM base AS source
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY core/ core/
+COPY engine/ engine/
 COPY migrations/ migrations/
 COPY store/ store/
 COPY rewards/ rewards/

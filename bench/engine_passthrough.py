@@ -19,7 +19,7 @@ import aiohttp
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from rlproxy.testing.processes import free_port, proxy_command, running  # noqa: E402
+from testkit.processes import free_port, proxy_command, running  # noqa: E402
 
 PROMPTS = ["Write a short story about a lighthouse.", "Explain how rain forms.", "List some fruits and colours.",
            "Describe a busy market.", "Tell me about the moon.", "What do bees do all day?",
@@ -85,8 +85,8 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         engine_url = args.engine_url
         if engine_url is None:
-            from rlproxy.engine import Engine
-            from rlproxy.settings import EngineSettings
+            from core.settings import EngineSettings
+            from engine.local import Engine
 
             engine = stack.enter_context(Engine(EngineSettings(port=free_port(), max_model_len=2048, kv_cache_gib=1)))
             engine_url = engine.base_url

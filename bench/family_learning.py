@@ -29,8 +29,8 @@ from bench.families import Family
 from bench.family_agent import FamilyAgent
 from bench.memory import GB, Watch, _status
 from rlproxy.commands.train import train_config_from
-from rlproxy.testing.processes import create_database, free_port, rlproxy_command, running
 from store.evaluation import wilson
+from testkit.processes import create_database, free_port, rlproxy_command, running
 from trainer.config import TrainConfig
 
 HELDOUT_SAMPLES = 96  # held-out rollouts per evaluation (the held-out items, cycled, even over strata)

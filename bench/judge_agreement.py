@@ -41,13 +41,13 @@ from sqlalchemy import select
 from bench.families import FAMILIES, Family, Item
 from bench.family_agent import TEMPERATURE
 from bench.family_learning import ENGINE_ARGS
-from rlproxy.settings import TrainerSettings
-from rlproxy.testing.processes import free_port, proxy_command, rlproxy_command, running
+from core.settings import TrainerSettings
 from store import judging
 from store.db import create_engine, session_factory
 from store.evaluation import wilson
 from store.judging import JUDGE_REASON
 from store.models import Reward, utcnow
+from testkit.processes import free_port, proxy_command, rlproxy_command, running
 from trainer.judge import JudgeJob, ready_groups
 from trainer.metrics import TrainerMetrics
 

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from demo.view import rolling  # noqa: E402
-from rlproxy.testing.processes import free_port  # noqa: E402
+from testkit.processes import free_port  # noqa: E402
 
 VARIANTS: dict[str, list[str]] = {
     "default": [],  # credit identical, AIR on

@@ -42,7 +42,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.proxy_overhead import PATHS, one, pct  # noqa: E402
 from bench.wire_formats import print_wire_formats  # noqa: E402
-from rlproxy.testing.processes import free_port, fresh_database, proxy_command, running, stub_command  # noqa: E402
+from testkit.processes import free_port, fresh_database, proxy_command, running, stub_command  # noqa: E402
 
 VENVS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "rlproxy" / "bench-venvs"
 # Like rlproxy here (no keys), LiteLLM runs without authentication; it has to be told that this is on purpose.

@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rlproxy.testing.processes import free_port  # noqa: E402
+from testkit.processes import free_port  # noqa: E402
 
 GB = 1e9
 
@@ -86,7 +86,7 @@ def _label(pid: int, root: int, root_label: str) -> str:
     if argv[0].startswith("VLLM::") or comm.startswith("VLLM::"):  # comm is cut at 15 characters, argv[0] is not
         return "engine: " + (argv[0] if argv[0].startswith("VLLM::") else comm).removeprefix("VLLM::")
     if len(argv) > 1 and argv[1] == "-c" and "killpg" in argv[2]:
-        return "engine: guard (rlproxy/engine.py)"
+        return "engine: guard (engine/local.py)"
     if "vllm.entrypoints" in " ".join(argv[:3]):
         return "engine: API server"
     if "resource_tracker" in " ".join(argv):
@@ -174,7 +174,7 @@ def trainer_step(variant: str, steps: int) -> None:
     import torch
 
     from demo.run import DemoSettings
-    from rlproxy.model import prepare_model
+    from engine.model import prepare_model
     from trainer import ppo
     from trainer.transitions import Transition
 

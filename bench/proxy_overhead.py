@@ -20,7 +20,7 @@ import aiohttp
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from rlproxy.testing.processes import free_port, proxy_command, running, stub_command  # noqa: E402
+from testkit.processes import free_port, proxy_command, running, stub_command  # noqa: E402
 
 MESSAGES = [{"role": "user", "content": "What is 6 times 7?"}]
 BODY = {"model": "stub-model", "messages": MESSAGES, "max_tokens": 8}

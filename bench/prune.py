@@ -22,8 +22,14 @@ import orjson
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from rlproxy.testing.processes import (create_database, free_port, proxy_command, rlproxy_command,  # noqa: E402
-                                       running, stub_command)
+from testkit.processes import (  # noqa: E402
+    create_database,
+    free_port,
+    proxy_command,
+    rlproxy_command,
+    running,
+    stub_command,
+)
 
 BODY = orjson.dumps({"model": "stub-model", "messages": [{"role": "user", "content": "What is 6 times 7?"}],
                      "max_tokens": 8})

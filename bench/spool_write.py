@@ -17,9 +17,9 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from core.settings import WriterSettings  # noqa: E402
 from proxy.metrics import ProxyMetrics  # noqa: E402
 from proxy.writer import CaptureWriter  # noqa: E402
-from rlproxy.settings import WriterSettings  # noqa: E402
 from store.db import create_engine, session_factory  # noqa: E402
 from store.models import utcnow  # noqa: E402
 from store.records import CallRecord, ChoiceRecord  # noqa: E402

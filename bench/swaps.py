@@ -1,6 +1,6 @@
 """Adapter swaps under load against the real engine: failed requests during swaps (target 0), time from a
 finished step to the new version serving (target <= 2 s), the engine's adapter load time, and the slowest
-request. The load and the publishing are rlproxy/testing/swap_load.py (the same code the swap test asserts on).
+request. The load and the publishing are testkit/swap_load.py (the same code the swap test asserts on).
 
     python bench/swaps.py [--engine-url http://127.0.0.1:8000] [--versions 6] [--agents 4]
 Without --engine-url it starts the local engine with the bundled model (30-90 s).
@@ -15,9 +15,9 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from rlproxy.model import prepare_model  # noqa: E402
-from rlproxy.testing.processes import free_port, proxy_command, running  # noqa: E402
-from rlproxy.testing.swap_load import make_adapter_versions, swap_under_load  # noqa: E402
+from engine.model import prepare_model  # noqa: E402
+from testkit.processes import free_port, proxy_command, running  # noqa: E402
+from testkit.swap_load import make_adapter_versions, swap_under_load  # noqa: E402
 
 
 def main() -> None:
@@ -33,8 +33,8 @@ def main() -> None:
     with contextlib.ExitStack() as stack:
         engine_url = args.engine_url
         if engine_url is None:
-            from rlproxy.engine import Engine
-            from rlproxy.settings import EngineSettings
+            from core.settings import EngineSettings
+            from engine.local import Engine
 
             engine = stack.enter_context(Engine(EngineSettings(port=free_port(), max_model_len=2048, kv_cache_gib=1)))
             engine_url = engine.base_url

@@ -137,9 +137,9 @@ def main() -> None:
         model = args.model or _served_model(args.engine_url)
         rows = asyncio.run(explore(args.engine_url, model, args))
     else:
-        from rlproxy.engine import Engine
-        from rlproxy.model import prepare_model
-        from rlproxy.settings import EngineSettings
+        from core.settings import EngineSettings
+        from engine.local import Engine
+        from engine.model import prepare_model
 
         settings = EngineSettings(port=args.port, max_model_len=2048, kv_cache_gib=1)
         with Engine(settings, model_path=prepare_model()) as engine:

@@ -35,7 +35,7 @@ def resolve_model(arg: str | None) -> tuple[str, str]:
     if arg:
         return arg, "given"
     try:
-        from rlproxy.model import default_model_path
+        from engine.model import default_model_path
 
         return str(default_model_path()), "bundled"
     except Exception as exc:  # not prepared / not installed: fall back so the bench still runs

@@ -21,11 +21,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from demo.agent import evaluate_detailed
 from demo.tasks import Task
-from rlproxy.evaluate import EvalError
 from store import policies
 from store.db import create_engine, session_factory
 from store.evaluation import wilson
 from store.models import Policy, utcnow
+from trainer.gates.evaluate import EvalError
 
 
 def task_set(tasks: list[Task]) -> str:
@@ -130,10 +130,10 @@ async def evaluate_policy(version: int, database_url: str, *, proxy: str | None 
                           tasks: int = 48, seed: int = 0, concurrency: int = 8,
                           api_key: str = "rlproxy") -> tuple[HeldoutResult, bool]:
     """Measure policy `version` (v0: the base model) on `tasks` held-out tasks, through a proxy or on an
-    engine directly (rlproxy/evaluate.py finds it), and store the result on its row. Returns the result and
+    engine directly (trainer/gates/evaluate.py finds it), and store the result on its row. Returns the result and
     whether it was stored."""
     from demo.tasks import heldout_tasks
-    from rlproxy.evaluate import resolve
+    from trainer.gates.evaluate import resolve
 
     try:
         chosen = heldout_tasks(tasks, seed=seed)

@@ -24,7 +24,7 @@ from rich.console import Console, ConsoleDimensions
 
 RLPROXY_LOG = "rlproxy.log"
 ENGINE_LOG = "engine.log"
-ENGINE_LOGGER = "rlproxy.engine.vllm"  # where rlproxy.engine.Engine sends each line the engine prints
+ENGINE_LOGGER = "engine.local.vllm"  # where engine.local.Engine sends each line the engine prints
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 MAX_ALERTS = 8  # distinct warnings shown on the terminal; the rest are only in rlproxy.log
 

@@ -27,6 +27,8 @@ import aiohttp
 import openai
 from aiohttp import web
 
+from core.hardware import fast_bf16
+from core.settings import EngineSettings, ProxySettings, TrainerSettings, WriterSettings
 from demo.agent import AIR_TEXT_ACTION, AIR_TEXT_ERROR, run_episode
 from demo.evaluate import HeldoutResult, evaluate_heldout, transaction
 from demo.report import Report
@@ -34,11 +36,9 @@ from demo.score import command
 from demo.settings import AGENT, PROBE_AGENT, DemoSettings
 from demo.startup import ENGINE_EXPECTED_SECONDS, engine_alive, engine_phases, preflight
 from demo.tasks import Task, heldout_tasks, train_tasks
+from engine.local import Engine, lora_rank_slot
+from engine.model import default_model_dir, is_prepared, prepare_model
 from proxy.app import build_app
-from rlproxy.engine import Engine, lora_rank_slot
-from rlproxy.hardware import fast_bf16
-from rlproxy.model import default_model_dir, is_prepared, prepare_model
-from rlproxy.settings import EngineSettings, ProxySettings, TrainerSettings, WriterSettings
 from store import policies
 from trainer.gates.command import KEY as GATE_RECORD
 from trainer.gates.command import CommandGate
@@ -129,7 +129,7 @@ class Demo:
             await self._loop(upstream.rstrip("/"), await _served_model(upstream), model_path)
             return
         self._note(f"starting the engine (vLLM on port {engine_settings.port})", expected=ENGINE_EXPECTED_SECONDS)
-        # bfloat16 only where the hardware does it fast (rlproxy/hardware.py has the numbers)
+        # bfloat16 only where the hardware does it fast (core/hardware.py has the numbers)
         dtype = "bfloat16" if fast_bf16() else "float32"
         # log_prefix "": its lines go as printed to engine.log (demo/output.py)
         self.engine = Engine(engine_settings, model_path=model_path, dtype=dtype, log_prefix="")

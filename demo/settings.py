@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from rlproxy.settings import DEFAULT_DATABASE_URL
+from core.settings import DEFAULT_DATABASE_URL
 from trainer.config import TrainConfig
 
 AGENT = "demo"  # the agent being trained

@@ -8,9 +8,9 @@ import errno
 import re
 from pathlib import Path
 
-from rlproxy.engine import Engine, EngineError, port_free
-from rlproxy.errors import RlproxyError
-from rlproxy.settings import EngineSettings
+from core.errors import RlproxyError
+from core.settings import EngineSettings
+from engine.local import Engine, EngineError, port_free
 
 # Lines vLLM 0.32 prints as its start-up moves on, and what it waits for from then on (in order; seen on
 # 2 cores: importing takes most of the time, three processes each import vLLM).
@@ -23,7 +23,7 @@ ENGINE_PHASES = (
     ("Starting vLLM server on", "the HTTP server to open"),
 )
 ENGINE_EXPECTED_SECONDS = (30.0, 90.0)
-# Memory, GiB: vLLM's processes take 3.9-4.3 GB with a 1 GiB KV cache (rlproxy/engine.py), so about 3 plus
+# Memory, GiB: vLLM's processes take 3.9-4.3 GB with a 1 GiB KV cache (engine/local.py), so about 3 plus
 # the cache; the trainer (the model in float32, LoRA, optimizer, a batch) about 2.
 ENGINE_GIB_WITHOUT_CACHE = 3.0
 TRAINER_GIB = 2.0

@@ -16,11 +16,11 @@ import logging
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from core.settings import ProxySettings
 from proxy.dialects import chat_view
 from proxy.metrics import ProxyMetrics
 from rewards import AirRules, merge_by_reason, score_text_tools, score_tool_calls
 from rewards.air import INVALID_ARGUMENTS, UNKNOWN_TOOL
-from rlproxy.settings import ProxySettings
 from store.calls import WrittenCall
 from store.dialect import insert_ignoring_duplicates
 from store.models import Reward, RewardKind, utcnow

@@ -6,25 +6,26 @@ import logging
 
 from aiohttp import web
 
+from core.settings import ProxySettings
+from engine import lifecycle
+from engine.adapters import AdapterError
+from migrations.apply import upgrade_async
 from proxy.air import air_rules, automatic_rewards
 from proxy.dialects.messages import error_body as anthropic_error_body
 from proxy.endpoints import register
 from proxy.errors import ConflictError, NotFoundError, ProxyError, json_response
 from proxy.metrics import ProxyMetrics
 from proxy.policy import PolicyRouter
-from proxy.routes import all_endpoints, messages, passthrough
+from proxy.routes import all_endpoints, documented_endpoints, messages, passthrough
+from proxy.routes.docs import DOCUMENTED
 from proxy.security import install as install_security
 from proxy.serving import CompletionServing
 from proxy.state import STATE, ProxyState
 from proxy.tenancy import ModelAccess
 from proxy.upstream import UpstreamPool
 from proxy.writer import CaptureWriter
-from rlproxy import lifecycle
-from rlproxy.adapters import AdapterError
-from rlproxy.settings import ProxySettings
 from store import errors as store_errors
 from store.db import create_engine, session_factory
-from store.migrate import upgrade_async
 
 log = logging.getLogger("rlproxy.proxy")
 
@@ -64,6 +65,7 @@ async def api_errors(request: web.Request, handler):
 def build_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> web.Application:
     app = web.Application(middlewares=[api_errors], client_max_size=settings.client_max_size)
     register(app, all_endpoints())
+    app[DOCUMENTED] = documented_endpoints()
     passthrough.add_routes(app)  # the engine's read-only routes, relayed (proxy/engine_routes.py)
     install_security(app, settings)
     app.cleanup_ctx.append(_lifecycle(settings, metrics or ProxyMetrics()))

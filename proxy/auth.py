@@ -26,11 +26,11 @@ from sqlalchemy import inspect
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from core.errors import RlproxyError
+from core.settings import AuthSettings
 from proxy.context import call_context
 from proxy.engine_routes import RELAYED
 from proxy.errors import Forbidden, NotFoundError, StoreUnavailable, Unauthorized
-from rlproxy.errors import RlproxyError
-from rlproxy.settings import AuthSettings
 from store.keys import KEY_PREFIX, KeyInfo, claim_rollout, count_active_keys, find_key, hash_key, new_key
 
 log = logging.getLogger("rlproxy.auth")

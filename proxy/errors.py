@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from rlproxy.errors import RlproxyError
+from core.errors import RlproxyError
 
 
 class ProxyError(RlproxyError):

@@ -12,9 +12,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from core.settings import ProxySettings
 from proxy.auth import KEY, Access, access_for, is_openai_route
 from proxy.errors import InvalidRequest, PayloadTooLarge, RateLimited
-from rlproxy.settings import ProxySettings
 
 TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")  # chat, Messages; Responses
 

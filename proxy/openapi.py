@@ -14,10 +14,10 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from core.settings import ProxySettings
 from proxy.bodies import AnthropicError, Error
 from proxy.endpoints import Answer, Endpoint
 from proxy.limits import MAX_JSON_DEPTH
-from rlproxy.settings import ProxySettings
 
 REF = "#/components/schemas/{model}"
 PROTOBUF = "application/x-protobuf"
@@ -181,14 +181,9 @@ class _Builder:
         return {"content": {"application/json": {"schema": schema, "example": example}}}
 
 
-def openapi_document(settings: ProxySettings, *, auth_enabled: bool, served_model: str | None,
-                     endpoints: list[Endpoint] | None = None) -> dict[str, Any]:
-    """The document for `endpoints` (default: every route the proxy serves itself, and the relayed engine routes
-    without a rollout prefix)."""
-    if endpoints is None:
-        from proxy.routes import all_endpoints, passthrough  # the routes import this module's caller
-
-        endpoints = all_endpoints() + passthrough.ENDPOINTS
+def openapi_document(settings: ProxySettings, endpoints: list[Endpoint], *, auth_enabled: bool,
+                     served_model: str | None) -> dict[str, Any]:
+    """The document for `endpoints` (the app's: proxy.routes.documented_endpoints())."""
     builder = _Builder(settings, auth_enabled, served_model)
     for endpoint in endpoints:
         builder.add(endpoint)

@@ -1,4 +1,4 @@
-"""Which policy answers: the routing rules (rlproxy/policy_rules.py) pick a named policy for the call's agent
+"""Which policy answers: the routing rules (core/policy_rules.py) pick a named policy for the call's agent
 and project; the served model name then routes to that policy's active adapter (or the base model) — or, while
 a canary of that policy runs, to the canary for the fixed fraction of rollouts its hash picks
 (store/canary.py). Both are read from the store every `policy_refresh_interval`, so every proxy sharing the
@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from core.policy_rules import BASE_POLICY, PolicyRules
 from proxy.context import CallContext
-from rlproxy.policy_rules import BASE_POLICY, PolicyRules
 from store import canary as canaries
 from store.models import Rollout
 from store.policies import ActivePolicy, base_of

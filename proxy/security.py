@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from aiohttp import web
 
+from core.settings import ProxySettings
 from proxy.auth import AUTH, Authenticator, authenticate, scope_rollouts
 from proxy.limits import LIMITS, Limits, enforce_limits
 from proxy.state import STATE
-from rlproxy.settings import ProxySettings
 
 
 def install(app: web.Application, settings: ProxySettings) -> None:

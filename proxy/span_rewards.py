@@ -16,9 +16,9 @@ from datetime import datetime, timezone
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from core.settings import ProxySettings
 from proxy.otlp import SpanFacts, requested_tool_call_ids
 from rewards.air import TOOL_ERROR, TOOL_SUCCESS
-from rlproxy.settings import ProxySettings
 from store import rollouts as store_rollouts
 from store.dialect import insert_ignoring_duplicates
 from store.errors import Conflict, NotFound

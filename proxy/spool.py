@@ -33,8 +33,8 @@ from typing import Callable, Iterable, Iterator
 
 import orjson
 
+from core.errors import RlproxyError
 from proxy.rejected import encode
-from rlproxy.errors import RlproxyError
 from store.records import CallRecord
 
 log = logging.getLogger("rlproxy.spool")

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from core.settings import ProxySettings
 from proxy.metrics import ProxyMetrics
 from proxy.policy import PolicyRouter
 from proxy.serving import CompletionServing
 from proxy.tenancy import ModelAccess
 from proxy.upstream import UpstreamPool
 from proxy.writer import CaptureWriter
-from rlproxy.settings import ProxySettings
 
 
 @dataclass(slots=True)

@@ -1,5 +1,5 @@
 """Which models a project's key may call: the base model(s) the engines serve, the served model name (or
-"auto"), and the adapters of the policies its calls can be routed to (rlproxy/policy_rules.py `reachable`):
+"auto"), and the adapters of the policies its calls can be routed to (core/policy_rules.py `reachable`):
 never another project's adapter. A model outside that set answers 404 `model_not_found` before anything reaches the engine or
 the recorder, worded alike for a name that does not exist and one that is someone else's, so names do not leak;
 `GET /v1/models` lists only the set. Keys of no project (the operator's) and a proxy without keys may call

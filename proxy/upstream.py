@@ -12,8 +12,8 @@ import aiohttp
 import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from engine.adapters import EngineAdapters
 from proxy.errors import UpstreamTimeout, UpstreamUnavailable
-from rlproxy.adapters import EngineAdapters
 
 log = logging.getLogger("rlproxy.upstream")
 

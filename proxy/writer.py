@@ -34,13 +34,13 @@ from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from core.settings import WriterSettings
 from proxy.errors import StoreUnavailable
 from proxy.metrics import ProxyMetrics
 from proxy.rejected import RejectedCalls, encode
 from proxy.spool import Spool
 from proxy.supervisor import Supervised
 from proxy.transactions import AfterWrite, Batches
-from rlproxy.settings import WriterSettings
 from store.records import CallRecord
 
 log = logging.getLogger("rlproxy.writer")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Hashable, Iterable, Sequence
 
-from rewards._checks import require_finite
+from core.checks import require_finite
 
 GRPO = "grpo"
 RLOO = "rloo"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
 
-from rewards._checks import require_finite
+from core.checks import require_finite
 
 
 class CreditMode(StrEnum):

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from store.texts import completion_text
+from core.text import completion_text
 
 DEFAULT_RUBRIC = """\
 - A trajectory that achieves the task's goal scores higher than one that does not.

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import re
 
-from rewards._checks import loads_strict
+from core.checks import loads_strict
 
 # Sentence punctuation a model tends to append to an answer ("Paris." for "Paris").
 _TRAILING_PUNCTUATION = ".,;:!?…。"

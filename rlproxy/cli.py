@@ -41,7 +41,7 @@ def model() -> None:
 def model_prepare(out: Path | None) -> None:
     """Turn the bundled SmolLM2-135M-Instruct GGUF into a Hugging Face folder (idempotent); print its path."""
     require("model prepare", "train", ("transformers", "gguf"))
-    from rlproxy.model import prepare_model
+    from engine.model import prepare_model
 
     click.echo(str(prepare_model(out)))
 

@@ -55,7 +55,7 @@ def import_target(spec: str, flag: str) -> Any:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)
+        module = importlib.import_module(module_name)  # noqa: user-code — the agent the user named
     except Exception as exc:  # noqa: BLE001 — the import's own error, in one line
         raise RunInputError(f"{flag} {spec!r}: cannot import {module_name} ({type(exc).__name__}: {exc})") from None
     target = module

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from sqlalchemy import case, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from core.policy_rules import DEFAULT_POLICY
 from store.dialect import insert_ignoring_duplicates
-from store.models import DEFAULT_POLICY, Call, CallChoice, PrefixKind, Rollout
+from store.models import Call, CallChoice, PrefixKind, Rollout
 from store.records import CallRecord
 
 

@@ -26,9 +26,10 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from core.policy_rules import DEFAULT_POLICY
 from store import policies
 from store.errors import Conflict
-from store.models import DEFAULT_POLICY, Call, Policy, PolicyStatus, Rollout, RolloutStatus, utcnow
+from store.models import Call, Policy, PolicyStatus, Rollout, RolloutStatus, utcnow
 
 KEY = "canary"  # where a policy's canary record lives in its evaluation JSON
 ALL, EVAL = "all", "eval"  # the canary's scope: every new rollout, or evaluation rollouts only

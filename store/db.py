@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import orjson
 from sqlalchemy import event
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine, AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 
 def is_sqlite(url: str) -> bool:

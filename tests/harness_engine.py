@@ -1,6 +1,6 @@
 """A scripted local engine for driving real agent harnesses (Claude Code, Codex CLI) through the proxy.
 
-It speaks Chat Completions exactly as rlproxy/testing/stub_engine.py does (same tokenizer, token ids when
+It speaks Chat Completions exactly as testkit/stub_engine.py does (same tokenizer, token ids when
 `return_token_ids`, logprobs when asked, the same streaming chunks) but answers any model name, and plays the
 part of a model that follows a harness's tool protocol:
 
@@ -27,8 +27,8 @@ from pathlib import Path
 from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from rlproxy.testing import stub_engine  # noqa: E402
-from rlproxy.testing.stub_engine import EOS_ID, Stub, dumps, error, render_chat, token_id, tokenize  # noqa: E402
+from testkit import stub_engine  # noqa: E402
+from testkit.stub_engine import EOS_ID, Stub, dumps, error, render_chat, token_id, tokenize  # noqa: E402
 
 MARKER = "rlproxy-marker.txt"
 SHELL_COMMAND = f"echo rlproxy-ok > {MARKER}"

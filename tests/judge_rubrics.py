@@ -1,4 +1,4 @@
-"""Hidden rubrics for the judge stand-in (rlproxy/testing/judge_standin.py `--rubric tests.judge_rubrics:NAME`),
+"""Hidden rubrics for the judge stand-in (testkit/judge_standin.py `--rubric tests.judge_rubrics:NAME`),
 applied to a trajectory as the judge sees it (rewards/judge.py renders it: `[user] ...`, `[assistant] ...`).
 They read the conversation, not the task's scorer: what a judge model with a good rubric would conclude."""
 from __future__ import annotations

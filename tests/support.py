@@ -5,9 +5,19 @@ import asyncio
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
-# The process helpers are shared with bench/ (rlproxy/testing/processes.py); re-exported for the tests.
-from rlproxy.testing.processes import (PYTHON, ROOT, free_port, fresh_database, proxy_command, running, stop,
-                                       stub_command, trainer_command, wait_http)
+# The process helpers are shared with bench/ (testkit/processes.py); re-exported for the tests.
+from testkit.processes import (
+    PYTHON,
+    ROOT,
+    free_port,
+    fresh_database,
+    proxy_command,
+    running,
+    stop,
+    stub_command,
+    trainer_command,
+    wait_http,
+)
 
 __all__ = ["PYTHON", "ROOT", "add_policies", "adapter_folder", "free_port", "fresh_database", "make_key",
            "policy_row", "proxy_command", "pump", "running", "running_proxy", "stop", "stub_command", "trainer_command",
@@ -76,7 +86,7 @@ async def add_policies(database_url: str, root: Path, versions: list[int], *, ac
         if active is not None:
             await policies.activate(session, active)
     if engine_url:
-        from rlproxy.adapters import EngineAdapters
+        from engine.adapters import EngineAdapters
 
         for version in versions:
             await EngineAdapters([engine_url]).load(policies.adapter_name(version), str(root / f"v{version}"))

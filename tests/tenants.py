@@ -19,7 +19,7 @@ import openai
 import requests
 from aiohttp import web
 
-from rlproxy.testing.stub_engine import BASE_MODEL, Stub, build_app
+from testkit.stub_engine import BASE_MODEL, Stub, build_app
 from tests.support import add_policies, fresh_database, make_key, running_proxy
 
 OPERATOR = "operator-" + uuid.uuid4().hex

@@ -8,9 +8,9 @@ import asyncio
 import pytest
 import requests
 
-from rlproxy.model import prepare_model
+from engine.model import prepare_model
+from testkit.swap_load import make_adapter_versions, swap_under_load
 from tests.support import running_proxy
-from rlproxy.testing.swap_load import make_adapter_versions, swap_under_load
 
 pytestmark = pytest.mark.engine
 pytest.importorskip("torch")

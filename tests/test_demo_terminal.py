@@ -22,7 +22,7 @@ from demo.report import Report
 from demo.run import DemoSettings, Progress
 from demo.startup import EnginePhase, explain, memory_warning
 from demo.view import PANEL_TITLE
-from rlproxy.engine import EngineError
+from engine.local import EngineError
 from tests.support import free_port
 
 # What a log line looks like, anybody's: a timestamp, a level name, vLLM's "(APIServer pid=…)", Alembic's

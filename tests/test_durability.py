@@ -12,14 +12,15 @@ import uuid
 import pytest
 from sqlalchemy import select
 
+from core.settings import WriterSettings
 from proxy.errors import StoreUnavailable
 from proxy.metrics import ProxyMetrics
 from proxy.spool import Spool, SpoolInUse
 from proxy.writer import CaptureWriter
-from rlproxy.settings import WriterSettings
 from store.db import create_engine, session_factory
 from store.models import Call, Rollout
 from tests.test_writer_spool import count, link, record  # noqa: F401 — `link` is a fixture
+
 
 def spool_files(settings: WriterSettings) -> list[str]:
     """The spool's segment files (not the lock file its process holds while it is open)."""

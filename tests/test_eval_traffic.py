@@ -15,11 +15,12 @@ from pathlib import Path
 import pytest
 import requests
 
-from store import evaluation, policies, rollouts as store_rollouts, training
+from store import evaluation, policies, training
+from store import rollouts as store_rollouts
 from store.calls import write_calls
 from store.db import create_engine, session_factory
-from store.records import CallRecord, ChoiceRecord
 from store.models import utcnow
+from store.records import CallRecord, ChoiceRecord
 from tests.support import free_port, running, running_proxy, stub_command
 
 MESSAGES = [{"role": "user", "content": "What is 6 times 7?"}]
@@ -90,7 +91,7 @@ def adapter_folder(path: Path) -> Path:
 
 def test_eval_rollouts_are_served_never_claimed_and_reported_per_version(own_database_url, tmp_path):
     pytest.importorskip("torch")
-    from rlproxy.settings import TrainerSettings
+    from core.settings import TrainerSettings
     from trainer.config import TrainConfig
     from trainer.worker import TrainerWorker
 

@@ -10,9 +10,9 @@ import pytest
 import requests
 import sqlalchemy as sa
 
-from rlproxy.testing.processes import create_database, drop_database
-from store.migrate import upgrade
+from migrations.apply import upgrade
 from store.models import Reward, Rollout
+from testkit.processes import create_database, drop_database
 from tests.support import running_proxy
 
 AT_ONCE = 20

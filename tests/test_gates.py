@@ -17,10 +17,10 @@ import pytest
 import requests
 from sqlalchemy import select
 
+from core.settings import TrainerSettings
 from demo.evaluate import passes, task_set, transaction
 from demo.tasks import heldout_tasks
 from proxy.policy import PolicyRouter, Route
-from rlproxy.settings import TrainerSettings
 from store import canary as canaries
 from store import policies
 from store import rollouts as store_rollouts

@@ -176,7 +176,7 @@ NOT_FLAGS = {"RLPROXY_CACHE_DIR"}
 
 
 def test_variables_that_are_not_flags_are_read_somewhere():
-    from rlproxy import settings
+    from core import settings
 
     for name in NOT_FLAGS:
         assert f'"{name}"' in Path(settings.__file__).read_text()

@@ -1,7 +1,7 @@
 """Judge rewards: rollouts that never get a posted reward are scored by an LLM judge comparing the trajectories
 of their task group. The pure parts (the prompt, the reply's contract, judge+posted) first; then the real
 proxy in front of the stub engine records episodes nobody rewards, and the trainer's judge job scores them
-with a stand-in judge (rlproxy/testing/judge_standin.py) whose hidden rubric the scores must follow."""
+with a stand-in judge (testkit/judge_standin.py) whose hidden rubric the scores must follow."""
 from __future__ import annotations
 
 import asyncio
@@ -15,6 +15,7 @@ import pytest
 import requests
 from sqlalchemy import select
 
+from core.settings import TrainerSettings
 from rewards.judge import (
     JudgeOutputError,
     RecordedCall,
@@ -23,7 +24,6 @@ from rewards.judge import (
     parse_scores,
     trajectory_text,
 )
-from rlproxy.settings import TrainerSettings
 from store import training
 from store.db import create_engine, session_factory
 from store.judging import IdleRollout
@@ -119,7 +119,7 @@ def test_groups_are_judged_full_or_once_they_waited():
 def judge_standin(tmp_path, *args: str):
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [PYTHON, "-m", "rlproxy.testing.judge_standin", "--port", str(port), "--marker", MARKER, *args]
+    command = [PYTHON, "-m", "testkit.judge_standin", "--port", str(port), "--marker", MARKER, *args]
     with running(command, url + "/v1/models", log_path=tmp_path / "judge.log"):
         yield url
 

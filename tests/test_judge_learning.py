@@ -8,7 +8,7 @@ that the version it produced serves. Whether success rises takes seven rounds (a
 `bench/judge_learning.py` runs this test at that size (RLPROXY_TEST_JUDGE_ROUNDS=7 RLPROXY_TEST_JUDGE_HELDOUT=48),
 asserting the margin, and keeps its output in bench/results/.
 
-The judge is the stand-in (rlproxy/testing/judge_standin.py) reached over the same OpenAI-compatible API a real
+The judge is the stand-in (testkit/judge_standin.py) reached over the same OpenAI-compatible API a real
 judge model would be, so grouping, prompts, parsing and training all run as they would; its hidden rubric
 (tests/judge_rubrics.py) reads the conversation as a judge would — a bare list of as many lines as asked — and
 is a little looser than the scorer (it takes up to five words a line, and blank lines).
@@ -25,7 +25,7 @@ import pytest
 
 from bench.families.lists import FAMILY
 from examples.unrewarded_agent import run_episode
-from rlproxy.testing.processes import PYTHON
+from testkit.processes import PYTHON
 from tests.support import free_port, running, running_proxy, trainer_command, wait_http
 
 pytestmark = [pytest.mark.engine, pytest.mark.train, pytest.mark.slow]
@@ -43,7 +43,7 @@ LEARNS = ROUNDS >= 7  # what learning takes here; shorter runs check the judging
 @pytest.fixture
 def judge(tmp_path: Path):
     port = free_port()
-    command = [PYTHON, "-m", "rlproxy.testing.judge_standin", "--port", str(port),
+    command = [PYTHON, "-m", "testkit.judge_standin", "--port", str(port),
                "--rubric", "tests.judge_rubrics:lists_count"]
     with running(command, f"http://127.0.0.1:{port}/v1/models", log_path=tmp_path / "judge.log"):
         yield f"http://127.0.0.1:{port}"
@@ -51,7 +51,7 @@ def judge(tmp_path: Path):
 
 @pytest.fixture
 def trainer(engine_url: str, own_database_url: str, tmp_path: Path, judge: str):
-    from rlproxy.model import prepare_model
+    from engine.model import prepare_model
 
     command = trainer_command(own_database_url, engine_url, prepare_model(), tmp_path / "adapters",
                               "--poll-interval", "0.2",

@@ -33,7 +33,7 @@ MARGIN = 0.20
 
 @pytest.fixture
 def trainer(engine_url: str, own_database_url: str, tmp_path: Path):
-    from rlproxy.model import prepare_model
+    from engine.model import prepare_model
 
     command = trainer_command(own_database_url, engine_url, prepare_model(), tmp_path / "adapters",
                               "--poll-interval", "0.2",

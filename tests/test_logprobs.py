@@ -42,7 +42,7 @@ def _lora_gradients(trainer: PolicyTrainer, loss: torch.Tensor) -> dict[str, tor
 
 @pytest.fixture(scope="module")
 def bundled_trainer() -> PolicyTrainer:
-    from rlproxy.model import prepare_model
+    from engine.model import prepare_model
 
     # float32 throughout: on a CPU with fast bfloat16 the trainer would keep the weights in bfloat16, whose
     # rounding (not the chunking) would then be what the comparisons below measure

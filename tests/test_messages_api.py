@@ -8,7 +8,7 @@ import openai
 import pytest
 import requests
 
-from rlproxy.testing.stub_engine import EOS_ID, render_chat, tokenize
+from testkit.stub_engine import EOS_ID, render_chat, tokenize
 
 TOOLS = [{"name": "calculator", "description": "Evaluate an arithmetic expression.",
           "input_schema": {"type": "object", "properties": {"expression": {"type": "string"}},

@@ -1,4 +1,4 @@
-"""The vLLM engine supervisor (rlproxy.engine); the bundled model: tests/test_model_prepare.py.
+"""The vLLM engine supervisor (engine.local); the bundled model: tests/test_model_prepare.py.
 
 Tests marked `engine` talk to one real vLLM engine shared by the whole run (tests/engine_fixture.py),
 or to the one named by RLPROXY_TEST_ENGINE_URL.
@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from rlproxy.engine import (
+from core.settings import EngineSettings
+from engine.local import (
     Engine,
     EngineError,
     engine_command,
@@ -26,10 +27,9 @@ from rlproxy.engine import (
     group_members,
     vllm_available,
 )
-from rlproxy.model import (
+from engine.model import (
     prepare_model,
 )
-from rlproxy.settings import EngineSettings
 from tests.engine_fixture import free_port, small_engine_settings
 
 # tests/conftest.py registers the same plugin; naming it here too keeps this file runnable alone.
@@ -179,7 +179,7 @@ def test_engine_wait_times_out_with_a_clear_error():
 def test_engine_ready_sync_and_async_and_log_forwarding(caplog):
     port = free_port()
     settings = EngineSettings(port=port, served_model_name="fake")
-    with caplog.at_level("INFO", logger="rlproxy.engine.vllm"):
+    with caplog.at_level("INFO", logger="engine.local.vllm"):
         with ScriptEngine(fake_server(port), settings=settings) as engine:
             status, body = http("GET", engine.base_url + "/v1/models")
             assert status == 200 and json.loads(body)["data"][0]["id"] == "fake"
@@ -364,6 +364,6 @@ def test_lora_adapter_loads_serves_and_unloads(engine_url, engine_model, tmp_pat
 
 
 def test_the_engine_gets_the_tightest_lora_slot_vllm_accepts():
-    from rlproxy.engine import lora_rank_slot
+    from engine.local import lora_rank_slot
 
     assert [lora_rank_slot(r) for r in (1, 4, 8, 9, 16, 64)] == [1, 8, 8, 16, 16, 64]

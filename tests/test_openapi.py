@@ -24,10 +24,11 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from core.settings import AuthSettings, ProxySettings
 from proxy.engine_routes import RELAYED
 from proxy.limits import MAX_JSON_DEPTH
 from proxy.openapi import openapi_document
-from rlproxy.settings import AuthSettings, ProxySettings
+from proxy.routes import documented_endpoints
 from store.db import create_engine, session_factory
 from store.keys import create_key
 from tests.support import fresh_database, running_proxy
@@ -38,7 +39,7 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
 # The document this server configuration serves, built here so the cases can be generated at collection time
 # (the first test checks that the running server serves exactly this).
 SETTINGS = ProxySettings(auth=AuthSettings(admin_key=ADMIN_KEY, max_tokens=64, max_n=4))
-DOCUMENT = openapi_document(SETTINGS, auth_enabled=True, served_model="stub-model")
+DOCUMENT = openapi_document(SETTINGS, documented_endpoints(), auth_enabled=True, served_model="stub-model")
 
 
 def _single_prompts(document: dict) -> dict:

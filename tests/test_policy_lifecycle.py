@@ -1,4 +1,4 @@
-"""The policy lifecycle (rlproxy/lifecycle.py) and its engine-adapter client (rlproxy/adapters.py): what a
+"""The policy lifecycle (engine/lifecycle.py) and its engine-adapter client (engine/adapters.py): what a
 replica holds under a version's name is the version's own weights before it serves, whatever was there.
 
 The rollback test uses the real vLLM engine (tests/engine_fixture.py) and compares logprobs; the others use
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import requests
 
-from rlproxy import lifecycle
-from rlproxy.adapters import AdapterRefused, EngineAdapters, EngineUnavailable, LoadFailed
+from engine import lifecycle
+from engine.adapters import AdapterRefused, EngineAdapters, EngineUnavailable, LoadFailed
 from store import policies
 from store.db import create_engine, session_factory
 from tests.support import free_port, running_proxy
@@ -25,7 +25,7 @@ def random_lora(out: Path, seed: int) -> str:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from rlproxy.model import prepare_model
+    from engine.model import prepare_model
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(prepare_model(), dtype=torch.float32)

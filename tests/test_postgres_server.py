@@ -4,7 +4,7 @@ from __future__ import annotations
 import psycopg
 import pytest
 
-from store.migrate import upgrade
+from migrations.apply import upgrade
 from tests.postgres import server_binaries, temporary_server
 
 

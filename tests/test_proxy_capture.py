@@ -10,7 +10,7 @@ import openai
 import pytest
 import requests
 
-from rlproxy.testing.stub_engine import EOS_ID, render_chat, tokenize
+from testkit.stub_engine import EOS_ID, render_chat, tokenize
 
 MESSAGES = [{"role": "user", "content": "What is 6 times 7?"}]
 

@@ -9,7 +9,7 @@ import openai
 import pytest
 import requests
 
-from rlproxy.testing.stub_engine import EOS_ID, render_chat, tokenize
+from testkit.stub_engine import EOS_ID, render_chat, tokenize
 
 TOOLS = [{"type": "function", "name": "calculator", "description": "Evaluate an arithmetic expression.",
           "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},

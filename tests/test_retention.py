@@ -11,9 +11,9 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from rlproxy.testing.processes import rlproxy_command
 from store.db import create_engine, session_factory
 from store.models import Call, CallChoice, Reward, RewardKind, Rollout, RolloutStatus, utcnow
+from testkit.processes import rlproxy_command
 
 OLD = timedelta(days=40)
 # rollout id -> (status, trained, eval, age)
@@ -114,7 +114,7 @@ def test_the_trainer_prunes_the_same_way_between_steps(own_database_url):
     """`rlproxy train --prune-older-than-s` runs the same pruning from the trainer's housekeeping."""
     from prometheus_client import CollectorRegistry
 
-    from rlproxy.settings import TrainerSettings
+    from core.settings import TrainerSettings
     from trainer.housekeeping import Housekeeping
     from trainer.metrics import TrainerMetrics
 

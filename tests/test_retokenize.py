@@ -15,7 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from rlproxy.model import prepare_model
+    from engine.model import prepare_model
 
     return transformers.AutoTokenizer.from_pretrained(str(prepare_model()))
 

@@ -21,12 +21,12 @@ import pytest
 import requests
 from sqlalchemy import select
 
-from rlproxy.model import prepare_model
+from engine.model import prepare_model
 from store import policies
 from store.db import create_engine, session_factory
 from store.models import Call, Rollout
+from testkit.swap_load import make_adapter_versions
 from tests.support import free_port, running, running_proxy, stop, stub_command
-from rlproxy.testing.swap_load import make_adapter_versions
 from trainer.publish import Publisher
 
 ROLLOUTS = 24

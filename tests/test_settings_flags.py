@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from core.settings import EngineSettings, ProxySettings, TrainerSettings
 from demo.settings import DemoSettings
 from rlproxy.cli import main
 from rlproxy.commands import serve as serve_command
 from rlproxy.commands.flags import env_name, settings_of
 from rlproxy.commands.settings_doc import markdown
 from rlproxy.commands.train import train_config_from
-from rlproxy.settings import EngineSettings, ProxySettings, TrainerSettings
-from rlproxy.testing.processes import rlproxy_command
 from runner.settings import RunSettings
+from testkit.processes import rlproxy_command
 from trainer.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,8 +10,8 @@ import openai
 import pytest
 import requests
 
-from rlproxy.policy_rules import PolicyRules
-from rlproxy.testing.stub_engine import BASE_MODEL
+from core.policy_rules import PolicyRules
+from testkit.stub_engine import BASE_MODEL
 
 BETAS = "rlproxy-v2"
 CHAT = [{"role": "user", "content": "What is 6*7?"}]

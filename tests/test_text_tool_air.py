@@ -8,12 +8,12 @@ import pytest
 import requests
 from click.testing import CliRunner
 
+from core.settings import ProxySettings
 from demo.agent import AIR_TEXT_ACTION, AIR_TEXT_ERROR, parse_action, run_tool
 from proxy.air import air_rules
 from proxy.dialects import chat_view
 from rewards.air import AirReward, AirRules
 from rewards.text_tools import score_text_tools, text_tool_outcome
-from rlproxy.settings import ProxySettings
 from tests.support import free_port, proxy_command, running
 
 DEMO_RULES = AirRules(text_action_patterns=(AIR_TEXT_ACTION,), text_error_patterns=(AIR_TEXT_ERROR,))

@@ -12,7 +12,7 @@ import pytest
 import requests
 from sqlalchemy import select
 
-from rlproxy.settings import TrainerSettings
+from core.settings import TrainerSettings
 from store import rollouts as store_rollouts
 from store.calls import write_calls
 from store.db import create_engine, session_factory

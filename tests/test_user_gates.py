@@ -20,7 +20,7 @@ import aiohttp
 import openai
 import pytest
 
-from rlproxy.settings import TrainerSettings
+from core.settings import TrainerSettings
 from store import canary as canaries
 from tests.support import PYTHON, ROOT, add_policies, policy_row, running_proxy
 from trainer.gates import CanaryGate, CommandGate, build_gate

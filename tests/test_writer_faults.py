@@ -10,9 +10,9 @@ import uuid
 import orjson
 import pytest
 
+from core.settings import WriterSettings
 from proxy.metrics import ProxyMetrics
 from proxy.writer import CaptureWriter
-from rlproxy.settings import WriterSettings
 from store.db import create_engine, session_factory
 from tests.test_durability import seqs_in_order, sessions  # noqa: F401 — `sessions` is a fixture
 from tests.test_writer_spool import count, link, record  # noqa: F401 — `link` is a fixture

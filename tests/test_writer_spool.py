@@ -9,10 +9,10 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
+from core.settings import WriterSettings
 from proxy.errors import StoreUnavailable
 from proxy.metrics import ProxyMetrics
 from proxy.writer import CaptureWriter
-from rlproxy.settings import WriterSettings
 from store.db import create_engine, session_factory
 from store.models import Call, utcnow
 from store.records import CallRecord, ChoiceRecord

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, NamedTuple
 
-from rlproxy.errors import RlproxyError
+from core.errors import RlproxyError
 
 
 class MissingDependencyError(RlproxyError, RuntimeError):

@@ -8,9 +8,9 @@ from typing import IO
 import orjson
 from sqlalchemy import select
 
+from core.text import completion_text
 from store.db import create_engine, session_factory
 from store.models import Call, Rollout, RolloutStatus
-from store.texts import completion_text
 from store.training import load_rollouts
 from trainer.batch import build_transitions
 from trainer.config import TrainConfig

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from rlproxy.settings import TrainerSettings
+from core.settings import TrainerSettings
 from store.models import utcnow
 from store.retention import prune
 from store.rollouts import expire_open_rollouts

@@ -24,9 +24,16 @@ from pathlib import Path
 import aiohttp
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from rewards.judge import (JudgeOutputError, Score, judge_messages, only_redacted, parse_scores, trajectory_ids,
-                           trajectory_text)
-from rlproxy.settings import TrainerSettings
+from core.settings import TrainerSettings
+from rewards.judge import (
+    JudgeOutputError,
+    Score,
+    judge_messages,
+    only_redacted,
+    parse_scores,
+    trajectory_ids,
+    trajectory_text,
+)
 from store import judging
 from store.calls import write_calls
 from store.judging import IdleRollout

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from rlproxy.hardware import fast_bf16
+from core.hardware import fast_bf16
 from trainer.adapter import load_adapter, save_adapter_atomically
 from trainer.compat import import_openrlhf
 from trainer.config import TrainConfig

@@ -1,7 +1,7 @@
 """Publishing a trained adapter with no downtime, for the trainer worker: load it into every engine replica
 under its own name, and only then make it the active policy (the proxies follow within a second). A failed
 load leaves the old version serving and marks the new one failed. Versions that stop serving are unloaded
-once drained. The rules are rlproxy/lifecycle.py's; this keeps the worker's drain between steps."""
+once drained. The rules are engine/lifecycle.py's; this keeps the worker's drain between steps."""
 from __future__ import annotations
 
 import logging
@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from rlproxy import lifecycle
-from rlproxy.adapters import AdapterError, EngineAdapters, LoadFailed
+from engine import lifecycle
+from engine.adapters import AdapterError, EngineAdapters, LoadFailed
 
 log = logging.getLogger("rlproxy.publish")
 

@@ -28,7 +28,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from rlproxy.settings import TrainerSettings
+from core.settings import TrainerSettings
 from store import policies, training
 from store.db import create_engine, session_factory
 from store.models import Policy, PolicyStatus

@@ -11,9 +11,13 @@ from proxy.openapi import openapi_document
 from proxy.state import state
 
 
+DOCUMENTED = web.AppKey("rlproxy_documented_endpoints", list)  # set by proxy/app.py: what the document describes
+
+
 async def openapi(request: web.Request) -> web.Response:
     app = state(request)
-    return json_response(openapi_document(app.settings, auth_enabled=request.app[AUTH].enabled,
+    return json_response(openapi_document(app.settings, request.app[DOCUMENTED],
+                                          auth_enabled=request.app[AUTH].enabled,
                                           served_model=app.router.served_model))
 
 

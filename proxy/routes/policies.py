@@ -1,17 +1,17 @@
 """Policies: `GET /policies`, and `POST /policies/{version}/activate` to switch or roll back what is served.
 
-Both take `?policy=NAME` for a named policy other than the default one (rlproxy/policy_rules.py)."""
+Both take `?policy=NAME` for a named policy other than the default one (core/policy_rules.py)."""
 from __future__ import annotations
 
 from aiohttp import web
 
+from core.policy_rules import BASE_POLICY, RuleError, check_policy_name
+from engine import lifecycle
+from engine.adapters import AdapterError
 from proxy.bodies import Activated, PolicyList
 from proxy.endpoints import Answer, Endpoint
 from proxy.errors import InvalidRequest, NotFoundError, UpstreamUnavailable
 from proxy.state import state
-from rlproxy import lifecycle
-from rlproxy.adapters import AdapterError
-from rlproxy.policy_rules import BASE_POLICY, RuleError, check_policy_name
 from store import policies as store_policies
 
 POLICY_QUERY = {"policy": {"type": "string", "pattern": r"^[A-Za-z0-9._-]{1,64}$",

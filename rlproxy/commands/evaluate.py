@@ -45,7 +45,7 @@ def eval_(version, eval_command, split, traffic, proxy, upstream, tasks, seed, c
 
     from sqlalchemy.exc import SQLAlchemyError
 
-    from rlproxy import evaluate
+    from trainer.gates import evaluate
 
     if proxy and upstream:
         source = click.get_current_context().get_parameter_source

@@ -17,8 +17,8 @@ def _run_with_session(database_url: str, work):
     """Migrate, then run `work(session)` in one transaction and return its result."""
     import asyncio
 
+    from migrations.apply import upgrade
     from store.db import create_engine, session_factory
-    from store.migrate import upgrade
 
     logging.getLogger("alembic").setLevel(logging.WARNING)  # keep the output to the key itself
     upgrade(database_url)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from rlproxy.settings import DEFAULT_DATABASE_URL
+from core.settings import DEFAULT_DATABASE_URL
 
 
 def env(name: str) -> str:

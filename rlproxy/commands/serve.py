@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import click
 
+from core.settings import EngineSettings, ProxySettings
 from rlproxy.commands.flags import Flags
 from rlproxy.commands.options import database_option, redact
 from rlproxy.extras import require
-from rlproxy.settings import EngineSettings, ProxySettings
 
 SERVE_FLAGS = Flags(ProxySettings)
 
@@ -20,7 +20,6 @@ def serve(**params) -> None:
         require("serve (without --upstream: it starts a local engine)", "engine")
     from proxy.air import air_rules
     from proxy.app import run
-
     from proxy.spool import SpoolInUse
 
     try:
@@ -32,7 +31,7 @@ def serve(**params) -> None:
         if settings.upstreams:
             run(settings)
             return
-        from rlproxy.engine import Engine
+        from engine.local import Engine
 
         with Engine(engine_settings(settings)) as engine:
             run(settings.model_copy(update={"upstreams": (engine.base_url,)}))
@@ -79,7 +78,7 @@ def _refuse_open_network(settings: ProxySettings) -> None:
 @database_option()
 def migrate(database_url: str) -> None:
     """Upgrade the database to the newest schema."""
-    from store.migrate import upgrade
+    from migrations.apply import upgrade
 
     upgrade(database_url)
     click.echo(f"database at newest schema: {redact(database_url)}")
@@ -95,7 +94,7 @@ def engine(**params) -> None:
     import signal
     import threading
 
-    from rlproxy.engine import Engine
+    from engine.local import Engine
 
     require("engine", "engine")
     settings = ENGINE_FLAGS.build(EngineSettings, params)

@@ -9,7 +9,7 @@ HEADER = """# Settings
 
 Every setting of `rlproxy serve`, `rlproxy engine`, `rlproxy train`, `rlproxy demo` and `rlproxy run`, with
 its flag, its environment variable and its default. This page is generated from the settings models
-(`rlproxy/settings.py`, `trainer/config.py`, `demo/settings.py`, `runner/settings.py`) by `python -m
+(`core/settings.py`, `trainer/config.py`, `demo/settings.py`, `runner/settings.py`) by `python -m
 rlproxy.commands.settings_doc`; `--help` shows the same text. A flag given on the command line wins over its
 environment variable, which wins over the default. A repeatable flag also takes comma-separated values (its
 environment variable: separated by spaces). `rlproxy train --set NAME=VALUE` and `rlproxy demo --set

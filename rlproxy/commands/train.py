@@ -7,10 +7,10 @@ from pathlib import Path
 
 import click
 
+from core.settings import TrainerSettings
 from rlproxy.commands.flags import Flags
 from rlproxy.commands.options import database_option, option
 from rlproxy.extras import require
-from rlproxy.settings import TrainerSettings
 from trainer.config import TrainConfig
 
 TRAIN_FLAGS = Flags(TrainerSettings, TrainConfig)
@@ -44,7 +44,7 @@ def train(overrides, **params) -> None:
         params.update(gate="command", eval_command=command(tasks=params["heldout_tasks"]))
     config = TRAIN_FLAGS.build(TrainConfig, params)
     settings = TRAIN_FLAGS.build(TrainerSettings, params)
-    from rlproxy.model import default_model_path  # prepares the bundled model when it is not yet
+    from engine.model import default_model_path  # prepares the bundled model when it is not yet
 
     collective = parallel.init_from_environment() if parallel.launched_by_torchrun() else None
     if collective is not None and collective.rank != 0:  # a follower: no database, engines or metrics port

@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from store.migrate import upgrade
+from migrations.apply import upgrade
 from tests.faults.postgres import PrivatePostgres, server_binaries
 
 

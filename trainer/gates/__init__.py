@@ -16,7 +16,7 @@ trainer knows nothing of any task.
 """
 from __future__ import annotations
 
-from rlproxy.settings import TrainerSettings
+from core.settings import TrainerSettings
 from trainer.gates.canary import CanaryGate, judge
 from trainer.gates.command import CommandGate
 

@@ -12,9 +12,9 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from rlproxy import lifecycle
-from rlproxy.adapters import EngineAdapters
-from rlproxy.settings import TrainerSettings
+from core.settings import TrainerSettings
+from engine import lifecycle
+from engine.adapters import EngineAdapters
 from store import canary as canaries
 from store import policies, training
 from store.db import create_engine, session_factory

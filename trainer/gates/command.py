@@ -37,8 +37,13 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from rlproxy.errors import RlproxyError
-from rlproxy.settings import TrainerSettings
+import aiohttp
+
+from core.errors import RlproxyError
+from core.settings import TrainerSettings
+from engine import lifecycle
+from engine.adapters import AdapterError, EngineAdapters
+from engine.models import ModelListError, base_model
 from store import policies
 from store.db import create_engine, session_factory
 from store.models import Policy, utcnow
@@ -221,12 +226,6 @@ class CommandGate:
 
     async def _score_parent(self, sessions, parent: int, parent_row: Policy | None) -> tuple[float | None, str]:
         """The parent's score, or None and why not (then the alert is raised and counted)."""
-        import aiohttp
-
-        from rlproxy import lifecycle
-        from rlproxy.adapters import AdapterError, EngineAdapters
-        from rlproxy.evaluate import EvalError, base_model
-
         model = parent_row.name if parent_row is not None else None
         try:
             if parent_row is not None:  # it may have been unloaded since it stopped serving
@@ -234,7 +233,7 @@ class CommandGate:
                                               parent)
             else:
                 model = await base_model(self.base_url.removesuffix("/v1"), api_key=self.api_key)
-        except (AdapterError, EvalError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (AdapterError, ModelListError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
             return None, self._parent_unscored(parent, model, "not-served", f"it cannot be served: {exc}")
         measured = await self.score(parent, model)
         log.info("gate: %s", measured.describe())

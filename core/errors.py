@@ -7,10 +7,10 @@ bugs and from the libraries' own errors. The tree:
     │                                         UpstreamUnavailable 502, ... (each carries its status)
     ├── AuthConfigError (proxy/auth.py)       the access settings cannot be served as given
     ├── StoreError (store/errors.py)          NotFound, Conflict: what a store operation refused
-    ├── AdapterError (rlproxy/adapters.py)    EngineUnavailable, AdapterRefused, LoadFailed, UnloadFailed
-    ├── EngineError (rlproxy/engine_command.py)  the local engine could not start, or died
-    ├── ModelError (rlproxy/model.py)         BundledModelMissing: the bundled model cannot be prepared
-    ├── EvalError (rlproxy/evaluate.py)       `rlproxy eval` cannot measure what it was asked to
+    ├── AdapterError (engine/adapters.py)    EngineUnavailable, AdapterRefused, LoadFailed, UnloadFailed
+    ├── EngineError (engine/command.py)  the local engine could not start, or died
+    ├── ModelError (engine/model.py)         BundledModelMissing: the bundled model cannot be prepared
+    ├── EvalError (trainer/gates/evaluate.py)       `rlproxy eval` cannot measure what it was asked to
     ├── EvalCommandError (trainer/gates/command.py)  an --eval-command template that cannot run
     ├── MissingDependencyError (trainer/compat.py)   an OpenRLHF path needing a package not installed
     └── StartupError (demo/startup.py)        the demo cannot start (a taken port, low memory, ...)

@@ -4,7 +4,7 @@
     await adapters.load("rlproxy-v3", "/adapters/v3")   # on every replica, with the weights in that folder
     await adapters.unload("rlproxy-v2")                 # from every replica
 
-When a version's adapter is loaded or unloaded, and which `replace` it needs, is rlproxy/lifecycle.py's
+When a version's adapter is loaded or unloaded, and which `replace` it needs, is engine/lifecycle.py's
 business; the trainer, the gates, the proxy's activate route and restore loop and the demo all go through it.
 
 One success rule: an operation succeeded when the engine answered 200 to it, and an unload also when the
@@ -50,9 +50,9 @@ from collections.abc import AsyncIterator, Sequence
 import aiohttp
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from rlproxy.errors import RlproxyError
+from core.errors import RlproxyError
 
-log = logging.getLogger("rlproxy.adapters")
+log = logging.getLogger("engine.adapters")
 
 LOAD_ROUTE = "/v1/load_lora_adapter"
 UNLOAD_ROUTE = "/v1/unload_lora_adapter"

@@ -4,7 +4,7 @@
 trajectory text), else 0.0 — answered in the judge's JSON contract. It can misbehave, to exercise the trainer's
 retries: a reply in prose, one score short, a score out of range, or (`not-json`) a 200 whose body is no JSON.
 
-Run it: `python -m rlproxy.testing.judge_standin --port 8002 --marker SOLVED [--bad 2 --bad-kind prose]`
+Run it: `python -m testkit.judge_standin --port 8002 --marker SOLVED [--bad 2 --bad-kind prose]`
 
     GET  /v1/models             lists the judge model
     POST /v1/chat/completions   scores the <trajectory id="..."> blocks of the last user message

@@ -4,7 +4,7 @@
         requests.get(engine.base_url + "/v1/models")
 
 The engine runs ``python -m vllm.entrypoints.openai.api_server`` with the interpreter running us, on
-loopback, with runtime LoRA loading (its routes are used by rlproxy/adapters.py alone), the hermes
+loopback, with runtime LoRA loading (its routes are used by engine/adapters.py alone), the hermes
 tool-call parser and a seed. `engine_command` builds the command line, `engine_env` its environment.
 
 The engine never outlives us. It runs in its own process group (setsid), led by a small guard
@@ -16,7 +16,7 @@ during its start-up on to its engine-core process, which then waits for its work
 signal fires when the *thread* that forked the child ends, so children are always forked from one
 long-lived helper thread, whatever thread calls `Engine.start`.
 
-How the command line and environment are made, and why: rlproxy/engine_command.py; the guard: rlproxy/engine_guard.py.
+How the command line and environment are made, and why: engine/command.py; the guard: engine/guard.py.
 """
 from __future__ import annotations
 
@@ -37,10 +37,20 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from rlproxy.engine_command import (DEFAULT_DTYPE, DEFAULT_SEED, EngineError, connect_host, engine_command, engine_env,
-                                    lora_rank_slot, port_free, served_name, vllm_available)
-from rlproxy.engine_guard import GUARD_SCRIPT, group_members, killpg, set_parent_death_signal, spawn
-from rlproxy.settings import EngineSettings
+from core.settings import EngineSettings
+from engine.command import (
+    DEFAULT_DTYPE,
+    DEFAULT_SEED,
+    EngineError,
+    connect_host,
+    engine_command,
+    engine_env,
+    lora_rank_slot,
+    port_free,
+    served_name,
+    vllm_available,
+)
+from engine.guard import GUARD_SCRIPT, group_members, killpg, set_parent_death_signal, spawn
 
 # Imported from here by the CLI, the demo and the tests: the engine's names in one place.
 __all__ = ["DEFAULT_DTYPE", "DEFAULT_SEED", "Engine", "EngineError", "connect_host", "engine_command", "engine_env",
@@ -48,7 +58,7 @@ __all__ = ["DEFAULT_DTYPE", "DEFAULT_SEED", "Engine", "EngineError", "connect_ho
 
 log = logging.getLogger(__name__)
 
-engine_log = logging.getLogger("rlproxy.engine.vllm")
+engine_log = logging.getLogger("engine.local.vllm")
 
 DEFAULT_GRACE_PERIOD = 20.0
 LOG_PREFIX = "[engine] "
@@ -66,7 +76,7 @@ class Engine:
     `base_url` is ``http://host:port`` (no ``/v1``). `wait_ready()` / `await wait_ready_async()` poll
     ``/v1/models`` until it answers with the served name, raising `EngineError` with the last log lines
     if the process dies or `settings.startup_timeout` passes. `stop()` sends SIGTERM to the process group,
-    then SIGKILL after `grace_period` seconds. Log lines go to the ``rlproxy.engine.vllm`` logger with
+    then SIGKILL after `grace_period` seconds. Log lines go to the ``engine.local.vllm`` logger with
     `log_prefix`, or straight to stderr when logging is not configured.
     """
 
@@ -105,7 +115,7 @@ class Engine:
     def model_path(self) -> Path:
         """The model folder; the prepared bundled model unless the settings or caller name one."""
         if self._model_path is None:
-            from rlproxy.model import default_model_path
+            from engine.model import default_model_path
 
             self._model_path = default_model_path()
         return self._model_path

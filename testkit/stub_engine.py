@@ -1,7 +1,7 @@
 """A small local server that answers like vLLM's OpenAI server (token ids, logprobs, SSE, tool calls, LoRA
 loading), for testing and benchmarking the proxy alone. Deterministic: the same request gives the same answer.
 
-Run it: `python -m rlproxy.testing.stub_engine --port 8001` (`--model NAME` serves the base model under another name,
+Run it: `python -m testkit.stub_engine --port 8001` (`--model NAME` serves the base model under another name,
 e.g. a real engine's, so both can be replicas behind one proxy).
 
 Test controls, read from the request body (unknown fields pass through the proxy untouched):
@@ -33,8 +33,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from rlproxy.adapters import LOAD_ROUTE, UNLOAD_ROUTE
-from rlproxy.testing import stub_pooling
+from engine.adapters import LOAD_ROUTE, UNLOAD_ROUTE
+from testkit import stub_pooling
 
 BASE_MODEL = "stub-model"
 VOCAB = ["The", "answer", "is", "42", "and", "that", "settles", "it", ".", "Sure", "here", "you", "go", "!"]
@@ -337,7 +337,7 @@ def build_app(base_model: str = BASE_MODEL, api_key: str | None = None, stub: St
     app.router.add_get("/v1/models", stub.models)
     app.router.add_post("/v1/chat/completions", stub.chat)
     app.router.add_post("/v1/completions", stub.completions)
-    app.router.add_post(LOAD_ROUTE, stub.load_lora)  # the routes rlproxy/adapters.py calls, as vLLM serves them
+    app.router.add_post(LOAD_ROUTE, stub.load_lora)  # the routes engine/adapters.py calls, as vLLM serves them
     app.router.add_post(UNLOAD_ROUTE, stub.unload_lora)
     app.router.add_get("/health", lambda r: web.Response(text="ok"))
     stub_pooling.add_routes(app, stub.tokenize, pooling)  # tokenize, pooling, score, rerank, ping, version

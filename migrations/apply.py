@@ -8,12 +8,12 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 
-import migrations
+HERE = Path(__file__).resolve().parent  # this package: env.py and versions/
 
 
 def alembic_config(database_url: str) -> Config:
     config = Config()
-    config.set_main_option("script_location", str(Path(migrations.__file__).parent))
+    config.set_main_option("script_location", str(HERE))
     config.set_main_option("sqlalchemy.url", database_url)
     return config
 

@@ -21,7 +21,7 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
 
@@ -97,8 +97,8 @@ def rlproxy_command(*args: str) -> list[str]:
 
 
 def stub_command(port: int) -> list[str]:
-    """The stand-in engine (rlproxy/testing/stub_engine.py) on `port`."""
-    return [PYTHON, "-m", "rlproxy.testing.stub_engine", "--port", str(port)]
+    """The stand-in engine (testkit/stub_engine.py) on `port`."""
+    return [PYTHON, "-m", "testkit.stub_engine", "--port", str(port)]
 
 
 def proxy_command(port: int, upstreams: list[str], database_url: str, *extra: str) -> list[str]:
@@ -128,7 +128,7 @@ def create_database(server: str, prefix: str, *, migrate: bool = True) -> str:
         conn.execute(f'CREATE DATABASE "{name}"')
     url = f"{server.rsplit('/', 1)[0].replace('postgresql://', 'postgresql+asyncpg://', 1)}/{name}"
     if migrate:
-        from store.migrate import upgrade
+        from migrations.apply import upgrade
 
         upgrade(url)
     return url

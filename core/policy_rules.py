@@ -17,7 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from store.models import BASE_POLICY, DEFAULT_POLICY
+DEFAULT_POLICY = "default"  # the policy every call belongs to unless a routing rule names another
+BASE_POLICY = "base"  # a reserved name: always the base model, never trained
 
 __all__ = ["BASE_POLICY", "DEFAULT_POLICY", "PolicyRules", "Rule", "RuleError", "check_policy_name"]
 

@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 
-from rewards.air import DEFAULT_ERROR_PATTERNS, AirRules  # pure: the AIR weights' defaults live there
-from rlproxy.policy_rules import BASE_POLICY, DEFAULT_POLICY, PolicyRules, check_policy_name
+from core.air_rules import DEFAULT_ERROR_PATTERNS, AirRules
+from core.policy_rules import BASE_POLICY, DEFAULT_POLICY, PolicyRules, check_policy_name
 
 DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///rlproxy.db"
 

@@ -17,13 +17,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from rlproxy.errors import RlproxyError
+from core.errors import RlproxyError
+from engine import lifecycle
+from engine.adapters import AdapterError, EngineAdapters
+from engine.models import base_model_name
 from store import policies
 from store.db import create_engine, session_factory
 from store.evaluation import traffic_by_version
 from store.models import Policy, utcnow
+from trainer.gates.command import digest, run_command
 
 DEFAULT_PROXY = "http://127.0.0.1:8400"
 
@@ -94,33 +99,22 @@ async def resolve(version: int, database_url: str, *, proxy: str | None, upstrea
 async def load(sessions, engine: str, version: int, api_key: str | None) -> None:
     """Make the version's adapter, with its own folder's weights, loaded on the engine (the lifecycle's rule: it
     may have been unloaded after it stopped serving, or the engine restarted)."""
-    from rlproxy import lifecycle
-    from rlproxy.adapters import AdapterError, EngineAdapters
-
     try:
         await lifecycle.ensure_loaded(sessions, EngineAdapters([engine], api_key=api_key, attempts=2), version)
     except (AdapterError, aiohttp.ClientError, asyncio.TimeoutError) as exc:
         raise EvalError(f"{engine} could not load policy v{version}: {exc}") from None
 
 
-async def base_model(url: str, api_key: str | None = None) -> str:
-    """The base model's name on an engine or proxy (base URL without /v1)."""
-    models = {m["id"]: m for m in (await _get_json(f"{url.rstrip('/')}/v1/models", api_key))["data"]}
-    return _base(models, url)
-
-
 def _base(models: dict[str, dict], url: str) -> str:
-    try:
-        return next(name for name, m in models.items() if not m.get("parent"))
-    except StopIteration:
-        raise EvalError(f"{url} lists no base model") from None
+    name = base_model_name(models.values())
+    if name is None:
+        raise EvalError(f"{url} lists no base model")
+    return name
 
 
 async def by_command(version: int, template: str, split: str, database_url: str, *, proxy: str | None,
                      upstream: str | None, api_key: str | None, timeout: float):
     """Run the evaluation command for `version`; keep its score on the row (under `command_eval`, by split)."""
-    from trainer.gates.command import digest, run_command
-
     target = await resolve(version, database_url, proxy=proxy, upstream=upstream, api_key=api_key)
     result = await run_command(template, base_url=f"{target.url}/v1", model=target.model, version=version,
                                split=split, timeout=timeout, api_key=api_key)
@@ -180,6 +174,4 @@ def _describe_traffic(version: int, summary: dict[str, Any] | None) -> str:
 
 
 def hide_password(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
     return make_url(url).render_as_string(hide_password=True)

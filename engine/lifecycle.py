@@ -1,5 +1,5 @@
 """A policy version's life, and the one place that decides when its adapter is loaded or unloaded (how is
-rlproxy/adapters.py's job; the rows are store/policies.py's and store/canary.py's):
+engine/adapters.py's job; the rows are store/policies.py's and store/canary.py's):
 
     candidate ──publish──▶ candidate, loaded on every replica ──┬─ start_canary ─▶ canary ─┐
         └─ a replica refused it ─▶ failed                        └──── activate ──────────┴─▶ active
@@ -29,13 +29,13 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from rlproxy.adapters import AdapterError, EngineAdapters
+from engine.adapters import AdapterError, EngineAdapters
 from store import canary as canaries
 from store import policies
 from store.errors import Conflict, NotFound
 from store.models import PolicyStatus
 
-log = logging.getLogger("rlproxy.lifecycle")
+log = logging.getLogger("engine.lifecycle")
 
 SERVING = (PolicyStatus.ACTIVE, PolicyStatus.CANARY)
 
