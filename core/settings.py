@@ -1,6 +1,7 @@
 """Typed settings, built once by the CLI from flags and `RLPROXY_*` environment variables, then passed down."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -14,8 +15,6 @@ DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///rlproxy.db"
 
 def cache_dir() -> Path:
     """Where prepared models and adapters live unless told otherwise."""
-    import os
-
     root = os.environ.get("RLPROXY_CACHE_DIR") or os.path.join(
         os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "rlproxy"
     )

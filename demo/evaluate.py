@@ -20,12 +20,12 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from demo.agent import evaluate_detailed
-from demo.tasks import Task
+from demo.tasks import Task, heldout_tasks
 from store import policies
 from store.db import create_engine, session_factory
 from store.evaluation import wilson
 from store.models import Policy, utcnow
-from trainer.gates.evaluate import EvalError
+from trainer.gates.evaluate import EvalError, resolve
 
 
 def task_set(tasks: list[Task]) -> str:
@@ -132,9 +132,6 @@ async def evaluate_policy(version: int, database_url: str, *, proxy: str | None 
     """Measure policy `version` (v0: the base model) on `tasks` held-out tasks, through a proxy or on an
     engine directly (trainer/gates/evaluate.py finds it), and store the result on its row. Returns the result and
     whether it was stored."""
-    from demo.tasks import heldout_tasks
-    from trainer.gates.evaluate import resolve
-
     try:
         chosen = heldout_tasks(tasks, seed=seed)
     except ValueError as exc:

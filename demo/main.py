@@ -8,8 +8,11 @@ import logging
 from pathlib import Path
 
 from demo.output import own_terminal
+from demo.report import Report
+from demo.run import Demo
 from demo.settings import DemoSettings
 from demo.startup import StartupError, check_ports, explain
+from demo.view import reward_curve, summary
 
 log = logging.getLogger("rlproxy.demo")
 
@@ -23,16 +26,11 @@ def run_demo(settings: DemoSettings, curve_dir: Path) -> int:
             terminal.console.print(terminal.describe_logs(), style="dim", soft_wrap=True)
         else:  # with the progress lines, not in the summary
             terminal.err.write(terminal.describe_logs() + "\n")
-        try:  # before the imports below (seconds): a taken port is said at once (Demo checks again later)
+        try:  # before anything starts (Demo checks again later)
             check_ports(settings.proxy_port, None if settings.upstream else settings.engine_port)
         except StartupError as exc:
             terminal.err.write(f"{exc}\n")
             return 1
-        # imported only now: importing the proxy's stack logs (Alembic's plugins), which goes to rlproxy.log
-        from demo.report import Report
-        from demo.run import Demo
-        from demo.view import reward_curve, summary
-
         try:
             progress = asyncio.run(Demo(settings, Report(terminal)).run())
         except Exception as exc:  # the traceback goes to rlproxy.log, the reason to the user

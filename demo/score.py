@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shlex
 import sys
 
@@ -48,8 +49,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=8, help="Episodes in flight.")
     parser.add_argument("--api-key", default=None, help="Bearer key (default: $OPENAI_API_KEY or 'rlproxy').")
     args = parser.parse_args(argv)
-    import os
-
     key = args.api_key or os.environ.get("OPENAI_API_KEY") or "rlproxy"
     print(json.dumps(asyncio.run(score(args.base_url, args.model, args.split, args.tasks, args.seed,
                                        args.concurrency, key))), flush=True)

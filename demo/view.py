@@ -13,6 +13,8 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
+from store.evaluation import wilson
+
 PANEL_TITLE = "rlproxy demo — a tool-using agent learning from its own traffic"
 
 
@@ -96,8 +98,6 @@ def _base_rate(rows: dict[int, tuple[int, int]]) -> float | None:
 def heldout_table(progress, settings, rows: int | None = None, compact: bool = False) -> Table:
     """Held-out success per version. `rows`: at most that many (the base model and the newest), with a caption
     saying how many are left out; `compact`: no outer border lines (the live panel's)."""
-    from store.evaluation import wilson
-
     table = Table(title="held-out success by policy version", expand=False,
                   box=box.SIMPLE_HEAD if compact else box.HEAVY_HEAD, show_edge=not compact)
     for name in ("version", "held-out success", "episodes", "95% interval", "vs base", "status"):
@@ -136,8 +136,6 @@ def probe_periods(progress, parts: int = 3) -> list[tuple[float, float, list[int
 
 
 def summary(progress, settings, console: Console | None = None) -> None:
-    from store.evaluation import wilson
-
     console = console or Console()
     console.print(heldout_table(progress, settings))
     rows = heldout_rows(progress, settings)

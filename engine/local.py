@@ -51,6 +51,7 @@ from engine.command import (
     vllm_available,
 )
 from engine.guard import GUARD_SCRIPT, group_members, killpg, set_parent_death_signal, spawn
+from engine.model import default_model_path
 
 # Imported from here by the CLI, the demo and the tests: the engine's names in one place.
 __all__ = ["DEFAULT_DTYPE", "DEFAULT_SEED", "Engine", "EngineError", "connect_host", "engine_command", "engine_env",
@@ -115,8 +116,6 @@ class Engine:
     def model_path(self) -> Path:
         """The model folder; the prepared bundled model unless the settings or caller name one."""
         if self._model_path is None:
-            from engine.model import default_model_path
-
             self._model_path = default_model_path()
         return self._model_path
 

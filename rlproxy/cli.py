@@ -19,6 +19,8 @@ def _logging(verbose: bool) -> None:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for chatty in ("httpx", "httpx2", "openai", "aiohttp.access"):  # one line per HTTP request otherwise
         logging.getLogger(chatty).setLevel(logging.DEBUG if verbose else logging.WARNING)
+    # Alembic says which plugins it set up when it is first imported: noise in a user's terminal
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
 @click.group()

@@ -13,6 +13,7 @@ import inspect
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 from dataclasses import asdict, dataclass
@@ -55,7 +56,7 @@ def import_target(spec: str, flag: str) -> Any:
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
     try:
-        module = importlib.import_module(module_name)  # noqa: user-code — the agent the user named
+        module = importlib.import_module(module_name)  # loads user code: the agent the user named
     except Exception as exc:  # noqa: BLE001 — the import's own error, in one line
         raise RunInputError(f"{flag} {spec!r}: cannot import {module_name} ({type(exc).__name__}: {exc})") from None
     target = module
@@ -183,8 +184,6 @@ class ClassAgent:
     def __init__(self, spec: str, check_env: dict[str, str]) -> None:
         """Imported once before the run in a process of its own, with `check_env` (the AGL variables), as each
         attempt will import it: the module is not imported into the runner."""
-        import subprocess
-
         done = subprocess.run([sys.executable, "-m", "runner.agl_host", "--check", spec], capture_output=True,
                               text=True, env={**os.environ, **check_env}, stdin=subprocess.DEVNULL)
         if done.returncode != 0:

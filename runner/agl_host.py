@@ -10,12 +10,11 @@ import inspect
 import os
 import sys
 
+from runner.agents import import_target
 from runner.errors import RunInputError
 
 
 def load(spec: str):
-    from runner.agents import import_target
-
     cls = import_target(spec, "--agent-class")
     if not inspect.isclass(cls) or not callable(getattr(cls, "run", None)):
         raise RunInputError(f"--agent-class {spec!r} is not a class with a run() method")

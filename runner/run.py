@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from runner.agents import AgentResult, ClientConfig, make_agent
 from runner.client import ProxyClient
 from runner.errors import InfrastructureError, ProxyRefused, RunInputError
+from runner.harness import HarnessAgent
 from runner.journal import Journal, Key, read_log
 from runner.progress import Display, Outcome
 from runner.settings import RunSettings
@@ -45,8 +47,6 @@ def prepare(settings: RunSettings) -> Plan:
     needed = {field: f"--env-map {variable}={field}" for variable, field in mapped.items()}
     proxy = settings.proxy.rstrip("/")
     if kind == "harness":
-        from runner.harness import HarnessAgent
-
         agent = HarnessAgent(target, settings.prompt_field, settings.verify, settings.workdir, settings.repo_field,
                              settings.harness_args)
         needed.update(agent.needed_fields())
@@ -210,6 +210,4 @@ def _policy(stored: dict[str, Any]) -> int | None:
 def _text(value: Any) -> str:
     if isinstance(value, str):
         return value
-    import json
-
     return json.dumps(value, ensure_ascii=False, default=str)

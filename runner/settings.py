@@ -7,6 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
+from runner.errors import RunInputError
+
 DEFAULT_PROXY = "http://127.0.0.1:8400"
 
 
@@ -59,8 +61,6 @@ class RunSettings(BaseModel):
                                                     ("agent-class", self.agent_class),
                                                     ("harness", self.harness)) if value]
         if len(named) != 1:
-            from runner.errors import RunInputError
-
             raise RunInputError("name the agent once: --agent module:function, --command \"...\", "
                                 "--agent-class module:Class or --harness claude-code|codex")
         return named[0]

@@ -21,6 +21,10 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
+import psycopg
+
+from migrations.apply import upgrade
+
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 
@@ -121,22 +125,16 @@ def trainer_command(database_url: str, upstream: str, model: Path, adapters: Pat
 
 def create_database(server: str, prefix: str, *, migrate: bool = True) -> str:
     """A new database on the Postgres server at libpq URL `server` (migrated unless told); its asyncpg URL."""
-    import psycopg
-
     name = f"{prefix}_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(server, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{name}"')
     url = f"{server.rsplit('/', 1)[0].replace('postgresql://', 'postgresql+asyncpg://', 1)}/{name}"
     if migrate:
-        from migrations.apply import upgrade
-
         upgrade(url)
     return url
 
 
 def drop_database(server: str, url: str) -> None:
-    import psycopg
-
     with psycopg.connect(server, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{url.rsplit("/", 1)[1]}" WITH (FORCE)')
 

@@ -19,6 +19,8 @@ import openai
 
 from store import policies
 from store.db import create_engine, session_factory
+from trainer.config import TrainConfig
+from trainer.ppo import PolicyTrainer
 from trainer.publish import Publisher
 
 
@@ -48,9 +50,6 @@ class SwapReport:
 def make_adapter_versions(model_path: Path, target: Path, count: int) -> list[Path]:
     """`count` adapter folders as the trainer writes them (all from one fresh LoRA: serving, not learning,
     is what a swap test checks)."""
-    from trainer.config import TrainConfig
-    from trainer.ppo import PolicyTrainer
-
     first = PolicyTrainer(model_path, TrainConfig()).save_adapter(target / "v1")
     paths = [first]
     for version in range(2, count + 1):

@@ -37,7 +37,9 @@ from trainer.config import TrainConfig
 from trainer.housekeeping import Housekeeping
 from trainer.metrics import TrainerMetrics
 from trainer.parallel import Collective, LeaderPolicy
+from trainer.ppo import PolicyTrainer
 from trainer.publish import Publisher
+from trainer.retokenize import retokenize
 from trainer.transitions import SkipReasons, Transition
 
 log = logging.getLogger("rlproxy.trainer")
@@ -127,8 +129,6 @@ class TrainerWorker:
             await self.engine.dispose()
 
     def build_policy(self, adapter_dir: Path | None):
-        from trainer.ppo import PolicyTrainer
-
         return PolicyTrainer(self.model_path, self.config, adapter_dir, self.collective)
 
     async def step_once(self) -> bool:
@@ -193,8 +193,6 @@ class TrainerWorker:
 
     async def _retokenize(self, session: AsyncSession, rollouts: list[training.RolloutData]) -> None:
         from transformers import AutoTokenizer
-
-        from trainer.retokenize import retokenize
 
         if self.tokenizer is None:
             self.tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, str(self.model_path))

@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import aiohttp
+from sqlalchemy import select
 
 from core.errors import RlproxyError
 from core.settings import TrainerSettings
@@ -287,8 +288,6 @@ class CommandGate:
 async def known_score(session, version: int, measured: str) -> float | None:
     """A kept score of `version` for the command and split `measured` names: its own row's, or for the base
     model the parent score a gate kept on one of its children."""
-    from sqlalchemy import select
-
     if version != policies.BASE_VERSION:
         row = await session.get(Policy, version)
         kept = ((row.evaluation or {}).get(KEY) or {}) if row is not None else {}
