@@ -27,7 +27,8 @@ MEASUREMENTS = {
     "judge": ("tests/test_judge_learning.py", {"RLPROXY_TEST_JUDGE_ROUNDS": "7", "RLPROXY_TEST_JUDGE_BATCH": "32",
                                                 "RLPROXY_TEST_JUDGE_HELDOUT": "48"}),
     "multi-agent": ("tests/test_multi_agent.py", {"RLPROXY_TEST_MULTI_AGENT_ROUNDS": "6",
-                                                   "RLPROXY_TEST_MULTI_AGENT_HELDOUT": "32"}),
+                                                   "RLPROXY_TEST_MULTI_AGENT_HELDOUT": "32",
+                                                   "RLPROXY_TEST_MULTI_AGENT_PER_PROJECT": "16"}),
     "learning": ("tests/test_learning.py", {}),
 }
 # What the tests print about learning (one line each).

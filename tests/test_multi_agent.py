@@ -15,7 +15,7 @@ final answers made from one fixed set of the base model's own drafts (so that a 
 with its solver's); with six rounds or more it asserts that each trained role's rose. docs/policies.md has the
 measured runs (`bench/learning_runs.py multi-agent`: RLPROXY_TEST_MULTI_AGENT_ROUNDS=6
 RLPROXY_TEST_MULTI_AGENT_HELDOUT=32, output in bench/results/); several LoRAs in one batch make the CPU engine
-slow, so the default run is one round.
+slow, so the default run is one round of one task group per project (8 episodes each).
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ RULES = ("project:solo&agent:solver=solo-solver", "project:duo&agent:solver=duo-
 TRAINED = ("solo-solver", "duo-solver", "duo-reviser")
 ROUNDS = int(os.environ.get("RLPROXY_TEST_MULTI_AGENT_ROUNDS", "1"))
 GROUP = 8
-PER_PROJECT = 16  # episodes per project and round: two task groups
+PER_PROJECT = int(os.environ.get("RLPROXY_TEST_MULTI_AGENT_PER_PROJECT", "8"))  # episodes per project and round
 HELDOUT = int(os.environ.get("RLPROXY_TEST_MULTI_AGENT_HELDOUT", "8"))
 AT_ONCE = 16  # episodes in flight: more only queue in the engine (and time out there)
 # Six rounds are what learning takes here (docs/policies.md); the default, shorter run checks everything else.
