@@ -22,6 +22,7 @@ CHART = Path(__file__).resolve().parent.parent / "helm" / "rlproxy"
 EVERYTHING = yaml.safe_load((CHART / "ci" / "everything-values.yaml").read_text())
 # A trainer across three pods of eight GPUs each.
 THREE_NODES = {"trainer": {"nodes": 3, "nprocPerNode": 8, "gpu": 8, "settings": {"batch_rollouts": 96}}}
+VALUES, VALUES_IDS = [{}, EVERYTHING, THREE_NODES], ["defaults", "everything", "three-nodes"]
 # The oldest Kubernetes the chart claims (policy/v1 PDBs, batch/v1 Jobs) and the newest schemas we have.
 KUBERNETES_VERSIONS = ("1.27.0", latest_version())
 # The optional bundled Postgres is declared but not vendored, so Helm's lint warns that charts/ lacks it.
@@ -41,6 +42,11 @@ def render(values: dict | None = None) -> list[dict]:
 
 def by_kind(documents: list[dict], kind: str) -> dict[str, dict]:
     return {doc["metadata"]["name"]: doc for doc in documents if doc["kind"] == kind}
+
+
+def pod_of(documents: list[dict], kind: str, name: str) -> dict:
+    """The pod spec of a workload."""
+    return by_kind(documents, kind)[name]["spec"]["template"]["spec"]
 
 
 def env_of(container: dict) -> dict[str, object]:
@@ -76,7 +82,7 @@ def validate_all(documents: list[dict]) -> None:
                             f"{exc.message} at {'.'.join(map(str, exc.path))}")
 
 
-@pytest.mark.parametrize("values", [{}, EVERYTHING, THREE_NODES], ids=["defaults", "everything", "three-nodes"])
+@pytest.mark.parametrize("values", VALUES, ids=VALUES_IDS)
 def test_helm_lint_finds_no_problem(values):
     report = helm.lint(CHART, values)
     assert report["total_charts_linted"] == 1 and not report["errors"]
@@ -204,7 +210,8 @@ def test_a_trainer_across_three_nodes_of_eight_gpus(monkeypatch):
     launches = [get_args_parser().parse_args([arg.replace("$(POD_NAME)", f"prod-rlproxy-trainer-{i}")
                                               for arg in container["args"]]) for i in range(3)]
     pod_addresses = [f"prod-rlproxy-trainer-{i}.{ranks['metadata']['name']}" for i in range(3)]
-    # one rendezvous: the same endpoint and id everywhere, on pod 0, at the port its Service and container open
+    # one rendezvous: the same endpoint and id everywhere, on pod 0, at the port its Services and container
+    # open
     assert {launch.rdzv_backend for launch in launches} == {"c10d"}
     assert len({launch.rdzv_id for launch in launches}) == 1
     [endpoint] = {launch.rdzv_endpoint for launch in launches}
@@ -217,7 +224,8 @@ def test_a_trainer_across_three_nodes_of_eight_gpus(monkeypatch):
     # node rank from the pod's index: each pod names itself by its address, and the c10d rendezvous numbers
     # nodes in the order of their addresses (the torchrun test below), so pod 0 is node 0, holding rank 0
     assert [launch.local_addr for launch in launches] == pod_addresses
-    assert min(f"prod-rlproxy-trainer-{i}.{ranks['metadata']['name']}" for i in range(100)) == pod_addresses[0]
+    assert min(f"prod-rlproxy-trainer-{i}.{ranks['metadata']['name']}" for i in range(100)) \
+        == pod_addresses[0]
     # ... rank 0, the worker, is the only rank serving metrics: the metrics Service points at pod 0
     metrics = services["prod-rlproxy-trainer"]["spec"]["selector"]
     assert metrics["statefulset.kubernetes.io/pod-name"] == "prod-rlproxy-trainer-0"
@@ -242,7 +250,7 @@ def test_ranks_per_pod_other_than_its_gpus_are_refused():
 def test_ranks_on_cpus_need_no_gpu():
     documents = render({"trainer": {"nodes": 2, "nprocPerNode": 4}})
     validate_all(documents)
-    [container] = by_kind(documents, "StatefulSet")["prod-rlproxy-trainer"]["spec"]["template"]["spec"]["containers"]
+    [container] = pod_of(documents, "StatefulSet", "prod-rlproxy-trainer")["containers"]
     assert "nvidia.com/gpu" not in container["resources"]["limits"]
     assert container["args"][:4] == ["--nnodes", "2", "--nproc-per-node", "4"]
 
@@ -266,7 +274,7 @@ def test_example_values_per_model_size_render_once_the_trainer_is_sized(example)
         assert engine["args"][engine["args"].index("--tensor-parallel-size") + 1] == str(gpus)
     else:
         assert "--tensor-parallel-size" not in engine["args"]
-    [trainer] = by_kind(documents, "StatefulSet")["prod-rlproxy-trainer"]["spec"]["template"]["spec"]["containers"]
+    [trainer] = pod_of(documents, "StatefulSet", "prod-rlproxy-trainer")["containers"]
     assert env_of(trainer)["RLPROXY_MODEL"] == values["engine"]["model"]  # trains the model the engines serve
 
 
@@ -278,7 +286,8 @@ dist.init_process_group("gloo")
 total = torch.ones(1)
 dist.all_reduce(total)
 with open(sys.argv[1], "w") as out:
-    out.write(f"{os.environ['RANK']} {os.environ['GROUP_RANK']} {os.environ['WORLD_SIZE']} {int(total.item())}")
+    out.write(f"{os.environ['RANK']} {os.environ['GROUP_RANK']} {os.environ['WORLD_SIZE']} "
+              f"{int(total.item())}")
 dist.destroy_process_group()
 """
 
@@ -352,14 +361,14 @@ def test_variables_that_are_not_flags_are_read_somewhere():
         assert f'"{name}"' in Path(settings.__file__).read_text()
 
 
-@pytest.mark.parametrize("values", [{}, EVERYTHING, THREE_NODES], ids=["defaults", "everything", "three-nodes"])
+@pytest.mark.parametrize("values", VALUES, ids=VALUES_IDS)
 def test_every_rlproxy_variable_the_chart_sets_is_a_flag_the_command_reads(values, monkeypatch):
     """click ignores unknown RLPROXY_* variables, so a typo would silently not configure anything."""
     from rlproxy.cli import main
 
     documents = render(values)
-    containers = [c for kind in ("Deployment", "StatefulSet", "Job") for d in by_kind(documents, kind).values()
-                  for c in d["spec"]["template"]["spec"]["containers"]]
+    containers = [c for kind in ("Deployment", "StatefulSet", "Job") for name in by_kind(documents, kind)
+                  for c in pod_of(documents, kind, name)["containers"]]
     checked = 0
     for container in containers:
         if container["name"] == "vllm":
