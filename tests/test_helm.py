@@ -3,6 +3,10 @@ every manifest validated against the Kubernetes API schemas (bundled with kubern
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -12,8 +16,13 @@ helm = pytest.importorskip("helm_python", reason="needs helm-python-sdk (pip ins
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="needs kubernetes-validate")
 from kubernetes_validate.utils import latest_version  # noqa: E402
 
+from testkit.processes import free_port  # noqa: E402
+
 CHART = Path(__file__).resolve().parent.parent / "helm" / "rlproxy"
 EVERYTHING = yaml.safe_load((CHART / "ci" / "everything-values.yaml").read_text())
+# A trainer across three pods of eight GPUs each.
+THREE_NODES = {"trainer": {"nodes": 3, "nprocPerNode": 8, "gpu": 8, "settings": {"batch_rollouts": 96}}}
+VALUES, VALUES_IDS = [{}, EVERYTHING, THREE_NODES], ["defaults", "everything", "three-nodes"]
 # The oldest Kubernetes the chart claims (policy/v1 PDBs, batch/v1 Jobs) and the newest schemas we have.
 KUBERNETES_VERSIONS = ("1.27.0", latest_version())
 # The optional bundled Postgres is declared but not vendored, so Helm's lint warns that charts/ lacks it.
@@ -35,8 +44,20 @@ def by_kind(documents: list[dict], kind: str) -> dict[str, dict]:
     return {doc["metadata"]["name"]: doc for doc in documents if doc["kind"] == kind}
 
 
+def pod_of(documents: list[dict], kind: str, name: str) -> dict:
+    """The pod spec of a workload."""
+    return by_kind(documents, kind)[name]["spec"]["template"]["spec"]
+
+
 def env_of(container: dict) -> dict[str, object]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
+
+
+def rlproxy_args(container: dict) -> list[str]:
+    """The `rlproxy` command line a container runs: its args, or what torchrun runs (`-m rlproxy.cli ...`)."""
+    if container.get("command") == ["torchrun"]:
+        return container["args"][container["args"].index("rlproxy.cli") + 1:]
+    return container["args"]
 
 
 def check_service_monitor(doc: dict) -> None:
@@ -61,7 +82,7 @@ def validate_all(documents: list[dict]) -> None:
                             f"{exc.message} at {'.'.join(map(str, exc.path))}")
 
 
-@pytest.mark.parametrize("values", [{}, EVERYTHING], ids=["defaults", "everything"])
+@pytest.mark.parametrize("values", VALUES, ids=VALUES_IDS)
 def test_helm_lint_finds_no_problem(values):
     report = helm.lint(CHART, values)
     assert report["total_charts_linted"] == 1 and not report["errors"]
@@ -73,34 +94,47 @@ def test_default_values_render_valid_manifests_for_one_gpu_engine():
     documents = render()
     validate_all(documents)
     deployments = by_kind(documents, "Deployment")
-    assert set(deployments) == {"prod-rlproxy-proxy", "prod-rlproxy-trainer", "prod-rlproxy-engine-0"}
+    assert set(deployments) == {"prod-rlproxy-proxy", "prod-rlproxy-trainer"}
+    assert set(by_kind(documents, "StatefulSet")) == {"prod-rlproxy-engine"}
     assert not by_kind(documents, "ServiceMonitor") and not by_kind(documents, "NetworkPolicy")
 
     proxy = deployments["prod-rlproxy-proxy"]["spec"]["template"]["spec"]["containers"][0]
     assert proxy["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert proxy["readinessProbe"]["httpGet"]["path"] == "/readyz"
     env = env_of(proxy)
-    assert env["RLPROXY_UPSTREAM"] == "http://prod-rlproxy-engine-0:8000"
+    # the engine replica by its own name: pod 0 of the StatefulSet, through its headless Service
+    assert env["RLPROXY_UPSTREAM"] == "http://prod-rlproxy-engine-0.prod-rlproxy-engine:8000"
     assert env["RLPROXY_MIGRATE"] == "false"  # the migration Job does it
     database = {"secretKeyRef": {"name": "rlproxy-database", "key": "database-url"}}
     assert env["RLPROXY_DATABASE_URL"] == database
     assert env["RLPROXY_ADMIN_KEY"] == {"secretKeyRef": {"name": "prod-rlproxy", "key": "admin-key"}}
     assert deployments["prod-rlproxy-proxy"]["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"]
 
-    engine = deployments["prod-rlproxy-engine-0"]["spec"]["template"]["spec"]["containers"][0]
+    engines = by_kind(documents, "StatefulSet")["prod-rlproxy-engine"]
+    assert engines["spec"]["replicas"] == 1 and engines["spec"]["updateStrategy"]["type"] == "RollingUpdate"
+    assert by_kind(documents, "Service")[engines["spec"]["serviceName"]]["spec"]["clusterIP"] == "None"
+    engine = engines["spec"]["template"]["spec"]["containers"][0]
     assert engine["image"].startswith("vllm/vllm-openai:")
     args = engine["args"]
     for flag in ("--enable-lora", "--max-lora-rank", "--max-loras", "--enable-auto-tool-choice",
                  "--tool-call-parser"):
         assert flag in args
+    assert "--tensor-parallel-size" not in args  # one GPU
     assert {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"} in engine["env"]
     assert engine["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+    # the trainer: one pod running `rlproxy train` on its own, as it always did
     trainer = deployments["prod-rlproxy-trainer"]["spec"]["template"]["spec"]
+    assert deployments["prod-rlproxy-trainer"]["spec"]["replicas"] == 1
+    assert "command" not in trainer["containers"][0] and trainer["containers"][0]["args"] == ["train"]
     assert "nvidia.com/gpu" not in trainer["containers"][0]["resources"].get("limits", {})
+    assert trainer["containers"][0]["livenessProbe"]["tcpSocket"]["port"] == "metrics"
+    assert "prod-rlproxy-trainer-ranks" not in by_kind(documents, "Service")
 
     # adapters: one claim, mounted at the same path by the trainer (writes) and the engine (reads)
     assert len(by_kind(documents, "PersistentVolumeClaim")) == 1
-    containers = [d["spec"]["template"]["spec"]["containers"][0] for d in deployments.values()]
+    containers = [d["spec"]["template"]["spec"]["containers"][0]
+                  for d in [*deployments.values(), engines]]
     mounts = [m for c in containers for m in c["volumeMounts"] if m["name"] == "adapters"]
     assert len(mounts) == 2 and len({m["mountPath"] for m in mounts}) == 1
     assert env_of(trainer["containers"][0])["RLPROXY_ADAPTERS_DIR"] == mounts[0]["mountPath"]
@@ -119,10 +153,11 @@ def test_everything_on_renders_valid_manifests():
     documents = render(EVERYTHING)
     validate_all(documents)
     deployments = by_kind(documents, "Deployment")
-    engines = sorted(name for name in deployments if "-engine-" in name)
-    assert engines == ["prod-rlproxy-engine-0", "prod-rlproxy-engine-1", "prod-rlproxy-engine-2"]
-    services = by_kind(documents, "Service")
-    assert all(name in services for name in engines)  # one Service per replica: rollouts stay on one
+    engine_set = by_kind(documents, "StatefulSet")["prod-rlproxy-engine"]
+    assert engine_set["spec"]["replicas"] == 3
+    headless = by_kind(documents, "Service")[engine_set["spec"]["serviceName"]]
+    assert headless["spec"]["clusterIP"] == "None"  # a DNS name per replica: rollouts stay on one
+    engines = [f"prod-rlproxy-engine-{i}.{headless['metadata']['name']}" for i in range(3)]
 
     proxy = deployments["prod-rlproxy-proxy"]["spec"]["template"]["spec"]["containers"][0]
     env = env_of(proxy)
@@ -139,8 +174,7 @@ def test_everything_on_renders_valid_manifests():
     # engines behind a key: they require it, the proxy and the trainer send it
     key = {"secretKeyRef": {"name": "engine-key", "key": "api-key"}}
     assert env_of(proxy)["RLPROXY_UPSTREAM_API_KEY"] == key and env_of(trainer)["RLPROXY_UPSTREAM_API_KEY"] == key
-    for name in engines:
-        assert env_of(deployments[name]["spec"]["template"]["spec"]["containers"][0])["VLLM_API_KEY"] == key
+    assert env_of(engine_set["spec"]["template"]["spec"]["containers"][0])["VLLM_API_KEY"] == key
 
     monitors = by_kind(documents, "ServiceMonitor")
     assert set(monitors) == {"prod-rlproxy-proxy", "prod-rlproxy-trainer"}
@@ -153,6 +187,151 @@ def test_everything_on_renders_valid_manifests():
     secrets = by_kind(documents, "Secret")
     assert set(secrets) == {"prod-rlproxy", "prod-rlproxy-migrate"}
     assert secrets["prod-rlproxy-migrate"]["metadata"]["annotations"]["helm.sh/hook-weight"] == "-10"
+
+
+def test_a_trainer_across_three_nodes_of_eight_gpus(monkeypatch):
+    from torch.distributed.run import get_args_parser, parse_min_max_nnodes
+
+    documents = render(THREE_NODES)
+    validate_all(documents)
+    assert "prod-rlproxy-trainer" not in by_kind(documents, "Deployment")
+    trainers = by_kind(documents, "StatefulSet")["prod-rlproxy-trainer"]
+    assert trainers["spec"]["replicas"] == 3 and trainers["spec"]["podManagementPolicy"] == "Parallel"
+    services = by_kind(documents, "Service")
+    ranks = services[trainers["spec"]["serviceName"]]  # a DNS name per pod, before the pods are ready
+    assert ranks["spec"]["clusterIP"] == "None" and ranks["spec"]["publishNotReadyAddresses"] is True
+    [container] = trainers["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert container["command"] == ["torchrun"]
+    assert env_of(container)["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+    # Each pod's command line as Kubernetes expands it ($(POD_NAME): pod i of a StatefulSet is <name>-i),
+    # read by torchrun's own parser.
+    launches = [get_args_parser().parse_args([arg.replace("$(POD_NAME)", f"prod-rlproxy-trainer-{i}")
+                                              for arg in container["args"]]) for i in range(3)]
+    pod_addresses = [f"prod-rlproxy-trainer-{i}.{ranks['metadata']['name']}" for i in range(3)]
+    # one rendezvous: the same endpoint and id everywhere, on pod 0, at the port its Services and container
+    # open
+    assert {launch.rdzv_backend for launch in launches} == {"c10d"}
+    assert len({launch.rdzv_id for launch in launches}) == 1
+    [endpoint] = {launch.rdzv_endpoint for launch in launches}
+    assert endpoint == f"{pod_addresses[0]}:29400"
+    assert ranks["spec"]["ports"][0]["port"] == 29400
+    assert {"name": "rendezvous", "containerPort": 29400, "protocol": "TCP"} in container["ports"]
+    # world size: 3 nodes (no fewer, no more) of 8 ranks
+    assert {parse_min_max_nnodes(launch.nnodes) for launch in launches} == {(3, 3)}
+    assert {int(launch.nproc_per_node) for launch in launches} == {8}
+    # node rank from the pod's index: each pod names itself by its address, and the c10d rendezvous numbers
+    # nodes in the order of their addresses (the torchrun test below), so pod 0 is node 0, holding rank 0
+    assert [launch.local_addr for launch in launches] == pod_addresses
+    assert min(f"prod-rlproxy-trainer-{i}.{ranks['metadata']['name']}" for i in range(100)) \
+        == pod_addresses[0]
+    # ... rank 0, the worker, is the only rank serving metrics: the metrics Service points at pod 0
+    metrics = services["prod-rlproxy-trainer"]["spec"]["selector"]
+    assert metrics["statefulset.kubernetes.io/pod-name"] == "prod-rlproxy-trainer-0"
+    assert "livenessProbe" not in container  # the other pods have no metrics port to probe
+    # every rank runs `rlproxy train`, which, launched by torchrun, does not start torchrun again
+    for launch in launches:
+        assert launch.module and launch.training_script == "rlproxy.cli"
+        assert launch.training_script_args == ["train", "--set", "batch_rollouts=96"]
+    from trainer import parallel
+
+    monkeypatch.setenv("WORLD_SIZE", str(3 * 8))
+    assert parallel.launched_by_torchrun()
+    # eight ranks per pod exchange through a memory-backed /dev/shm
+    assert {"name": "shm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+
+
+def test_ranks_per_pod_other_than_its_gpus_are_refused():
+    with pytest.raises(helm.HelmError, match=r"trainer.nprocPerNode \(4\) must equal trainer.gpu \(8\)"):
+        render({"trainer": {"nodes": 2, "nprocPerNode": 4, "gpu": 8}})
+
+
+def test_ranks_on_cpus_need_no_gpu():
+    documents = render({"trainer": {"nodes": 2, "nprocPerNode": 4}})
+    validate_all(documents)
+    [container] = pod_of(documents, "StatefulSet", "prod-rlproxy-trainer")["containers"]
+    assert "nvidia.com/gpu" not in container["resources"]["limits"]
+    assert container["args"][:4] == ["--nnodes", "2", "--nproc-per-node", "4"]
+
+
+EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[path.stem for path in EXAMPLES])
+def test_example_values_per_model_size_render_once_the_trainer_is_sized(example):
+    values = yaml.safe_load(example.read_text())
+    with pytest.raises(helm.HelmError, match="trainer.nodes and trainer.gpu must be set"):
+        render(values)  # the trainer's size comes from docs/scale.md, not from the example
+    values["trainer"].update(nodes=2, gpu=8)
+    documents = render(values)
+    validate_all(documents)
+    engines = by_kind(documents, "StatefulSet")["prod-rlproxy-engine"]["spec"]["template"]["spec"]
+    [engine] = engines["containers"]
+    gpus = values["engine"]["gpu"]
+    assert engine["resources"]["limits"]["nvidia.com/gpu"] == gpus
+    if gpus > 1:  # one replica over all of its GPUs
+        assert engine["args"][engine["args"].index("--tensor-parallel-size") + 1] == str(gpus)
+    else:
+        assert "--tensor-parallel-size" not in engine["args"]
+    [trainer] = pod_of(documents, "StatefulSet", "prod-rlproxy-trainer")["containers"]
+    assert env_of(trainer)["RLPROXY_MODEL"] == values["engine"]["model"]  # trains the model the engines serve
+
+
+# A rank that reports its global rank, node rank and world size after one all-reduce over gloo.
+REPORT_RANK = """
+import os, sys
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+total = torch.ones(1)
+dist.all_reduce(total)
+with open(sys.argv[1], "w") as out:
+    out.write(f"{os.environ['RANK']} {os.environ['GROUP_RANK']} {os.environ['WORLD_SIZE']} "
+              f"{int(total.item())}")
+dist.destroy_process_group()
+"""
+
+
+def test_torchrun_numbers_nodes_by_address_not_by_who_joins_first(tmp_path):
+    """What the multi-node trainer relies on for rank 0 to be on pod 0: torchrun's c10d rendezvous orders the
+    nodes by their --local-addr. Here "pod 1" (127.0.0.2) hosts the rendezvous and joins first, yet "pod 0"
+    (127.0.0.1), joining second, becomes node 0 and holds rank 0."""
+    script = tmp_path / "report_rank.py"
+    script.write_text(REPORT_RANK)
+    port = free_port()
+
+    def torchrun(address: str, hosts: bool, report: Path) -> subprocess.Popen:
+        with open(tmp_path / f"{address}.log", "wb") as log:
+            return subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
+                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "ranks-test",
+                 "--rdzv-conf", f"is_host={int(hosts)},join_timeout=120", "--local-addr", address,
+                 str(script), str(report)], stdout=subprocess.DEVNULL, stderr=log)
+
+    def log_of(address: str) -> str:
+        return (tmp_path / f"{address}.log").read_text()[-3000:]
+
+    def listening() -> bool:
+        with socket.socket() as sock:
+            return sock.connect_ex(("127.0.0.1", port)) == 0
+
+    pods = [torchrun("127.0.0.2", True, tmp_path / "pod-1")]
+    try:
+        deadline = time.monotonic() + 120
+        while not listening():  # it hosts the rendezvous: it is in
+            assert time.monotonic() < deadline and pods[0].poll() is None, log_of("127.0.0.2")
+            time.sleep(0.2)
+        time.sleep(1.0)  # ... and has joined it
+        pods.append(torchrun("127.0.0.1", False, tmp_path / "pod-0"))
+        assert pods[1].wait(180) == 0, log_of("127.0.0.1")
+        assert pods[0].wait(60) == 0, log_of("127.0.0.2")
+    finally:
+        for process in pods:
+            if process.poll() is None:
+                process.kill()
+    # rank, node rank, world size, the all-reduce's sum (both ranks took part)
+    assert (tmp_path / "pod-0").read_text() == "0 0 2 2"
+    assert (tmp_path / "pod-1").read_text() == "1 1 2 2"
 
 
 def test_the_bundled_postgres_migrates_after_install():
@@ -182,19 +361,20 @@ def test_variables_that_are_not_flags_are_read_somewhere():
         assert f'"{name}"' in Path(settings.__file__).read_text()
 
 
-@pytest.mark.parametrize("values", [{}, EVERYTHING], ids=["defaults", "everything"])
+@pytest.mark.parametrize("values", VALUES, ids=VALUES_IDS)
 def test_every_rlproxy_variable_the_chart_sets_is_a_flag_the_command_reads(values, monkeypatch):
     """click ignores unknown RLPROXY_* variables, so a typo would silently not configure anything."""
     from rlproxy.cli import main
 
     documents = render(values)
-    containers = [c for kind in ("Deployment", "Job") for d in by_kind(documents, kind).values()
-                  for c in d["spec"]["template"]["spec"]["containers"]]
+    containers = [c for kind in ("Deployment", "StatefulSet", "Job") for name in by_kind(documents, kind)
+                  for c in pod_of(documents, kind, name)["containers"]]
     checked = 0
     for container in containers:
         if container["name"] == "vllm":
             continue
-        command = main.commands[container["args"][0]]
+        args = rlproxy_args(container)
+        command = main.commands[args[0]]
         envvars = {param.envvar for param in command.params if param.envvar}
         ours = {name: value for name, value in env_of(container).items()
                 if name.startswith("RLPROXY_") and name not in NOT_FLAGS}
@@ -203,7 +383,7 @@ def test_every_rlproxy_variable_the_chart_sets_is_a_flag_the_command_reads(value
             monkeypatch.delenv(name, raising=False)
         for name, value in ours.items():  # values from Secrets get a stand-in
             monkeypatch.setenv(name, value if isinstance(value, str) else "postgresql+asyncpg://u:p@db/x")
-        context = command.make_context(container["args"][0], list(container["args"][1:]))
+        context = command.make_context(args[0], list(args[1:]))
         checked += 1
         if command.name == "serve":
             assert context.params["host"] == "0.0.0.0" and context.params["migrate"] is False

@@ -77,8 +77,10 @@ bundled Postgres), else the Secret named by database.existingSecret. */}}
 {{- define "rlproxy.upstreams" -}}
 {{- $urls := list }}
 {{- if .Values.engine.enabled }}
+{{- $set := printf "%s-engine" (include "rlproxy.fullname" .) }}
 {{- range $i, $_ := until (int .Values.engine.replicas) }}
-{{- $urls = append $urls (printf "http://%s-engine-%d:%d" (include "rlproxy.fullname" $) $i (int $.Values.engine.port)) }}
+{{- /* each replica by its own name (the StatefulSet's pod i through its headless Service) */}}
+{{- $urls = append $urls (printf "http://%s-%d.%s:%d" $set $i $set (int $.Values.engine.port)) }}
 {{- end }}
 {{- end }}
 {{- $urls = concat $urls .Values.engine.externalUrls }}
@@ -97,4 +99,14 @@ bundled Postgres), else the Secret named by database.existingSecret. */}}
     secretKeyRef:
       name: {{ include "rlproxy.databaseSecret" . }}
       key: {{ include "rlproxy.databaseSecretKey" . }}
+{{- end }}
+
+{{/* Training processes (ranks) per trainer pod: trainer.nprocPerNode, else one per GPU, else one */}}
+{{- define "rlproxy.trainerNprocPerNode" -}}
+{{- $gpu := int .Values.trainer.gpu }}
+{{- $nproc := int (default (max $gpu 1) .Values.trainer.nprocPerNode) }}
+{{- if and (gt $gpu 0) (ne $nproc $gpu) }}
+{{- fail (printf "trainer.nprocPerNode (%d) must equal trainer.gpu (%d): each rank trains on one GPU of its own" $nproc $gpu) }}
+{{- end }}
+{{- $nproc }}
 {{- end }}
