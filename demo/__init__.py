@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 # Imported on first use: the agent needs `openai`, which the proxy alone (`pip install rlproxy`) does not
-# install, and `rlproxy`'s command line loads demo.settings through this package.
+# install.
 _LAZY = {name: "demo.agent" for name in (
     "DEFAULT_MAX_TOKENS", "DEFAULT_MAX_TURNS", "FEW_SHOT", "PROMPTS", "PROTOCOL", "SYSTEM_PROMPT", "EpisodeResult",
     "EvalStats", "Prompting", "evaluate", "evaluate_detailed", "run_episode")}

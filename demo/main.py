@@ -7,8 +7,8 @@ import asyncio
 import logging
 from pathlib import Path
 
+from core.settings import DemoSettings
 from demo.output import own_terminal
-from demo.settings import DemoSettings
 from demo.startup import StartupError, check_ports, explain
 
 log = logging.getLogger("rlproxy.demo")

@@ -1,12 +1,11 @@
 """The training core: transitions from recorded calls, LoRA PPO on them, atomic adapter publishing.
 
-`config` and `transitions` are plain Python (no torch); the torch-side names are imported on first use.
+`transitions` is plain Python (no torch); the torch-side names are imported on first use.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from trainer.config import TrainConfig
 from trainer.transitions import Call, SkipReasons, Transition, merge_trajectory, pack_micro_batches
 
 _LAZY = {
@@ -18,7 +17,7 @@ _LAZY = {
 }
 
 __all__ = [
-    "TrainConfig", "Call", "SkipReasons", "Transition", "merge_trajectory", "pack_micro_batches", *_LAZY
+    "Call", "SkipReasons", "Transition", "merge_trajectory", "pack_micro_batches", *_LAZY
 ]
 
 

@@ -3,6 +3,7 @@ flags (serve, engine, train, demo) are made from their settings models: rlproxy/
 from __future__ import annotations
 
 import click
+from sqlalchemy.engine import make_url
 
 from core.settings import DEFAULT_DATABASE_URL
 
@@ -23,6 +24,4 @@ def database_option():
 
 def redact(url: str) -> str:
     """A database URL fit to print: its password hidden."""
-    from sqlalchemy.engine import make_url
-
     return make_url(url).render_as_string(hide_password=True)
