@@ -96,7 +96,7 @@ def test_a_step_trains_marks_rollouts_and_the_proxy_serves_the_new_version(
     [step] = steps
     assert step.rollout_count == 8 and step.policy_version == 1 and step.metrics["transitions"] > 0
     adapter = json.loads((Path(policy.path) / "adapter_config.json").read_text())
-    assert adapter["r"] == config.lora_rank
+    assert adapter["r"] == settings.training.lora_rank
 
     served = {m["id"]: m["parent"] for m in requests.get(f"{stub_url}/v1/models").json()["data"]}
     assert served["rlproxy-v1"] == "stub-model"

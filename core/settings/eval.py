@@ -11,7 +11,7 @@ from core.settings.locations import DEFAULT_DATABASE_URL, DEFAULT_PROXY
 
 class EvalSettings(CommandSettings):
     version: int = Field(ge=0, description="The version to measure, e.g. v3 (v0: the base model).",
-                         json_schema_extra={"flag": "policy", "metavar": "vN"})
+                         json_schema_extra={"flag": "policy", "metavar": "vN", "text": True})
     eval_command: str | None = Field(
         None, description="Your evaluation command (as for `train --eval-command`), run for this version; without "
                           "it and without --traffic, the bundled demo task's held-out evaluation runs.",

@@ -1,8 +1,9 @@
 """What a command's settings model offers its users, field by field: a field's flag is its name with `-` for
-`_` (or `json_schema_extra={"flag": ...}`), its environment variable `RLPROXY_<FLAG>`, its default and its help
-(the field's `description`). Nested models and pydantic dataclasses (the proxy's writer, the trainer's
-training settings) are flattened: their fields are flags of the command like any other, and their defaults
-are those of the default instance the command holds (the demo trains with defaults of its own).
+`_`, its environment variable `RLPROXY_<FLAG>`, its default and its help (the field's `description`). A field
+says more in `json_schema_extra`: "flag" (another name), "metavar", "split" and "text" (see Setting).
+Nested models and pydantic dataclasses (the proxy's writer, the trainer's training settings) are flattened:
+their fields are flags of the command like any other, and their defaults are those of the default instance
+the command holds (the demo trains with defaults of its own).
 
 A list or tuple field is a repeatable flag that also takes comma-separated values (`"split": False` keeps
 commas: regular expressions); its environment variable separates values by spaces."""
@@ -39,6 +40,7 @@ class Setting:
     help: str
     split: bool = True  # a list's flag also takes comma-separated values
     metavar: str | None = None  # what --help shows for the value, when the type's name says too little
+    text: bool = False  # the flag takes text the model itself parses (`v3` for a version number)
 
     @property
     def name(self) -> str:
@@ -92,7 +94,8 @@ def _settings(model: type, prefix: tuple[str, ...], instance: Any) -> list[Setti
         if isinstance(default, SecretStr):
             default = default.get_secret_value()
         found.append(Setting((*prefix, name), str(extra.get("flag", name.replace("_", "-"))), kind, default,
-                             info.description or "", bool(extra.get("split", True)), extra.get("metavar")))
+                             info.description or "", bool(extra.get("split", True)), extra.get("metavar"),
+                             bool(extra.get("text", False))))
     return found
 
 

@@ -32,7 +32,7 @@ class TrainingSettings:
     lora_dropout: float = Field(
         0.0, ge=0, lt=1,
         description="Dropout on the LoRA input. 0 keeps the policy deterministic, so the importance "
-                          "ratio against the behaviour log-probs is not perturbed by noise.",
+                    "ratio against the behaviour log-probs is not perturbed by noise.",
     )
     target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1,
@@ -41,17 +41,17 @@ class TrainingSettings:
     lora_layers: int = Field(
         0, ge=0,
         description="Adapt only the top N transformer layers (0: all). Backpropagation then stops at the "
-                          "lowest adapted layer, so a step costs less (see bench/train_step.py).",
+                    "lowest adapted layer, so a step costs less (see bench/train_step.py).",
     )
 
     # --- optimisation -----------------------------------------------------------------------------
     learning_rate: float = Field(
         1e-3, gt=0,
         description="AdamW learning rate (LoRA params only). A high LoRA rate, with the PPO clip keeping each "
-                          "update near the sampling policy: on the demo task 2e-4 with groups of 4 and one update "
-                          "per batch gained 18 points in 15 minutes, 1e-3 with groups of 8 and 4 updates 60 "
-                          "(docs/demo-tasks.md); the task families of bench/families/ are measured with these "
-                          "defaults (docs/learning.md).",
+                    "update near the sampling policy: on the demo task 2e-4 with groups of 4 and one update "
+                    "per batch gained 18 points in 15 minutes, 1e-3 with groups of 8 and 4 updates 60 "
+                    "(docs/demo-tasks.md); the task families of bench/families/ are measured with these "
+                    "defaults (docs/learning.md).",
     )
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(
@@ -61,17 +61,17 @@ class TrainingSettings:
     mini_batches: int = Field(
         4, ge=1,
         description="Optimizer updates per epoch: the batch is shuffled and split into this many shares, "
-                          "one AdamW step each. More updates per batch learn more from each (expensive) batch of "
-                          "episodes; the PPO clip keeps the later updates near the behaviour policy.",
+                    "one AdamW step each. More updates per batch learn more from each (expensive) batch of "
+                    "episodes; the PPO clip keeps the later updates near the behaviour policy.",
     )
     micro_batch_tokens: int = Field(
         0, ge=0,
         description="Padded tokens (rows x longest row) per forward/backward; bounds peak memory. 0 picks "
-                          "by device: 384 on CPU, 4096 on a GPU. A transition longer than this is a micro-batch of "
-                          "its own, computed with activation checkpointing (memory stays bounded; that micro-batch "
-                          "costs about 45% more). The bundled model in float32 needs about 1.2 MB per token; 384 "
-                          "keeps the demo's transitions whole and its trainer under 2 GB, and its step takes no "
-                          "longer than with 4096, which needed several GB (bench/memory.py).",
+                    "by device: 384 on CPU, 4096 on a GPU. A transition longer than this is a micro-batch of "
+                    "its own, computed with activation checkpointing (memory stays bounded; that micro-batch "
+                    "costs about 45% more). The bundled model in float32 needs about 1.2 MB per token; 384 "
+                    "keeps the demo's transitions whole and its trainer under 2 GB, and its step takes no "
+                    "longer than with 4096, which needed several GB (bench/memory.py).",
     )
     max_seq_len: int = Field(
         2048, gt=1,
@@ -80,15 +80,15 @@ class TrainingSettings:
     bf16: bool = Field(
         True,
         description="Compute in bfloat16 (autocast) where the hardware does it fast: CUDA, or CPUs with "
-                          "AVX512-BF16 or AMX. Elsewhere it is ignored and training runs in float32: on a plain "
-                          "AVX2 CPU a bfloat16 matmul takes the slow reference path (~30x slower, measured).",
+                    "AVX512-BF16 or AMX. Elsewhere it is ignored and training runs in float32: on a plain "
+                    "AVX2 CPU a bfloat16 matmul takes the slow reference path (~30x slower, measured).",
     )
     seed: int = Field(0, description="Seed for LoRA init and anything random in training.")
     num_threads: int = Field(
         0, ge=0,
         description="torch intra-op threads (process-wide); 0 keeps torch's default. On a CPU shared "
-                          "with a vLLM engine, use fewer threads than cores: oversubscribed OpenMP threads "
-                          "spin-wait on each other and a step can get several times slower.",
+                    "with a vLLM engine, use fewer threads than cores: oversubscribed OpenMP threads "
+                    "spin-wait on each other and a step can get several times slower.",
     )
 
     # --- loss ---------------------------------------------------------------------------------------
@@ -97,7 +97,7 @@ class TrainingSettings:
     kl_coef: float = Field(
         0.0, ge=0,
         description="Weight of the KL(policy || base model) penalty. 0 skips the reference forward "
-                          "pass (+26% CPU per step, measured); the LoRA rank and PPO clip bound drift.",
+                    "pass (+26% CPU per step, measured); the LoRA rank and PPO clip bound drift.",
     )
     kl_estimator: KlEstimator = Field("k3", description="KL estimator: k1, k2 or k3 (Schulman).")
     track_ref_kl: bool = Field(
@@ -107,7 +107,7 @@ class TrainingSettings:
     temperature: float = Field(
         1.0, gt=0,
         description="Logits are divided by this before log-probs. Must match how the recorded "
-                          "behaviour log-probs were computed (vLLM's default raw logprobs: 1.0).",
+                    "behaviour log-probs were computed (vLLM's default raw logprobs: 1.0).",
     )
 
     # --- pipeline (read by the worker) ------------------------------------------------------------
@@ -117,7 +117,7 @@ class TrainingSettings:
     group_size: int = Field(
         8, ge=1,
         description="Rollouts of the same task compared to compute advantages (a group of 4 at 30% success "
-                          "is all failures a quarter of the time: no signal; 8 rarely is)."
+                    "is all failures a quarter of the time: no signal; 8 rarely is)."
     )
     group_timeout_s: float = Field(
         300.0, ge=0,
@@ -126,8 +126,8 @@ class TrainingSettings:
     batch_timeout_s: float = Field(
         0.0, ge=0,
         description="Seconds the oldest ready rollout may wait for a full batch of batch_rollouts before a "
-                          "smaller step runs (0: train on whatever is ready). Fewer, fuller steps mean fewer "
-                          "adapter versions to publish and gate.",
+                    "smaller step runs (0: train on whatever is ready). Fewer, fuller steps mean fewer "
+                    "adapter versions to publish and gate.",
     )
     max_staleness: int = Field(
         2, ge=0,
@@ -136,19 +136,19 @@ class TrainingSettings:
     credit: CreditMode = Field(
         "identical",
         description="Credit per LLM call from the episode return: 'identical' (every call gets it) "
-                          "or 'discounted' (gamma ** calls-until-the-end).",
+                    "or 'discounted' (gamma ** calls-until-the-end).",
     )
     gamma: float = Field(1.0, gt=0, le=1, description="Discount for credit='discounted'.")
     advantage_estimator: AdvantageEstimator = Field(
         "grpo",
         description="grpo (group mean/std), rloo (leave-one-out mean), reinforce_baseline "
-                          "(group mean, batch std), reinforce (raw return).",
+                    "(group mean, batch std), reinforce (raw return).",
     )
     token_source: TokenSource = Field(
         "recorded",
         description="'recorded': the ids and log-probs the engine sampled (exact). 'retokenized': the "
-                          "recorded text re-tokenized, behaviour log-probs recomputed by the trainer; an "
-                          "ablation only (bench/learning.py), to measure what exact capture buys.",
+                    "recorded text re-tokenized, behaviour log-probs recomputed by the trainer; an "
+                    "ablation only (bench/learning.py), to measure what exact capture buys.",
     )
     train_agents: list[str] = Field(
         default_factory=list, description="Agent names whose calls are trained; empty means all."
@@ -156,8 +156,8 @@ class TrainingSettings:
     eval_agents: list[str] = Field(
         default_factory=list,
         description="Agent names whose rollouts are evaluation traffic (`rlproxy train --eval-agents`): "
-                          "never trained on; the trainer marks them `eval` once finished, so `GET /policies` "
-                          "reports their rewards per policy version.",
+                    "never trained on; the trainer marks them `eval` once finished, so `GET /policies` "
+                    "reports their rewards per policy version.",
     )
 
     @property

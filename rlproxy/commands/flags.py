@@ -51,7 +51,7 @@ def option(setting: Setting) -> Callable:
                       type=_click_type((typing.get_args(setting.kind) or (str,))[0]))
     else:
         kwargs.update(default=str(default) if isinstance(default, Path) else default,
-                      show_default=default is not None, type=_click_type(setting.kind))
+                      show_default=default is not None, type=str if setting.text else _click_type(setting.kind))
     return click.option(f"--{setting.flag}", param(setting), **kwargs)
 
 
@@ -127,7 +127,8 @@ class Flags:
         setting = self.find(name)
         if setting.many:
             return setting, setting.values([raw])
-        kind = click.BOOL if setting.kind is bool else click.types.convert_type(_click_type(setting.kind))
+        kind = click.BOOL if setting.kind is bool else click.types.convert_type(
+            str if setting.text else _click_type(setting.kind))
         try:
             return setting, kind.convert(raw.strip(), None, None)
         except click.BadParameter as exc:
@@ -142,9 +143,11 @@ class Flags:
             if setting is None:
                 parts.append(f"{'.'.join(where) or 'settings'}: {error['msg']}")
                 continue
+            if error["type"] == "missing":
+                parts.append(f"--{setting.flag} (or {setting.env}) is required")
+                continue
             source = f"--{setting.flag}" if _has(given, where) else f"{setting.env} (--{setting.flag})"
-            shown = "" if error["type"] == "missing" else f"={error['input']!r}"
-            parts.append(f"{source}{shown}: {error['msg']}")
+            parts.append(f"{source}={error['input']!r}: {error['msg']}")
         return "; ".join(parts)
 
     def markdown(self, title: str) -> str:
