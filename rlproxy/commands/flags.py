@@ -51,8 +51,13 @@ def option(setting: Setting) -> Callable:
                       type=_click_type((typing.get_args(setting.kind) or (str,))[0]))
     else:
         kwargs.update(default=str(default) if isinstance(default, Path) else default,
-                      show_default=default is not None, type=str if setting.text else _click_type(setting.kind))
+                      show_default=default is not None, type=_value_type(setting))
     return click.option(f"--{setting.flag}", param(setting), **kwargs)
+
+
+def _value_type(setting: Setting) -> Any:
+    """What click parses a one-valued flag's value as (the model validates it then)."""
+    return str if setting.text else _click_type(setting.kind)
 
 
 def _click_type(kind: Any) -> Any:
@@ -127,8 +132,7 @@ class Flags:
         setting = self.find(name)
         if setting.many:
             return setting, setting.values([raw])
-        kind = click.BOOL if setting.kind is bool else click.types.convert_type(
-            str if setting.text else _click_type(setting.kind))
+        kind = click.BOOL if setting.kind is bool else click.types.convert_type(_value_type(setting))
         try:
             return setting, kind.convert(raw.strip(), None, None)
         except click.BadParameter as exc:
