@@ -210,7 +210,8 @@ class Demo:
         gate = asyncio.Semaphore(self.settings.concurrency)
         probing = self.settings.gate == "probes" and self.settings.probe_share > 0
         # probes per training episode, drawn as whole groups: share / (1 - share) probes per episode
-        probes_per_group = (self.settings.probe_share / (1 - self.settings.probe_share) * self.settings.training.group_size
+        group_size = self.settings.training.group_size
+        probes_per_group = (self.settings.probe_share / (1 - self.settings.probe_share) * group_size
                             if probing else 0.0)
         async with aiohttp.ClientSession() as http:
             running: set[asyncio.Task] = set()
@@ -221,7 +222,7 @@ class Demo:
                     jobs = [(self.rng.choice(self.probe_pool), PROBE_AGENT)]
                 else:
                     owed += probes_per_group
-                    jobs = [(self.rng.choice(self.train_pool), AGENT)] * self.settings.training.group_size
+                    jobs = [(self.rng.choice(self.train_pool), AGENT)] * group_size
                 await self.agents_may_run.wait()
                 for task, agent in jobs:
                     await gate.acquire()

@@ -65,7 +65,6 @@ class TrainerWorker:
                  metrics: TrainerMetrics | None = None, on_published=None, while_computing=None,
                  collective: Collective | None = None) -> None:
         self.settings = settings
-        self.training = settings.training  # what each step trains with
         self.model_path = model_path
         self.metrics = metrics or TrainerMetrics()
         # async callback(version) -> bool | None: an eval gate; False keeps the parent, None decides nothing
@@ -128,7 +127,7 @@ class TrainerWorker:
     def build_policy(self, adapter_dir: Path | None):
         from trainer.ppo import PolicyTrainer
 
-        return PolicyTrainer(self.model_path, self.training, adapter_dir, self.collective)
+        return PolicyTrainer(self.model_path, self.settings.training, adapter_dir, self.collective)
 
     async def step_once(self) -> bool:
         """Claim, train each policy, publish. False when nothing was ready."""
@@ -138,7 +137,7 @@ class TrainerWorker:
             return False
         async with self.sessions() as session:
             rollouts = await training.load_rollouts(session, rollout_ids)
-            if self.training.token_source == "retokenized":
+            if self.settings.training.token_source == "retokenized":
                 await self._retokenize(session, rollouts)
             lineages = {name: await policies.lineage(session, name) for name in self.lines}
         rewards = [r.reward for r in rollouts]
@@ -150,13 +149,13 @@ class TrainerWorker:
         skipped: dict[str, dict[str, int]] = {}
         for line in self.lines.values():
             skips = SkipReasons()
-            transitions = build_transitions(rollouts, self.training, line.parent_version, skips, policy=line.policy,
-                                            lineage=lineages[line.policy])
+            transitions = build_transitions(rollouts, self.settings.training, line.parent_version, skips,
+                                            policy=line.policy, lineage=lineages[line.policy])
             skipped[line.policy] = dict(skips)
             if not transitions:
                 continue
             await self._switch_to(line)
-            if self.training.token_source == "retokenized":
+            if self.settings.training.token_source == "retokenized":
                 await asyncio.to_thread(self._recompute_behaviour, transitions)
             step_began = time.perf_counter()
             async with self.while_computing():
@@ -210,23 +209,24 @@ class TrainerWorker:
             t.behaviour_logprobs = [lp if keep else 0.0 for lp, keep in zip(scores, mask)]
 
     async def _claim(self) -> list[str]:
-        if self.training.eval_agents:  # evaluation traffic by agent name: marked, so never claimed below
+        wanted = self.settings.training  # which agents' rollouts, in what groups and batches
+        if wanted.eval_agents:  # evaluation traffic by agent name: marked, so never claimed below
             async with self.sessions() as session, session.begin():
-                marked = await training.mark_eval_agents(session, self.training.eval_agents)
+                marked = await training.mark_eval_agents(session, wanted.eval_agents)
             for version, reward in marked:
                 self.metrics.observe_eval(version, reward)
             if marked:
                 log.info("marked %d rollouts of evaluation agents %s as evaluation traffic", len(marked),
-                         ", ".join(self.training.eval_agents))
+                         ", ".join(wanted.eval_agents))
         async with self.sessions() as session, session.begin():
-            agents = self.training.train_agents
+            agents = wanted.train_agents
             self.metrics.rollouts_waiting.set(await training.waiting_rollouts(session, agents))
             # judge+posted: a posted rollout waits for the judge's word, however soon after its reward we look
             judged = self.settings.reward == "judge+posted"
-            ready = await training.ready_rollouts(session, limit=self.training.batch_rollouts,
-                                                  group_size=self.training.group_size,
-                                                  group_timeout_s=self.training.group_timeout_s,
-                                                  batch_timeout_s=self.training.batch_timeout_s, agents=agents,
+            ready = await training.ready_rollouts(session, limit=wanted.batch_rollouts,
+                                                  group_size=wanted.group_size,
+                                                  group_timeout_s=wanted.group_timeout_s,
+                                                  batch_timeout_s=wanted.batch_timeout_s, agents=agents,
                                                   judged=judged)
             if not ready:
                 return []
