@@ -21,5 +21,3 @@ class EngineSettings(CommandSettings):
     startup_timeout: float = Field(600.0, description="Seconds to wait for the engine to answer.")
     extra_args: tuple[str, ...] = Field((), description="One more argument passed to vLLM as it is (repeat).",
                                         json_schema_extra={"flag": "engine-arg", "split": False})
-
-

@@ -119,5 +119,3 @@ class ProxySettings(CommandSettings):
 
     def routing(self) -> PolicyRules:
         return PolicyRules.parse(self.policy_rules, self.default_policy)
-
-
