@@ -28,10 +28,10 @@ import requests
 from bench.families import Family
 from bench.family_agent import FamilyAgent
 from bench.memory import GB, Watch, _status
-from rlproxy.commands.train import train_config_from
+from core.settings import TrainingSettings
+from rlproxy.commands.train import training_from
 from store.evaluation import wilson
 from testkit.processes import create_database, free_port, rlproxy_command, running
-from trainer.config import TrainConfig
 
 HELDOUT_SAMPLES = 96  # held-out rollouts per evaluation (the held-out items, cycled, even over strata)
 ENGINE_ARGS = ("--max-model-len", "2048", "--kv-cache-gib", "1", "--max-lora-rank", "8", "--max-loras", "4")
@@ -85,7 +85,7 @@ class MemoryWatch:
 
 
 async def train_and_evaluate(agent: FamilyAgent, family: Family, minutes: float, eval_every: float,
-                             ahead: int, log, config: TrainConfig) -> tuple[Evaluation, list[Evaluation], int]:
+                             ahead: int, log, config: TrainingSettings) -> tuple[Evaluation, list[Evaluation], int]:
     """`config` is the trainer's: the agent paces itself by its batch and group sizes."""
     heldout_samples = family.sample("heldout", HELDOUT_SAMPLES)
     rng = random.Random(family.name)
@@ -162,7 +162,7 @@ def run_family(family: Family, minutes: float, out: Path, postgres: str, eval_ev
         async def session():
             try:
                 return await train_and_evaluate(agent, family, minutes, eval_every, ahead, log,
-                                                train_config_from(list(train_settings)))
+                                                training_from(list(train_settings)))
             finally:
                 await agent.close()
 

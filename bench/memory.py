@@ -12,7 +12,7 @@ API server, its engine core and worker, and what they spawn). Every process's pe
 the process lives. "sum of peaks" adds them up: an upper bound, as if every process peaked at once. "peak of the
 sum" is the largest total RSS seen in one sample: what the machine needed at once (sampled, so a lower bound).
 
-trainer: each variant runs in a fresh process: the bundled model, the demo's TrainConfig, the same synthetic
+trainer: each variant runs in a fresh process: the bundled model, the demo's training settings, the same synthetic
 transitions shaped like the demo's (about 230 prompt and 50 completion tokens, a third of them context), one
 warm-up step, then `--steps` measured ones. The step's peak is VmHWM after resetting it (/proc/self/clear_refs)
 before the step. Variants:
@@ -178,7 +178,7 @@ def trainer_step(variant: str, steps: int) -> None:
     from trainer import ppo
     from trainer.transitions import Transition
 
-    config = DemoSettings().train
+    config = DemoSettings().training
     trainer_class = ppo.PolicyTrainer
     if variant == "before":
         config = dataclasses.replace(config, micro_batch_tokens=4096)  # the default then

@@ -26,7 +26,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
-from trainer.config import TrainConfig  # noqa: E402
+from core.settings import TrainingSettings  # noqa: E402
 from trainer.ppo import PolicyTrainer, collate  # noqa: E402
 from trainer.transitions import Transition, pack_micro_batches  # noqa: E402
 
@@ -97,9 +97,9 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=192)
     ap.add_argument("--completion-len", type=int, default=64)
     ap.add_argument("--steps", type=int, default=4, help="measured steps per mode (after one warm-up)")
-    ap.add_argument("--kl-coef", type=float, default=None, help="default: TrainConfig's")
+    ap.add_argument("--kl-coef", type=float, default=None, help="default: the training settings'")
     ap.add_argument("--no-bf16", action="store_true")
-    ap.add_argument("--lora-layers", type=int, default=None, help="default: TrainConfig's (0: all layers)")
+    ap.add_argument("--lora-layers", type=int, default=None, help="default: the training settings' (0: all layers)")
     ap.add_argument("--micro-batch-tokens", type=int, default=None)
     args = ap.parse_args()
 
@@ -111,7 +111,7 @@ def main() -> None:
         overrides["micro_batch_tokens"] = args.micro_batch_tokens
     if args.lora_layers is not None:
         overrides["lora_layers"] = args.lora_layers
-    config = TrainConfig(**overrides)
+    config = TrainingSettings(**overrides)
     trainer = PolicyTrainer(path, config)
     vocab = trainer.model.config.vocab_size
     batch = synthetic_transitions(args.transitions, args.prompt_len, args.completion_len, vocab, config.seed)

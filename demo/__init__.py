@@ -5,5 +5,5 @@
 
 Nothing here downloads anything: tasks come from a seeded generator, the tool runs in-process. Importing this
 package loads nothing else: the agent needs `openai`, which the proxy alone (`pip install rlproxy`) does not
-install, while the command line reads demo.settings.
+install, while the command line reads the demo settings (core/settings/demo.py).
 """

@@ -7,10 +7,10 @@ import asyncio
 import logging
 from pathlib import Path
 
+from core.settings import DemoSettings
 from demo.output import own_terminal
 from demo.report import Report
 from demo.run import Demo
-from demo.settings import DemoSettings
 from demo.startup import StartupError, check_ports, explain
 from demo.view import reward_curve, summary
 

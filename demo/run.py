@@ -29,11 +29,11 @@ from aiohttp import web
 
 from core.hardware import fast_bf16
 from core.settings import EngineSettings, ProxySettings, TrainerSettings, WriterSettings
+from core.settings.demo import AGENT, PROBE_AGENT, DemoSettings
 from demo.agent import AIR_TEXT_ACTION, AIR_TEXT_ERROR, run_episode
 from demo.evaluate import HeldoutResult, evaluate_heldout, transaction
 from demo.report import Report
 from demo.score import command
-from demo.settings import AGENT, PROBE_AGENT, DemoSettings
 from demo.startup import ENGINE_EXPECTED_SECONDS, engine_alive, engine_phases, preflight
 from demo.tasks import Task, heldout_tasks, train_tasks
 from engine.local import Engine, lora_rank_slot
@@ -118,7 +118,7 @@ class Demo:
         # vLLM's CPU LoRA kernels gather each token's adapter weights padded to max_lora_rank: no padding.
         # 1 GiB of KV cache holds 46k tokens; the demo never has more than ~7k in flight (docs/memory.md)
         engine_settings = EngineSettings(port=self.settings.engine_port, max_model_len=2048, kv_cache_gib=1,
-                                         max_loras=4, max_lora_rank=lora_rank_slot(self.settings.train.lora_rank))
+                                         max_loras=4, max_lora_rank=lora_rank_slot(self.settings.training.lora_rank))
         for warning in preflight(self.settings.proxy_port, None if upstream else engine_settings):
             log.warning(warning)  # shown as one line (demo/output.py Alerts), kept in rlproxy.log
         first = not is_prepared(default_model_dir())
@@ -146,8 +146,8 @@ class Demo:
             trainer = TrainerWorker(
                 TrainerSettings(database_url=self.settings.database_url, upstreams=(engine_url,),
                                 adapters_dir=self.settings.workdir / "rlproxy-adapters", metrics_port=None,
-                                worker_id="demo-trainer"),
-                self.settings.train, model_path, on_published=lambda v: self._gate(engine_url, v),
+                                worker_id="demo-trainer", training=self.settings.training),
+                model_path, on_published=lambda v: self._gate(engine_url, v),
                 while_computing=self._agents_paused)
             tasks = [asyncio.create_task(trainer.run(self.stop), name="trainer"),
                      asyncio.create_task(self._agents(proxy, served), name="agents"),
@@ -210,7 +210,8 @@ class Demo:
         gate = asyncio.Semaphore(self.settings.concurrency)
         probing = self.settings.gate == "probes" and self.settings.probe_share > 0
         # probes per training episode, drawn as whole groups: share / (1 - share) probes per episode
-        probes_per_group = (self.settings.probe_share / (1 - self.settings.probe_share) * self.settings.train.group_size
+        group_size = self.settings.training.group_size
+        probes_per_group = (self.settings.probe_share / (1 - self.settings.probe_share) * group_size
                             if probing else 0.0)
         async with aiohttp.ClientSession() as http:
             running: set[asyncio.Task] = set()
@@ -221,7 +222,7 @@ class Demo:
                     jobs = [(self.rng.choice(self.probe_pool), PROBE_AGENT)]
                 else:
                     owed += probes_per_group
-                    jobs = [(self.rng.choice(self.train_pool), AGENT)] * self.settings.train.group_size
+                    jobs = [(self.rng.choice(self.train_pool), AGENT)] * group_size
                 await self.agents_may_run.wait()
                 for task, agent in jobs:
                     await gate.acquire()

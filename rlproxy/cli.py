@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from engine.model import prepare_model
 from rlproxy.commands import demo, evaluate, keys, prune, run, serve, train
 from rlproxy.commands.options import option
 from rlproxy.extras import require
@@ -43,7 +44,6 @@ def model() -> None:
 def model_prepare(out: Path | None) -> None:
     """Turn the bundled SmolLM2-135M-Instruct GGUF into a Hugging Face folder (idempotent); print its path."""
     require("model prepare", "train", ("transformers", "gguf"))
-    from engine.model import prepare_model
 
     click.echo(str(prepare_model(out)))
 

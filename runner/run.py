@@ -13,13 +13,13 @@ from typing import Any
 
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from core.settings import RunSettings
 from runner.agents import AgentResult, ClientConfig, make_agent
 from runner.client import ProxyClient
 from runner.errors import InfrastructureError, ProxyRefused, RunInputError
 from runner.harness import HarnessAgent
 from runner.journal import Journal, Key, read_log
 from runner.progress import Display, Outcome
-from runner.settings import RunSettings
 from runner.tasks import EVAL, TRAIN, Task, env_map, read_tasks
 
 NO_KEY = "rlproxy"  # what clients are given as their key when the proxy has keys off (they insist on one)
@@ -37,10 +37,21 @@ class Plan:
     attempts: list[tuple[Task, int, int]] = field(default_factory=list)
 
 
+def agent_named(settings: RunSettings) -> tuple[str, str]:
+    """(kind, target) of the one agent the settings name."""
+    named = [(kind, value) for kind, value in (("agent", settings.agent), ("command", settings.command),
+                                                ("agent-class", settings.agent_class),
+                                                ("harness", settings.harness)) if value]
+    if len(named) != 1:
+        raise RunInputError("name the agent once: --agent module:function, --command \"...\", "
+                            "--agent-class module:Class or --harness claude-code|codex")
+    return named[0]
+
+
 def prepare(settings: RunSettings) -> Plan:
     """Everything checked before anything starts: the agent imports, every task file reads, every task has
     the fields `--env-map` names. Raises RunInputError."""
-    kind, target = settings.mode()
+    kind, target = agent_named(settings)
     if settings.tasks is None and settings.eval_tasks is None:
         raise RunInputError("no tasks: give --tasks FILE (JSON lines)")
     mapped = env_map(settings.env_map)

@@ -114,7 +114,7 @@ def proxy_command(port: int, upstreams: list[str], database_url: str, *extra: st
 
 def trainer_command(database_url: str, upstream: str, model: Path, adapters: Path, *extra: str,
                     metrics_port: int = 0, settings: dict[str, object] | None = None) -> list[str]:
-    """`rlproxy train` against one engine (metrics port 0: any free one); `settings` are TrainConfig fields
+    """`rlproxy train` against one engine (metrics port 0: any free one); `settings` are training settings
     (`--set name=value`)."""
     args = rlproxy_command("train", "--database-url", database_url, "--upstream", upstream, "--model", str(model),
                            "--adapters-dir", str(adapters), "--metrics-port", str(metrics_port))

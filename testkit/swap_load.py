@@ -17,9 +17,9 @@ from pathlib import Path
 import aiohttp
 import openai
 
+from core.settings import TrainingSettings
 from store import policies
 from store.db import create_engine, session_factory
-from trainer.config import TrainConfig
 from trainer.ppo import PolicyTrainer
 from trainer.publish import Publisher
 
@@ -50,7 +50,7 @@ class SwapReport:
 def make_adapter_versions(model_path: Path, target: Path, count: int) -> list[Path]:
     """`count` adapter folders as the trainer writes them (all from one fresh LoRA: serving, not learning,
     is what a swap test checks)."""
-    first = PolicyTrainer(model_path, TrainConfig()).save_adapter(target / "v1")
+    first = PolicyTrainer(model_path, TrainingSettings()).save_adapter(target / "v1")
     paths = [first]
     for version in range(2, count + 1):
         paths.append(Path(shutil.copytree(first, target / f"v{version}")))

@@ -13,7 +13,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from trainer import parallel  # noqa: E402
-from trainer.config import TrainConfig  # noqa: E402
+from core.settings import TrainingSettings  # noqa: E402
 from trainer.ppo import PolicyTrainer  # noqa: E402
 from trainer.transitions import Transition  # noqa: E402
 
@@ -33,7 +33,7 @@ def synthetic_batch(count: int = 12) -> list[Transition]:
 
 def main(model: str, out: str) -> None:
     collective = parallel.init_from_environment() if parallel.launched_by_torchrun() else None
-    config = TrainConfig(bf16=False, mini_batches=2, ppo_epochs=2, micro_batch_tokens=64, learning_rate=1e-2,
+    config = TrainingSettings(bf16=False, mini_batches=2, ppo_epochs=2, micro_batch_tokens=64, learning_rate=1e-2,
                          kl_coef=0.01)
     policy = PolicyTrainer(model, config, collective=collective)
     metrics = policy.step(synthetic_batch())

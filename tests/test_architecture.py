@@ -7,7 +7,10 @@ changed (change docs/architecture.md and LAYERS together)."""
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,9 +37,11 @@ PROJECT = set(LAYERS) | {"tests", "bench"}
 # commands start without them. Anything else is imported at the top of its module.
 HEAVY = {"torch", "transformers", "peft", "safetensors", "openrlhf", "matplotlib", "datasets", "uvloop", "vllm",
          "gguf", "ctypes"}
-# The command line's modules import the product lazily, each command only what it runs (the proxy image has
-# no torch; `rlproxy serve --help` should not load the trainer).
+# The command line imports in a function only the parts that need an optional extra (the trainer and the demo:
+# torch, vLLM, openai), each command what it runs: the proxy's image has none of them, and `rlproxy serve`
+# must not load the trainer. It says why where it does.
 LAZY_PACKAGES = {"rlproxy"}
+OPTIONAL_PARTS = {"trainer", "demo"}
 
 
 def modules() -> dict[str, Path]:
@@ -147,6 +152,41 @@ def test_imports_inside_functions_are_only_of_heavy_optional_dependencies():
                 wrong.append(f"{path.relative_to(ROOT)}:{line} imports {name} inside a function")
     wrong = sorted(set(wrong))
     assert not wrong, "\n".join(wrong)
+
+
+def test_the_command_line_imports_in_a_function_only_what_needs_an_extra_and_says_why():
+    wrong = []
+    for module, path in modules().items():
+        if module.split(".")[0] not in LAZY_PACKAGES:
+            continue
+        lines = path.read_text().splitlines()
+        for name, nested, line in imports(path, module):
+            if not nested:
+                continue
+            if name.split(".")[0] not in HEAVY | OPTIONAL_PARTS:
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {name} inside a function (no extra needs it)")
+            elif not _says_why(lines, line - 1):
+                wrong.append(f"{path.relative_to(ROOT)}:{line} imports {name} inside a function without a comment")
+    assert not sorted(set(wrong)), "\n".join(sorted(set(wrong)))
+
+
+def _says_why(lines: list[str], index: int) -> bool:
+    """A comment on the import's line, or on the line above its block of imports."""
+    if "#" in lines[index]:
+        return True
+    while index > 0 and lines[index - 1].strip().startswith(("from ", "import ")):
+        index -= 1
+    return index > 0 and lines[index - 1].strip().startswith("#")
+
+
+def test_the_proxys_command_line_loads_no_trainer():
+    """The proxy's image has no torch: `rlproxy serve` (which loads every command's module) imports nothing of
+    the trainer or the demo."""
+    code = ("import sys, rlproxy.cli; print(sorted({m.split('.')[0] for m in sys.modules} & "
+            f"set({sorted(OPTIONAL_PARTS | HEAVY)!r})))")
+    loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert loaded.returncode == 0 and loaded.stdout.strip() == "[]", loaded.stdout + loaded.stderr
 
 
 def test_no_import_is_hidden_behind_importlib_in_the_product():

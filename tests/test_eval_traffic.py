@@ -91,8 +91,7 @@ def adapter_folder(path: Path) -> Path:
 
 def test_eval_rollouts_are_served_never_claimed_and_reported_per_version(own_database_url, tmp_path):
     pytest.importorskip("torch")
-    from core.settings import TrainerSettings
-    from trainer.config import TrainConfig
+    from core.settings import TrainerSettings, TrainingSettings
     from trainer.worker import TrainerWorker
 
     port = free_port()
@@ -166,11 +165,11 @@ def test_eval_rollouts_are_served_never_claimed_and_reported_per_version(own_dat
 
         # the trainer: told the evaluation agent, it marks the probes and claims the training traffic only
         settings = TrainerSettings(database_url=own_database_url, upstreams=(engine_url,), adapters_dir=tmp_path,
-                                   metrics_port=None, worker_id="eval-test")
-        config = TrainConfig(batch_rollouts=64, group_size=1, eval_agents=["probe"])
+                                   metrics_port=None, worker_id="eval-test",
+                                   training=TrainingSettings(batch_rollouts=64, group_size=1, eval_agents=["probe"]))
 
         async def claim():
-            worker = TrainerWorker(settings, config, tmp_path / "no-model")
+            worker = TrainerWorker(settings, tmp_path / "no-model")
             try:
                 claimed = await worker._claim()
                 again = await worker._claim()  # nothing left: the rest is evaluation traffic (or open)

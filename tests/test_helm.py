@@ -355,16 +355,23 @@ NOT_FLAGS = {"RLPROXY_CACHE_DIR"}
 
 
 def test_variables_that_are_not_flags_are_read_somewhere():
-    from core import settings
+    from core.settings import locations
 
     for name in NOT_FLAGS:
-        assert f'"{name}"' in Path(settings.__file__).read_text()
+        assert f'"{name}"' in Path(locations.__file__).read_text()
+
+
+def variables(command) -> set[str]:
+    """The RLPROXY_* variables a command reads: its settings model's (shown on its flags), or click's own."""
+    return {getattr(param, "variable", None) or param.envvar for param in command.params} - {None}
 
 
 @pytest.mark.parametrize("values", VALUES, ids=VALUES_IDS)
 def test_every_rlproxy_variable_the_chart_sets_is_a_flag_the_command_reads(values, monkeypatch):
-    """click ignores unknown RLPROXY_* variables, so a typo would silently not configure anything."""
+    """Nothing complains of an unknown RLPROXY_* variable, so a typo would silently not configure anything."""
     from rlproxy.cli import main
+    from rlproxy.commands.serve import SERVE_FLAGS
+    from rlproxy.commands.train import TRAIN_FLAGS
 
     documents = render(values)
     containers = [c for kind in ("Deployment", "StatefulSet", "Job") for name in by_kind(documents, kind)
@@ -375,20 +382,23 @@ def test_every_rlproxy_variable_the_chart_sets_is_a_flag_the_command_reads(value
             continue
         args = rlproxy_args(container)
         command = main.commands[args[0]]
-        envvars = {param.envvar for param in command.params if param.envvar}
+        read = variables(command)
         ours = {name: value for name, value in env_of(container).items()
                 if name.startswith("RLPROXY_") and name not in NOT_FLAGS}
-        assert set(ours) <= envvars, f"{container['name']}: {sorted(set(ours) - envvars)} are read by nothing"
-        for name in envvars:
+        assert set(ours) <= read, f"{container['name']}: {sorted(set(ours) - read)} are read by nothing"
+        for name in read:
             monkeypatch.delenv(name, raising=False)
         for name, value in ours.items():  # values from Secrets get a stand-in
             monkeypatch.setenv(name, value if isinstance(value, str) else "postgresql+asyncpg://u:p@db/x")
-        context = command.make_context(args[0], list(args[1:]))
-        checked += 1
-        if command.name == "serve":
-            assert context.params["host"] == "0.0.0.0" and context.params["migrate"] is False
-            assert context.params["upstreams"] == tuple(ours["RLPROXY_UPSTREAM"].split())
-        if command.name == "train":
-            assert context.params["upstreams"] == tuple(ours["RLPROXY_UPSTREAM"].split())
-            assert str(context.params["adapters_dir"]) == ours["RLPROXY_ADAPTERS_DIR"]
+        with command.make_context(args[0], list(args[1:])) as context:
+            checked += 1
+            if command.name == "serve":
+                settings = SERVE_FLAGS.build(context.params)
+                assert settings.host == "0.0.0.0" and settings.migrate is False
+                assert settings.upstreams == tuple(ours["RLPROXY_UPSTREAM"].split())
+                assert settings.database_url == "postgresql+asyncpg://u:p@db/x"
+            if command.name == "train":
+                settings = TRAIN_FLAGS.build(context.params)
+                assert settings.upstreams == tuple(ours["RLPROXY_UPSTREAM"].split())
+                assert str(settings.adapters_dir) == ours["RLPROXY_ADAPTERS_DIR"]
     assert checked == 3  # proxy, trainer, migrate

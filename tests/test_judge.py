@@ -15,7 +15,7 @@ import pytest
 import requests
 from sqlalchemy import select
 
-from core.settings import TrainerSettings
+from core.settings import TrainerSettings, TrainingSettings
 from rewards.judge import (
     JudgeOutputError,
     RecordedCall,
@@ -249,13 +249,13 @@ async def test_under_judge_plus_posted_the_trainer_never_claims_a_posted_rollout
         stub_url, own_database_url, tmp_path):
     """The trainer's claim waits for the judge's word on every posted rollout, however soon after the reward it
     looks; once the judge has scored the group, or given up on it, the group is claimed."""
-    from trainer.config import TrainConfig
     from trainer.worker import TrainerWorker
 
     def trainer(judge_url: str) -> TrainerWorker:
         settings = TrainerSettings(database_url=own_database_url, upstreams=(stub_url,), metrics_port=None,
-                                   reward="judge+posted", judge_url=judge_url)
-        return TrainerWorker(settings, TrainConfig(group_size=2, group_timeout_s=0, batch_timeout_s=0), tmp_path)
+                                   reward="judge+posted", judge_url=judge_url,
+                                   training=TrainingSettings(group_size=2, group_timeout_s=0, batch_timeout_s=0))
+        return TrainerWorker(settings, tmp_path)
 
     async def claim(judge_url: str) -> set[str]:
         worker = trainer(judge_url)

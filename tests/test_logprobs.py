@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainer.config import TrainConfig  # noqa: E402
+from core.settings import TrainingSettings  # noqa: E402
 from trainer.logprobs import collate, score, token_scores  # noqa: E402
 from trainer.ppo import PolicyTrainer  # noqa: E402
 from trainer.transitions import Transition  # noqa: E402
@@ -46,7 +46,7 @@ def bundled_trainer() -> PolicyTrainer:
 
     # float32 throughout: on a CPU with fast bfloat16 the trainer would keep the weights in bfloat16, whose
     # rounding (not the chunking) would then be what the comparisons below measure
-    trainer = PolicyTrainer(prepare_model(), TrainConfig(bf16=False))
+    trainer = PolicyTrainer(prepare_model(), TrainingSettings(bf16=False))
     with torch.no_grad():  # a trained adapter: B = 0 would leave every gradient of A at zero
         g = torch.Generator().manual_seed(0)
         for name, param in trainer.model.named_parameters():

@@ -13,7 +13,7 @@ import requests
 from sqlalchemy import select
 
 from core.policy_rules import PolicyRules, RuleError
-from core.settings import TrainerSettings
+from core.settings import TrainerSettings, TrainingSettings
 from store import rollouts as store_rollouts
 from store.calls import write_calls
 from store.db import create_engine, session_factory
@@ -23,7 +23,6 @@ from testkit.processes import rlproxy_command
 from tests.conftest import TINY_VOCAB as VOCAB
 from tests.support import add_policies, running_proxy
 from trainer.batch import STALE, build_transitions
-from trainer.config import TrainConfig
 from trainer.transitions import SkipReasons
 
 HELLO = [{"role": "user", "content": "hello"}]
@@ -134,11 +133,12 @@ def test_one_trainer_trains_each_policy_from_its_own_calls_of_the_same_episodes(
 
     rollout_ids = asyncio.run(record_two_role_episodes(own_database_url, groups=2, group_size=4))
     settings = TrainerSettings(database_url=own_database_url, upstreams=(stub_url,), adapters_dir=tmp_path,
-                               metrics_port=None, worker_id="two-policies", policies=("solver", "checker"))
-    config = TrainConfig(batch_rollouts=8, group_size=4, micro_batch_tokens=512, learning_rate=1e-3)
+                               metrics_port=None, worker_id="two-policies", policies=("solver", "checker"),
+                               training=TrainingSettings(batch_rollouts=8, group_size=4, micro_batch_tokens=512,
+                                                         learning_rate=1e-3))
 
     async def train():
-        worker = TrainerWorker(settings, config, tiny_model)
+        worker = TrainerWorker(settings, tiny_model)
         await worker.start()
         try:
             stepped = await worker.step_once()
@@ -169,7 +169,7 @@ def test_staleness_counts_versions_of_the_calls_own_policy():
     call = CallData("c", 0, "solver", 3, [5, 6, 7], "first", [([8, 9, 2], [-1.0, -1.0, -1.0])], policy="solver")
     episodes = [RolloutData("r1", "t", 1.0, utcnow(), [call]),
                 RolloutData("r2", "t", 0.0, utcnow(), [CallData(**{**_fields(call), "id": "d"})])]
-    config = TrainConfig(max_staleness=1)
+    config = TrainingSettings(max_staleness=1)
     # solver's line is v3, v9: v9 is one solver version after v3 (v4..v8 were other policies'), so not stale
     lineage = {0: 0, 3: 1, 9: 2}
     skips = SkipReasons()

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from trainer.config import TrainConfig
+from core.settings import TrainingSettings
 from trainer.transitions import Call, SkipReasons, Transition, merge_trajectory, pack_micro_batches
 
 torch = pytest.importorskip("torch")
@@ -21,7 +21,7 @@ def make_trainer(path: str, adapter_dir=None, **overrides):
 
     # one AdamW update per step unless a test asks for more: ratios and clipping are read against that one update
     settings = {"learning_rate": 1e-3, "micro_batch_tokens": 40, "kl_coef": 0.01, "mini_batches": 1, **overrides}
-    return PolicyTrainer(path, TrainConfig(**settings), adapter_dir=adapter_dir)
+    return PolicyTrainer(path, TrainingSettings(**settings), adapter_dir=adapter_dir)
 
 
 def on_policy_batch(trainer, n: int = 4, prompt_len: int = 10, completion_len: int = 6) -> list[Transition]:
@@ -134,11 +134,11 @@ def test_pack_micro_batches_respects_budget():
 
 
 def test_config_validates():
-    assert TrainConfig().target_modules and TrainConfig.help()["kl_coef"]
+    assert TrainingSettings().target_modules and TrainingSettings.__pydantic_fields__["kl_coef"].description
     for bad in ({"lora_rank": 0}, {"credit": "x"}, {"advantage_estimator": "ppo"}, {"kl_estimator": "k4"},
                 {"clip_eps_low": 1.0}, {"gamma": 0.0}, {"target_modules": []}):
         with pytest.raises(ValueError):
-            TrainConfig(**bad)
+            TrainingSettings(**bad)
 
 
 # --- PPO -----------------------------------------------------------------------------------------------
@@ -236,7 +236,7 @@ def test_saved_adapter_is_vllm_shaped_and_resumes_exactly(tiny_model, tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["v3"]  # no temporary directories left behind
     config = json.loads((target / "adapter_config.json").read_text())
     assert config["r"] == 8 and config["lora_alpha"] == 16 and config["peft_type"] == "LORA"
-    assert config["target_modules"] == sorted(TrainConfig().target_modules)
+    assert config["target_modules"] == sorted(TrainingSettings().target_modules)
     assert config["modules_to_save"] is None and config["base_model_name_or_path"] == str(tiny_model)
     keys = load_file(str(target / "adapter_model.safetensors")).keys()
     assert keys and all(

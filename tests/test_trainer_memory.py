@@ -7,7 +7,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from trainer.config import TrainConfig  # noqa: E402
+from core.settings import TrainingSettings  # noqa: E402
 from trainer.memory import release_free_memory, tune_allocator  # noqa: E402
 from trainer.ppo import PolicyTrainer  # noqa: E402
 from trainer.transitions import Transition  # noqa: E402
@@ -35,9 +35,9 @@ def _saved_for_backward(trainer: PolicyTrainer, batch: list[Transition]) -> tupl
 def test_a_transition_over_the_token_budget_is_checkpointed_and_trains_exactly_the_same(tiny_model):
     # one update per step (mini_batches=1): the step below is one forward/backward of the whole batch
     # float32 (bf16=False): on a CPU with fast bfloat16 its rounding would differ between the two groupings
-    roomy = PolicyTrainer(tiny_model, TrainConfig(micro_batch_tokens=4096, learning_rate=1e-2, mini_batches=1,
+    roomy = PolicyTrainer(tiny_model, TrainingSettings(micro_batch_tokens=4096, learning_rate=1e-2, mini_batches=1,
                                                   bf16=False))
-    tight = PolicyTrainer(tiny_model, TrainConfig(micro_batch_tokens=64, learning_rate=1e-2, mini_batches=1,
+    tight = PolicyTrainer(tiny_model, TrainingSettings(micro_batch_tokens=64, learning_rate=1e-2, mini_batches=1,
                                                   bf16=False))
     batch = _batch()
 
@@ -56,15 +56,15 @@ def test_a_transition_over_the_token_budget_is_checkpointed_and_trains_exactly_t
 
 
 def test_the_token_budget_follows_the_device_unless_set():
-    assert TrainConfig().micro_batch_tokens == 0  # by device: trainer.config.micro_batch_tokens after start
+    assert TrainingSettings().micro_batch_tokens == 0  # by device: the policy trainer's micro_batch_tokens after start
     with pytest.raises(ValueError, match="micro_batch_tokens"):
-        TrainConfig(micro_batch_tokens=-1)
+        TrainingSettings(micro_batch_tokens=-1)
 
 
 def test_cpu_trainer_takes_the_cpu_budget(tiny_model):
     if torch.cuda.is_available():
         pytest.skip("a GPU machine takes the GPU budget")
-    assert PolicyTrainer(tiny_model, TrainConfig()).config.micro_batch_tokens == 384
+    assert PolicyTrainer(tiny_model, TrainingSettings()).config.micro_batch_tokens == 384
 
 
 def _rss() -> int:

@@ -12,14 +12,13 @@ import pytest
 import requests
 from sqlalchemy import select
 
-from core.settings import TrainerSettings
+from core.settings import TrainerSettings, TrainingSettings
 from store import rollouts as store_rollouts
 from store.calls import write_calls
 from store.db import create_engine, session_factory
 from store.models import Policy, Rollout, TrainStep, utcnow
 from store.records import CallRecord, ChoiceRecord
 from tests.support import running_proxy
-from trainer.config import TrainConfig
 
 torch = pytest.importorskip("torch")
 from tests.conftest import TINY_VOCAB as VOCAB
@@ -64,11 +63,12 @@ def test_a_step_trains_marks_rollouts_and_the_proxy_serves_the_new_version(
 
     rollout_ids = asyncio.run(record_episodes(own_database_url, groups=2, group_size=4))
     settings = TrainerSettings(database_url=own_database_url, upstreams=(stub_url,), adapters_dir=tmp_path,
-                               metrics_port=None, worker_id="test-trainer")
-    config = TrainConfig(batch_rollouts=8, group_size=4, micro_batch_tokens=512, learning_rate=1e-3)
+                               metrics_port=None, worker_id="test-trainer",
+                               training=TrainingSettings(batch_rollouts=8, group_size=4, micro_batch_tokens=512,
+                                                         learning_rate=1e-3))
 
     async def one_step():
-        worker = TrainerWorker(settings, config, tiny_model)
+        worker = TrainerWorker(settings, tiny_model)
         await worker.start()
         try:
             return await worker.step_once(), await worker.step_once(), worker
@@ -96,7 +96,7 @@ def test_a_step_trains_marks_rollouts_and_the_proxy_serves_the_new_version(
     [step] = steps
     assert step.rollout_count == 8 and step.policy_version == 1 and step.metrics["transitions"] > 0
     adapter = json.loads((Path(policy.path) / "adapter_config.json").read_text())
-    assert adapter["r"] == config.lora_rank
+    assert adapter["r"] == settings.training.lora_rank
 
     served = {m["id"]: m["parent"] for m in requests.get(f"{stub_url}/v1/models").json()["data"]}
     assert served["rlproxy-v1"] == "stub-model"
@@ -184,7 +184,7 @@ def test_calls_on_a_rollouts_plain_base_url_belong_to_the_rollouts_agent(own_dat
     assert sorted(ready) == sorted(ids)
     assert {call.agent for r in rollouts for call in r.calls} == {"demo"}
     skips = SkipReasons()
-    transitions = build_transitions(rollouts, TrainConfig(train_agents=["demo"]), 0, skips)
+    transitions = build_transitions(rollouts, TrainingSettings(train_agents=["demo"]), 0, skips)
     assert transitions and "agent_not_trained" not in skips
 
 

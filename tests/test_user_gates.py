@@ -20,7 +20,7 @@ import aiohttp
 import openai
 import pytest
 
-from core.settings import TrainerSettings
+from core.settings import TrainerSettings, TrainingSettings
 from store import canary as canaries
 from tests.support import PYTHON, ROOT, add_policies, policy_row, running_proxy
 from trainer.gates import CanaryGate, CommandGate, build_gate
@@ -169,10 +169,11 @@ async def test_the_eval_traffic_gate_proves_a_candidate_on_evaluation_rollouts_o
         own_database_url, stub_url, tmp_path):
     await add_policies(own_database_url, tmp_path, [1, 2], active=1, engine_url=stub_url)
     settings = TrainerSettings(database_url=own_database_url, metrics_port=None, poll_interval=0.1,
-                               gate="eval-traffic", eval_fraction=0.5, canary_min_rollouts=16, gate_margin=0.1)
+                               gate="eval-traffic", eval_fraction=0.5, canary_min_rollouts=16, gate_margin=0.1,
+                               training=TrainingSettings(eval_agents=["grader"]))
     # 16 candidate rollouts before the decision: about 11 rounds of the three ways of marking evaluation
     # traffic, so each way meets both versions of the random half-and-half split (all but ~0.3% of runs)
-    gate = build_gate(settings, eval_agents=["grader"])
+    gate = build_gate(settings)
     assert isinstance(gate, CanaryGate)
     rewards = {2: 1.0, 1: 0.25}
     with running_proxy([stub_url], own_database_url, tmp_path) as proxy:

@@ -2,10 +2,10 @@
 and multi-turn merging where the proxy recorded an exact prefix link. Pure: no I/O, no torch."""
 from __future__ import annotations
 
+from core.settings import TrainingSettings
 from rewards import assign_credit, group_advantages
 from store.models import PrefixKind
 from store.training import RolloutData
-from trainer.config import TrainConfig
 from trainer.transitions import Call, SkipReasons, Transition, merge_trajectory
 
 NOT_TRAINED_AGENT = "agent_not_trained"
@@ -16,7 +16,7 @@ NO_CALLS = "rollout_without_calls"
 ZERO_ADVANTAGE = "zero_advantage"
 
 
-def build_transitions(rollouts: list[RolloutData], config: TrainConfig, active_version: int,
+def build_transitions(rollouts: list[RolloutData], config: TrainingSettings, active_version: int,
                       skips: SkipReasons, *, keep_zero: bool = False, policy: str | None = None,
                       lineage: dict[int, int] | None = None) -> list[Transition]:
     """One transition per call and choice (merged along exact prefix links). With `policy`, only the calls that
@@ -55,7 +55,7 @@ def build_transitions(rollouts: list[RolloutData], config: TrainConfig, active_v
     return transitions
 
 
-def _trainable_calls(rollout: RolloutData, config: TrainConfig, active_version: int, skips: SkipReasons,
+def _trainable_calls(rollout: RolloutData, config: TrainingSettings, active_version: int, skips: SkipReasons,
                      policy: str | None = None, lineage: dict[int, int] | None = None):
     def position(version: int) -> int:
         return version if lineage is None else lineage.get(version, 0)

@@ -9,21 +9,21 @@ from typing import IO
 import orjson
 from sqlalchemy import select
 
+from core.settings import TrainingSettings
 from core.text import completion_text
 from store.db import create_engine, session_factory
 from store.models import Call, Rollout, RolloutStatus
 from store.training import load_rollouts
 from trainer.batch import build_transitions
-from trainer.config import TrainConfig
 from trainer.transitions import SkipReasons
 
 PAGE = 200
 
 
-async def export_transitions(database_url: str, out: IO[bytes], *, config: TrainConfig | None = None,
+async def export_transitions(database_url: str, out: IO[bytes], *, config: TrainingSettings | None = None,
                              include_trained: bool = True) -> int:
     """Write one JSON object per transition to `out`; returns how many."""
-    config = config or TrainConfig(max_staleness=10**9)
+    config = config or TrainingSettings(max_staleness=10**9)
     engine = create_engine(database_url)
     sessions = session_factory(engine)
     written = 0

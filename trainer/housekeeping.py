@@ -15,7 +15,6 @@ from core.settings import TrainerSettings
 from store.models import utcnow
 from store.retention import prune
 from store.rollouts import expire_open_rollouts
-from trainer.config import TrainConfig
 from trainer.judge import JudgeJob
 from trainer.metrics import TrainerMetrics
 
@@ -26,14 +25,14 @@ EXPIRY_BATCH = 1000
 
 class Housekeeping:
     def __init__(self, settings: TrainerSettings, sessions: async_sessionmaker[AsyncSession],
-                 metrics: TrainerMetrics, config: TrainConfig | None = None) -> None:
+                 metrics: TrainerMetrics) -> None:
         self.settings = settings
         self.sessions = sessions
         self.metrics = metrics
         self._next = {"judge": 0.0, "expiry": 0.0, "prune": 0.0}  # monotonic times of the next run
-        config = config or TrainConfig()  # the judge forms task groups as training does
-        self.judge = (JudgeJob(settings, sessions, metrics, group_size=config.group_size,
-                               group_timeout_s=config.group_timeout_s) if settings.reward != "posted" else None)
+        training = settings.training  # the judge forms task groups as training does
+        self.judge = (JudgeJob(settings, sessions, metrics, group_size=training.group_size,
+                               group_timeout_s=training.group_timeout_s) if settings.reward != "posted" else None)
 
     async def run_due(self) -> None:
         if self.judge is not None and self._due("judge", self.settings.judge_idle_s, cap=5.0):

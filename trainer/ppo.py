@@ -29,9 +29,9 @@ from typing import Any
 import torch
 
 from core.hardware import fast_bf16
+from core.settings import TrainingSettings as TrainConfig  # the training settings (core/settings/train.py)
 from trainer.adapter import load_adapter, save_adapter_atomically
 from trainer.compat import import_openrlhf
-from trainer.config import TrainConfig
 from trainer.logprobs import MicroBatch, collate, score
 from trainer.memory import activation_checkpointing, release_free_memory, tune_allocator
 from trainer.parallel import Collective

@@ -1,5 +1,5 @@
 """The ablation of exact capture: train on the conversation text re-tokenized, as a pipeline that logs only
-text must, instead of on the token ids the engine sampled (`TrainConfig.token_source = "retokenized"`).
+text must, instead of on the token ids the engine sampled (`TrainingSettings.token_source = "retokenized"`).
 
 A text-only pipeline has two handicaps, and both are reproduced here:
   * its token ids are the tokenizer's reading of the text, which need not be the sequence the model

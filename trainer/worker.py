@@ -33,7 +33,6 @@ from store import policies, training
 from store.db import create_engine, session_factory
 from store.models import Policy, PolicyStatus
 from trainer.batch import build_transitions
-from trainer.config import TrainConfig
 from trainer.housekeeping import Housekeeping
 from trainer.metrics import TrainerMetrics
 from trainer.parallel import Collective, LeaderPolicy
@@ -64,11 +63,10 @@ class Trained:
 
 
 class TrainerWorker:
-    def __init__(self, settings: TrainerSettings, config: TrainConfig, model_path: Path,
+    def __init__(self, settings: TrainerSettings, model_path: Path,
                  metrics: TrainerMetrics | None = None, on_published=None, while_computing=None,
                  collective: Collective | None = None) -> None:
         self.settings = settings
-        self.config = config
         self.model_path = model_path
         self.metrics = metrics or TrainerMetrics()
         # async callback(version) -> bool | None: an eval gate; False keeps the parent, None decides nothing
@@ -79,7 +77,7 @@ class TrainerWorker:
         self.sessions: async_sessionmaker[AsyncSession] = session_factory(self.engine)
         engine_key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
         self.publisher = Publisher(self.sessions, settings.upstreams, api_key=engine_key)
-        self.housekeeping = Housekeeping(settings, self.sessions, self.metrics, config)
+        self.housekeeping = Housekeeping(settings, self.sessions, self.metrics)
         self.policy = None  # trainer.ppo.PolicyTrainer, built on start (torch is imported lazily)
         self.collective = collective or Collective()  # several ranks: this worker is rank 0 (trainer/parallel.py)
         self.lines = {name: Line(name) for name in settings.policies}
@@ -129,7 +127,7 @@ class TrainerWorker:
             await self.engine.dispose()
 
     def build_policy(self, adapter_dir: Path | None):
-        return PolicyTrainer(self.model_path, self.config, adapter_dir, self.collective)
+        return PolicyTrainer(self.model_path, self.settings.training, adapter_dir, self.collective)
 
     async def step_once(self) -> bool:
         """Claim, train each policy, publish. False when nothing was ready."""
@@ -139,7 +137,7 @@ class TrainerWorker:
             return False
         async with self.sessions() as session:
             rollouts = await training.load_rollouts(session, rollout_ids)
-            if self.config.token_source == "retokenized":
+            if self.settings.training.token_source == "retokenized":
                 await self._retokenize(session, rollouts)
             lineages = {name: await policies.lineage(session, name) for name in self.lines}
         rewards = [r.reward for r in rollouts]
@@ -151,13 +149,13 @@ class TrainerWorker:
         skipped: dict[str, dict[str, int]] = {}
         for line in self.lines.values():
             skips = SkipReasons()
-            transitions = build_transitions(rollouts, self.config, line.parent_version, skips, policy=line.policy,
-                                            lineage=lineages[line.policy])
+            transitions = build_transitions(rollouts, self.settings.training, line.parent_version, skips,
+                                            policy=line.policy, lineage=lineages[line.policy])
             skipped[line.policy] = dict(skips)
             if not transitions:
                 continue
             await self._switch_to(line)
-            if self.config.token_source == "retokenized":
+            if self.settings.training.token_source == "retokenized":
                 await asyncio.to_thread(self._recompute_behaviour, transitions)
             step_began = time.perf_counter()
             async with self.while_computing():
@@ -209,23 +207,24 @@ class TrainerWorker:
             t.behaviour_logprobs = [lp if keep else 0.0 for lp, keep in zip(scores, mask)]
 
     async def _claim(self) -> list[str]:
-        if self.config.eval_agents:  # evaluation traffic by agent name: marked, so never claimed below
+        wanted = self.settings.training  # which agents' rollouts, in what groups and batches
+        if wanted.eval_agents:  # evaluation traffic by agent name: marked, so never claimed below
             async with self.sessions() as session, session.begin():
-                marked = await training.mark_eval_agents(session, self.config.eval_agents)
+                marked = await training.mark_eval_agents(session, wanted.eval_agents)
             for version, reward in marked:
                 self.metrics.observe_eval(version, reward)
             if marked:
                 log.info("marked %d rollouts of evaluation agents %s as evaluation traffic", len(marked),
-                         ", ".join(self.config.eval_agents))
+                         ", ".join(wanted.eval_agents))
         async with self.sessions() as session, session.begin():
-            agents = self.config.train_agents
+            agents = wanted.train_agents
             self.metrics.rollouts_waiting.set(await training.waiting_rollouts(session, agents))
             # judge+posted: a posted rollout waits for the judge's word, however soon after its reward we look
             judged = self.settings.reward == "judge+posted"
-            ready = await training.ready_rollouts(session, limit=self.config.batch_rollouts,
-                                                  group_size=self.config.group_size,
-                                                  group_timeout_s=self.config.group_timeout_s,
-                                                  batch_timeout_s=self.config.batch_timeout_s, agents=agents,
+            ready = await training.ready_rollouts(session, limit=wanted.batch_rollouts,
+                                                  group_size=wanted.group_size,
+                                                  group_timeout_s=wanted.group_timeout_s,
+                                                  batch_timeout_s=wanted.batch_timeout_s, agents=agents,
                                                   judged=judged)
             if not ready:
                 return []

@@ -1,11 +1,16 @@
 """`rlproxy keys`: API keys per project."""
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import click
 
+from migrations.apply import upgrade
 from rlproxy.commands.options import database_option, option
+from store.db import create_engine, session_factory
+from store.errors import NotFound
+from store.keys import create_key, list_keys, revoke_key
 
 
 @click.group()
@@ -15,11 +20,6 @@ def keys() -> None:
 
 def _run_with_session(database_url: str, work):
     """Migrate, then run `work(session)` in one transaction and return its result."""
-    import asyncio
-
-    from migrations.apply import upgrade
-    from store.db import create_engine, session_factory
-
     logging.getLogger("alembic").setLevel(logging.WARNING)  # keep the output to the key itself
     upgrade(database_url)
 
@@ -44,8 +44,6 @@ def _run_with_session(database_url: str, work):
 @database_option()
 def keys_create(project, admin, label, rate_limit, rate_burst, database_url) -> None:
     """Create a key and print it once (only its SHA-256 is stored)."""
-    from store.keys import create_key
-
     async def work(session):
         key, row = await create_key(session, project, admin=admin, label=label, rate_limit=rate_limit,
                                     rate_burst=rate_burst)
@@ -62,8 +60,6 @@ def keys_create(project, admin, label, rate_limit, rate_burst, database_url) -> 
 @database_option()
 def keys_list(project, database_url) -> None:
     """Every key: id, project, admin, created, revoked (never the key itself)."""
-    from store.keys import list_keys
-
     rows = _run_with_session(database_url, lambda session: list_keys(session, project))
     click.echo(f"{'id':<14}{'project':<24}{'admin':<7}{'created':<22}{'revoked':<22}label")
     for row in rows:
@@ -77,9 +73,6 @@ def keys_list(project, database_url) -> None:
 @database_option()
 def keys_revoke(key_id, database_url) -> None:
     """Revoke a key by its id (see `keys list`); proxies refuse it within their --key-cache-ttl."""
-    from store.errors import NotFound
-    from store.keys import revoke_key
-
     try:
         row = _run_with_session(database_url, lambda session: revoke_key(session, key_id))
     except NotFound as exc:

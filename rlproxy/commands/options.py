@@ -1,20 +1,18 @@
-"""Flags of the action commands (eval, keys, migrate, export); each also reads `RLPROXY_<FLAG>`. The servers'
-flags (serve, engine, train, demo) are made from their settings models: rlproxy/commands/flags.py."""
+"""Flags of the action commands (keys, prune, migrate, export, model prepare), declared on each command; click
+reads each one's `RLPROXY_<FLAG>`. The flags of serve, engine, train, demo, run and eval are made from their
+settings models (core/settings/) by rlproxy/commands/flags.py."""
 from __future__ import annotations
 
 import click
+from sqlalchemy.engine import make_url
 
-from core.settings import DEFAULT_DATABASE_URL
-
-
-def env(name: str) -> str:
-    return "RLPROXY_" + name.upper().replace("-", "_")
+from core.settings import DEFAULT_DATABASE_URL, env_name
 
 
 def option(*names: str, **kwargs):
     """A click option whose environment variable is `RLPROXY_<LONG FLAG>`."""
     long = next(n for n in names if n.startswith("--")).lstrip("-").split("/")[0]
-    return click.option(*names, envvar=env(long), show_envvar=True, show_default=True, **kwargs)
+    return click.option(*names, envvar=env_name(long), show_envvar=True, show_default=True, **kwargs)
 
 
 def database_option():
@@ -23,6 +21,4 @@ def database_option():
 
 def redact(url: str) -> str:
     """A database URL fit to print: its password hidden."""
-    from sqlalchemy.engine import make_url
-
     return make_url(url).render_as_string(hide_password=True)

@@ -1,11 +1,16 @@
 """`rlproxy prune`: delete what is recorded past an age (store/retention.py says what may go)."""
 from __future__ import annotations
 
+import asyncio
 import re
+from datetime import timedelta
 
 import click
 
 from rlproxy.commands.options import database_option, option, redact
+from store.db import create_engine, session_factory
+from store.models import utcnow
+from store.retention import prune as prune_all
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
@@ -34,13 +39,6 @@ def prune(database_url: str, older_than: str, what: str, keep_trained_ids: bool,
     """Delete recorded data past an age: trained, expired and finished evaluation rollouts, and calls outside
     any rollout. Open rollouts and untrained training rollouts are never touched. Runs in small transactions
     beside a serving proxy."""
-    import asyncio
-    from datetime import timedelta
-
-    from store.db import create_engine, session_factory
-    from store.models import utcnow
-    from store.retention import prune as prune_all
-
     cutoff = utcnow() - timedelta(seconds=seconds(older_than))
 
     async def run():

@@ -1,12 +1,17 @@
 """`rlproxy run`: an agent driven over a task set through a running proxy (runner/, docs/run.md)."""
 from __future__ import annotations
 
+import asyncio
 import sys
 
 import click
+from rich.console import Console
 
+from core.settings import RunSettings
 from rlproxy.commands.flags import Flags
-from runner.settings import RunSettings
+from runner.errors import ProxyRefused, RunInputError
+from runner.progress import summary
+from runner.run import Runner, prepare
 
 RUN_FLAGS = Flags(RunSettings)
 BAD_INPUT = 2  # as click's usage errors
@@ -22,15 +27,7 @@ def _fail(message: str, code: int) -> None:
 def run(**params) -> None:
     """Run an agent over a task set: each attempt is one rollout of the proxy, rewarded by the agent (or by what
     it returns), in groups of --attempts per task, resumable with --resume. See docs/run.md."""
-    import asyncio
-
-    from rich.console import Console
-
-    from runner.errors import ProxyRefused, RunInputError
-    from runner.progress import summary
-    from runner.run import Runner, prepare
-
-    settings = RUN_FLAGS.build(RunSettings, params)
+    settings = RUN_FLAGS.build(params)
     try:
         plan = prepare(settings)
     except RunInputError as exc:

@@ -1,12 +1,24 @@
 """`rlproxy serve` (the proxy), `rlproxy engine` (a local vLLM) and `rlproxy migrate`."""
 from __future__ import annotations
 
+import asyncio
+import signal
+import threading
+
 import click
+from sqlalchemy.exc import SQLAlchemyError
 
 from core.settings import EngineSettings, ProxySettings
+from engine.local import Engine
+from migrations.apply import upgrade
+from proxy.air import air_rules
+from proxy import app
+from proxy.auth import AuthConfigError, is_loopback, resolve_auth
+from proxy.spool import SpoolInUse
 from rlproxy.commands.flags import Flags
 from rlproxy.commands.options import database_option, redact
 from rlproxy.extras import require
+from store.db import create_engine, session_factory
 
 SERVE_FLAGS = Flags(ProxySettings)
 
@@ -15,13 +27,9 @@ SERVE_FLAGS = Flags(ProxySettings)
 @SERVE_FLAGS
 def serve(**params) -> None:
     """Run the proxy."""
-    settings = SERVE_FLAGS.build(ProxySettings, params)
+    settings = SERVE_FLAGS.build(params)
     if not settings.upstreams:
         require("serve (without --upstream: it starts a local engine)", "engine")
-    from proxy.air import air_rules
-    from proxy.app import run
-    from proxy.spool import SpoolInUse
-
     try:
         air_rules(settings)
     except ValueError as exc:
@@ -29,12 +37,10 @@ def serve(**params) -> None:
     _refuse_open_network(settings)
     try:
         if settings.upstreams:
-            run(settings)
+            app.run(settings)
             return
-        from engine.local import Engine
-
         with Engine(engine_settings(settings)) as engine:
-            run(settings.model_copy(update={"upstreams": (engine.base_url,)}))
+            app.run(settings.model_copy(update={"upstreams": (engine.base_url,)}))
     except SpoolInUse as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -49,13 +55,6 @@ def engine_settings(settings: ProxySettings) -> EngineSettings:
 def _refuse_open_network(settings: ProxySettings) -> None:
     """Fail at once, before an engine starts, rather than serve a non-loopback host without keys (the server
     checks again at startup, after migrating; this is the early, readable exit)."""
-    import asyncio
-
-    from sqlalchemy.exc import SQLAlchemyError
-
-    from proxy.auth import AuthConfigError, is_loopback, resolve_auth
-    from store.db import create_engine, session_factory
-
     if settings.auth.mode != "auto" or is_loopback(settings.host):
         return
 
@@ -78,8 +77,6 @@ def _refuse_open_network(settings: ProxySettings) -> None:
 @database_option()
 def migrate(database_url: str) -> None:
     """Upgrade the database to the newest schema."""
-    from migrations.apply import upgrade
-
     upgrade(database_url)
     click.echo(f"database at newest schema: {redact(database_url)}")
 
@@ -91,13 +88,8 @@ ENGINE_FLAGS = Flags(EngineSettings)
 @ENGINE_FLAGS
 def engine(**params) -> None:
     """Start and supervise a local vLLM with runtime LoRA loading; stops cleanly on SIGTERM or Ctrl-C."""
-    import signal
-    import threading
-
-    from engine.local import Engine
-
     require("engine", "engine")
-    settings = ENGINE_FLAGS.build(EngineSettings, params)
+    settings = ENGINE_FLAGS.build(params)
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     with Engine(settings) as running:

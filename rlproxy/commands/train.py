@@ -1,66 +1,72 @@
 """`rlproxy train` (the trainer worker), `rlproxy train-config` and `rlproxy export`."""
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from pathlib import Path
 
 import click
+from prometheus_client import start_http_server
 
-from core.settings import TrainerSettings
+from core.settings import TrainerSettings, TrainingSettings
+from engine.model import default_model_path
 from rlproxy.commands.flags import Flags
 from rlproxy.commands.options import database_option, option
 from rlproxy.extras import require
-from trainer.config import TrainConfig
 
-TRAIN_FLAGS = Flags(TrainerSettings, TrainConfig)
+TRAIN_FLAGS = Flags(TrainerSettings)
 
 
 @click.command()
 @TRAIN_FLAGS
-@click.option("--set", "overrides", multiple=True, metavar="NAME=VALUE",
+@click.option("--set", "pairs", multiple=True, metavar="NAME=VALUE",
               help="Any setting above by its field name, e.g. --set learning_rate=5e-4 (the same as "
                    "--learning-rate 5e-4; --set wins). `rlproxy train-config` lists the training settings.")
-def train(overrides, **params) -> None:
+def train(pairs, **params) -> None:
     """Run the trainer worker: rewarded rollouts in, LoRA PPO, new adapters hot-loaded into the engines."""
-    import asyncio
-
     require("train", "train")
+    settings = TRAIN_FLAGS.build(params, pairs)
+    # The trainer needs torch (rlproxy[train]), which the proxy's image has not: imported by this command only.
+    from trainer import parallel
     from trainer.judge import usage_problem
 
-    TRAIN_FLAGS.apply_set(params, overrides)
-    if not params.get("upstreams"):
+    if not settings.upstreams:
         raise click.UsageError("--upstream is required: the engine(s) to load adapters into")
-    if problem := usage_problem(TRAIN_FLAGS.build(TrainerSettings, dict(params))):  # at once, before torch loads
+    if problem := usage_problem(settings):  # at once, before torch loads
         raise click.UsageError(problem)
-    from trainer import parallel
-    from trainer.worker import TrainerWorker
+    if settings.nproc_per_node > 1 and not parallel.launched_by_torchrun():
+        _exec_torchrun(settings.nproc_per_node)
+    if settings.gate == "heldout":  # the bundled demo task's own configuration of the command gate
+        from demo.score import command  # the demo task's scorer needs rlproxy[demo]'s openai client
 
-    if params["nproc_per_node"] > 1 and not parallel.launched_by_torchrun():
-        _exec_torchrun(params["nproc_per_node"])
-    if params["gate"] == "heldout":  # the bundled demo task's own configuration of the command gate
-        from demo.score import command
-
-        params.update(gate="command", eval_command=command(tasks=params["heldout_tasks"]))
-    config = TRAIN_FLAGS.build(TrainConfig, params)
-    settings = TRAIN_FLAGS.build(TrainerSettings, params)
-    from engine.model import default_model_path  # prepares the bundled model when it is not yet
-
+        settings = settings.model_copy(update={"gate": "command",
+                                               "eval_command": command(tasks=settings.heldout_tasks)})
+    model_path = settings.model or default_model_path()  # prepares the bundled model when it is not yet
     collective = parallel.init_from_environment() if parallel.launched_by_torchrun() else None
     if collective is not None and collective.rank != 0:  # a follower: no database, engines or metrics port
-        from trainer.ppo import PolicyTrainer
+        from trainer.ppo import PolicyTrainer  # torch, as above
 
         def build(adapter_dir):
-            return PolicyTrainer(settings.model or default_model_path(), config, adapter_dir, collective)
+            return PolicyTrainer(model_path, settings.training, adapter_dir, collective)
 
         try:
             parallel.follow(build, collective)
         except KeyboardInterrupt:
             pass
         return
-    if settings.gate == "command":
-        from trainer.gates.command import EvalCommandError, check_template
+    _run_leader(settings, model_path, collective)
 
+
+def _run_leader(settings: TrainerSettings, model_path: Path, collective) -> None:
+    """The worker that talks to the database and the engines (the only one without torchrun)."""
+    # The worker trains with torch (rlproxy[train]): imported by this command only, as above.
+    from trainer.gates import build_gate
+    from trainer.gates.command import EvalCommandError, check_template
+    from trainer.metrics import TrainerMetrics
+    from trainer.worker import TrainerWorker
+
+    if settings.gate == "command":
         if not settings.eval_command:
             raise click.UsageError("--gate command needs --eval-command (or RLPROXY_EVAL_COMMAND)")
         try:
@@ -68,18 +74,12 @@ def train(overrides, **params) -> None:
         except EvalCommandError as exc:
             raise click.BadParameter(str(exc), param_hint="--eval-command") from None
     if settings.metrics_port:
-        from prometheus_client import start_http_server
-
-        worker_metrics = _trainer_metrics()
+        worker_metrics = TrainerMetrics()
         start_http_server(settings.metrics_port, registry=worker_metrics.registry)
     else:
         worker_metrics = None
-    from trainer.gates import build_gate
-
-    worker = TrainerWorker(settings, config, settings.model or default_model_path(), metrics=worker_metrics,
-                           on_published=build_gate(settings, eval_agents=config.eval_agents,
-                                                   metrics=worker_metrics),
-                           collective=collective)
+    worker = TrainerWorker(settings, model_path, metrics=worker_metrics,
+                           on_published=build_gate(settings, metrics=worker_metrics), collective=collective)
     try:
         asyncio.run(worker.run())
     except KeyboardInterrupt:
@@ -100,27 +100,19 @@ def _exec_torchrun(nproc_per_node: int) -> None:
                               f"--nproc-per-node={nproc_per_node}", "-m", "rlproxy.cli", *args])
 
 
-def train_config_from(overrides: tuple[str, ...] | list[str]) -> TrainConfig:
-    """A TrainConfig from NAME=VALUE strings (`--set`'s form), each parsed as its flag parses it."""
-    params: dict = {}
-    TRAIN_FLAGS.apply_set(params, overrides)
-    return TRAIN_FLAGS.build(TrainConfig, params)
-
-
-def _trainer_metrics():
-    from trainer.metrics import TrainerMetrics
-
-    return TrainerMetrics()
+def training_from(pairs: list[str] | tuple[str, ...]) -> TrainingSettings:
+    """The training settings NAME=VALUE pairs (`--set`'s form) give, each parsed as its flag parses it, over the
+    defaults (no environment variable is read)."""
+    return TrainerSettings(**TRAIN_FLAGS.pairs(pairs)).training
 
 
 @click.command("train-config")
 def train_config() -> None:
     """List every training setting with its default, flag, environment variable and meaning."""
-    from rlproxy.commands.flags import env_name
-
-    for setting in TRAIN_FLAGS.settings[TrainConfig]:
-        click.echo(f"{setting.path[-1]} = {setting.default!r}  (--{setting.flag}, {env_name(setting.flag)})\n"
-                   f"    {setting.help}")
+    for setting in TRAIN_FLAGS.settings:
+        if setting.path[0] == "training":
+            click.echo(f"{setting.name} = {setting.default!r}  (--{setting.flag}, {setting.env})\n"
+                       f"    {setting.help}")
 
 
 @click.command()
@@ -129,7 +121,7 @@ def train_config() -> None:
 @option("--untrained-only", is_flag=True, help="Only rollouts the trainer has not consumed yet.")
 def export(database_url: str, out: Path, untrained_only: bool) -> None:
     """Write training transitions (ids, text, reward, advantage, policy) as JSON lines."""
-    from trainer.export import export_to_file
+    from trainer.export import export_to_file  # the trainer's package: not imported by the proxy's commands
 
     count = export_to_file(database_url, out, include_trained=not untrained_only)
     click.echo(f"wrote {count} transitions to {out}")

@@ -23,11 +23,10 @@ from trainer.gates.command import CommandGate
 __all__ = ["CanaryGate", "CommandGate", "build_gate", "judge"]
 
 
-def build_gate(settings: TrainerSettings, *, eval_agents: tuple[str, ...] | list[str] = (), metrics=None):
-    """The worker's `on_published` hook for `settings.gate` (None for "none"). `eval_agents`: the agents whose
-    rollouts are evaluation traffic by name (TrainConfig.eval_agents)."""
+def build_gate(settings: TrainerSettings, *, metrics=None):
+    """The worker's `on_published` hook for `settings.gate` (None for "none")."""
     if settings.gate == "command":
         return CommandGate(settings, metrics=metrics)
     if settings.gate in ("canary", "eval-traffic"):
-        return CanaryGate(settings, eval_agents=eval_agents, metrics=metrics)
+        return CanaryGate(settings, metrics=metrics)
     return None

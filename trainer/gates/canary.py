@@ -52,15 +52,15 @@ async def judge(session, *, min_rollouts: int, margin: float,
 
 
 class CanaryGate:
-    """`canary` or `eval-traffic` (settings.gate). With `eval_agents`, the rollouts of those agents count as
-    evaluation traffic: the proxies route them by name, and the judge marks them before it counts."""
+    """`canary` or `eval-traffic` (settings.gate). With `settings.training.eval_agents`, the rollouts of those
+    agents count as evaluation traffic: the proxies route them by name, and the judge marks them before it
+    counts."""
 
-    def __init__(self, settings: TrainerSettings, stop: asyncio.Event | None = None,
-                 eval_agents: tuple[str, ...] | list[str] = (), metrics=None) -> None:
+    def __init__(self, settings: TrainerSettings, stop: asyncio.Event | None = None, metrics=None) -> None:
         self.settings = settings
         self.metrics = metrics  # trainer.metrics.TrainerMetrics: evaluation rewards of the rollouts marked here
         self.stop = stop or asyncio.Event()
-        self.eval_agents = tuple(eval_agents)
+        self.eval_agents = tuple(settings.training.eval_agents)
         self.traffic = canaries.EVAL if settings.gate == "eval-traffic" else canaries.ALL
         self.fraction = settings.eval_fraction if self.traffic == canaries.EVAL else settings.canary_fraction
 

@@ -30,8 +30,6 @@ from store.evaluation import traffic_by_version
 from store.models import Policy, utcnow
 from trainer.gates.command import digest, run_command
 
-DEFAULT_PROXY = "http://127.0.0.1:8400"
-
 
 class EvalError(RlproxyError):
     """A policy cannot be evaluated as asked (no such version, adapter not reachable, engine refused)."""

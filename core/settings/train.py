@@ -1,158 +1,174 @@
-"""Typed settings, built once by the CLI from flags and `RLPROXY_*` environment variables, then passed down."""
+"""`rlproxy train`: the trainer worker's settings, and nested in them the training settings proper (LoRA,
+optimisation, loss, pipeline), which are what the policy trainer, the batch builder and `rlproxy export` read,
+what `rlproxy train-config` lists, what the demo trains with (defaults of its own: core/settings/demo.py) and
+what a saved adapter records beside itself. Their flags are flat like every other (`--learning-rate`).
+
+Defaults that learn on CPU without tuning."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import ConfigDict, Field, SecretStr, field_validator
+from pydantic.dataclasses import dataclass
 
-from core.air_rules import DEFAULT_ERROR_PATTERNS, AirRules
-from core.policy_rules import BASE_POLICY, DEFAULT_POLICY, PolicyRules, check_policy_name
+from core.policy_rules import BASE_POLICY, DEFAULT_POLICY, check_policy_name
+from core.settings.base import CommandSettings
+from core.settings.locations import DEFAULT_DATABASE_URL
 
-DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///rlproxy.db"
+CreditMode = Literal["identical", "discounted"]
+AdvantageEstimator = Literal["grpo", "rloo", "reinforce_baseline", "reinforce"]
+KlEstimator = Literal["k1", "k2", "k3"]
+TokenSource = Literal["recorded", "retokenized"]
 
 
-def cache_dir() -> Path:
-    """Where prepared models and adapters live unless told otherwise."""
-    root = os.environ.get("RLPROXY_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "rlproxy"
+# A dataclass (pydantic's: validated like the models), as the policy trainer copies it with one value changed
+# (dataclasses.replace) and saves it beside an adapter (dataclasses.asdict).
+@dataclass(frozen=True, kw_only=True, config=ConfigDict(extra="forbid"))
+class TrainingSettings:
+    # --- LoRA -------------------------------------------------------------------------------------
+    lora_rank: int = Field(8, gt=0, description="LoRA rank r.")
+    lora_alpha: int = Field(16, gt=0, description="LoRA alpha; the update is scaled by alpha / r.")
+    lora_dropout: float = Field(
+        0.0, ge=0, lt=1,
+        description="Dropout on the LoRA input. 0 keeps the policy deterministic, so the importance "
+                    "ratio against the behaviour log-probs is not perturbed by noise.",
     )
-    return Path(root)
-
-
-class _Settings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class DatabaseSettings(_Settings):
-    database_url: str = Field(DEFAULT_DATABASE_URL, description="SQLAlchemy async URL of the store.")
-
-
-class WriterSettings(_Settings):
-    queue_size: int = Field(10_000, gt=0, description="Calls waiting for the database before the spool takes them.",
-                            json_schema_extra={"flag": "writer-queue-size"})
-    batch_size: int = Field(256, gt=0, description="Most rows the writer puts in one transaction.",
-                            json_schema_extra={"flag": "writer-batch-size"})
-    flush_interval: float = Field(0.02, ge=0, description="Seconds the writer waits to fill a batch.",
-                                  json_schema_extra={"flag": "writer-flush-interval"})
-    spool_path: Path = Field(
-        Path("rlproxy-spool.jsonl"),
-        description="Append-only file holding calls the database could not take yet; replayed in order.",
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1,
+        description="Module names that get LoRA (vLLM supports attention and MLP projections).",
     )
-    durability: Literal["spool", "sync", "batch"] = Field(
-        "spool",
-        description="spool: the call is appended to the spool (one write(), no fsync) before the agent gets its "
-                    "answer, so a killed proxy loses no acknowledged call; only a machine crash can. sync: the "
-                    "same, and fsynced (shared by concurrent calls): not even a machine crash loses one. batch: "
-                    "answer the agent, then record the call (the spool covers database outages); a killed proxy "
-                    "loses the calls the database had not taken.",
+    lora_layers: int = Field(
+        0, ge=0,
+        description="Adapt only the top N transformer layers (0: all). Backpropagation then stops at the "
+                    "lowest adapted layer, so a step costs less (see bench/train_step.py).",
     )
-    spool_segment_bytes: int = Field(4 << 20, description="Size at which the spool starts a new file.")
 
-
-class AuthSettings(_Settings):
-    """Who may call the proxy, how much, and what of their data is kept."""
-
-    mode: Literal["auto", "on", "off"] = Field(
-        "auto",
-        description="Require API keys. auto: when any key exists (an admin key or keys in the database), and a "
-                    "non-loopback host without keys is refused; on: keys required; off: no keys checked anywhere.",
-        json_schema_extra={"flag": "auth"},
+    # --- optimisation -----------------------------------------------------------------------------
+    learning_rate: float = Field(
+        1e-3, gt=0,
+        description="AdamW learning rate (LoRA params only). A high LoRA rate, with the PPO clip keeping each "
+                    "update near the sampling policy: on the demo task 2e-4 with groups of 4 and one update "
+                    "per batch gained 18 points in 15 minutes, 1e-3 with groups of 8 and 4 updates 60 "
+                    "(docs/demo-tasks.md); the task families of bench/families/ are measured with these "
+                    "defaults (docs/learning.md).",
     )
-    admin_key: SecretStr | None = Field(None, description="Operator key: admin rights, no project scope.")
-    key_cache_ttl: float = Field(
-        30.0, description="Seconds a key lookup (found or not) is cached; also how long a revoked key may work.")
-    rate_limit: float | None = Field(None, description="Requests per second per key (None: unlimited).")
-    rate_burst: int | None = Field(None, description="Requests a key may send at once (default: the rate).")
-    max_tokens: int | None = Field(None, description="Largest max_tokens / max_completion_tokens accepted.")
-    max_n: int | None = Field(None, description="Largest n (completions per request) accepted.")
-    redact_content: bool = Field(False, description="Store message and completion text as a marker "
-                                                    "(token ids are kept).")
-    upstream_api_key: SecretStr | None = Field(None, description="Bearer key the proxy sends to the engines.")
-
-
-class ProxySettings(_Settings):
-    host: str = Field("127.0.0.1", description="Interface to listen on.")
-    port: int = Field(8400, description="Port to listen on.")
-    upstreams: tuple[str, ...] = Field(
-        (), description="OpenAI-compatible engine base URL without /v1; repeat for replicas. None given: `rlproxy "
-                        "serve` starts a local engine.", json_schema_extra={"flag": "upstream"})
-    database_url: str = Field(DEFAULT_DATABASE_URL, description="SQLAlchemy async URL of the store.")
-    served_model: str | None = Field(
-        None, description="Model name agents ask for; routed to the active policy. Default: the engine's base model."
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(
+        1.0, ge=0, description="Gradient clipping by global norm; 0 disables."
     )
-    migrate: bool = Field(True, description="Apply migrations on start.")
-    client_max_size: int = Field(64 * 1024 * 1024, description="Largest request body accepted, in bytes.")
-    upstream_timeout: float = Field(600.0, description="Seconds an upstream request may take in total.")
-    upstream_connect_attempts: int = Field(3, description="Connection attempts per request before the first byte.")
-    policy_refresh_interval: float = Field(1.0, description="Seconds between reads of the active policy.")
-    policy_rules: tuple[str, ...] = Field(
-        (), description="Which named policy answers a call, by agent and/or project, first match wins: "
-                        "agent:NAME=POLICY, project:NAME=POLICY, project:A&agent:B=POLICY; POLICY `base` is the "
-                        "base model, never trained (docs/policies.md). Repeat the flag for each rule.",
-        json_schema_extra={"flag": "policy-rule"})
-    default_policy: str = Field(
-        DEFAULT_POLICY, description="The policy of a call no policy rule matches (`base`: the base model).")
-    air: bool = Field(True, description="Derive automatic intermediate rewards from observed tool calls "
-                                        "(docs/air.md).")
-    air_invalid_arguments: float = Field(
-        AirRules.invalid_arguments, description="AIR weight of a tool call whose arguments are not a JSON object "
-                                                "(0: not emitted).")
-    air_unknown_tool: float = Field(
-        AirRules.unknown_tool, description="AIR weight of a call to a tool the request did not offer.")
-    air_tool_error: float = Field(
-        AirRules.tool_error, description="AIR weight of a tool result that reports an error, native or text.")
-    air_tool_success: float = Field(
-        AirRules.tool_success, description="AIR weight of tool_success, native and text tool calls (0: not emitted).")
-    air_error_patterns: tuple[str, ...] = Field(
-        DEFAULT_ERROR_PATTERNS, description="Regular expressions (case ignored) that, found in a native tool "
-                                            "result, make it a tool_error; repeat the flag for each.",
-        json_schema_extra={"split": False})
-    air_text_action: str | None = Field(
-        None, description="AIR for a text tool protocol (docs/air.md): a regex that marks a reply as a tool "
-                          "call (e.g. 'CALC:'). Needs air_text_error and/or air_text_success. Default: off.")
-    air_text_error: str | None = Field(
-        None, description="A regex that, matched at the start of the user/tool turn answering a text tool "
-                          "call, makes it a tool_error (e.g. 'ERROR:').")
-    air_text_success: str | None = Field(
-        None, description="A regex that, matched at the start of that turn, makes it a tool_success.")
-    shutdown_timeout: float = Field(
-        30.0, description="Seconds in-flight requests and streams may take to finish after SIGTERM."
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each batch of transitions per step.")
+    mini_batches: int = Field(
+        4, ge=1,
+        description="Optimizer updates per epoch: the batch is shuffled and split into this many shares, "
+                    "one AdamW step each. More updates per batch learn more from each (expensive) batch of "
+                    "episodes; the PPO clip keeps the later updates near the behaviour policy.",
     )
-    writer: WriterSettings = Field(default_factory=WriterSettings)
-    auth: AuthSettings = Field(default_factory=AuthSettings)
+    micro_batch_tokens: int = Field(
+        0, ge=0,
+        description="Padded tokens (rows x longest row) per forward/backward; bounds peak memory. 0 picks "
+                    "by device: 384 on CPU, 4096 on a GPU. A transition longer than this is a micro-batch of "
+                    "its own, computed with activation checkpointing (memory stays bounded; that micro-batch "
+                    "costs about 45% more). The bundled model in float32 needs about 1.2 MB per token; 384 "
+                    "keeps the demo's transitions whole and its trainer under 2 GB, and its step takes no "
+                    "longer than with 4096, which needed several GB (bench/memory.py).",
+    )
+    max_seq_len: int = Field(
+        2048, gt=1,
+        description="Longest prompt + completion trained on; longer transitions are skipped.",
+    )
+    bf16: bool = Field(
+        True,
+        description="Compute in bfloat16 (autocast) where the hardware does it fast: CUDA, or CPUs with "
+                    "AVX512-BF16 or AMX. Elsewhere it is ignored and training runs in float32: on a plain "
+                    "AVX2 CPU a bfloat16 matmul takes the slow reference path (~30x slower, measured).",
+    )
+    seed: int = Field(0, description="Seed for LoRA init and anything random in training.")
+    num_threads: int = Field(
+        0, ge=0,
+        description="torch intra-op threads (process-wide); 0 keeps torch's default. On a CPU shared "
+                    "with a vLLM engine, use fewer threads than cores: oversubscribed OpenMP threads "
+                    "spin-wait on each other and a step can get several times slower.",
+    )
 
-    @field_validator("default_policy")
-    @classmethod
-    def _policy_name(cls, name: str) -> str:
-        return check_policy_name(name)
+    # --- loss ---------------------------------------------------------------------------------------
+    clip_eps_low: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip below: 1 - eps.")
+    clip_eps_high: float = Field(0.2, gt=0, description="PPO ratio clip above: 1 + eps.")
+    kl_coef: float = Field(
+        0.0, ge=0,
+        description="Weight of the KL(policy || base model) penalty. 0 skips the reference forward "
+                    "pass (+26% CPU per step, measured); the LoRA rank and PPO clip bound drift.",
+    )
+    kl_estimator: KlEstimator = Field("k3", description="KL estimator: k1, k2 or k3 (Schulman).")
+    track_ref_kl: bool = Field(
+        False,
+        description="Measure KL to the base model even when kl_coef is 0 (costs the reference pass).",
+    )
+    temperature: float = Field(
+        1.0, gt=0,
+        description="Logits are divided by this before log-probs. Must match how the recorded "
+                    "behaviour log-probs were computed (vLLM's default raw logprobs: 1.0).",
+    )
 
-    @field_validator("policy_rules")
-    @classmethod
-    def _rules_parse(cls, rules: tuple[str, ...]) -> tuple[str, ...]:
-        PolicyRules.parse(rules)  # raises with the rule and why
-        return rules
+    # --- pipeline (read by the worker) ------------------------------------------------------------
+    batch_rollouts: int = Field(
+        16, ge=1, description="Rewarded rollouts consumed per training step."
+    )
+    group_size: int = Field(
+        8, ge=1,
+        description="Rollouts of the same task compared to compute advantages (a group of 4 at 30% success "
+                    "is all failures a quarter of the time: no signal; 8 rarely is)."
+    )
+    group_timeout_s: float = Field(
+        300.0, ge=0,
+        description="Seconds to wait for a group to fill before using it as is (if >= 2 members).",
+    )
+    batch_timeout_s: float = Field(
+        0.0, ge=0,
+        description="Seconds the oldest ready rollout may wait for a full batch of batch_rollouts before a "
+                    "smaller step runs (0: train on whatever is ready). Fewer, fuller steps mean fewer "
+                    "adapter versions to publish and gate.",
+    )
+    max_staleness: int = Field(
+        2, ge=0,
+        description="Drop calls sampled by a policy more than this many versions behind the trainer.",
+    )
+    credit: CreditMode = Field(
+        "identical",
+        description="Credit per LLM call from the episode return: 'identical' (every call gets it) "
+                    "or 'discounted' (gamma ** calls-until-the-end).",
+    )
+    gamma: float = Field(1.0, gt=0, le=1, description="Discount for credit='discounted'.")
+    advantage_estimator: AdvantageEstimator = Field(
+        "grpo",
+        description="grpo (group mean/std), rloo (leave-one-out mean), reinforce_baseline "
+                    "(group mean, batch std), reinforce (raw return).",
+    )
+    token_source: TokenSource = Field(
+        "recorded",
+        description="'recorded': the ids and log-probs the engine sampled (exact). 'retokenized': the "
+                    "recorded text re-tokenized, behaviour log-probs recomputed by the trainer; an "
+                    "ablation only (bench/learning.py), to measure what exact capture buys.",
+    )
+    train_agents: list[str] = Field(
+        default_factory=list, description="Agent names whose calls are trained; empty means all."
+    )
+    eval_agents: list[str] = Field(
+        default_factory=list,
+        description="Agent names whose rollouts are evaluation traffic (`rlproxy train --eval-agents`): "
+                    "never trained on; the trainer marks them `eval` once finished, so `GET /policies` "
+                    "reports their rewards per policy version.",
+    )
 
-    def routing(self) -> PolicyRules:
-        return PolicyRules.parse(self.policy_rules, self.default_policy)
+    @property
+    def needs_reference(self) -> bool:
+        """Whether a step runs the base-model (adapter disabled) forward pass."""
+        return self.kl_coef > 0 or self.track_ref_kl
 
 
-class EngineSettings(_Settings):
-    model: Path | None = Field(None, description="Hugging Face model folder; default: the prepared bundled model.")
-    host: str = Field("127.0.0.1", description="Interface the engine listens on.")
-    port: int = Field(8000, description="Port the engine listens on.")
-    served_model_name: str | None = Field(None, description="Name the engine serves the base model under.")
-    max_lora_rank: int = Field(16, description="Largest LoRA rank the engine accepts.")
-    max_loras: int = Field(4, description="Adapters resident at once (active, candidate, and draining ones).")
-    max_model_len: int = Field(4096, description="Context length the engine allocates for.")
-    kv_cache_gib: int = Field(2, description="KV cache size on CPU, GiB.")
-    startup_timeout: float = Field(600.0, description="Seconds to wait for the engine to answer.")
-    extra_args: tuple[str, ...] = Field((), description="One more argument passed to vLLM as it is (repeat).",
-                                        json_schema_extra={"flag": "engine-arg", "split": False})
+class TrainerSettings(CommandSettings):
+    """`rlproxy train`: the worker's settings, and under `training` what each step trains with."""
 
-
-class TrainerSettings(_Settings):
     database_url: str = Field(DEFAULT_DATABASE_URL, description="SQLAlchemy async URL of the store.")
     upstreams: tuple[str, ...] = Field(
         (), description="Engine base URL (no /v1) to load adapters into; repeat for every replica.",
@@ -254,6 +270,7 @@ class TrainerSettings(_Settings):
     judge_max_tokens: int | None = Field(
         None, gt=0, description="max_tokens of each judge request (None: the judge's own limit). A judge that "
                                 "rambles on stops here, and its cut-off reply counts as bad output.")
+    training: TrainingSettings = Field(TrainingSettings(), description="What each training step trains with.")
 
     @field_validator("policies")
     @classmethod

@@ -1,20 +1,16 @@
-"""What `rlproxy run` is told: one pydantic model, from which the command's flags are made (every flag also
-reads `RLPROXY_<FLAG>`)."""
+"""`rlproxy run`: an agent driven over a task set through a running proxy (runner/, docs/run.md)."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import Field, SecretStr
 
-from runner.errors import RunInputError
+from core.settings.base import CommandSettings
+from core.settings.locations import DEFAULT_PROXY
 
-DEFAULT_PROXY = "http://127.0.0.1:8400"
 
-
-class RunSettings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
+class RunSettings(CommandSettings):
     tasks: Path | None = Field(None, description="Task file: JSON lines, one task object a line (or a Parquet "
                                                  "file / `datasets` folder when the datasets package is installed).")
     agent: str | None = Field(None, description="module:function called per attempt as (task, client_config) -> "
@@ -54,16 +50,6 @@ class RunSettings(BaseModel):
     success_threshold: float = Field(1.0, description="A reward at least this counts as a success.")
     log: Path = Field(Path("rlproxy-run.jsonl"), description="JSON lines log of every attempt (read by --resume).")
     resume: bool = Field(False, description="Skip attempts the log shows rewarded (checked with the proxy).")
-
-    def mode(self) -> tuple[str, str]:
-        """(kind, target) of the one agent named."""
-        named = [(kind, value) for kind, value in (("agent", self.agent), ("command", self.command),
-                                                    ("agent-class", self.agent_class),
-                                                    ("harness", self.harness)) if value]
-        if len(named) != 1:
-            raise RunInputError("name the agent once: --agent module:function, --command \"...\", "
-                                "--agent-class module:Class or --harness claude-code|codex")
-        return named[0]
 
     def key(self) -> str | None:
         return self.api_key.get_secret_value() if self.api_key is not None else None

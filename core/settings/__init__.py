@@ -1,0 +1,18 @@
+"""Typed settings, one model per command (one module each), built by the command line from its flags and
+`RLPROXY_*` environment variables and passed down. Each model makes its command's flags, its variables and its
+section of docs/settings.md: one field, one description, one default, one variable (core/settings/fields.py)."""
+from core.settings.base import CommandSettings, Part
+from core.settings.demo import DemoSettings
+from core.settings.engine import EngineSettings
+from core.settings.eval import EvalSettings
+from core.settings.fields import ENV_PREFIX, Setting, env_name, settings_of
+from core.settings.locations import DEFAULT_DATABASE_URL, DEFAULT_PROXY, cache_dir
+from core.settings.run import RunSettings
+from core.settings.serve import AuthSettings, ProxySettings, WriterSettings
+from core.settings.train import TrainerSettings, TrainingSettings
+
+__all__ = [
+    "CommandSettings", "Part", "Setting", "ENV_PREFIX", "env_name", "settings_of", "DEFAULT_DATABASE_URL",
+    "DEFAULT_PROXY", "cache_dir", "ProxySettings", "WriterSettings", "AuthSettings", "EngineSettings",
+    "TrainerSettings", "TrainingSettings", "DemoSettings", "RunSettings", "EvalSettings",
+]

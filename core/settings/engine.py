@@ -1,0 +1,23 @@
+"""`rlproxy engine`: a local vLLM with runtime LoRA loading (also the engine `rlproxy serve` starts when it is
+given no upstream, with its defaults)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from core.settings.base import CommandSettings
+
+
+class EngineSettings(CommandSettings):
+    model: Path | None = Field(None, description="Hugging Face model folder; default: the prepared bundled model.")
+    host: str = Field("127.0.0.1", description="Interface the engine listens on.")
+    port: int = Field(8000, description="Port the engine listens on.")
+    served_model_name: str | None = Field(None, description="Name the engine serves the base model under.")
+    max_lora_rank: int = Field(16, description="Largest LoRA rank the engine accepts.")
+    max_loras: int = Field(4, description="Adapters resident at once (active, candidate, and draining ones).")
+    max_model_len: int = Field(4096, description="Context length the engine allocates for.")
+    kv_cache_gib: int = Field(2, description="KV cache size on CPU, GiB.")
+    startup_timeout: float = Field(600.0, description="Seconds to wait for the engine to answer.")
+    extra_args: tuple[str, ...] = Field((), description="One more argument passed to vLLM as it is (repeat).",
+                                        json_schema_extra={"flag": "engine-arg", "split": False})

@@ -1,0 +1,113 @@
+"""What a command's settings model offers its users, field by field: a field's flag is its name with `-` for
+`_`, its environment variable `RLPROXY_<FLAG>`, its default and its help (the field's `description`). A field
+says more in `json_schema_extra`: "flag" (another name), "metavar", "split" and "text" (see Setting).
+Nested models and pydantic dataclasses (the proxy's writer, the trainer's training settings) are flattened:
+their fields are flags of the command like any other, and their defaults are those of the default instance
+the command holds (the demo trains with defaults of its own).
+
+A list or tuple field is a repeatable flag that also takes comma-separated values (`"split": False` keeps
+commas: regular expressions); its environment variable separates values by spaces."""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Iterable
+from functools import cache
+from typing import Any
+
+from pydantic import BaseModel, SecretStr
+from pydantic.dataclasses import is_pydantic_dataclass
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+ENV_PREFIX = "RLPROXY_"
+
+
+def env_name(flag: str, prefix: str = ENV_PREFIX) -> str:
+    """`--writer-queue-size` -> `RLPROXY_WRITER_QUEUE_SIZE` (the one rule for every flag)."""
+    return prefix + flag.lstrip("-").upper().replace("-", "_")
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    """One field of a command's settings model, as its flag, environment variable and documentation show it."""
+
+    path: tuple[str, ...]  # where it sits in the model: ("writer", "queue_size")
+    flag: str  # "writer-queue-size" (without dashes)
+    kind: Any  # the field's type, Optional removed
+    default: Any
+    help: str
+    split: bool = True  # a list's flag also takes comma-separated values
+    metavar: str | None = None  # what --help shows for the value, when the type's name says too little
+    text: bool = False  # the flag takes text the model itself parses (`v3` for a version number)
+
+    @property
+    def name(self) -> str:
+        """The field's own name, as `--set NAME=VALUE` and `rlproxy train-config` call it."""
+        return self.path[-1]
+
+    @property
+    def env(self) -> str:
+        return env_name(self.flag)
+
+    @property
+    def required(self) -> bool:
+        return self.default is PydanticUndefined
+
+    @property
+    def many(self) -> bool:
+        return typing.get_origin(self.kind) in (list, tuple)
+
+    def values(self, given: Iterable[Any]) -> list[str]:
+        """A repeatable setting's values from what was given (each flag, or the variable's words), split at
+        commas unless the field keeps them."""
+        parts = [part.strip() for value in given for part in (str(value).split(",") if self.split else [value])]
+        return [part for part in parts if part]
+
+
+@cache
+def settings_of(model: type) -> tuple[Setting, ...]:
+    """Every field of `model` (a pydantic model or dataclass; nested ones flattened), in declaration order.
+    Two fields that want one flag are a mistake in the model, found here rather than by a user."""
+    found = _settings(model, (), None)
+    flags = [setting.flag for setting in found]
+    if clashes := sorted({flag for flag in flags if flags.count(flag) > 1}):
+        raise TypeError(f"{model.__name__}: two settings want the same flag: {clashes}")
+    return tuple(found)
+
+
+def nested(kind: Any) -> bool:
+    """Whether a field of this type is a group of settings (flattened) rather than one setting."""
+    return isinstance(kind, type) and (issubclass(kind, BaseModel) or is_pydantic_dataclass(kind))
+
+
+def _settings(model: type, prefix: tuple[str, ...], instance: Any) -> list[Setting]:
+    found = []
+    for name, info in _fields(model).items():
+        kind = _without_none(info.annotation)
+        default = getattr(instance, name) if instance is not None else info.get_default(call_default_factory=True)
+        if nested(kind):
+            found.extend(_settings(kind, (*prefix, name), default))
+            continue
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if isinstance(default, SecretStr):
+            default = default.get_secret_value()
+        found.append(Setting((*prefix, name), str(extra.get("flag", name.replace("_", "-"))), kind, default,
+                             info.description or "", bool(extra.get("split", True)), extra.get("metavar"),
+                             bool(extra.get("text", False))))
+    return found
+
+
+def _fields(model: type) -> dict[str, FieldInfo]:
+    if is_pydantic_dataclass(model):
+        return model.__pydantic_fields__
+    return model.model_fields
+
+
+def _without_none(kind: Any) -> Any:
+    if typing.get_origin(kind) in (typing.Union, types.UnionType):
+        rest = [arg for arg in typing.get_args(kind) if arg is not type(None)]
+        if len(rest) == 1:
+            return rest[0]
+    return kind

@@ -1,0 +1,121 @@
+"""`rlproxy serve`: the proxy's settings, with its writer's and its access control's."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+
+from core.air_rules import DEFAULT_ERROR_PATTERNS, AirRules
+from core.policy_rules import DEFAULT_POLICY, PolicyRules, check_policy_name
+from core.settings.base import CommandSettings, Part
+from core.settings.locations import DEFAULT_DATABASE_URL
+
+
+class WriterSettings(Part):
+    queue_size: int = Field(10_000, gt=0, description="Calls waiting for the database before the spool takes them.",
+                            json_schema_extra={"flag": "writer-queue-size"})
+    batch_size: int = Field(256, gt=0, description="Most rows the writer puts in one transaction.",
+                            json_schema_extra={"flag": "writer-batch-size"})
+    flush_interval: float = Field(0.02, ge=0, description="Seconds the writer waits to fill a batch.",
+                                  json_schema_extra={"flag": "writer-flush-interval"})
+    spool_path: Path = Field(
+        Path("rlproxy-spool.jsonl"),
+        description="Append-only file holding calls the database could not take yet; replayed in order.",
+    )
+    durability: Literal["spool", "sync", "batch"] = Field(
+        "spool",
+        description="spool: the call is appended to the spool (one write(), no fsync) before the agent gets its "
+                    "answer, so a killed proxy loses no acknowledged call; only a machine crash can. sync: the "
+                    "same, and fsynced (shared by concurrent calls): not even a machine crash loses one. batch: "
+                    "answer the agent, then record the call (the spool covers database outages); a killed proxy "
+                    "loses the calls the database had not taken.",
+    )
+    spool_segment_bytes: int = Field(4 << 20, description="Size at which the spool starts a new file.")
+
+
+class AuthSettings(Part):
+    """Who may call the proxy, how much, and what of their data is kept."""
+
+    mode: Literal["auto", "on", "off"] = Field(
+        "auto",
+        description="Require API keys. auto: when any key exists (an admin key or keys in the database), and a "
+                    "non-loopback host without keys is refused; on: keys required; off: no keys checked anywhere.",
+        json_schema_extra={"flag": "auth"},
+    )
+    admin_key: SecretStr | None = Field(None, description="Operator key: admin rights, no project scope.")
+    key_cache_ttl: float = Field(
+        30.0, description="Seconds a key lookup (found or not) is cached; also how long a revoked key may work.")
+    rate_limit: float | None = Field(None, description="Requests per second per key (None: unlimited).")
+    rate_burst: int | None = Field(None, description="Requests a key may send at once (default: the rate).")
+    max_tokens: int | None = Field(None, description="Largest max_tokens / max_completion_tokens accepted.")
+    max_n: int | None = Field(None, description="Largest n (completions per request) accepted.")
+    redact_content: bool = Field(False, description="Store message and completion text as a marker "
+                                                    "(token ids are kept).")
+    upstream_api_key: SecretStr | None = Field(None, description="Bearer key the proxy sends to the engines.")
+
+
+class ProxySettings(CommandSettings):
+    host: str = Field("127.0.0.1", description="Interface to listen on.")
+    port: int = Field(8400, description="Port to listen on.")
+    upstreams: tuple[str, ...] = Field(
+        (), description="OpenAI-compatible engine base URL without /v1; repeat for replicas. None given: `rlproxy "
+                        "serve` starts a local engine.", json_schema_extra={"flag": "upstream"})
+    database_url: str = Field(DEFAULT_DATABASE_URL, description="SQLAlchemy async URL of the store.")
+    served_model: str | None = Field(
+        None, description="Model name agents ask for; routed to the active policy. Default: the engine's base model."
+    )
+    migrate: bool = Field(True, description="Apply migrations on start.")
+    client_max_size: int = Field(64 * 1024 * 1024, description="Largest request body accepted, in bytes.")
+    upstream_timeout: float = Field(600.0, description="Seconds an upstream request may take in total.")
+    upstream_connect_attempts: int = Field(3, description="Connection attempts per request before the first byte.")
+    policy_refresh_interval: float = Field(1.0, description="Seconds between reads of the active policy.")
+    policy_rules: tuple[str, ...] = Field(
+        (), description="Which named policy answers a call, by agent and/or project, first match wins: "
+                        "agent:NAME=POLICY, project:NAME=POLICY, project:A&agent:B=POLICY; POLICY `base` is the "
+                        "base model, never trained (docs/policies.md). Repeat the flag for each rule.",
+        json_schema_extra={"flag": "policy-rule"})
+    default_policy: str = Field(
+        DEFAULT_POLICY, description="The policy of a call no policy rule matches (`base`: the base model).")
+    air: bool = Field(True, description="Derive automatic intermediate rewards from observed tool calls "
+                                        "(docs/air.md).")
+    air_invalid_arguments: float = Field(
+        AirRules.invalid_arguments, description="AIR weight of a tool call whose arguments are not a JSON object "
+                                                "(0: not emitted).")
+    air_unknown_tool: float = Field(
+        AirRules.unknown_tool, description="AIR weight of a call to a tool the request did not offer.")
+    air_tool_error: float = Field(
+        AirRules.tool_error, description="AIR weight of a tool result that reports an error, native or text.")
+    air_tool_success: float = Field(
+        AirRules.tool_success, description="AIR weight of tool_success, native and text tool calls (0: not emitted).")
+    air_error_patterns: tuple[str, ...] = Field(
+        DEFAULT_ERROR_PATTERNS, description="Regular expressions (case ignored) that, found in a native tool "
+                                            "result, make it a tool_error; repeat the flag for each.",
+        json_schema_extra={"split": False})
+    air_text_action: str | None = Field(
+        None, description="AIR for a text tool protocol (docs/air.md): a regex that marks a reply as a tool "
+                          "call (e.g. 'CALC:'). Needs air_text_error and/or air_text_success. Default: off.")
+    air_text_error: str | None = Field(
+        None, description="A regex that, matched at the start of the user/tool turn answering a text tool "
+                          "call, makes it a tool_error (e.g. 'ERROR:').")
+    air_text_success: str | None = Field(
+        None, description="A regex that, matched at the start of that turn, makes it a tool_success.")
+    shutdown_timeout: float = Field(
+        30.0, description="Seconds in-flight requests and streams may take to finish after SIGTERM."
+    )
+    writer: WriterSettings = Field(default_factory=WriterSettings)
+    auth: AuthSettings = Field(default_factory=AuthSettings)
+
+    @field_validator("default_policy")
+    @classmethod
+    def _policy_name(cls, name: str) -> str:
+        return check_policy_name(name)
+
+    @field_validator("policy_rules")
+    @classmethod
+    def _rules_parse(cls, rules: tuple[str, ...]) -> tuple[str, ...]:
+        PolicyRules.parse(rules)  # raises with the rule and why
+        return rules
+
+    def routing(self) -> PolicyRules:
+        return PolicyRules.parse(self.policy_rules, self.default_policy)
