@@ -2,6 +2,7 @@
 the completion text, reward, advantage and policy — for SFT/DPO pipelines outside rlproxy."""
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import IO
 
@@ -60,7 +61,5 @@ async def _completion_texts(session, rollout_ids: list[str]) -> dict[str, str | 
 
 
 def export_to_file(database_url: str, path: Path, **kwargs) -> int:
-    import asyncio
-
     with path.open("wb") as out:
         return asyncio.run(export_transitions(database_url, out, **kwargs))
