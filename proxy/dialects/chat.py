@@ -13,12 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import orjson
 from pydantic import BaseModel
 
 from proxy.capture import CHAT, COMPLETIONS, Additions, only_for_capture, relay_bytes, strip_additions
 from proxy.dialects.base import Output, openai_engine_error
-from proxy.errors import error_body
+from proxy.errors import error_body, sse_error_event
 from proxy.schemas import ChatCompletionRequest, CompletionRequest, validate
 from proxy.sse import Event
 
@@ -54,7 +53,7 @@ class Passthrough:
     def error(self, status: int, message: str, kind: str, code: str | None, event: Event | None = None) -> bytes:
         if event is not None:
             return event.raw
-        return b"data: " + orjson.dumps(error_body(message, kind, code=code)) + b"\n\n"
+        return sse_error_event(error_body(message, kind, code=code))
 
 
 class OpenAIDialect:
