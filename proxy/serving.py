@@ -17,7 +17,7 @@ from aiohttp import web
 
 from proxy.capture import Additions, StreamAssembler, capture_response, prepare_upstream_body
 from proxy.context import CallContext, call_context
-from proxy.dialects.base import Dialect, Output, Translator
+from proxy.dialects.base import Dialect, Translator
 from proxy.errors import ProxyError, StoreUnavailable, UpstreamTimeout, UpstreamUnavailable
 from proxy.metrics import ProxyMetrics
 from proxy.policy import PolicyRouter
@@ -156,7 +156,7 @@ class CompletionServing:
             return web.Response(body=translator.whole(None, raw, None), status=upstream.status, headers=headers,
                                 content_type=upstream.content_type)
         record.prompt_token_ids, record.choices = capture_response(self.dialect.engine_route, payload)
-        body = translator.whole(payload, raw, _output(record, payload))
+        body = translator.whole(payload, raw, _tokens(record, payload))
         record.response = translator.final
         return web.Response(body=body, headers=headers, content_type="application/json")
 
@@ -192,7 +192,7 @@ class CompletionServing:
             record.choices = assembler.choice_records()
             record.response = assembler.response(additions.requested_model)
         if record.complete or (not tail and record.status == CallStatus.OK):  # ended, or cut short by the engine
-            tail = translator.finish(_output(record, record.response), done)
+            tail = translator.finish(record.response, _tokens(record, record.response), done)
         if translator.final is not None:
             record.response = translator.final  # what the agent received (a failed Responses stream's too)
         try:
@@ -247,14 +247,14 @@ def _now() -> int:
     return int(time.time())
 
 
-def _output(record: CallRecord, payload: dict) -> Output:
-    """The engine's answer (choice 0) with token counts from the recorded ids, which are exact."""
+def _tokens(record: CallRecord, payload: dict) -> tuple[int, int]:
+    """The prompt's and choice 0's token counts, from the recorded ids (exact), else the engine's usage."""
     usage = payload.get("usage") or {}
     first = record.choices[0] if record.choices else None
     prompt = len(record.prompt_token_ids) if record.prompt_token_ids is not None else usage.get("prompt_tokens", 0)
     completion = (len(first.token_ids) if first is not None and first.token_ids is not None
                   else usage.get("completion_tokens", 0))
-    return Output.from_chat(payload, prompt or 0, completion or 0)
+    return prompt or 0, completion or 0
 
 
 def _chunk(event: Event) -> dict[str, Any] | None:

@@ -52,17 +52,18 @@ class Translator(Protocol):
     final: dict[str, Any] | None  # the answer the agent received, whole, once made (None: the engine's own
     # answer is recorded, as the stream assembled it)
 
-    def whole(self, payload: dict[str, Any] | None, raw: bytes, output: Output | None) -> bytes:
-        """The agent's body for the engine's answer `raw`, parsed as `payload` (None, and no `output`, when it is
-        not JSON: a dialect raises `UpstreamUnavailable`, a passthrough relays it)."""
+    def whole(self, payload: dict[str, Any] | None, raw: bytes, tokens: tuple[int, int]) -> bytes:
+        """The agent's body for the engine's answer `raw`, parsed as `payload` (None when it is not JSON: a
+        translating dialect raises `UpstreamUnavailable`, a passthrough relays it); `tokens` are the prompt's and
+        the completion's exact counts (`Output.from_chat` makes the answer in neutral terms with them)."""
 
     def feed(self, chunk: dict[str, Any] | None, event: Event, prompt_tokens: int) -> bytes:
         """The agent's bytes for one event of the engine's stream: `chunk` is its JSON object, None for an event
         that holds none (a comment, text)."""
 
-    def finish(self, output: Output, done: Event | None) -> bytes:
-        """The stream's last bytes: `done` is the engine's `[DONE]` event, None when the engine closed the stream
-        without one."""
+    def finish(self, payload: dict[str, Any], tokens: tuple[int, int], done: Event | None) -> bytes:
+        """The stream's last bytes: `payload` is the engine's answer as its stream assembled it, `tokens` as for
+        `whole`; `done` is the engine's `[DONE]` event, None when the engine closed the stream without one."""
 
     def error(self, status: int, message: str, kind: str, code: str | None, event: Event | None = None) -> bytes:
         """The stream's last bytes when the call fails: the engine's error `event` (a chunk holding only an

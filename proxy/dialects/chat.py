@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from proxy.capture import CHAT, COMPLETIONS, Additions, only_for_capture, relay_bytes, strip_additions
-from proxy.dialects.base import Output, openai_engine_error
+from proxy.dialects.base import openai_engine_error
 from proxy.errors import error_body, sse_error_event
 from proxy.schemas import ChatCompletionRequest, CompletionRequest, validate
 from proxy.sse import Event
@@ -32,7 +32,7 @@ class Passthrough:
         self.drops_capture_chunks = drops_capture_chunks
         self.final: dict[str, Any] | None = None
 
-    def whole(self, payload: dict[str, Any] | None, raw: bytes, output: Output | None) -> bytes:
+    def whole(self, payload: dict[str, Any] | None, raw: bytes, tokens: tuple[int, int]) -> bytes:
         if payload is None:
             return raw  # not JSON: the agent gets what the engine sent (the call is recorded as an upstream error)
         body = relay_bytes(raw, payload, self.additions)
@@ -47,7 +47,7 @@ class Passthrough:
             return b""
         return b"data: " + relay_bytes(event.data.encode(), chunk, additions) + b"\n\n"
 
-    def finish(self, output: Output, done: Event | None) -> bytes:
+    def finish(self, payload: dict[str, Any], tokens: tuple[int, int], done: Event | None) -> bytes:
         return done.raw if done is not None else b""  # a stream the engine cut short ends as it ended
 
     def error(self, status: int, message: str, kind: str, code: str | None, event: Event | None = None) -> bytes:
@@ -63,6 +63,7 @@ class OpenAIDialect:
         self.route = self.engine_route = route
         self.path = self.engine_path = path
         self.schema = schema
+        self.drops_capture_chunks = route == CHAT
 
     def validate(self, body: dict[str, Any]) -> None:
         validate(self.schema, body)
@@ -71,7 +72,7 @@ class OpenAIDialect:
         return body  # checked by `validate`; the engine's own format
 
     def translator(self, body: dict[str, Any], call_id: str, created: int, additions: Additions) -> Passthrough:
-        return Passthrough(additions, drops_capture_chunks=self.route == CHAT)
+        return Passthrough(additions, self.drops_capture_chunks)
 
     def engine_error(self, status: int, raw: bytes) -> bytes:
         return openai_engine_error(status, raw)

@@ -58,9 +58,10 @@ class MessagesStream:
     def _delta(self, delta: dict[str, Any]) -> bytes:
         return DELTA + orjson.dumps({"type": "content_block_delta", "index": self.blocks, "delta": delta}) + SSE_END
 
-    def whole(self, payload: dict[str, Any] | None, raw: bytes, output: Output | None) -> bytes:
-        if payload is None or output is None:
+    def whole(self, payload: dict[str, Any] | None, raw: bytes, tokens: tuple[int, int]) -> bytes:
+        if payload is None:
             unreadable()
+        output = Output.from_chat(payload, *tokens)
         self.final = build(self.body, output, self.call_id)
         return orjson.dumps(self.final)
 
@@ -91,11 +92,12 @@ class MessagesStream:
                     out += self._delta({"type": "input_json_delta", "partial_json": function["arguments"]})
         return out
 
-    def finish(self, output: Output, done: Event | None) -> bytes:
+    def finish(self, payload: dict[str, Any], tokens: tuple[int, int], done: Event | None) -> bytes:
         if done is None:
             return self.error(*ENDED_EARLY)
         if self.failed:  # the engine's [DONE] after an error: the error event was the stream's end
             return b""
+        output = Output.from_chat(payload, *tokens)
         out = (b"" if self.started else self._start(output.prompt_tokens)) + self._stop_block()
         stop_reason, stop_sequence = stop_of(output)
         out += sse("message_delta", {"type": "message_delta",

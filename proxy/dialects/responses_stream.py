@@ -87,9 +87,10 @@ class ResponsesStream:
         return opened, _sse({"type": "response.output_item.added", "sequence_number": next(self.numbers),
                              "output_index": opened.output_index, "item": item})
 
-    def whole(self, payload: dict[str, Any] | None, raw: bytes, output: Output | None) -> bytes:
-        if payload is None or output is None:
+    def whole(self, payload: dict[str, Any] | None, raw: bytes, tokens: tuple[int, int]) -> bytes:
+        if payload is None:
             unreadable()
+        output = Output.from_chat(payload, *tokens)
         self.final = build(self.body, output, self.call_id, self.created)
         return orjson.dumps(self.final)
 
@@ -185,7 +186,7 @@ class ResponsesStream:
         return out + _sse({"type": "response.output_item.done", "sequence_number": next(self.numbers),
                            "output_index": index, "item": item})
 
-    def finish(self, output: Output, done: Event | None) -> bytes:
+    def finish(self, payload: dict[str, Any], tokens: tuple[int, int], done: Event | None) -> bytes:
         if done is None:
             return self.error(*ENDED_EARLY)
         if self.failed:
@@ -193,10 +194,11 @@ class ResponsesStream:
         out = b"" if self.started else self._start()
         if not self.items:  # the model said nothing: an empty message, as in the non-streamed answer
             out += self._text_delta("", [])
+        output = Output.from_chat(payload, *tokens)
         incomplete = output.finish_reason == "length"
         for opened in self.items:
             out += self._close(opened, "incomplete" if incomplete else "completed")
-        # The Response `build_response` would make, with the output the stream said, in its order.
+        # The Response `build` would make, with the output the stream said, in its order.
         response = finished({**self.snapshot}, output, [opened.item for opened in self.items])
         self.final = response
         final = "response.incomplete" if incomplete else "response.completed"
