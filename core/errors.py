@@ -6,6 +6,7 @@ bugs and from the libraries' own errors. The tree:
     │                                         Unauthorized 401, NotFoundError 404, RateLimited 429,
     │                                         UpstreamUnavailable 502, ... (each carries its status)
     ├── AuthConfigError (proxy/auth.py)       the access settings cannot be served as given
+    ├── UnsupportedContent (core/responses_chat.py)  a Responses content part with no chat form (a ValueError)
     ├── StoreError (store/errors.py)          NotFound, Conflict: what a store operation refused
     ├── AdapterError (engine/adapters.py)    EngineUnavailable, AdapterRefused, LoadFailed, UnloadFailed
     ├── EngineError (engine/command.py)  the local engine could not start, or died

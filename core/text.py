@@ -1,7 +1,33 @@
-"""The completion text of a recorded response, whatever API it came through (for export and reports)."""
+"""Text read out of the three wire formats: a message's content as text, and a recorded response's completion text.
+
+Every reader of content (AIR's tool results, the judge's trajectories, the Messages dialect's tool results, export)
+uses `content_text`, so one content shape never reads two ways. Imports nothing of the project.
+"""
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from typing import Any
+
+
+def content_text(content: Any, separator: str = "\n") -> str:
+    """A message's content as text, in any of the three wire formats: a string as it is; a list of parts as the
+    texts of its parts joined by `separator` (a part is a string, or an object with a string `text`: chat `text`,
+    Responses `input_text`/`output_text`, Messages `text` blocks); parts without text (images, files) add
+    nothing; None is ""; any other value is written as JSON."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+        return separator.join(texts)
+    return json.dumps(content)
 
 
 def completion_text(route: str | None, response: dict[str, Any] | None) -> str | None:

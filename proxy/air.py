@@ -16,8 +16,8 @@ import logging
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from core.chat_view import chat_view
 from core.settings import ProxySettings
-from proxy.dialects import chat_view
 from proxy.metrics import ProxyMetrics
 from rewards import AirRules, merge_by_reason, score_text_tools, score_tool_calls
 from rewards.air import INVALID_ARGUMENTS, UNKNOWN_TOOL
@@ -75,7 +75,7 @@ def _score(item: WrittenCall, rules: AirRules) -> list:
     record = item.record
     if record.rollout_id is None or record.route == "completions" or not record.request:
         return []
-    # Whatever API the calls came through, AIR reads them in chat form (proxy/dialects).
+    # Whatever API the calls came through, AIR reads them in chat form (core/chat_view.py).
     request, response = chat_view(record.route, record.request, record.response)
     if request is None:
         return []

@@ -11,7 +11,8 @@ from engine import lifecycle
 from engine.adapters import AdapterError
 from migrations.apply import upgrade_async
 from proxy.air import air_rules, automatic_rewards
-from proxy.dialects.messages import error_body as anthropic_error_body
+from proxy.dialects import DIALECTS
+from proxy.dialects.messages_objects import error_body as anthropic_error_body
 from proxy.endpoints import register
 from proxy.errors import ConflictError, NotFoundError, ProxyError, json_response
 from proxy.metrics import ProxyMetrics
@@ -90,9 +91,10 @@ def _lifecycle(settings: ProxySettings, metrics: ProxyMetrics):
         router = PolicyRouter(sessions, settings.served_model, settings.routing())
         await writer.start()
         access = ModelAccess(router, upstreams)
-        app[STATE] = ProxyState(settings, engine, sessions, metrics, upstreams, router, writer,
-                                CompletionServing(upstreams, router, writer, metrics, access,
-                                                  redact=settings.auth.redact_content), access)
+        serving = {route: CompletionServing(dialect, upstreams, router, writer, metrics, access,
+                                            redact=settings.auth.redact_content)
+                   for route, dialect in DIALECTS.items()}
+        app[STATE] = ProxyState(settings, engine, sessions, metrics, upstreams, router, writer, serving, access)
         await router.start(settings.policy_refresh_interval)
         health = asyncio.create_task(_watch_engines(app[STATE]), name="engine-health")
         try:

@@ -33,8 +33,8 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
+from core.chat_view import chat_view
 from proxy.context import is_valid_id
-from proxy.dialects import chat_view
 from proxy.limits import MAX_JSON_DEPTH, too_deep
 
 PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")

@@ -24,7 +24,7 @@ class ProxyState:
     upstreams: UpstreamPool
     router: PolicyRouter
     writer: CaptureWriter
-    serving: CompletionServing
+    serving: dict[str, CompletionServing]  # by route: one per wire format (proxy/dialects/)
     access: ModelAccess  # which models a key's project may call
 
 

@@ -15,7 +15,6 @@ Agents that speak a text tool protocol (no native tool calls) get tool_error / t
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +32,7 @@ from core.air_rules import (  # noqa: F401
     AirRules,
 )
 from core.checks import loads_strict
+from core.text import content_text
 
 _ERROR_STATUSES = frozenset({"error", "failed", "failure"})
 _EXIT_CODE_KEYS = ("exit_code", "exitCode", "returncode", "return_code")
@@ -48,23 +48,6 @@ def find_tool_results(messages: Iterable[Mapping[str, Any]]) -> dict[str, str]:
         if isinstance(call_id, str) and call_id not in results:
             results[call_id] = content_text(message.get("content"))
     return results
-
-
-def content_text(content: Any) -> str:
-    """A message's content as text: a string as is, a list of content parts as its text parts joined."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for part in content:
-            if isinstance(part, str):
-                texts.append(part)
-            elif isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                texts.append(part["text"])
-        return "\n".join(texts)
-    return json.dumps(content)
 
 
 def is_tool_error(result_text: str, rules: AirRules | None = None) -> bool:

@@ -21,7 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from core.text import completion_text
+from core.chat_view import chat_view
+from core.text import content_text
 
 DEFAULT_RUBRIC = """\
 - A trajectory that achieves the task's goal scores higher than one that does not.
@@ -87,80 +88,36 @@ def trajectory_text(calls: Sequence[RecordedCall]) -> str:
 
 
 def _prompt_turns(call: RecordedCall) -> list[tuple[str, str]]:
-    request = call.request or {}
+    """The conversation a call sent, turn by turn, read in chat form whatever its API (core/chat_view.py)."""
+    request = call.request if isinstance(call.request, Mapping) else {}
     if call.route == "completions":
         prompt = request.get("prompt")
         return [("prompt", prompt if isinstance(prompt, str) else json.dumps(prompt))]
-    turns: list[tuple[str, str]] = []
-    if call.route == "responses":
-        if request.get("instructions"):
-            turns.append(("system", _text(request["instructions"])))
-        items = request.get("input")
-        items = [{"role": "user", "content": items}] if isinstance(items, str) else items or []
-    else:
-        if call.route == "messages" and request.get("system"):
-            turns.append(("system", _text(request["system"])))
-        items = request.get("messages") or []
-    for item in items:
-        if isinstance(item, Mapping):
-            turns.append(_item_turn(item))
-    return turns
-
-
-def _item_turn(item: Mapping[str, Any]) -> tuple[str, str]:
-    kind = item.get("type")
-    if kind == "function_call":  # Responses API items outside messages
-        return "assistant", f"call {item.get('name')}({item.get('arguments')})"
-    if kind == "function_call_output":
-        return "tool", _text(item.get("output"))
-    text = _text(item.get("content"))
-    if item.get("tool_calls"):
-        calls = [f"call {(c.get('function') or {}).get('name')}({(c.get('function') or {}).get('arguments')})"
-                 for c in item["tool_calls"] if isinstance(c, Mapping)]
-        text = "\n".join(filter(None, [text, *calls]))
-    return str(item.get("role") or "?"), text
+    chat_request, _ = chat_view(call.route, dict(request), None)
+    messages = chat_request.get("messages") if isinstance(chat_request, Mapping) else None
+    return [_turn(m) for m in messages if isinstance(m, Mapping)] if isinstance(messages, list) else []
 
 
 def _reply_turns(call: RecordedCall) -> list[tuple[str, str]]:
-    response = call.response
-    if not isinstance(response, Mapping):
+    """The answer a call got: the assistant's text and tool calls (a completion's text)."""
+    if not isinstance(call.response, Mapping):
         return []
-    text = completion_text(call.route, dict(response)) or ""
-    calls: list[str] = []
-    if call.route == "chat":
-        message = ((response.get("choices") or [{}])[0] or {}).get("message") or {}
-        calls = [f"call {(c.get('function') or {}).get('name')}({(c.get('function') or {}).get('arguments')})"
-                 for c in message.get("tool_calls") or () if isinstance(c, Mapping)]
-    elif call.route == "responses":
-        calls = [f"call {i.get('name')}({i.get('arguments')})" for i in response.get("output") or ()
-                 if isinstance(i, Mapping) and i.get("type") == "function_call"]
-    elif call.route == "messages":
-        calls = [f"call {b.get('name')}({json.dumps(b.get('input'))})" for b in response.get("content") or ()
-                 if isinstance(b, Mapping) and b.get("type") == "tool_use"]
-    body = "\n".join(filter(None, [text, *calls]))
+    _, chat_response = chat_view(call.route, None, dict(call.response))
+    choices = chat_response.get("choices") if isinstance(chat_response, Mapping) else None
+    choice = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], Mapping) else {}
+    message = choice.get("message")
+    if isinstance(message, Mapping):
+        _, body = _turn(message)
+    else:
+        body = choice.get("text") if isinstance(choice.get("text"), str) else ""
     return [("assistant", body)] if body else []
 
 
-def _text(content: Any) -> str:
-    """A message's content as text: a string, or the text of its parts (chat, Responses and Messages parts;
-    tool uses and results as JSON)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                parts.append(part["text"])
-            elif isinstance(part, Mapping) and part.get("type") == "tool_result":
-                parts.append(_text(part.get("content")))
-            elif isinstance(part, Mapping) and part.get("type") == "tool_use":
-                parts.append(f"call {part.get('name')}({json.dumps(part.get('input'))})")
-            elif isinstance(part, str):
-                parts.append(part)
-        return "\n".join(parts)
-    return json.dumps(content)
+def _turn(message: Mapping[str, Any]) -> tuple[str, str]:
+    """A chat message as (role, text): its content's text, then a line per tool call it makes."""
+    calls = [f"call {(c.get('function') or {}).get('name')}({(c.get('function') or {}).get('arguments')})"
+             for c in message.get("tool_calls") or () if isinstance(c, Mapping)]
+    return str(message.get("role") or "?"), "\n".join(filter(None, [content_text(message.get("content")), *calls]))
 
 
 REDACTED = "[redacted]"  # what `rlproxy serve --redact-content` stores in place of every text (proxy/redact.py)

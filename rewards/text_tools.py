@@ -24,15 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rewards.air import (
-    TOOL_ERROR,
-    TOOL_SUCCESS,
-    AirReward,
-    AirRules,
-    _first_message,
-    _requested_calls,
-    content_text,
-)
+from core.text import content_text
+from rewards.air import TOOL_ERROR, TOOL_SUCCESS, AirReward, AirRules, _first_message, _requested_calls
 
 
 def text_tool_outcome(reply_text: str | None, later_messages: Sequence[Mapping[str, Any]] | None,

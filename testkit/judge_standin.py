@@ -6,7 +6,8 @@ retries: a reply in prose, one score short, a score out of range, or (`not-json`
 
 Run it: `python -m testkit.judge_standin --port 8002 --marker SOLVED [--bad 2 --bad-kind prose]`
 
-    GET  /v1/models             lists the judge model
+    GET  /v1/models             lists the judge model (after the LoRA adapters named by `--adapter`, as vLLM
+                                lists an adapter with `parent` naming the model it adapts)
     POST /v1/chat/completions   scores the <trajectory id="..."> blocks of the last user message
     GET  /stats                 {"requests": n, "trajectories": [ids of the last request]}
 """
@@ -51,7 +52,7 @@ def bad_reply(scores: list[dict], kind: str) -> str:
 
 
 def build_app(marker: str | None, bad: int, bad_kind: str, pattern: str | None = None,
-              rubric: str | None = None) -> web.Application:
+              rubric: str | None = None, adapters: tuple[str, ...] = ()) -> web.Application:
     """`bad`: how many requests get a broken reply before the good ones (-1: every one)."""
     compiled = re.compile(pattern) if pattern else None
     scorer = None
@@ -61,7 +62,8 @@ def build_app(marker: str | None, bad: int, bad_kind: str, pattern: str | None =
     stats: dict = {"requests": 0, "trajectories": []}
 
     async def models(request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+        listed = [{"id": name, "object": "model", "root": name, "parent": MODEL} for name in adapters]
+        return web.json_response({"object": "list", "data": [*listed, {"id": MODEL, "object": "model"}]})
 
     async def chat(request: web.Request) -> web.Response:
         body = await request.json()
@@ -97,8 +99,9 @@ def main() -> None:
     rubric.add_argument("--rubric", help="module:function given a trajectory's text, returning its score")
     parser.add_argument("--bad", type=int, default=0, help="broken replies before good ones (-1: always)")
     parser.add_argument("--bad-kind", choices=BAD_KINDS, default="prose")
+    parser.add_argument("--adapter", action="append", default=[], help="a LoRA adapter listed before the model")
     args = parser.parse_args()
-    app = build_app(args.marker, args.bad, args.bad_kind, args.pattern, args.rubric)
+    app = build_app(args.marker, args.bad, args.bad_kind, args.pattern, args.rubric, tuple(args.adapter))
     web.run_app(app, host=args.host, port=args.port, access_log=None, print=None)
 
 

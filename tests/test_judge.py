@@ -183,6 +183,17 @@ async def test_unrewarded_episodes_get_the_judges_scores_and_become_trainable(st
     assert set(ready) == {*solved, failed, posted}  # the trainer claims them like posted ones
 
 
+async def test_the_judge_is_asked_as_its_base_model_when_it_lists_adapters_first(stub_url, own_database_url,
+                                                                                  tmp_path):
+    with (running_proxy([stub_url], own_database_url, tmp_path) as proxy,
+          judge_standin(tmp_path, "--adapter", "judge-lora") as judge):
+        rollout_id = episode(proxy, "t6", MARKER)
+        metrics, _ = await run_judge(own_database_url, judge, stub_url)
+        rollout = requests.get(f"{proxy}/rollouts/{rollout_id}").json()
+    assert judged(metrics, "judged") == 1.0
+    assert rollout["rewards"][-1]["metadata"]["judge_model"] == "judge-standin"  # not the adapter listed first
+
+
 async def test_a_bad_reply_is_retried_until_a_good_one(stub_url, own_database_url, tmp_path):
     with (running_proxy([stub_url], own_database_url, tmp_path) as proxy,
           judge_standin(tmp_path, "--bad", "2", "--bad-kind", "count") as judge):

@@ -206,7 +206,7 @@ def test_every_error_the_proxy_raises_has_the_documented_shape():
     models; their shapes are the documented ones all the same."""
     from proxy import errors
     from proxy.bodies import AnthropicError, Error
-    from proxy.dialects.messages import error_body as anthropic_error_body
+    from proxy.dialects.messages_objects import error_body as anthropic_error_body
 
     raised = [cls for cls in vars(errors).values()
               if isinstance(cls, type) and issubclass(cls, errors.ProxyError) and cls is not errors.ProxyError]

@@ -10,7 +10,7 @@ import orjson
 import pytest
 import requests
 
-from proxy.dialects.messages import tool_input
+from proxy.dialects.messages_objects import tool_input
 from proxy.limits import MAX_JSON_DEPTH
 from tests.support import running_proxy
 

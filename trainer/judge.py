@@ -25,6 +25,7 @@ import aiohttp
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from core.settings import TrainerSettings
+from engine.models import base_model_name
 from rewards.judge import (
     JudgeOutputError,
     Score,
@@ -235,19 +236,24 @@ class JudgeJob:
             await write_calls(session, [record])
 
     async def _first_model(self, client: aiohttp.ClientSession) -> str:
+        """The judge's base model, by the one rule for reading a model list (engine/models.py): the first entry
+        that adapts no other, so a judge serving LoRA adapters is asked as its base model."""
         async with client.get(f"{self.url}/models") as response:
             if response.status != 200:
                 raise JudgeUnreachable(f"{self.url}/models answered {response.status}; set --judge-model")
             raw = await response.text(errors="replace")
         try:
             models = json.loads(raw)["data"]
-            names = [str(model["id"]) for model in models]
+            if not isinstance(models, list) or not all(isinstance(model, dict) and "id" in model
+                                                       for model in models):
+                raise TypeError("not a list of models")
         except (ValueError, LookupError, TypeError):
             raise JudgeRefused(f"{self.url}/models is not an OpenAI model list ({raw[:100]!r}); is --judge-url an "
                                f"OpenAI-compatible base URL ending in /v1? Else set --judge-model") from None
-        if not names:
-            raise JudgeUnreachable(f"{self.url}/models lists no model; set --judge-model")
-        return names[0]
+        name = base_model_name(models)
+        if name is None:
+            raise JudgeUnreachable(f"{self.url}/models lists no base model; set --judge-model")
+        return name
 
     async def _give_up(self, group: list[IdleRollout], *, retry_later: bool, why: str) -> None:
         """Bad output is not asked again: those rollouts expire by reward_ttl_s. For an unreachable judge the

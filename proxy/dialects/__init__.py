@@ -1,36 +1,28 @@
-"""Wire formats other than Chat Completions, translated to and from the engine's chat route.
+"""The wire formats agents speak, each a dialect over the one capture core in `proxy/serving.py`.
 
-Every policy call goes to the engine as a Chat Completions request, whatever API the agent speaks, because that
-is the one route on which every engine returns the exact prompt and completion token ids and the sampling
-logprobs, streamed chunk by chunk (vLLM 0.32's `/v1/messages` returns no ids at all; its `/v1/responses` returns
-them only when asked with `enable_response_messages`, and keeps no state for `previous_response_id` unless its
-response store is turned on). So each dialect is pure translation, with no I/O, over the one capture core in
-`proxy/serving.py`:
+Every policy call goes to the engine as a Chat Completions request (legacy Completions as a Completions
+request), whatever API the agent speaks, because that is the one route on which every engine returns the exact
+prompt and completion token ids and the sampling logprobs, streamed chunk by chunk (vLLM 0.32's `/v1/messages`
+returns no ids at all; its `/v1/responses` returns them only when asked with `enable_response_messages`, and keeps
+no state for `previous_response_id` unless its response store is turned on). So each dialect is pure
+translation, with no I/O (proxy/dialects/base.py `Dialect`):
 
-    request   the agent's body  -> a chat body (`to_chat`)
-    response  the chat answer   -> the agent's format (`build_response`), or chunk by chunk (`stream`)
+    request   the agent's body  -> the engine's body (`to_chat`)
+    response  the engine's answer -> the agent's format, whole or event by event (`translator`)
     errors    the proxy's errors and the engine's -> the agent's error shape
 
-`responses` is the OpenAI Responses API, `messages` Anthropic's Messages API; `chat_view` gives AIR the chat
-form of any recorded call, so automatic rewards do not care which API a call came through.
+`chat` and `completions` are the engine's own formats: their translation relays the engine's bytes as they came
+(proxy/dialects/chat.py). `responses` is the OpenAI Responses API, `messages` Anthropic's Messages API; each is
+a dialect module, the module making its answer (`*_stream`), and the module building its answer's objects
+(`*_objects`), imported in that one direction. What the conversation is in chat form lives on the ground floor
+(core/responses_chat.py, core/messages_chat.py), where automatic rewards and the judge read recorded calls with
+it too (core/chat_view.py).
 """
 from __future__ import annotations
 
-from typing import Any
-
-from proxy.dialects.base import Dialect, Output, StreamTranslator
+from proxy.dialects.base import Dialect
+from proxy.dialects.chat import CHAT_COMPLETIONS, TEXT_COMPLETIONS
 from proxy.dialects.messages import MESSAGES
 from proxy.dialects.responses import RESPONSES
 
-DIALECTS: dict[str, Dialect] = {d.route: d for d in (RESPONSES, MESSAGES)}
-
-
-def chat_view(route: str, request: dict[str, Any] | None, response: dict[str, Any] | None
-              ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """A recorded call's request and response in chat form (what AIR reads); chat calls are returned as they are."""
-    dialect = DIALECTS.get(route)
-    if dialect is None:
-        return request, response
-    return dialect.chat_view(request, response)
-
-__all__ = ["DIALECTS", "Dialect", "MESSAGES", "Output", "RESPONSES", "StreamTranslator", "chat_view"]
+DIALECTS: dict[str, Dialect] = {d.route: d for d in (CHAT_COMPLETIONS, TEXT_COMPLETIONS, RESPONSES, MESSAGES)}

@@ -1,12 +1,16 @@
-"""What every dialect shares: the engine's answer in neutral terms, and the interface a dialect implements."""
+"""What every dialect shares: the engine's answer in neutral terms, the interface a dialect implements, and the
+bytes of server-sent events and error bodies."""
 from __future__ import annotations
 
-import functools
-import importlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, NoReturn, Protocol
 
 import orjson
+
+from proxy.capture import Additions
+from proxy.errors import UpstreamUnavailable
+from proxy.sse import Event
 
 
 @dataclass(slots=True)
@@ -41,37 +45,64 @@ class Output:
         )
 
 
-class StreamTranslator(Protocol):
-    """Turns the engine's chat chunks into the agent's stream events, as bytes ready to send."""
+class Translator(Protocol):
+    """One call's answer in the agent's wire format, made from the engine's (chat, or completions): whole, or
+    event by event as the engine streams it. Made per call by `Dialect.translator`."""
 
-    def feed(self, chunk: dict[str, Any], prompt_tokens: int) -> bytes: ...
+    final: dict[str, Any] | None  # the answer the agent received, whole, once made (None: the engine's own
+    # answer is recorded, as the stream assembled it)
 
-    def finish(self, output: Output) -> bytes: ...
+    def whole(self, payload: dict[str, Any] | None, raw: bytes, tokens: tuple[int, int]) -> bytes:
+        """The agent's body for the engine's answer `raw`, parsed as `payload` (None when it is not JSON: a
+        translating dialect raises `UpstreamUnavailable`, a passthrough relays it); `tokens` are the prompt's and
+        the completion's exact counts (`Output.from_chat` makes the answer in neutral terms with them)."""
 
-    def error(self, status: int, message: str, kind: str, code: str | None) -> bytes: ...
+    def feed(self, chunk: dict[str, Any] | None, event: Event, prompt_tokens: int) -> bytes:
+        """The agent's bytes for one event of the engine's stream: `chunk` is its JSON object, None for an event
+        that holds none (a comment, text)."""
+
+    def finish(self, payload: dict[str, Any], tokens: tuple[int, int], done: Event | None) -> bytes:
+        """The stream's last bytes: `payload` is the engine's answer as its stream assembled it, `tokens` as for
+        `whole`; `done` is the engine's `[DONE]` event, None when the engine closed the stream without one."""
+
+    def error(self, status: int, message: str, kind: str, code: str | None, event: Event | None = None) -> bytes:
+        """The stream's last bytes when the call fails: the engine's error `event` (a chunk holding only an
+        error), or the proxy's own error (a timeout, a lost connection, a record that could not be kept)."""
 
 
 class Dialect(Protocol):
+    """A wire format agents speak, over the one capture core (proxy/serving.py)."""
+
     route: str  # the recorded call's route, and the metrics label
     path: str  # where agents send it, under /v1
+    engine_route: str  # how the engine is asked and its answer read: chat or completions (proxy/capture.py)
+    engine_path: str  # where the engine is asked
 
     def validate(self, body: dict[str, Any]) -> None:
         """Raise `InvalidRequest` naming the parameter for a body the dialect cannot serve."""
 
-    def to_chat(self, body: dict[str, Any], history: list[dict[str, Any]]) -> dict[str, Any]:
-        """The chat request for the engine; `history` is earlier chat messages the proxy keeps (Responses)."""
+    def to_chat(self, body: dict[str, Any], history: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        """The request for the engine's route; `history` is earlier chat messages the proxy keeps (Responses)."""
 
-    def build_response(self, body: dict[str, Any], output: Output, call_id: str, created: int) -> dict[str, Any]:
-        """The agent's response body for a finished call."""
-
-    def stream(self, body: dict[str, Any], call_id: str, created: int) -> StreamTranslator: ...
+    def translator(self, body: dict[str, Any], call_id: str, created: int, additions: Additions) -> Translator:
+        """What makes this call's answer; `additions` says what the proxy asked the engine for on its own."""
 
     def engine_error(self, status: int, raw: bytes) -> bytes:
         """The engine's error body (OpenAI-shaped) as this dialect's error body."""
 
-    def chat_view(self, request: dict[str, Any] | None, response: dict[str, Any] | None
-                  ) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-        """A recorded request/response in chat form, for automatic rewards."""
+
+ENDED_EARLY = (502, "the engine ended the stream early", "upstream_error", None)  # a translator's `error` args
+
+
+def unparsed(event: Event) -> bytes:
+    """What a translating dialect sends for an engine event without a chunk: text that is not a JSON object is
+    relayed as it came, as on the chat route; an event without data (a comment, a keep-alive) is left out."""
+    return b"" if event.data is None else event.raw
+
+
+def unreadable() -> NoReturn:
+    """A translating dialect cannot answer from an engine answer that is not JSON."""
+    raise UpstreamUnavailable("engine returned invalid JSON")
 
 
 def sse(event: str, payload: dict[str, Any]) -> bytes:
@@ -87,27 +118,6 @@ def sse_head(event: str) -> bytes:
 
 
 SSE_END = b"\n\n"
-
-
-def imported_later(module: str, name: str) -> Callable[[], Any]:
-    """`name` from `module`, imported on the first call and kept: for a module that imports the caller's (an
-    import statement inside a function costs about a microsecond on every call)."""
-    @functools.cache
-    def load() -> Any:
-        return getattr(importlib.import_module(module), name)
-
-    return load
-
-
-def text_of(content: Any) -> str:
-    """The text of a content value: a string, or the text of a list of parts (any `text` field)."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(part.get("text") or "" if isinstance(part, dict) else str(part) for part in content)
-    return str(content)
 
 
 def engine_error_message(raw: bytes) -> tuple[str, str | None]:

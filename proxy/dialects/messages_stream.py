@@ -1,4 +1,4 @@
-"""The engine's chat stream as Anthropic's Messages event stream.
+"""The engine's answer as Anthropic's Messages API's: the Message whole, or the event stream.
 
 `message_start` (with the prompt's token count), `ping`, then per content block `content_block_start`,
 its deltas (`text_delta`, `input_json_delta`, `thinking_delta`) and `content_block_stop`; last `message_delta`
@@ -10,8 +10,9 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects import messages as M
-from proxy.dialects.base import SSE_END, Output, sse, sse_head
+from proxy.dialects.base import ENDED_EARLY, SSE_END, Output, sse, sse_head, unparsed, unreadable
+from proxy.dialects.messages_objects import build, error_body, message_id, stop_of
+from proxy.sse import Event
 
 # The events sent once per engine chunk, and the constant ones, as bytes (`sse_head`).
 DELTA = sse_head("content_block_delta")
@@ -21,8 +22,9 @@ TEXT, THINKING = ("text", None), ("thinking", None)  # the open block, as `Messa
 
 
 class MessagesStream:
-    def __init__(self, dialect: "M.MessagesDialect", body: dict[str, Any], call_id: str) -> None:
-        self.dialect = dialect
+    """One call's answer (proxy/dialects/base.py `Translator`)."""
+
+    def __init__(self, body: dict[str, Any], call_id: str) -> None:
         self.body = body
         self.call_id = call_id
         self.started = False
@@ -33,7 +35,7 @@ class MessagesStream:
 
     def _start(self, prompt_tokens: int) -> bytes:
         self.started = True
-        message = {"id": M.message_id(self.call_id), "type": "message", "role": "assistant",
+        message = {"id": message_id(self.call_id), "type": "message", "role": "assistant",
                    "model": self.body["model"], "content": [], "stop_reason": None, "stop_sequence": None,
                    "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}}
         return sse("message_start", {"type": "message_start", "message": message}) + PING
@@ -56,7 +58,16 @@ class MessagesStream:
     def _delta(self, delta: dict[str, Any]) -> bytes:
         return DELTA + orjson.dumps({"type": "content_block_delta", "index": self.blocks, "delta": delta}) + SSE_END
 
-    def feed(self, chunk: dict[str, Any], prompt_tokens: int) -> bytes:
+    def whole(self, payload: dict[str, Any] | None, raw: bytes, tokens: tuple[int, int]) -> bytes:
+        if payload is None:
+            unreadable()
+        output = Output.from_chat(payload, *tokens)
+        self.final = build(self.body, output, self.call_id)
+        return orjson.dumps(self.final)
+
+    def feed(self, chunk: dict[str, Any] | None, event: Event, prompt_tokens: int) -> bytes:
+        if chunk is None:
+            return unparsed(event)
         out = b"" if self.started else self._start(prompt_tokens)
         for choice in chunk.get("choices") or ():
             if choice.get("index", 0) != 0:
@@ -81,19 +92,22 @@ class MessagesStream:
                     out += self._delta({"type": "input_json_delta", "partial_json": function["arguments"]})
         return out
 
-    def finish(self, output: Output) -> bytes:
+    def finish(self, payload: dict[str, Any], tokens: tuple[int, int], done: Event | None) -> bytes:
+        if done is None:
+            return self.error(*ENDED_EARLY)
         if self.failed:  # the engine's [DONE] after an error: the error event was the stream's end
             return b""
+        output = Output.from_chat(payload, *tokens)
         out = (b"" if self.started else self._start(output.prompt_tokens)) + self._stop_block()
-        stop_reason, stop_sequence = M.stop_of(output)
+        stop_reason, stop_sequence = stop_of(output)
         out += sse("message_delta", {"type": "message_delta",
                                      "delta": {"stop_reason": stop_reason, "stop_sequence": stop_sequence},
                                      "usage": {"output_tokens": output.completion_tokens}})
-        self.final = self.dialect.build_response(self.body, output, self.call_id, 0)
+        self.final = build(self.body, output, self.call_id)
         return out + STOP
 
-    def error(self, status: int, message: str, kind: str, code: str | None) -> bytes:
+    def error(self, status: int, message: str, kind: str, code: str | None, event: Event | None = None) -> bytes:
         if self.failed:
             return b""
         self.failed = True
-        return sse("error", M.error_body(status, message))
+        return sse("error", error_body(status, message))

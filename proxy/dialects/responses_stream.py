@@ -1,4 +1,4 @@
-"""The engine's chat stream as the Responses API's event stream.
+"""The engine's answer as the Responses API's: the Response whole, or the event stream.
 
 The sequence is the one the official SDKs parse: `response.created`, `response.in_progress`, then per output item
 `response.output_item.added` … its deltas (`response.output_text.delta`, `response.function_call_arguments.delta`,
@@ -17,8 +17,20 @@ from typing import Any
 
 import orjson
 
-from proxy.dialects import responses as R
-from proxy.dialects.base import SSE_END, Output, sse_head
+from proxy.dialects.base import ENDED_EARLY, SSE_END, Output, sse_head, unparsed, unreadable
+from proxy.dialects.responses_objects import (
+    build,
+    custom_input,
+    finished,
+    message_item,
+    reasoning_item,
+    response_logprobs,
+    skeleton,
+    text_part,
+    tool_item,
+    wants_logprobs,
+)
+from proxy.sse import Event
 
 HEADS = {kind: sse_head(kind) for kind in (
     "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
@@ -44,8 +56,9 @@ class _Item:
 
 
 class ResponsesStream:
-    def __init__(self, dialect: "R.ResponsesDialect", body: dict[str, Any], call_id: str, created: int) -> None:
-        self.dialect = dialect
+    """One call's answer (proxy/dialects/base.py `Translator`)."""
+
+    def __init__(self, body: dict[str, Any], call_id: str, created: int) -> None:
         self.body = body
         self.call_id = call_id
         self.created = created
@@ -56,13 +69,13 @@ class ResponsesStream:
         self.reasoning: _Item | None = None
         self.tools: dict[int, _Item] = {}
         self.final: dict[str, Any] | None = None  # the whole Response, once finished
-        self.want_logprobs = R.wants_logprobs(body)
+        self.want_logprobs = wants_logprobs(body)
         self.snapshot: dict[str, Any] | None = None  # the Response without output, as `response.created` sent it
         self.failed = False  # `response.failed` was sent: nothing follows it (the engine's [DONE] after an error)
 
     def _start(self) -> bytes:
         self.started = True
-        self.snapshot = R.skeleton(self.body, self.call_id, self.created)
+        self.snapshot = skeleton(self.body, self.call_id, self.created)
         snapshot = orjson.Fragment(orjson.dumps(self.snapshot))  # serialized once for both events
         return (_sse({"type": "response.created", "sequence_number": next(self.numbers), "response": snapshot})
                 + _sse({"type": "response.in_progress", "sequence_number": next(self.numbers), "response": snapshot}))
@@ -74,7 +87,16 @@ class ResponsesStream:
         return opened, _sse({"type": "response.output_item.added", "sequence_number": next(self.numbers),
                              "output_index": opened.output_index, "item": item})
 
-    def feed(self, chunk: dict[str, Any], prompt_tokens: int) -> bytes:
+    def whole(self, payload: dict[str, Any] | None, raw: bytes, tokens: tuple[int, int]) -> bytes:
+        if payload is None:
+            unreadable()
+        output = Output.from_chat(payload, *tokens)
+        self.final = build(self.body, output, self.call_id, self.created)
+        return orjson.dumps(self.final)
+
+    def feed(self, chunk: dict[str, Any] | None, event: Event, prompt_tokens: int) -> bytes:
+        if chunk is None:
+            return unparsed(event)
         out = b"" if self.started else self._start()
         for choice in chunk.get("choices") or ():
             if choice.get("index", 0) != 0:
@@ -110,13 +132,13 @@ class ResponsesStream:
             self.message = message
             out += added + _sse({"type": "response.content_part.added", "sequence_number": next(self.numbers),
                                  "item_id": message.item["id"], "output_index": message.output_index,
-                                 "content_index": 0, "part": R.text_part("", None)})
+                                 "content_index": 0, "part": text_part("", None)})
         message.text.append(text)
         if logprobs:
             message.logprobs += logprobs
         payload = {"type": "response.output_text.delta", "sequence_number": next(self.numbers),
                    "item_id": message.item["id"], "output_index": message.output_index, "content_index": 0,
-                   "delta": text, "logprobs": R.response_logprobs(logprobs) if logprobs else []}
+                   "delta": text, "logprobs": response_logprobs(logprobs) if logprobs else []}
         return out + TEXT_DELTA + orjson.dumps(payload) + SSE_END
 
     def _tool_delta(self, call: dict[str, Any]) -> bytes:
@@ -126,7 +148,7 @@ class ResponsesStream:
         slot = self.tools.get(index)
         if slot is None:
             start = {"id": call.get("id"), "function": {"name": function.get("name") or "", "arguments": ""}}
-            slot, added = self._open(R.tool_item(self.body, self.call_id, index, start, "in_progress"))
+            slot, added = self._open(tool_item(self.body, self.call_id, index, start, "in_progress"))
             self.tools[index] = slot
             out += added
         arguments = function.get("arguments")
@@ -144,15 +166,15 @@ class ResponsesStream:
         item, index, text = opened.item, opened.output_index, "".join(opened.text)
         out = b""
         if item["type"] == "message":
-            part = R.text_part(text, opened.logprobs)
-            item.update(R.message_item(self.call_id, part, status))
+            part = text_part(text, opened.logprobs)
+            item.update(message_item(self.call_id, part, status))
             out += _sse({"type": "response.output_text.done", "sequence_number": next(self.numbers),
                          "item_id": item["id"], "output_index": index, "content_index": 0, "text": text,
                          "logprobs": part["logprobs"]})
             out += _sse({"type": "response.content_part.done", "sequence_number": next(self.numbers),
                          "item_id": item["id"], "output_index": index, "content_index": 0, "part": part})
         elif item["type"] == "reasoning":
-            item.update(R.reasoning_item(self.call_id, text))
+            item.update(reasoning_item(self.call_id, text))
             out += _sse({"type": "response.reasoning_text.done", "sequence_number": next(self.numbers),
                          "item_id": item["id"], "output_index": index, "content_index": 0, "text": text})
         elif item["type"] == "function_call":
@@ -160,26 +182,29 @@ class ResponsesStream:
             out += _sse({"type": "response.function_call_arguments.done", "sequence_number": next(self.numbers),
                          "item_id": item["id"], "output_index": index, "name": item["name"], "arguments": text})
         else:  # a custom tool's input is known whole only at its end
-            item.update(input=R.custom_input(text), status="completed")
+            item.update(input=custom_input(text), status="completed")
         return out + _sse({"type": "response.output_item.done", "sequence_number": next(self.numbers),
                            "output_index": index, "item": item})
 
-    def finish(self, output: Output) -> bytes:
+    def finish(self, payload: dict[str, Any], tokens: tuple[int, int], done: Event | None) -> bytes:
+        if done is None:
+            return self.error(*ENDED_EARLY)
         if self.failed:
             return b""
         out = b"" if self.started else self._start()
         if not self.items:  # the model said nothing: an empty message, as in the non-streamed answer
             out += self._text_delta("", [])
+        output = Output.from_chat(payload, *tokens)
         incomplete = output.finish_reason == "length"
         for opened in self.items:
             out += self._close(opened, "incomplete" if incomplete else "completed")
-        # The Response `build_response` would make, with the output the stream said, in its order.
-        response = R.finished({**self.snapshot}, output, [opened.item for opened in self.items])
+        # The Response `build` would make, with the output the stream said, in its order.
+        response = finished({**self.snapshot}, output, [opened.item for opened in self.items])
         self.final = response
         final = "response.incomplete" if incomplete else "response.completed"
         return out + _sse({"type": final, "sequence_number": next(self.numbers), "response": response})
 
-    def error(self, status: int, message: str, kind: str, code: str | None) -> bytes:
+    def error(self, status: int, message: str, kind: str, code: str | None, event: Event | None = None) -> bytes:
         """The stream's end when the call fails: an `error` event (what this stream has always sent), then
         `response.failed` with the Response as far as it got (the items it finished) and the error, as the API
         ends a failed response, so a client waiting for the Response's last state gets one."""

@@ -7,10 +7,9 @@ import orjson
 from aiohttp import web
 
 from proxy.bodies import Message, TokenCount
-from proxy.capture import CHAT
+from core.messages_chat import chat_messages
 from proxy.context import call_context
-from proxy.dialects import MESSAGES
-from proxy.dialects.messages import CountTokensRequest, MessagesRequest, chat_messages
+from proxy.dialects.messages import MESSAGES, CountTokensRequest, MessagesRequest
 from proxy.endpoints import Answer, Endpoint, mounted
 from proxy.errors import UpstreamUnavailable
 from proxy.routes.openai import API_ERRORS, PREFIXES
@@ -21,7 +20,7 @@ SUFFIXES = ("/v1/messages", "/v1/messages/count_tokens")
 
 
 async def create_message(request: web.Request) -> web.StreamResponse:
-    return await state(request).serving.handle(request, CHAT, MESSAGES)
+    return await state(request).serving[MESSAGES.route].handle(request)
 
 
 async def count_tokens(request: web.Request) -> web.Response:

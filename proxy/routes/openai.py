@@ -18,11 +18,11 @@ PREFIXES = ("", "/rollouts/{rollout_id}", "/rollouts/{rollout_id}/agents/{agent}
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    return await state(request).serving.handle(request, CHAT)
+    return await state(request).serving[CHAT].handle(request)
 
 
 async def completions(request: web.Request) -> web.StreamResponse:
-    return await state(request).serving.handle(request, COMPLETIONS)
+    return await state(request).serving[COMPLETIONS].handle(request)
 
 
 async def models(request: web.Request) -> web.Response:

@@ -12,10 +12,9 @@ from typing import Any
 from aiohttp import web
 
 from proxy.bodies import Response
-from proxy.capture import CHAT
+from core.responses_chat import history_messages
 from proxy.context import CallContext, call_context
-from proxy.dialects import RESPONSES
-from proxy.dialects.responses import ResponsesRequest, history_messages
+from proxy.dialects.responses import RESPONSES, ResponsesRequest
 from proxy.endpoints import Answer, Endpoint, mounted
 from proxy.errors import InvalidRequest, NotFoundError, json_response
 from proxy.routes.openai import API_ERRORS, PREFIXES, RECORDED
@@ -32,7 +31,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         previous = body.get("previous_response_id")
         return await conversation_before(app, previous, context.project) if previous else []
 
-    return await app.serving.handle(request, CHAT, RESPONSES, history)
+    return await app.serving[RESPONSES.route].handle(request, history)
 
 
 async def get_response(request: web.Request) -> web.Response:

@@ -1,0 +1,82 @@
+"""OpenAI Chat Completions (`POST /v1/chat/completions`) and legacy Completions (`POST /v1/completions`): the
+engine's own wire formats, so these dialects translate nothing. The request goes to the engine as the agent sent
+it (plus the capture fields, proxy/capture.py), and the answer comes back as the engine sent it, byte for byte,
+less what the proxy asked for on its own: token ids and logprobs the agent did not ask for are nulled, and the
+model name is put back where a policy's adapter answered (`relay_bytes`).
+
+Completions fits the same mould: only its request model and the engine route differ. A chat stream also drops
+the chunks that exist only because the proxy asked for ids or logprobs (`only_for_capture`); a completions
+stream has none of those.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel
+
+from proxy.capture import CHAT, COMPLETIONS, Additions, only_for_capture, relay_bytes, strip_additions
+from proxy.dialects.base import openai_engine_error
+from proxy.errors import error_body, sse_error_event
+from proxy.schemas import ChatCompletionRequest, CompletionRequest, validate
+from proxy.sse import Event
+
+
+class Passthrough:
+    """The engine's answer relayed as it came, less the proxy's additions."""
+
+    __slots__ = ("additions", "drops_capture_chunks", "final")
+
+    def __init__(self, additions: Additions, drops_capture_chunks: bool) -> None:
+        self.additions = additions
+        self.drops_capture_chunks = drops_capture_chunks
+        self.final: dict[str, Any] | None = None
+
+    def whole(self, payload: dict[str, Any] | None, raw: bytes, tokens: tuple[int, int]) -> bytes:
+        if payload is None:
+            return raw  # not JSON: the agent gets what the engine sent (the call is recorded as an upstream error)
+        body = relay_bytes(raw, payload, self.additions)
+        self.final = strip_additions(payload, self.additions)
+        return body
+
+    def feed(self, chunk: dict[str, Any] | None, event: Event, prompt_tokens: int) -> bytes:
+        additions = self.additions
+        if chunk is None or not additions.any:
+            return event.raw
+        if self.drops_capture_chunks and only_for_capture(chunk, additions):
+            return b""
+        return b"data: " + relay_bytes(event.data.encode(), chunk, additions) + b"\n\n"
+
+    def finish(self, payload: dict[str, Any], tokens: tuple[int, int], done: Event | None) -> bytes:
+        return done.raw if done is not None else b""  # a stream the engine cut short ends as it ended
+
+    def error(self, status: int, message: str, kind: str, code: str | None, event: Event | None = None) -> bytes:
+        if event is not None:
+            return event.raw
+        return sse_error_event(error_body(message, kind, code=code))
+
+
+class OpenAIDialect:
+    """Chat Completions or Completions, relayed."""
+
+    def __init__(self, route: str, path: str, schema: type[BaseModel]) -> None:
+        self.route = self.engine_route = route
+        self.path = self.engine_path = path
+        self.schema = schema
+        self.drops_capture_chunks = route == CHAT
+
+    def validate(self, body: dict[str, Any]) -> None:
+        validate(self.schema, body)
+
+    def to_chat(self, body: dict[str, Any], history: Sequence[dict[str, Any]]) -> dict[str, Any]:
+        return body  # checked by `validate`; the engine's own format
+
+    def translator(self, body: dict[str, Any], call_id: str, created: int, additions: Additions) -> Passthrough:
+        return Passthrough(additions, self.drops_capture_chunks)
+
+    def engine_error(self, status: int, raw: bytes) -> bytes:
+        return openai_engine_error(status, raw)
+
+
+CHAT_COMPLETIONS = OpenAIDialect(CHAT, "/v1/chat/completions", ChatCompletionRequest)
+TEXT_COMPLETIONS = OpenAIDialect(COMPLETIONS, "/v1/completions", CompletionRequest)
