@@ -2,6 +2,7 @@
 `RLPROXY_<FLAG>` from the environment."""
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 import sys
@@ -10,9 +11,31 @@ from pathlib import Path
 import click
 
 from engine.model import prepare_model
-from rlproxy.commands import demo, evaluate, keys, prune, run, serve, train
 from rlproxy.commands.options import option
 from rlproxy.extras import require
+
+# command -> (module under rlproxy/commands/, its click command). A command's module is imported when that
+# command runs (or `rlproxy --help` lists them all): `rlproxy serve` loads the proxy's stack and not the
+# runner's, the demo's or the trainer's, and starts about a second sooner.
+COMMANDS = {
+    "serve": ("serve", "serve"), "engine": ("serve", "engine"), "migrate": ("serve", "migrate"),
+    "train": ("train", "train"), "train-config": ("train", "train_config"), "export": ("train", "export"),
+    "eval": ("evaluate", "eval_"), "demo": ("demo", "demo"), "keys": ("keys", "keys"), "prune": ("prune", "prune"),
+    "run": ("run", "run"),
+}
+
+
+class Commands(click.Group):
+    """The commands of COMMANDS, each loaded on first use, beside those added the usual way (`model`)."""
+
+    def list_commands(self, ctx: click.Context | None) -> list[str]:
+        return sorted({*COMMANDS, *super().list_commands(ctx)})
+
+    def get_command(self, ctx: click.Context | None, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return super().get_command(ctx, name)
+        module, attribute = COMMANDS[name]
+        return getattr(importlib.import_module(f"rlproxy.commands.{module}"), attribute)
 
 
 def _logging(verbose: bool) -> None:
@@ -24,7 +47,7 @@ def _logging(verbose: bool) -> None:
     logging.getLogger("alembic.runtime.plugins").setLevel(logging.DEBUG if verbose else logging.WARNING)
 
 
-@click.group()
+@click.group(cls=Commands)
 @click.option("-v", "--verbose", is_flag=True, help="Debug logging.")
 def main(verbose: bool) -> None:
     """rlproxy: an OpenAI-compatible proxy that records every policy call and trains what it serves."""
@@ -47,10 +70,6 @@ def model_prepare(out: Path | None) -> None:
 
     click.echo(str(prepare_model(out)))
 
-
-for command in (serve.serve, serve.engine, serve.migrate, train.train, train.train_config, train.export,
-                evaluate.eval_, demo.demo, keys.keys, prune.prune, run.run):
-    main.add_command(command)
 
 if __name__ == "__main__":
     main()

@@ -180,9 +180,11 @@ def _says_why(lines: list[str], index: int) -> bool:
 
 
 def test_the_proxys_command_line_loads_no_trainer():
-    """The proxy's image has no torch: `rlproxy serve` (which loads every command's module) imports nothing of
-    the trainer or the demo."""
-    code = ("import sys, rlproxy.cli; print(sorted({m.split('.')[0] for m in sys.modules} & "
+    """The proxy's image has no torch: its commands (`rlproxy serve`, `engine`, `migrate`, `keys`, `prune`,
+    `eval`) import nothing of the trainer or the demo."""
+    code = ("import sys, rlproxy.cli; [rlproxy.cli.main.get_command(None, name) for name in "
+            "('serve', 'engine', 'migrate', 'keys', 'prune', 'eval')]; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & "
             f"set({sorted(OPTIONAL_PARTS | HEAVY)!r})))")
     loaded = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
@@ -197,7 +199,8 @@ def test_no_import_is_hidden_behind_importlib_in_the_product():
             continue
         for number, line in enumerate(path.read_text().splitlines(), 1):
             call = re.search(r"\bimport_module\(\s*(?:([\"'])(\w+))?|__import__\(", line)
-            if call and not (call.group(2) in HEAVY or "loads user code" in line):
+            lazy_command = path.name == "cli.py" and "rlproxy.commands." in line  # the roof loads a command
+            if call and not (call.group(2) in HEAVY or "loads user code" in line or lazy_command):
                 hidden.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
     assert not hidden, "\n".join(hidden)
 

@@ -381,7 +381,7 @@ def test_every_rlproxy_variable_the_chart_sets_is_a_flag_the_command_reads(value
         if container["name"] == "vllm":
             continue
         args = rlproxy_args(container)
-        command = main.commands[args[0]]
+        command = main.get_command(None, args[0])
         read = variables(command)
         ours = {name: value for name, value in env_of(container).items()
                 if name.startswith("RLPROXY_") and name not in NOT_FLAGS}

@@ -53,7 +53,7 @@ def built(command: str, args: list[str], environment: dict[str, str], monkeypatc
         monkeypatch.delenv(setting.env, raising=False)
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
-    with main.commands[command].make_context(command, args) as context:
+    with main.get_command(None, command).make_context(command, args) as context:
         return flags.build(context.params, context.params.get("pairs", ()))
 
 
