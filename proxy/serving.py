@@ -119,7 +119,7 @@ class CompletionServing:
                        additions: Additions, headers: dict[str, str], began: float,
                        dialect: Dialect | None) -> web.StreamResponse:
         replica, upstream = await self.upstreams.open(PATHS[route], orjson.dumps(upstream_body),
-                                                      key=record.rollout_id)
+                                                      key=record.rollout_id, model=record.upstream_model)
         record.upstream = replica.url
         record.http_status = upstream.status
         try:
