@@ -20,6 +20,7 @@ canary, a replica that lost it); this module decides whether each replica's copy
     commit, recorded with the digest; every later load is compared with it. One token is a coarse test: it
     tells a replica holding other weights (another adapter, another base model, a stale copy of a
     much older version) apart, not necessarily two versions one small step apart, which (a) tells apart.
+    A version first committed to a single replica is not probed, then or later: there is nothing to compare.
 
 The rules:
 * A version that serves nothing yet is committed when a strict majority of the replicas verify it; the others
@@ -165,6 +166,8 @@ async def commit(sessions: async_sessionmaker[AsyncSession], adapters: EngineAda
         return Committed(version, target.name, 0.0, (), {})
     if target.record is not None and target.record.prompt is None:
         probe = False  # committed without a probe: there is no reference to compare a later answer with
+    elif target.record is None and len(engines) == 1:
+        probe = False  # a fleet of one has nothing to compare its answer with (and a probe costs a forward pass)
     began = time.perf_counter()
     digest = await asyncio.to_thread(folder_digest, target.path)
     recorded = target.record.digest if target.record else None
@@ -202,8 +205,8 @@ async def commit(sessions: async_sessionmaker[AsyncSession], adapters: EngineAda
     for engine, error in withheld.items():
         if metrics is not None:
             metrics.withheld.labels(engine, reason_of(error)).inc()
-        log.warning("replica %s is out of rotation for v%d (%s, policy %r), retried in the background: %s",
-                    engine, version, target.name, target.policy, error)
+        log.warning("replica %s is out of rotation for v%d (%s, policy %r; retried in the background while it "
+                    "serves): %s", engine, version, target.name, target.policy, error)
     return Committed(version, target.name, time.perf_counter() - began, verified, withheld)
 
 
@@ -308,10 +311,13 @@ async def _verify_probes(adapters: EngineAdapters, target: _Target, engines: Seq
     (or, without one, with the consensus) get their error. Returns the reference used."""
     prompt = (target.record.prompt if target.record else None) or PROBE_PROMPT
     probed = [e for e in engines if outcome[e] is None]
-    answers = dict(zip(probed, await asyncio.gather(*(_probe(adapters, e, target.name, prompt) for e in probed))))
+    answers = dict(zip(probed, await asyncio.gather(*(probe(adapters, e, target.name, prompt) for e in probed),
+                                                    return_exceptions=True)))
     for engine, answer in answers.items():
         if isinstance(answer, AdapterError):
             outcome[engine] = answer
+        elif isinstance(answer, BaseException):
+            raise answer  # a bug, not an engine's answer
     good = {e: a for e, a in answers.items() if isinstance(a, Probe)}
     reference = reference or consensus(good.values())
     for engine, answer in good.items():
@@ -323,19 +329,21 @@ async def _verify_probes(adapters: EngineAdapters, target: _Target, engines: Seq
     return reference
 
 
-async def _probe(adapters: EngineAdapters, engine: str, name: str, prompt: str) -> Probe | AdapterError:
+async def probe(adapters: EngineAdapters, engine: str, name: str, prompt: str = PROBE_PROMPT) -> Probe:
+    """One replica's answer to the probe under model `name`: the top token of a one-token completion at
+    temperature 0, and its logprob. Raises NotVerified (reason PROBE) when it gives none."""
     body = {"model": name, "prompt": prompt, "max_tokens": 1, "temperature": 0, "logprobs": 1, "seed": 0}
     try:
         answer = await adapters.complete(engine, body)
     except AdapterError as exc:
-        return NotVerified(f"{engine} did not answer the probe under {name}: {exc}", reason=PROBE, engine=engine,
-                           name=name)
+        raise NotVerified(f"{engine} did not answer the probe under {name}: {exc}", reason=PROBE, engine=engine,
+                          name=name) from None
     try:
         logprobs = answer["choices"][0]["logprobs"]
         return Probe(str(logprobs["tokens"][0]), float(logprobs["token_logprobs"][0]))
     except (KeyError, IndexError, TypeError, ValueError):
-        return NotVerified(f"{engine} answered the probe under {name} without logprobs: {str(answer)[:300]}",
-                           reason=PROBE, engine=engine, name=name)
+        raise NotVerified(f"{engine} answered the probe under {name} without logprobs: {str(answer)[:300]}",
+                          reason=PROBE, engine=engine, name=name) from None
 
 
 async def _unload_quietly(adapters: EngineAdapters, name: str, engines: list[str]) -> None:

@@ -21,7 +21,7 @@ from sqlalchemy import select
 
 from engine import lifecycle
 from engine.adapters import EngineAdapters, LoadFailed
-from engine.fleet import folder_digest
+from engine.fleet import agrees, folder_digest, probe
 from proxy.upstream import UpstreamPool, rendezvous
 from store import policies, replicas
 from store.db import create_engine, session_factory
@@ -239,6 +239,15 @@ async def test_a_replica_with_other_weights_is_left_out_and_a_split_fleet_serves
         await store.dispose()
 
 
+@pytest.mark.engine
+async def test_the_probe_reads_the_real_engines_top_token_and_logprob(engine_url, engine_model):
+    """The probe's request and its reading of the answer, against vLLM itself (the stand-in only imitates it):
+    at temperature 0 the same replica answers the same token, with a logprob within the tolerance."""
+    engine = EngineAdapters([engine_url])
+    first, again = [await probe(engine, engine_url, engine_model) for _ in range(2)]
+    assert first.token and -20 < first.logprob <= 0 and agrees(again, first)
+
+
 async def policies_status(sessions, version: int) -> str:
     async with sessions() as session:
         return (await policies.get_policy(session, version)).status
@@ -250,7 +259,7 @@ async def _equals(value, expected) -> bool:
 
 # --- rollout-sticky routing over a changing fleet -------------------------------------------------------------
 
-IDS = [uuid.uuid4().hex for _ in range(10_000)]
+IDS = [f"rollout-{i:05d}" for i in range(10_000)]
 MOVE_BOUND = 0.02  # absolute: the binomial spread of 10,000 ids is below 0.005 at these fractions
 BALANCE_BOUND = 0.02  # absolute, on each replica's share 1/N
 
