@@ -57,6 +57,7 @@ log = logging.getLogger("engine.adapters")
 LOAD_ROUTE = "/v1/load_lora_adapter"
 UNLOAD_ROUTE = "/v1/unload_lora_adapter"
 MODELS_ROUTE = "/v1/models"
+COMPLETIONS_ROUTE = "/v1/completions"
 UNAVAILABLE = frozenset({502, 503, 504})  # a proxy or load balancer in front of an engine that is not up
 
 
@@ -150,6 +151,21 @@ class EngineAdapters:
         if failures:
             raise UnloadFailed(f"{name} may still be loaded: " + "; ".join(str(f) for f in failures.values()),
                                failures, name=name)
+
+    async def complete(self, engine: str, body: dict, *, timeout: float = 60.0) -> dict:
+        """One replica's JSON answer to a completion request (engine/fleet.py's probe of a loaded adapter), sent
+        with this client's key and retries. Raises AdapterRefused for any answer but 200 with a JSON object."""
+        engine = engine.rstrip("/")
+        async with self._client() as http:
+            status, text = await self._request(http, "POST", engine, COMPLETIONS_ROUTE, body, timeout)
+        try:
+            answer = json.loads(text) if status == 200 else None
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict):
+            raise AdapterRefused(f"{engine} did not complete with {body.get('model')}: HTTP {status} {text[:300]}",
+                                 status=status, engine=engine, name=body.get("model"))
+        return answer
 
     # --- one replica ------------------------------------------------------------------------------------
 

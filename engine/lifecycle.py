@@ -1,12 +1,14 @@
 """A policy version's life, and the one place that decides when its adapter is loaded or unloaded (how is
 engine/adapters.py's job; the rows are store/policies.py's and store/canary.py's):
 
-    candidate ──publish──▶ candidate, loaded on every replica ──┬─ start_canary ─▶ canary ─┐
-        └─ a replica refused it ─▶ failed                        └──── activate ──────────┴─▶ active
+    candidate ──publish──▶ candidate, committed to the fleet ───┬─ start_canary ─▶ canary ─┐
+        └─ most replicas did not verify it ─▶ failed             └──── activate ──────────┴─▶ active
     canary, active ──(replaced, judged, rolled back)──▶ retired ──activate (rollback)──▶ active
 
 The rules:
-* A version serves (canary or active) only once its adapter is loaded on every replica.
+* A version serves (canary or active) only once its adapter is committed to the fleet (engine/fleet.py): loaded
+  and verified (the folder's digest, a probe answer) on a strict majority of the replicas. Replicas that could
+  not are out of rotation for it, and retried in the background, until they verify.
 * A version that does not serve yet is loaded from its own folder with `replace`: whatever a replica holds
   under its name (another store's adapter after a database reset, or this version's older copy) is unloaded
   first, so no other weights can answer for it. Nothing routes to it yet, so the moment between unload and
@@ -29,7 +31,8 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from engine.adapters import AdapterError, EngineAdapters
+from engine import fleet
+from engine.adapters import AdapterError, EngineAdapters, LoadFailed
 from store import canary as canaries
 from store import policies
 from store.errors import Conflict, NotFound
@@ -37,7 +40,7 @@ from store.models import PolicyStatus
 
 log = logging.getLogger("engine.lifecycle")
 
-SERVING = (PolicyStatus.ACTIVE, PolicyStatus.CANARY)
+SERVING = fleet.SERVING
 
 
 @dataclass(slots=True, frozen=True)
@@ -62,56 +65,66 @@ async def read(sessions: async_sessionmaker[AsyncSession], version: int) -> Vers
 
 
 async def ensure_loaded(sessions: async_sessionmaker[AsyncSession], adapters: EngineAdapters, version: int, *,
-                        engines: list[str] | None = None) -> Version:
-    """Make `version`'s adapter, with the weights in its own folder, loaded on every replica (or on those in
-    `engines`) by the rules above: replaced unless it serves now. Raises LoadFailed (an AdapterError)."""
+                        engines: list[str] | None = None, metrics: fleet.FleetMetrics | None = None) -> Version:
+    """Make `version`'s adapter, with the weights in its own folder, loaded and verified on every replica (or on
+    those in `engines`) by the rules above: replaced unless it serves now. Raises LoadFailed (an AdapterError)
+    unless every one of them verified it (those that did not are recorded out of rotation for it)."""
     policy = await read(sessions, version)
-    await adapters.load(policy.name, policy.path, replace=not policy.serving, engines=engines)
+    committed = await fleet.commit(sessions, adapters, version, engines=engines, metrics=metrics)
+    if committed.withheld:
+        raise LoadFailed(f"{policy.name} is not verified on every engine: "
+                         + "; ".join(str(e) for e in committed.withheld.values()), committed.withheld,
+                         name=policy.name)
     return policy
 
 
 async def publish(sessions: async_sessionmaker[AsyncSession], adapters: EngineAdapters, version: int, *,
-                  activate: bool = False, drain: Drain | None = None) -> float:
-    """Load a new candidate on every replica, replacing anything under its name; with `activate`, then make
-    it the one served (the policy it replaces goes to `drain`). A replica that cannot take it marks it failed
-    (the serving policy is untouched) and raises LoadFailed. Returns the seconds the load took.
+                  activate: bool = False, drain: Drain | None = None, probe: bool = True,
+                  metrics: fleet.FleetMetrics | None = None) -> fleet.Committed:
+    """Commit a new candidate to the fleet (engine/fleet.py: loaded on every replica, replacing anything under
+    its name, and verified); with `activate`, then make it the one served (the policy it replaces goes to
+    `drain`). Without a majority of replicas verifying it, it is marked failed (the serving policy is
+    untouched) and LoadFailed is raised. Returns what was committed where, and how long it took. `probe`: see
+    fleet.commit.
 
     A candidate or canary that a stopped trainer left may be published again (a canary keeps its copies)."""
     policy = await read(sessions, version)
     if policy.status not in (PolicyStatus.CANDIDATE, PolicyStatus.CANARY):
         raise Conflict(f"policy version {version} is {policy.status}, not a candidate to publish")
     try:
-        seconds = await adapters.load(policy.name, policy.path, replace=not policy.serving)
+        committed = await fleet.commit(sessions, adapters, version, probe=probe, metrics=metrics)
     except AdapterError:
         async with sessions() as session, session.begin():
             await policies.set_status(session, version, PolicyStatus.FAILED)
         raise
     if activate:
         await _make_active(sessions, version, drain)  # loaded fresh just now: no second load
-    return seconds
+    return committed
 
 
 async def activate(sessions: async_sessionmaker[AsyncSession], adapters: EngineAdapters, version: int, *,
-                   drain: Drain | None = None, policy: str = policies.DEFAULT_POLICY) -> policies.ActivePolicy:
+                   drain: Drain | None = None, policy: str = policies.DEFAULT_POLICY,
+                   metrics: fleet.FleetMetrics | None = None) -> policies.ActivePolicy:
     """Make `version` the one its policy serves (0: `policy` goes back to the base model), e.g. a rollback:
-    its adapter is loaded on every replica first (from its own folder, unless it serves already). Returns the
+    its adapter is committed to the fleet first (loaded from its own folder, unless it serves already, and
+    verified; a minority of replicas that cannot are out of rotation for it). Returns the
     version it replaced, which stops serving: given to `drain` if there is one (else a trainer's `Drain` sees
-    it stop). NotFound for an unknown or failed version; an AdapterError when a replica cannot load it, and
+    it stop). NotFound for an unknown or failed version; LoadFailed when most replicas cannot verify it, and
     then nothing changed."""
     if version != policies.BASE_VERSION:
         policy = await read(sessions, version)
         if policy.status == PolicyStatus.FAILED:
             raise NotFound(f"policy version {version} failed to load and cannot be activated")
-        await adapters.load(policy.name, policy.path, replace=not policy.serving)
+        await fleet.commit(sessions, adapters, version, metrics=metrics)
     return await _make_active(sessions, version, drain, policy)
 
 
 async def start_canary(sessions: async_sessionmaker[AsyncSession], adapters: EngineAdapters, version: int,
                        fraction: float, **scope) -> canaries.Canary:
     """Make a candidate answer `fraction` of new rollouts (store/canary.start, which takes `scope`: traffic,
-    eval_agents); idempotent for the canary already running. Its adapter is loaded on every replica first,
-    as for `activate`."""
-    await ensure_loaded(sessions, adapters, version)
+    eval_agents); idempotent for the canary already running. Its adapter is committed to the fleet first, as
+    for `activate`."""
+    await fleet.commit(sessions, adapters, version)
     async with sessions() as session, session.begin():
         return await canaries.start(session, version, fraction, **scope)
 

@@ -9,6 +9,7 @@ from aiohttp import web
 from core.settings import ProxySettings
 from engine import lifecycle
 from engine.adapters import AdapterError
+from engine.fleet import Rejoiner
 from migrations.apply import upgrade_async
 from proxy.air import air_rules, automatic_rewards
 from proxy.dialects import DIALECTS
@@ -88,7 +89,7 @@ def _lifecycle(settings: ProxySettings, metrics: ProxyMetrics):
                                  api_key=_secret(settings.auth.upstream_api_key))
         await upstreams.start()
         await upstreams.refresh_health()
-        router = PolicyRouter(sessions, settings.served_model, settings.routing())
+        router = PolicyRouter(sessions, settings.served_model, settings.routing(), upstreams)
         await writer.start()
         access = ModelAccess(router, upstreams)
         serving = {route: CompletionServing(dialect, upstreams, router, writer, metrics, access,
@@ -97,12 +98,16 @@ def _lifecycle(settings: ProxySettings, metrics: ProxyMetrics):
         app[STATE] = ProxyState(settings, engine, sessions, metrics, upstreams, router, writer, serving, access)
         await router.start(settings.policy_refresh_interval)
         health = asyncio.create_task(_watch_engines(app[STATE]), name="engine-health")
+        rejoiner = Rejoiner(sessions, upstreams.adapters, metrics=metrics.fleet)
+        rejoining = asyncio.create_task(_rejoin_withheld(app[STATE], rejoiner), name="fleet-rejoin")
         try:
             yield
         finally:
             # Requests in flight have finished (or met `shutdown_timeout`): store what they recorded (what the
             # database does not take stays in the spool), then let go of the engines and the database.
             health.cancel()
+            rejoining.cancel()
+            await rejoiner.close()
             await router.close()
             await writer.close()
             await upstreams.close()
@@ -141,16 +146,28 @@ async def _watch_engines(state: ProxyState, interval: float = 5.0) -> None:
         await asyncio.sleep(interval if state.router.base_model else 0.5)
 
 
+async def _rejoin_withheld(state: ProxyState, rejoiner: Rejoiner) -> None:
+    """Retry this proxy's replicas that are out of rotation for a serving version (engine/fleet.py), following
+    what the policy router last read."""
+    ours = {r.url for r in state.upstreams.replicas}
+    while True:
+        rejoiner.follow({version: [r for r in urls if r in ours] for version, urls in state.router.withheld.items()})
+        await asyncio.sleep(state.settings.policy_refresh_interval)
+
+
 async def _restore_adapters(state: ProxyState) -> None:
     """A replica that restarted comes back without the adapters loaded at runtime; without this its rollouts
-    would get 404 until the next publish."""
+    would get 404 until the next publish. It is verified as at publish (engine/fleet.py); one that fails is
+    out of rotation for the version and retried by `_rejoin_withheld`."""
     for version, name in [(p.version, p.name) for p in state.router.serving()]:
+        out = state.router.withheld.get(version, {})
         lost = [r.url for r in state.upstreams.replicas
-                if r.healthy and r.base_models and name not in r.adapters]
+                if r.healthy and r.base_models and name not in r.adapters and r.url not in out]
         if not lost:
             continue
         try:
-            await lifecycle.ensure_loaded(state.sessions, state.upstreams.adapters(lost), version)
+            await lifecycle.ensure_loaded(state.sessions, state.upstreams.adapters(lost), version,
+                                          metrics=state.metrics.fleet)
         except AdapterError as exc:
             log.error("engine(s) %s lost %s and could not load it again: %s", ", ".join(lost), name, exc)
             continue

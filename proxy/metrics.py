@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from engine.fleet import FleetMetrics
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 REWARD_BUCKETS = (-1, -0.5, 0, 0.25, 0.5, 0.75, 1, 2, 5)
 
@@ -67,6 +69,11 @@ class ProxyMetrics:
                                    "Engine routes the proxy relays without recording (embeddings, tokenize, ...), "
                                    "by path and status.", ["path", "status"], registry=r)
         self.engine_up = Gauge("rlproxy_engine_up", "Whether an engine replica answers.", ["replica"], registry=r)
+        self.fleet = FleetMetrics(r)  # what this proxy's retries of withheld replicas did
+        self.out_of_rotation = Gauge("rlproxy_fleet_replica_out_of_rotation",
+                                     "1 for each replica out of rotation for a version a named policy serves (active "
+                                     "or canary): it could not load or verify it (engine/fleet.py).",
+                                     ["policy", "replica"], registry=r)
         self.spooling = Gauge("rlproxy_capture_spooling",
                               "1 while calls wait in the spool because the database is down or too slow.",
                               registry=r)
@@ -84,6 +91,11 @@ class ProxyMetrics:
             line = router.line(policy)
             self.policy_version.labels(policy, "active").set(line.active.version)
             self.policy_version.labels(policy, "canary").set(line.canary.version if line.canary else 0)
+        self.out_of_rotation.clear()
+        for policy, line in router.lines.items():
+            for version in {p.version for p in (line.active, line.canary) if p is not None}:
+                for replica in router.withheld.get(version, {}):
+                    self.out_of_rotation.labels(policy, replica).set(1)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -2,7 +2,8 @@
 and project; the served model name then routes to that policy's active adapter (or the base model) — or, while
 a canary of that policy runs, to the canary for the fixed fraction of rollouts its hash picks
 (store/canary.py). Both are read from the store every `policy_refresh_interval`, so every proxy sharing the
-database follows activations and agrees on which rollouts the canary answers.
+database follows activations and agrees on which rollouts the canary answers. The same look reads which
+replicas are out of rotation for each serving version (engine/fleet.py) and hands them to the replica pool.
 
 An evaluation-traffic canary answers evaluation rollouts only. A call says it is one by header or agent name;
 a rollout created with `POST /rollouts {"eval": true}` (or for an evaluation agent) is looked up in the store
@@ -20,7 +21,9 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from core.policy_rules import BASE_POLICY, PolicyRules
 from proxy.context import CallContext
+from proxy.upstream import UpstreamPool
 from store import canary as canaries
+from store import replicas
 from store.models import Rollout
 from store.policies import ActivePolicy, base_of
 
@@ -41,12 +44,14 @@ class Route:
 
 class PolicyRouter:
     def __init__(self, sessions: async_sessionmaker[AsyncSession], served_model: str | None,
-                 rules: PolicyRules | None = None) -> None:
+                 rules: PolicyRules | None = None, upstreams: UpstreamPool | None = None) -> None:
         self.sessions = sessions
         self.served_model = served_model
         self.rules = rules or PolicyRules()
+        self.upstreams = upstreams  # told which replicas are out of rotation for what serves
         self.base_model: str | None = None
         self.lines: dict[str, canaries.Line] = {}  # named policy -> its active version and canary
+        self.withheld: dict[int, dict[str, str]] = {}  # serving version -> {replica out of rotation: why}
         self._task: asyncio.Task | None = None
         self._kinds: OrderedDict[str, tuple[bool, str | None]] = OrderedDict()  # id -> (eval, agent)
 
@@ -152,6 +157,10 @@ class PolicyRouter:
     async def refresh(self) -> None:
         async with self.sessions() as session:
             lines = await canaries.serving_all(session)
+            # After the lines: a version's rows are written before it is made to serve, so they are seen.
+            versions = {p.version for line in lines.values() for p in (line.active, line.canary)
+                        if p is not None and p.name is not None}
+            withheld = await replicas.withheld(session, versions)
         for policy in sorted(set(lines) | set(self.lines)):
             old, new = self.line(policy), lines.get(policy) or canaries.Line(base_of(policy))
             if new.active != old.active:
@@ -165,6 +174,14 @@ class PolicyRouter:
                 else:
                     log.info("policy %r: canary of version %d ended", policy, old.canary.version)
         self.lines = lines
+        known = {(v, r) for v, urls in self.withheld.items() for r in urls}
+        for version, replica in sorted({(v, r) for v, urls in withheld.items() for r in urls} - known):
+            log.warning("version %d is not routed to replica %s (out of rotation: %s)", version, replica,
+                        withheld[version][replica])
+        self.withheld = withheld
+        if self.upstreams is not None:
+            names = {p.version: p.name for p in self.serving()}
+            self.upstreams.withhold({names[v]: frozenset(urls) for v, urls in withheld.items() if v in names})
 
     async def start(self, interval: float) -> None:
         await self.refresh()

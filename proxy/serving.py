@@ -115,7 +115,7 @@ class CompletionServing:
     async def _forward(self, request: web.Request, record: CallRecord, upstream_body: dict, additions: Additions,
                        headers: dict[str, str], began: float) -> web.StreamResponse:
         replica, upstream = await self.upstreams.open(self.dialect.engine_path, orjson.dumps(upstream_body),
-                                                      key=record.rollout_id)
+                                                      key=record.rollout_id, model=record.upstream_model)
         record.upstream = replica.url
         record.http_status = upstream.status
         try:

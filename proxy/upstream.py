@@ -1,11 +1,18 @@
 """The engines behind the proxy: one pooled HTTP client, rollout-sticky replica choice, health tracking, and
-bounded retries of connection failures — only before any byte has reached the agent."""
+bounded retries of connection failures — only before any byte has reached the agent.
+
+Rollout-sticky: a rollout's calls go to the replica that ranks first for its id by rendezvous
+(highest-random-weight) hashing (`rendezvous`), so its growing prompt keeps hitting one prefix cache. A
+replica's weight for a rollout depends on the two alone, so when one of N replicas joins, leaves, is ejected
+or is out of rotation for the called policy version (engine/fleet.py), only the rollouts it ranks first for
+move: about 1/N of them; every other rollout keeps its replica."""
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import logging
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -35,6 +42,12 @@ class Replica:
         return self.healthy or now >= self.ejected_until
 
 
+def rendezvous(key: str, urls: Iterable[str]) -> list[str]:
+    """`urls` in `key`'s order of preference: highest random weight first."""
+    return sorted(urls, key=lambda url: hashlib.blake2b(f"{key}|{url}".encode(), digest_size=8).digest(),
+                  reverse=True)
+
+
 class UpstreamPool:
     """All engine replicas. `open()` sends one request to a replica chosen for the rollout, failing over."""
 
@@ -49,6 +62,8 @@ class UpstreamPool:
         self.session: aiohttp.ClientSession | None = None
         # The proxy's own key for the engines; the agent's Authorization header is never passed on.
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        # adapter name -> replicas out of rotation for it (engine/fleet.py), as the policy router last read them
+        self.withheld: Mapping[str, frozenset[str]] = {}
 
     async def start(self) -> None:
         # Idle connections are dropped before uvicorn's 5 s keep-alive ends, so we rarely meet a closed one.
@@ -62,18 +77,25 @@ class UpstreamPool:
         if self.session is not None:
             await self.session.close()
 
-    def choose(self, key: str | None, attempt: int = 0) -> Replica:
-        """Rendezvous hashing on the rollout id keeps a rollout on one replica (prefix-cache reuse) and
-        moves only that rollout's traffic when a replica is ejected."""
+    def withhold(self, withheld: Mapping[str, frozenset[str]]) -> None:
+        """From now on, calls of each adapter name here go only to the replicas not listed for it."""
+        self.withheld = withheld
+
+    def choose(self, key: str | None, attempt: int = 0, model: str | None = None) -> Replica:
+        """The replica for a call of rollout `key` (None: none, spread) to `model`: by rendezvous hashing over
+        the replicas in rotation for `model` that are not ejected. With none in rotation (every replica lost
+        the version after it was committed) it falls back to all of them, as it does when all are ejected."""
         now = time.monotonic()
-        candidates = [r for r in self.replicas if r.available(now)] or self.replicas
+        out = self.withheld.get(model, ()) if model is not None else ()
+        serving = [r for r in self.replicas if r.url not in out] or self.replicas
+        candidates = [r for r in serving if r.available(now)] or serving
         if key is None:
             ranked = sorted(candidates, key=lambda r: r.consecutive_failures)
             start = int(now * 1000) % len(ranked) if all(r.consecutive_failures == 0 for r in ranked) else 0
             ranked = ranked[start:] + ranked[:start]
         else:
-            ranked = sorted(candidates, key=lambda r: hashlib.blake2b(f"{key}|{r.url}".encode(), digest_size=8)
-                            .digest(), reverse=True)
+            by_url = {r.url: r for r in candidates}
+            ranked = [by_url[url] for url in rendezvous(key, by_url)]
         return ranked[attempt % len(ranked)]
 
     def mark(self, replica: Replica, ok: bool) -> None:
@@ -84,18 +106,18 @@ class UpstreamPool:
         replica.healthy = False
         replica.ejected_until = time.monotonic() + self.eject_seconds
 
-    async def open(self, path: str, body: bytes, *, key: str | None = None,
-                   headers: dict[str, str] | None = None) -> tuple[Replica, aiohttp.ClientResponse]:
-        """POST `body` to `path` on a replica; returns once the response headers arrived. Connection
-        failures are retried on the next replica in the rollout's order, with backoff, a bounded number of
-        times (the first attempt goes straight out: retries cost nothing until something fails)."""
+    async def open(self, path: str, body: bytes, *, key: str | None = None, headers: dict[str, str] | None = None,
+                   model: str | None = None) -> tuple[Replica, aiohttp.ClientResponse]:
+        """POST `body` (a call of `model`) to `path` on a replica; returns once the response headers arrived.
+        Connection failures are retried on the next replica in the rollout's order, with backoff, a bounded
+        number of times (the first attempt goes straight out: retries cost nothing until something fails)."""
         assert self.session is not None, "UpstreamPool.start() was not awaited"
         headers = {"Content-Type": "application/json", **(headers or {})}
         attempt = 0
 
         async def send() -> tuple[Replica, aiohttp.ClientResponse]:
             nonlocal attempt
-            replica = self.choose(key, attempt)
+            replica = self.choose(key, attempt, model)
             attempt += 1
             try:
                 response = await self.session.post(replica.url + path, data=body, headers=headers)

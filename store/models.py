@@ -261,6 +261,26 @@ class Policy(Base):
     )
 
 
+class ReplicaState:
+    VERIFIED = "verified"  # loaded and answering as the version's reference: in rotation
+    WITHHELD = "withheld"  # could not load or verify it: out of rotation for the version until a retry verifies
+
+
+class PolicyReplica(Base):
+    """Whether one engine replica serves one policy version (engine/fleet.py, store/replicas.py). A replica with
+    no row for a version has not been checked for it and is in rotation."""
+
+    __tablename__ = "policy_replicas"
+
+    version: Mapped[int] = mapped_column(ForeignKey("policies.version", ondelete="CASCADE"), primary_key=True)
+    replica: Mapped[str] = mapped_column(String(512), primary_key=True)  # the engine's base URL, as configured
+    state: Mapped[str] = mapped_column(String(16))
+    digest: Mapped[str | None] = mapped_column(String(80))  # of the adapter folder it loaded, where known
+    reason: Mapped[str | None] = mapped_column(Text)  # why it is withheld
+    failures: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))  # failed tries in a row
+    updated_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
+
+
 class TrainStep(Base):
     __tablename__ = "train_steps"
 

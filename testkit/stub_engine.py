@@ -14,6 +14,11 @@ Test controls, read from the request body (unknown fields pass through the proxy
                deterministic words, e.g. a text-protocol tool call such as "CALC: 1 / 0";
   "stub_tool_arguments": the arguments text of the tool call the stub makes (with `tools`, when the last
                message says "use tool"), e.g. malformed or deeply nested JSON as a model may write it.
+Two controls of the process, for several replicas that disagree (engine/fleet.py's checks):
+  `--refuse-adapter NAME`: answer 500 to a LoRA load from a folder named NAME, as vLLM does for an adapter it
+               cannot take (e.g. a rank above --max-lora-rank);
+  `--logprob-shift X`: answer calls of a LoRA adapter with every logprob X higher, as a replica that loaded
+               other weights under the adapter's name would.
 Two controls in the model name, the one control the Responses and Messages routes pass on (they send the engine
 a chat request of their own): `stub-fail-<status>-html` or `-text` (e.g. stub-fail-500-html) answers that status
 with an HTML page or a plain-text line, as a gateway in front of a failing engine does; `stub-die-after-<n>`
@@ -84,8 +89,11 @@ def non_json_error(status: int, kind: str) -> web.Response:
 
 
 class Stub:
-    def __init__(self, base_model: str = BASE_MODEL) -> None:
+    def __init__(self, base_model: str = BASE_MODEL, *, refuse_adapter: str | None = None,
+                 logprob_shift: float = 0.0) -> None:
         self.base_model = base_model
+        self.refuse_adapter = refuse_adapter
+        self.logprob_shift = logprob_shift
         self.adapters: dict[str, str] = {}
         self.requests = 0
         self.last_body: dict | None = None
@@ -118,6 +126,9 @@ class Stub:
         if body["lora_name"] in self.adapters and not body.get("load_inplace"):
             return error(400, f"The lora adapter '{body['lora_name']}' has already been loaded.")
         folder = Path(body["lora_path"])
+        if folder.name == self.refuse_adapter:
+            return error(500, f"Loading lora {body['lora_name']} failed: this engine was told to refuse {folder.name}",
+                         "InternalServerError")
         if not all((folder / name).is_file() for name in ("adapter_config.json", "adapter_model.safetensors")):
             # vLLM refuses a folder without a complete PEFT adapter in the same way
             return error(400, f"Loading lora {body['lora_name']} failed: No adapter found for {folder}")
@@ -199,11 +210,15 @@ class Stub:
         raw = json.dumps(full, ensure_ascii=False).encode() if body.get("stub_spaced") else dumps(full)
         return web.Response(body=raw, content_type="application/json")
 
+    def logprob(self, position: int, body: dict) -> float:
+        """The logprob of the token at `position` of a completion (adapters: shifted by `logprob_shift`)."""
+        return -0.05 * (1 + (position % 7)) + (self.logprob_shift if body.get("model") in self.adapters else 0.0)
+
     def _logprobs(self, body: dict, chat: bool, words: list[str], ids: list[int]):
         wanted = body.get("logprobs") if chat else body.get("logprobs") is not None
         if not wanted:
             return None
-        values = [-0.05 * (1 + (i % 7)) for i in range(len(ids))]
+        values = [self.logprob(i, body) for i in range(len(ids))]
         pieces = words + [""] * (len(ids) - len(words))
         if chat:
             return {"content": [{"token": p, "logprob": v, "bytes": list(p.encode()), "top_logprobs": []}
@@ -276,9 +291,9 @@ class Stub:
                     last = position == len(ids) - 1
                     logprobs = self._logprobs(body, chat, [piece.strip()], [tid])
                     if logprobs and chat:
-                        logprobs["content"][0]["logprob"] = -0.05 * (1 + (position % 7))
+                        logprobs["content"][0]["logprob"] = self.logprob(position, body)
                     elif logprobs:
-                        logprobs["token_logprobs"][0] = -0.05 * (1 + (position % 7))
+                        logprobs["token_logprobs"][0] = self.logprob(position, body)
                         logprobs["text_offset"] = [position]
                     choice = {"index": index, "logprobs": logprobs, "finish_reason": finish if last else None,
                               "token_ids": [tid] if want_ids else None}
@@ -328,10 +343,10 @@ def recording(stub: Stub):
 
 
 def build_app(base_model: str = BASE_MODEL, api_key: str | None = None, stub: Stub | None = None,
-              pooling: bool = True) -> web.Application:
+              pooling: bool = True, **controls) -> web.Application:
     """The stand-in engine's routes, answered by `stub` (default: a `Stub` serving `base_model`); without
-    `pooling`, no pooling routes, as vLLM serving a generative model."""
-    stub = stub or Stub(base_model)
+    `pooling`, no pooling routes, as vLLM serving a generative model. `controls`: Stub's keyword arguments."""
+    stub = stub or Stub(base_model, **controls)
     app = web.Application(middlewares=[recording(stub)] + ([require_key(api_key)] if api_key else []))
     app["stub"] = stub
     app.router.add_get("/v1/models", stub.models)
@@ -366,5 +381,10 @@ if __name__ == "__main__":
     parser = arguments(8001)
     parser.add_argument("--model", default=BASE_MODEL, help="name the base model is served under")
     parser.add_argument("--api-key", default=None, help="refuse /v1 requests without this bearer key")
+    parser.add_argument("--refuse-adapter", default=None, metavar="NAME",
+                        help="answer 500 to loading a LoRA adapter from a folder of this name")
+    parser.add_argument("--logprob-shift", type=float, default=0.0, metavar="X",
+                        help="answer LoRA adapter calls with logprobs X higher (other weights under its name)")
     args = parser.parse_args()
-    serve(build_app(args.model, args.api_key), args.host, args.port)
+    serve(build_app(args.model, args.api_key, refuse_adapter=args.refuse_adapter, logprob_shift=args.logprob_shift),
+          args.host, args.port)

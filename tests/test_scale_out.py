@@ -262,8 +262,11 @@ async def failover_and_return(agents: Agents, sessions, rollouts, replica_of, en
 async def publish_to_both(agents: Agents, sessions, http, proxies, replica_of, engine_url, stub_url, model,
                           adapter: Path, tmp_path: Path) -> str:
     """Load into both engines, then activate: both proxies switch within seconds and stamp the new version,
-    served by both replicas. A version one engine refuses is marked failed and never serves."""
-    publisher = Publisher(sessions, [engine_url, stub_url])
+    served by both replicas. A version one of the two engines refuses is not on a majority of them: it is marked
+    failed and never serves."""
+    # The stub stands in for a second replica of the real engine but answers with other logprobs by design:
+    # the fleet checks the adapter folder's digest only, not the probe (engine/fleet.py).
+    publisher = Publisher(sessions, [engine_url, stub_url], probe=False)
     async with sessions() as session, session.begin():
         await policies.add_candidate(session, 1, str(adapter), parent_version=0, base_model=model, metrics={})
     published = await publisher.publish(1, str(adapter))

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from engine.fleet import FleetMetrics
+
 STEP_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
 REWARD_BUCKETS = (-1, -0.5, 0, 0.25, 0.5, 0.75, 1, 2, 5)  # as the proxy's reward histograms
 
@@ -68,6 +70,7 @@ class TrainerMetrics:
             "not-served, exit, timeout, no-score, not-started. Any increase needs an operator.", ["why"], registry=r)
         self.publish_failures = Counter("rlproxy_trainer_publish_failures_total", "Adapters that failed to load.",
                                         registry=r)
+        self.fleet = FleetMetrics(r)  # replicas its publishes left out of rotation (engine/fleet.py)
         # The proxy's evaluation reward metrics, for the rollouts this trainer marks by agent (--eval-agents);
         # the proxy counts those marked at creation or by header. Sum both jobs by policy.
         self.eval_reward_value = Histogram("rlproxy_eval_reward_value",

@@ -1,16 +1,19 @@
-"""Publishing a trained adapter with no downtime, for the trainer worker: load it into every engine replica
-under its own name, and only then make it the active policy (the proxies follow within a second). A failed
-load leaves the old version serving and marks the new one failed. Versions that stop serving are unloaded
-once drained. The rules are engine/lifecycle.py's; this keeps the worker's drain between steps."""
+"""Publishing a trained adapter with no downtime, for the trainer worker: commit it to the engine fleet under
+its own name (loaded on every replica and verified, engine/fleet.py), and only then make it the active policy
+(the proxies follow within a second, routing it only to the replicas that verified it). Fewer than a majority
+of replicas verifying it leaves the old version serving and marks the new one failed. Versions that stop
+serving are unloaded once drained. The rules are engine/lifecycle.py's; this keeps the worker's drain between
+steps."""
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from engine import lifecycle
 from engine.adapters import AdapterError, EngineAdapters, LoadFailed
+from engine.fleet import FleetMetrics
 
 log = logging.getLogger("rlproxy.publish")
 
@@ -23,36 +26,40 @@ class Published:
     activated: bool
     load_seconds: float
     error: str | None = None
+    withheld: dict[str, str] = field(default_factory=dict)  # replica -> why it is out of rotation for it
 
 
 class Publisher:
     def __init__(self, sessions: async_sessionmaker[AsyncSession],
                  engines: list[str] | tuple[str, ...], *, attempts: int = 5, drain_seconds: float = 30.0,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, metrics: FleetMetrics | None = None, probe: bool = True) -> None:
         self.sessions = sessions
         self.adapters = EngineAdapters(engines, api_key=api_key, attempts=attempts)  # api_key: vLLM --api-key
         self.drain = lifecycle.Drain(drain_seconds)
+        self.metrics = metrics
+        self.probe = probe  # False: the digest only (lifecycle.publish)
 
     async def publish(self, version: int, path: str, *, activate: bool = True) -> Published:
         """Publish recorded candidate `version`; `path` is its folder as recorded on its row, which is what is
         loaded."""
         try:
-            seconds = await lifecycle.publish(self.sessions, self.adapters, version, activate=activate,
-                                              drain=self.drain)
+            committed = await lifecycle.publish(self.sessions, self.adapters, version, activate=activate,
+                                                drain=self.drain, probe=self.probe, metrics=self.metrics)
         except AdapterError as exc:
             log.error("policy v%d not published: %s; the current policy keeps serving", version, exc)
             return Published(version, False, 0.0, str(exc))
+        withheld = {replica: str(error) for replica, error in committed.withheld.items()}
         if not activate:
-            return Published(version, False, seconds)
-        log.info("policy v%d active (loaded on %d engine(s) in %.2fs)", version, len(self.adapters.engines),
-                 seconds)
+            return Published(version, False, committed.seconds, withheld=withheld)
+        log.info("policy v%d active (verified on %d of %d engine(s) in %.2fs)", version, len(committed.verified),
+                 len(self.adapters.engines), committed.seconds)
         await self.unload_drained()
-        return Published(version, True, seconds)
+        return Published(version, True, committed.seconds, withheld=withheld)
 
     async def activate(self, version: int) -> None:
         """Make a published version the one served (a gate promoted it); the one it replaces is unloaded once
         drained."""
-        await lifecycle.activate(self.sessions, self.adapters, version, drain=self.drain)
+        await lifecycle.activate(self.sessions, self.adapters, version, drain=self.drain, metrics=self.metrics)
 
     async def retire(self, version: int) -> None:
         """A loaded version that will not serve (a gate kept it out): retired, and unloaded once drained."""

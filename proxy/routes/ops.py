@@ -45,6 +45,7 @@ async def metrics(request: web.Request) -> web.Response:
     app.metrics.writer_queue.set(app.writer.queue.qsize())
     for replica in app.upstreams.replicas:
         app.metrics.engine_up.labels(replica.url).set(1 if replica.healthy else 0)
+    app.metrics.observe_policies(app.router)  # as of the router's last look (replicas out of rotation too)
     return web.Response(body=app.metrics.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

@@ -57,7 +57,8 @@ async def activate_policy(request: web.Request) -> web.Response:
     try:
         # A rollback target is loaded again from its own folder on every replica before it serves, so weights
         # left under its name (another store's, or an older copy) never answer for it.
-        await lifecycle.activate(app.sessions, app.upstreams.adapters(), version, policy=policy)
+        await lifecycle.activate(app.sessions, app.upstreams.adapters(), version, policy=policy,
+                                 metrics=app.metrics.fleet)
     except AdapterError as exc:
         raise UpstreamUnavailable(f"policy version {version} was not activated: {exc}") from None
     await app.router.refresh()
