@@ -15,10 +15,10 @@ TRAIN, EVAL = "train", "eval"
 
 @dataclass(frozen=True)
 class Task:
-    id: str
-    data: dict[str, Any]
-    split: str  # TRAIN or EVAL
-    where: str  # "tasks.jsonl line 3", for errors about this task
+    id: str  # the rollout's task id: the trainer compares the attempts of one id as a group
+    data: Any  # what the agent is given: an object of the task file (in process, whatever the agent takes)
+    split: str = TRAIN  # TRAIN or EVAL (an evaluation rollout, never trained on)
+    where: str = ""  # "tasks.jsonl line 3", for errors about this task
 
 
 def canonical_id(task: dict[str, Any]) -> str:
@@ -87,18 +87,26 @@ def read_tasks(path: Path, split: str, id_field: str | None = None, needed: dict
         for field, named_by in (needed or {}).items():
             if field not in data:
                 raise RunInputError(f"{where}: no field {field!r} (named by {named_by})")
-        if id_field is not None:
-            if data.get(id_field) in (None, ""):
-                raise RunInputError(f"{where}: no field {id_field!r} (named by --task-id-field)")
-            task_id = str(data[id_field])
-        else:
-            task_id = canonical_id(data)
-        if task_id in seen:
-            raise RunInputError(f"{where}: task id {task_id!r} repeats {seen[task_id]}")
-        seen[task_id] = where
-        chosen = EVAL if split == EVAL or (eval_share > 0 and held_out(task_id, eval_share)) else TRAIN
-        tasks.append(Task(task_id, data, chosen, where))
+        task = make_task(data, where, split, id_field, eval_share)
+        if task.id in seen:
+            raise RunInputError(f"{where}: task id {task.id!r} repeats {seen[task.id]}")
+        seen[task.id] = where
+        tasks.append(task)
     return tasks
+
+
+def make_task(data: dict[str, Any], where: str, split: str = TRAIN, id_field: str | None = None,
+              eval_share: float = 0.0) -> Task:
+    """One task object with its id (the `id_field`, else a hash of it) and its split (EVAL when asked for, or
+    when its id falls in the evaluation share)."""
+    if id_field is not None:
+        if data.get(id_field) in (None, ""):
+            raise RunInputError(f"{where}: no field {id_field!r} (named by --task-id-field)")
+        task_id = str(data[id_field])
+    else:
+        task_id = canonical_id(data)
+    chosen = EVAL if split == EVAL or (eval_share > 0 and held_out(task_id, eval_share)) else TRAIN
+    return Task(task_id, data, chosen, where)
 
 
 def env_map(pairs: tuple[str, ...]) -> dict[str, str]:

@@ -28,7 +28,7 @@ def run(**params) -> None:
 
     from runner.errors import ProxyRefused, RunInputError
     from runner.progress import summary
-    from runner.run import Runner, prepare
+    from runner.run import prepare, run_plan
 
     settings = RUN_FLAGS.build(RunSettings, params)
     try:
@@ -36,7 +36,7 @@ def run(**params) -> None:
     except RunInputError as exc:
         _fail(str(exc), BAD_INPUT)
     try:
-        outcomes = asyncio.run(Runner(plan).run())
+        outcomes = asyncio.run(run_plan(plan))
     except RunInputError as exc:
         _fail(str(exc), BAD_INPUT)
     except ProxyRefused as exc:
