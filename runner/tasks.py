@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,16 +63,19 @@ def _dataset(path: Path) -> list[tuple[str, dict[str, Any]]]:
     except ImportError:
         raise RunInputError(f"{path}: reading a Parquet file or a datasets folder needs the datasets package "
                             "(pip install datasets); or give JSON lines") from None
-    try:
-        data = (datasets.Dataset.from_parquet(str(path)) if path.is_file()
-                else datasets.load_from_disk(str(path)))
-    except Exception as exc:  # noqa: BLE001 — whatever datasets raises, said in one line
-        raise RunInputError(f"{path}: {exc}") from None
-    if isinstance(data, datasets.DatasetDict):
-        if len(data) != 1:
-            raise RunInputError(f"{path}: holds the splits {sorted(data)}; give one split's folder")
-        data = next(iter(data.values()))
-    return [(f"{path} row {index}", dict(row)) for index, row in enumerate(data)]
+    # read into memory, with datasets' cache in a folder of its own that goes with the read (no copy of the
+    # task set is left in the user's cache)
+    with tempfile.TemporaryDirectory(prefix="rlproxy-tasks-") as cache:
+        try:
+            data = (datasets.Dataset.from_parquet(str(path), cache_dir=cache, keep_in_memory=True) if path.is_file()
+                    else datasets.load_from_disk(str(path), keep_in_memory=True))
+        except Exception as exc:  # noqa: BLE001 — whatever datasets raises, said in one line
+            raise RunInputError(f"{path}: {exc}") from None
+        if isinstance(data, datasets.DatasetDict):
+            if len(data) != 1:
+                raise RunInputError(f"{path}: holds the splits {sorted(data)}; give one split's folder")
+            data = next(iter(data.values()))
+        return [(f"{path} row {index}", dict(row)) for index, row in enumerate(data)]
 
 
 def read_tasks(path: Path, split: str, id_field: str | None = None, needed: dict[str, str] | None = None,
