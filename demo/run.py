@@ -54,8 +54,8 @@ from trainer.worker import TrainerWorker
 log = logging.getLogger("rlproxy.demo")
 
 GATES = ("probes", "heldout")
-# The runner's limit on one episode, above what it can take: each model call has the openai client's own
-# timeout (10 minutes), as before the runner ran the episodes.
+# The runner's limit on one episode, above what one can take: each model call has the openai client's own
+# timeout (10 minutes), which is what limits an episode.
 EPISODE_TIMEOUT_S = 3600.0
 
 
@@ -217,8 +217,8 @@ class Demo:
     async def _agents(self, proxy: str, served: str) -> None:
         """The runner (runner/) runs the episodes, `concurrency` at a time, each a rollout rewarded with its
         episode's reward; this draws them (`_attempts`) and counts each as it ends (`_finished`). An episode
-        that fails is logged and not counted, nor tried again (the demo's engine is its own: retries=0). Once
-        stopped, no episode starts, and those in flight get a minute to finish."""
+        that fails is logged and not counted, nor tried again on a new rollout (retries=0: the demo counts the
+        episodes as they ran). Once stopped, no episode starts, and those in flight get a minute to finish."""
 
         async def episode(task: Task, config: ClientConfig) -> float:
             client = openai.AsyncOpenAI(base_url=config.openai_base_url, api_key="demo", max_retries=0)
