@@ -1,22 +1,26 @@
-"""The agent every task family runs: plain `openai` SDK code pointed at rlproxy, plus one POST /reward.
+"""The agent every task family runs: plain `openai` SDK code pointed at a rollout's base URL, its score the
+rollout's reward. The runner (runner/) drives it: it creates each rollout (the item's id as task id, the
+family's name as agent, evaluation or not), runs the attempts `concurrency` at a time, posts the score.
 
-    agent = FamilyAgent(proxy_url, model, family)
-    reward = await agent.episode(item)                 # a training rollout: one chat call, scored, rewarded
-    success = await agent.evaluate(items)              # evaluation rollouts (X-Rlproxy-Eval: 1), never trained
+    async with FamilyAgent(proxy_url, model, family) as agent:
+        done = await agent.groups(items, size)        # training rollouts: `size` of each item, a group each
+        success = await agent.evaluate(items)         # evaluation rollouts, never trained on
 
-Nothing here knows about training: the rollout id, task id and evaluation flag are headers, which is all an
-unmodified agent adds (its base URL would do as well). Sampling is the agent's own (temperature 1.0), the same
-for training and evaluation, so the held-out number is what this agent would score when it runs.
+Nothing in the agent knows about training: its base URL is all rlproxy adds. Sampling is the agent's own
+(temperature 1.0), the same for training and evaluation, so the held-out number is what this agent would score
+when it runs.
 """
 from __future__ import annotations
-
-import asyncio
-import uuid
 
 import httpx
 import openai
 
 from bench.families import Family, Item
+from core.settings import RunSettings
+from runner.agents import ClientConfig
+from runner.attempt import Outcome
+from runner.run import Runner
+from runner.tasks import Task
 
 TEMPERATURE = 1.0
 
@@ -26,34 +30,36 @@ class FamilyAgent:
         self.proxy_url = proxy_url
         self.model = model
         self.family = family
+        # one connection pool; each attempt gets a copy of the client with its rollout's base URL
         self.client = openai.AsyncOpenAI(base_url=f"{proxy_url}/v1", api_key="bench", max_retries=2,
                                          timeout=120)
         self.http = httpx.AsyncClient(base_url=proxy_url, timeout=30)
-        self.slots = asyncio.Semaphore(concurrency)
+        self.runner = Runner(self.answer, RunSettings(proxy=proxy_url, concurrency=concurrency,
+                                                      agent_name=family.name))
 
-    async def episode(self, item: Item, *, evaluation: bool = False) -> tuple[str, float]:
-        """One rollout of `item`: ask, score the reply, report the score as the rollout's reward. Returns the
-        rollout id and the reward."""
-        rollout_id = f"{'eval' if evaluation else 'train'}-{uuid.uuid4().hex}"
-        headers = {"X-Rollout-Id": rollout_id, "X-Task-Id": item.item_id, "X-Agent-Name": self.family.name}
-        if evaluation:
-            headers["X-Rlproxy-Eval"] = "1"
-        async with self.slots:
-            reply = await self.client.chat.completions.create(
-                model=self.model, messages=list(item.messages), temperature=TEMPERATURE,
-                max_tokens=self.family.max_tokens, extra_headers=headers)
-        reward = self.family.score(item, reply.choices[0].message.content or "")
-        answer = await self.http.post("/reward", json={"rollout_id": rollout_id, "reward": reward})
-        answer.raise_for_status()
-        return rollout_id, reward
+    async def __aenter__(self) -> FamilyAgent:
+        await self.runner.open()
+        return self
 
-    async def group(self, item: Item, size: int) -> list[tuple[str, float]]:
-        """`size` training rollouts of one item at once: the trainer compares them as a group."""
-        return list(await asyncio.gather(*(self.episode(item) for _ in range(size))))
+    async def __aexit__(self, *_) -> None:
+        await self.close()
+
+    async def answer(self, item: Item, config: ClientConfig) -> float:
+        """One rollout of `item`: ask, score the reply; the score is the rollout's reward."""
+        client = self.client.with_options(base_url=config.openai_base_url)
+        reply = await client.chat.completions.create(
+            model=self.model, messages=list(item.messages), temperature=TEMPERATURE,
+            max_tokens=self.family.max_tokens)
+        return self.family.score(item, reply.choices[0].message.content or "")
+
+    async def groups(self, items: list[Item], size: int) -> list[tuple[str, float]]:
+        """`size` training rollouts of each item (the trainer compares one item's as a group): (rollout id,
+        reward) of each, in the order they ended."""
+        return _rewarded(await self.runner.run([Task(item.item_id, item) for item in items], attempts=size))
 
     async def evaluate(self, items: list[Item]) -> float:
         """Success rate over `items`, each run once as an evaluation rollout."""
-        done = await asyncio.gather(*(self.episode(item, evaluation=True) for item in items))
+        done = _rewarded(await self.runner.run([Task(item.item_id, item) for item in items], evaluation=True))
         return sum(reward >= 1.0 for _, reward in done) / len(done)
 
     async def trained(self, rollout_id: str) -> bool:
@@ -68,5 +74,16 @@ class FamilyAgent:
         return int(answer.json()["active"])
 
     async def close(self) -> None:
+        await self.runner.close()
         await self.client.close()
         await self.http.aclose()
+
+
+def _rewarded(outcomes: list[Outcome]) -> list[tuple[str, float]]:
+    """A measurement with a rollout missing would be wrong, not smaller: any attempt without a reward (after
+    the runner's tries on new rollouts when the proxy or engine failed) stops the run."""
+    missing = [outcome for outcome in outcomes if outcome.reward is None]
+    if missing:
+        raise RuntimeError(f"{len(missing)} of {len(outcomes)} rollouts ended without a reward; the first: "
+                           f"{missing[0].status} ({missing[0].error})")
+    return [(outcome.rollout_id, outcome.reward) for outcome in outcomes]

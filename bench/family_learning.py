@@ -1,6 +1,6 @@
 """One task family learned the way a user would run rlproxy: `rlproxy engine`, `rlproxy serve` and `rlproxy
 train` with default settings as separate processes on a fresh Postgres database, and the family's plain
-`openai`-SDK agent (bench/family_agent.py) pointed at the proxy.
+`openai`-SDK agent (bench/family_agent.py) driven over the family's items by the runner (runner/).
 
 The clock starts once the base model's held-out success is measured. Then the agent runs groups of training
 rollouts and, every `eval_every` minutes and at the end, the whole held-out set as evaluation rollouts. It
@@ -116,8 +116,7 @@ async def train_and_evaluate(agent: FamilyAgent, family: Family, minutes: float,
             continue
         version = await agent.active_version()
         items = family.sample("train", groups_at_once, rng)
-        done = [episode for group in await asyncio.gather(*(agent.group(item, config.group_size) for item in items))
-                for episode in group]
+        done = await agent.groups(items, config.group_size)
         waiting.extend(rollout_id for rollout_id, _ in done)
         rollouts += len(done)
         log(f"v{version}: {len(done)} rollouts, success {sum(reward >= 1 for _, reward in done)}/{len(done)}")
@@ -157,14 +156,11 @@ def run_family(family: Family, minutes: float, out: Path, postgres: str, eval_ev
             None, log_path=workdir / "train.log"))
         memory.add(trainer.pid, "trainer")
         model = requests.get(f"{proxy_url}/v1/models", timeout=30).json()["data"][0]["id"]
-        agent = FamilyAgent(proxy_url, model, family)
 
         async def session():
-            try:
+            async with FamilyAgent(proxy_url, model, family) as agent:
                 return await train_and_evaluate(agent, family, minutes, eval_every, ahead, log,
                                                 training_from(list(train_settings)))
-            finally:
-                await agent.close()
 
         base, evaluations, rollouts = asyncio.run(session())
         if trainer.poll() is not None:

@@ -40,8 +40,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from store.db import create_engine  # noqa: E402
-from testkit.processes import (  # noqa: E402
-    fresh_database, free_port, proxy_command, rlproxy_command, running, stub_command)
+from testkit.processes import free_port, fresh_database, proxy_command, rlproxy_command, running, stub_command  # noqa: E402
 
 ADMIN_KEY = "proxy-tier-bench-admin"
 # The pool each proxy process opens (store/db.py): pool_size connections plus as many again in overflow.

@@ -20,6 +20,7 @@ import random
 import signal
 import statistics
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +29,7 @@ import openai
 from aiohttp import web
 
 from core.hardware import fast_bf16
-from core.settings import EngineSettings, ProxySettings, TrainerSettings, WriterSettings
+from core.settings import EngineSettings, ProxySettings, RunSettings, TrainerSettings, WriterSettings
 from core.settings.demo import AGENT, PROBE_AGENT, DemoSettings
 from demo.agent import AIR_TEXT_ACTION, AIR_TEXT_ERROR, run_episode
 from demo.evaluate import HeldoutResult, evaluate_heldout, transaction
@@ -39,6 +40,11 @@ from demo.tasks import Task, heldout_tasks, train_tasks
 from engine.local import Engine, lora_rank_slot
 from engine.model import default_model_dir, is_prepared, prepare_model
 from proxy.app import build_app
+from runner.agents import ClientConfig
+from runner.attempt import Attempt, Outcome
+from runner.run import Runner
+from runner.tasks import EVAL, TRAIN
+from runner.tasks import Task as RunnerTask
 from store import policies
 from trainer.gates.command import KEY as GATE_RECORD
 from trainer.gates.command import CommandGate
@@ -47,6 +53,9 @@ from trainer.worker import TrainerWorker
 log = logging.getLogger("rlproxy.demo")
 
 GATES = ("probes", "heldout")
+# The runner's limit on one episode, above what one can take: each model call has the openai client's own
+# timeout (10 minutes), which is what limits an episode.
+EPISODE_TIMEOUT_S = 3600.0
 
 
 @dataclass
@@ -205,72 +214,79 @@ class Demo:
 
     # --- agents -------------------------------------------------------------------------------------------
     async def _agents(self, proxy: str, served: str) -> None:
+        """The runner (runner/) runs the episodes, `concurrency` at a time, each a rollout rewarded with its
+        episode's reward; this draws them (`_attempts`) and counts each as it ends (`_finished`). An episode
+        that fails is logged and not counted, nor tried again on a new rollout (retries=0: the demo counts the
+        episodes as they ran). Once stopped, no episode starts, and those in flight get a minute to finish."""
+
+        async def episode(task: Task, config: ClientConfig) -> float:
+            client = openai.AsyncOpenAI(base_url=config.openai_base_url, api_key="demo", max_retries=0)
+            try:
+                return (await run_episode(client, served, task)).reward
+            finally:
+                await client.close()
+
+        settings = RunSettings(proxy=proxy, concurrency=self.settings.concurrency, retries=0,
+                               timeout=EPISODE_TIMEOUT_S, agent_name=AGENT)
+        no_more = asyncio.Event()
+        async with Runner(episode, settings, on_attempt=self._finished) as runner:
+            episodes = asyncio.create_task(runner.run_attempts(self._attempts(no_more)))
+            waiting = asyncio.create_task(no_more.wait())
+            try:
+                await asyncio.wait({episodes, waiting}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({episodes}, timeout=60)
+            finally:
+                waiting.cancel()
+                if not episodes.done():
+                    episodes.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await episodes
+        if not episodes.cancelled():
+            episodes.result()  # the proxy refused the runner: the demo stops with that error
+
+    async def _attempts(self, no_more: asyncio.Event) -> AsyncIterator[Attempt]:
         """Groups of `group_size` episodes of one training task at a time (or, with gate=probes, now and then a
-        single held-out probe), `concurrency` episodes in flight."""
-        gate = asyncio.Semaphore(self.settings.concurrency)
+        single held-out probe: an evaluation rollout under another agent name, never trained on), each asked
+        for by the runner when a place is free; none while the trainer computes; none once stopped."""
         probing = self.settings.gate == "probes" and self.settings.probe_share > 0
         # probes per training episode, drawn as whole groups: share / (1 - share) probes per episode
         group_size = self.settings.training.group_size
         probes_per_group = (self.settings.probe_share / (1 - self.settings.probe_share) * group_size
                             if probing else 0.0)
-        async with aiohttp.ClientSession() as http:
-            running: set[asyncio.Task] = set()
-            owed = 0.0
+        owed, group = 0.0, 0
+        try:
             while not self.stop.is_set():
                 if owed >= 1.0:
                     owed -= 1.0
-                    jobs = [(self.rng.choice(self.probe_pool), PROBE_AGENT)]
+                    probe = self.rng.choice(self.probe_pool)
+                    jobs = [Attempt(RunnerTask(probe.task_id, probe, EVAL), group, 0, PROBE_AGENT)]
                 else:
                     owed += probes_per_group
-                    jobs = [(self.rng.choice(self.train_pool), AGENT)] * group_size
+                    drawn = self.rng.choice(self.train_pool)
+                    jobs = [Attempt(RunnerTask(drawn.task_id, drawn, TRAIN), group, number)
+                            for number in range(group_size)]
+                group += 1
                 await self.agents_may_run.wait()
-                for task, agent in jobs:
-                    await gate.acquire()
+                for job in jobs:
                     if self.stop.is_set():
-                        gate.release()
-                        break
-                    job = asyncio.create_task(self._episode(http, proxy, served, task, agent))
-                    job.add_done_callback(lambda _: gate.release())
-                    running.add(job)
-                    job.add_done_callback(running.discard)
-            if running:
-                await asyncio.wait(running, timeout=60)
+                        return
+                    yield job
+        finally:
+            no_more.set()
 
-    async def _episode(self, http: aiohttp.ClientSession, proxy: str, served: str, task: Task, agent: str) -> None:
-        try:
-            # a probe is evaluation traffic, as any user marks it: served like the rest, never trained on
-            opened = {"task_id": task.task_id, "agent": agent, "eval": agent == PROBE_AGENT}
-            async with http.post(f"{proxy}/rollouts", json=opened) as r:
-                created = await r.json()
-            client = openai.AsyncOpenAI(base_url=created["base_url"], api_key="demo", max_retries=0)
-            try:
-                result = await run_episode(client, served, task)
-            finally:
-                await client.close()
-            async with http.post(f"{proxy}/reward", json={"rollout_id": created["rollout_id"],
-                                                          "reward": result.reward}) as r:
-                r.raise_for_status()
-            if agent == PROBE_AGENT:
-                served_by = await self._served_by(http, proxy, created["rollout_id"])
-        except (openai.OpenAIError, aiohttp.ClientError) as exc:
+    def _finished(self, outcome: Outcome) -> None:
+        if outcome.status != "rewarded":
             if not self.stop.is_set():
-                log.warning("episode failed: %s", exc)
+                log.warning("episode failed: %s", outcome.error or outcome.status)
             return
-        if agent == PROBE_AGENT:
+        seconds = time.monotonic() - self.progress.started
+        if outcome.split == EVAL:  # a probe measures the version that answered its first call
+            served_by = outcome.policies[0] if outcome.policies else None
             if served_by is not None:
-                self.progress.probes.append((time.monotonic() - self.progress.started, result.reward, served_by))
+                self.progress.probes.append((seconds, outcome.reward, served_by))
             return
         self.progress.episodes += 1
-        self.progress.rewards.append((time.monotonic() - self.progress.started, result.reward,
-                                      self.progress.active))
-
-    @staticmethod
-    async def _served_by(http: aiohttp.ClientSession, proxy: str, rollout_id: str) -> int | None:
-        """The policy version that answered the rollout's first call (as the proxy recorded it)."""
-        async with http.get(f"{proxy}/rollouts/{rollout_id}") as r:
-            r.raise_for_status()
-            calls = (await r.json())["calls"]
-        return calls[0]["policy"] if calls else None
+        self.progress.rewards.append((seconds, outcome.reward, self.progress.active))
 
     # --- the held-out gate ----------------------------------------------------------------------------------
     async def _evaluate(self, proxy: str, model: str) -> HeldoutResult:

@@ -98,11 +98,19 @@ def _reward(value: Any, source: str) -> float:
 
 
 class FunctionAgent:
-    def __init__(self, spec: str) -> None:
-        self.function: Callable = import_target(spec, "--agent")
-        if not callable(self.function):
+    """A function `(task, client_config) -> reward | None`, sync or async: named on the command line
+    (`imported`), or handed to `runner.Runner` in process."""
+
+    def __init__(self, function: Callable, name: str | None = None) -> None:
+        self.function = function
+        self.spec = name or getattr(function, "__qualname__", repr(function))  # names it in errors
+
+    @classmethod
+    def imported(cls, spec: str) -> FunctionAgent:
+        function = import_target(spec, "--agent")
+        if not callable(function):
             raise RunInputError(f"--agent {spec!r} is not callable")
-        self.spec = spec
+        return cls(function, spec)
 
     async def run(self, task: dict[str, Any], config: ClientConfig, env: dict[str, str]) -> AgentResult:
         try:
@@ -202,4 +210,15 @@ def make_agent(kind: str, target: str, check_env: dict[str, str]) -> FunctionAge
     """`check_env`: the variables an agent class is checked with (the proxy's URLs for no rollout yet)."""
     if kind == "agent-class":
         return ClassAgent(target, check_env)
-    return FunctionAgent(target) if kind == "agent" else CommandAgent(target)
+    return FunctionAgent.imported(target) if kind == "agent" else CommandAgent(target)
+
+
+def as_agent(agent: Any) -> Any:
+    """An agent object (anything with `async run(task, config, env) -> AgentResult`: the ones above, a
+    HarnessAgent) as it is; any other callable as a FunctionAgent."""
+    if not inspect.isroutine(agent) and callable(getattr(agent, "run", None)):
+        return agent
+    if not callable(agent):
+        raise TypeError(f"an agent is a function (task, client_config) -> reward or an agent object, "
+                        f"not {type(agent).__name__}")
+    return FunctionAgent(agent)

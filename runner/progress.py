@@ -5,21 +5,12 @@ from __future__ import annotations
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-
-@dataclass(frozen=True)
-class Outcome:
-    """One attempt's end, as counted."""
-
-    split: str
-    status: str  # rewarded, unrewarded, failed, timeout, infrastructure, skipped (rewarded in an earlier run)
-    reward: float | None
-    policy: int | None
+from runner.attempt import Outcome
 
 
 class Display:

@@ -1,31 +1,34 @@
-"""The run: every (task, epoch, attempt) is one rollout, `concurrency` at a time, a task's attempts next to each
-other so the trainer gets its groups early. An attempt whose proxy or engine failed it is tried again with a
-new rollout (tenacity); one the agent itself failed is not."""
+"""The run: attempts `concurrency` at a time, a task's attempts next to each other so the trainer gets its groups
+early. `rlproxy run` runs the plan `prepare` makes of its flags (`run_plan`); in process, `Runner` runs an agent
+function over task dicts, or over any stream of attempts, and hands each finished attempt to the caller:
+
+    async with Runner(solve, RunSettings(proxy="http://127.0.0.1:8400", attempts=4)) as runner:
+        outcomes = await runner.run([{"question": "What is 3+4?", "answer": "7"}])
+"""
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
+import inspect
 import signal
-import time
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from rich.console import Console
 
 from core.settings import RunSettings
-from runner.agents import AgentResult, ClientConfig, make_agent
+from runner.agents import as_agent, make_agent
+from runner.attempt import NO_KEY, Attempt, AttemptRunner, Outcome
 from runner.client import ProxyClient
-from runner.errors import InfrastructureError, ProxyRefused, RunInputError
+from runner.errors import ProxyRefused, RunInputError
 from runner.harness import HarnessAgent
-from runner.journal import Journal, Key, read_log
-from runner.progress import Display, Outcome
-from runner.tasks import EVAL, TRAIN, Task, env_map, read_tasks
+from runner.journal import Journal, read_log
+from runner.progress import Display
+from runner.tasks import EVAL, TRAIN, Task, env_map, make_task, read_tasks
 
-NO_KEY = "rlproxy"  # what clients are given as their key when the proxy has keys off (they insist on one)
-# Call statuses that, with a 5xx (or no answer at all), say the engine failed, not the agent (a 4xx is the
-# agent's own bad request).
-BROKEN_CALLS = {"upstream_error", "timeout"}
+OnAttempt = Callable[[Outcome], Any]  # called (awaited when it returns an awaitable) as each attempt ends
 
 
 @dataclass
@@ -34,7 +37,15 @@ class Plan:
     tasks: list[Task]
     agent: Any
     env: dict[str, str]  # VAR -> task field
-    attempts: list[tuple[Task, int, int]] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
+
+
+def schedule(tasks: Iterable[Task], attempts: int, epochs: int = 1, agent_name: str | None = None) -> list[Attempt]:
+    """Evaluation tasks are measured once an epoch; training tasks in groups of `attempts` the trainer
+    compares, a group's attempts next to each other."""
+    tasks = list(tasks)
+    return [Attempt(task, epoch, number, agent_name) for epoch in range(epochs) for task in tasks
+            for number in range(1 if task.split == EVAL else attempts)]
 
 
 def agent_named(settings: RunSettings) -> tuple[str, str]:
@@ -74,59 +85,141 @@ def prepare(settings: RunSettings) -> Plan:
             if task.id in known:
                 raise RunInputError(f"{task.where}: task id {task.id!r} is also {known[task.id]}")
         tasks += extra
-    plan = Plan(settings, tasks, agent, mapped)
-    for epoch in range(settings.epochs):
-        for task in tasks:
-            # evaluation tasks are measured once an epoch; training tasks in groups the trainer compares
-            for attempt in range(1 if task.split == EVAL else settings.attempts):
-                plan.attempts.append((task, epoch, attempt))
-    return plan
+    return Plan(settings, tasks, agent, mapped, schedule(tasks, settings.attempts, settings.epochs))
+
+
+async def run_plan(plan: Plan, display_console: Console | None = None) -> list[Outcome]:
+    """`rlproxy run`: the plan with its log, `--resume` and the progress display."""
+    # SIGTERM stops the run as Ctrl-C does: the attempts are cancelled and their processes killed (they run
+    # in sessions of their own, so nothing else would stop them)
+    with contextlib.suppress(ValueError, NotImplementedError, RuntimeError):  # not the main thread
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
+    async with Runner(plan.agent, plan.settings, log=plan.settings.log, progress=True, env=plan.env,
+                      console=display_console) as runner:
+        return await runner.run_attempts(plan.attempts)
 
 
 class Runner:
-    def __init__(self, plan: Plan) -> None:
-        self.plan, self.settings = plan, plan.settings
-        self.outcomes: list[Outcome] = []
+    """An agent driven over tasks through a running proxy, in process.
 
-    async def run(self, display_console=None) -> list[Outcome]:
+    `agent`: a function `(task, client_config) -> reward | None`, sync (run in a thread) or async, or an agent
+    object of runner/agents.py. `settings`: the proxy, its key, concurrency, attempts, epochs, timeout,
+    retries, the rollouts' agent name (`rlproxy run`'s flags; the task files and agent flags are not read).
+    `on_attempt(outcome)` is called as each attempt ends; `log`: the JSON lines log to write (and, with
+    `settings.resume`, to resume from), none by default; `progress`: draw `rlproxy run`'s progress (never
+    with `on_attempt`: a caller who observes the attempts shows them its own way)."""
+
+    def __init__(self, agent: Any, settings: RunSettings | None = None, *, on_attempt: OnAttempt | None = None,
+                 log: Path | None = None, progress: bool = False, env: dict[str, str] | None = None,
+                 console: Console | None = None) -> None:
+        self.settings = settings or RunSettings()
+        if on_attempt is not None and progress:
+            raise ValueError("on_attempt or progress: a caller who observes the attempts draws its own progress")
+        if self.settings.resume and log is None:
+            raise ValueError("resume needs the log of the earlier run")
+        self.agent, self.on_attempt, self.log, self.progress = as_agent(agent), on_attempt, log, progress
+        self.env, self.console = env or {}, console
+        self._attempt: AttemptRunner | None = None
+
+    async def __aenter__(self) -> Runner:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *_: Any) -> None:
+        await self.close()
+
+    async def open(self) -> None:
+        """Connects to the proxy (ProxyRefused when it does not answer) and opens the log."""
         self.client = ProxyClient(self.settings.proxy, self.settings.key())  # (aiohttp wants a running loop)
-        self.journal = Journal(self.settings.log)
-        # SIGTERM stops the run as Ctrl-C does: the attempts are cancelled and their processes killed (they run
-        # in sessions of their own, so nothing else would stop them)
-        with contextlib.suppress(ValueError, NotImplementedError, RuntimeError):  # not the main thread
-            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, asyncio.current_task().cancel)
-        try:
-            if not await self.client.healthy():
-                raise ProxyRefused(f"the proxy at {self.settings.proxy} does not answer (GET /healthz)")
-            todo = await self._still_to_do()
-            display = Display(len(todo), self.settings.success_threshold, display_console)
-            queue: asyncio.Queue = asyncio.Queue()
-            for item in todo:
-                queue.put_nowait(item)
-            try:
-                workers = [asyncio.create_task(self._work(queue, display))
-                           for _ in range(min(self.settings.concurrency, max(len(todo), 1)))]
-                await asyncio.gather(*workers)
-            finally:
-                display.close()
-            return self.outcomes
-        finally:
-            self.journal.close()
-            await self.client.close()
+        self.journal = Journal(self.log) if self.log is not None else None
+        self._attempt = AttemptRunner(self.client, self.agent, self.settings, self.env, self.journal)
+        if not await self.client.healthy():
+            await self.close()
+            raise ProxyRefused(f"the proxy at {self.settings.proxy} does not answer (GET /healthz)")
 
-    async def _still_to_do(self) -> list[tuple[Task, int, int]]:
-        """With --resume, the attempts whose logged rollout the proxy holds a reward for are counted, not run."""
+    async def close(self) -> None:
+        if self._attempt is None:
+            return
+        self._attempt = None
+        if self.journal is not None:
+            self.journal.close()
+        await self.client.close()
+
+    async def run(self, tasks: Iterable[dict[str, Any] | Task], *, attempts: int | None = None,
+                  epochs: int | None = None, evaluation: bool = False,
+                  agent_name: str | None = None) -> list[Outcome]:
+        """Every task `attempts` times (default `settings.attempts`; evaluation tasks once) for `epochs`
+        passes. A task dict's id is `settings.task_id_field` or a hash of it, and `settings.eval_share` holds
+        some out; a Task is taken as it is. `evaluation`: all of them as evaluation rollouts. A task may
+        appear more than once (another group of it). Returns every attempt's outcome, in the order they
+        ended."""
+        split = EVAL if evaluation else TRAIN
+        prepared = []
+        for index, task in enumerate(tasks):
+            if isinstance(task, Task):
+                prepared.append(replace(task, split=EVAL) if evaluation else task)
+            elif isinstance(task, dict):
+                prepared.append(make_task(task, f"task {index}", split, self.settings.task_id_field,
+                                          self.settings.eval_share))
+            else:
+                raise TypeError(f"task {index}: a dict or a runner.tasks.Task, not {type(task).__name__}")
+        return await self.run_attempts(schedule(prepared, attempts or self.settings.attempts,
+                                                epochs or self.settings.epochs, agent_name))
+
+    async def run_attempts(self, source: Iterable[Attempt] | AsyncIterable[Attempt]) -> list[Outcome]:
+        """The attempts `settings.concurrency` at a time, each taken from `source` when a place is free: a
+        list, or an async iterator that may wait before it gives the next one (it is never asked by two
+        places at once) and ends the run by ending. Returns every outcome, in the order they ended (with
+        `settings.resume`, the attempts the log shows rewarded first, as "skipped")."""
+        if self._attempt is None:
+            raise RuntimeError("the runner is not open: `async with Runner(...) as runner`")
+        outcomes: list[Outcome] = []
+        display = None
+        if isinstance(source, AsyncIterable):
+            if self.progress or self.settings.resume:
+                raise ValueError("progress and resume need a list of attempts, not an async iterator")
+            pending, places = aiter(source), self.settings.concurrency
+        else:
+            todo = await self._still_to_do(list(source), outcomes)
+            pending, places = _aiter(todo), min(self.settings.concurrency, max(len(todo), 1))
+            if self.progress:
+                display = Display(len(todo), self.settings.success_threshold, self.console)
+        taking = asyncio.Lock()  # an async generator cannot be asked for its next item twice at once
+
+        async def work() -> None:
+            while True:
+                async with taking:
+                    attempt = await anext(pending, None)
+                if attempt is None:
+                    return
+                outcome = await self._attempt(attempt)
+                outcomes.append(outcome)
+                if display is not None:
+                    display.advance(outcome, attempt.label)
+                if self.on_attempt is not None and inspect.isawaitable(told := self.on_attempt(outcome)):
+                    await told
+
+        try:
+            await _all_or_none([asyncio.create_task(work()) for _ in range(places)])
+        finally:
+            if display is not None:
+                display.close()
+        return outcomes
+
+    async def _still_to_do(self, attempts: list[Attempt], outcomes: list[Outcome]) -> list[Attempt]:
+        """With resume, the attempts whose logged rollout the proxy holds a reward for are counted, not run."""
         if not self.settings.resume:
-            return list(self.plan.attempts)
-        logged = read_log(self.settings.log)
+            return attempts
+        logged = read_log(self.log)
         todo = []
-        for task, epoch, attempt in self.plan.attempts:
-            rollout_ids = [e["rollout_id"] for e in logged.get((task.id, epoch, attempt), []) if e.get("rollout_id")]
+        for attempt in attempts:
+            rollout_ids = [e["rollout_id"] for e in logged.get(attempt.key, []) if e.get("rollout_id")]
             stored = await self._rewarded(rollout_ids)
             if stored is None:
-                todo.append((task, epoch, attempt))
+                todo.append(attempt)
             else:
-                self.outcomes.append(Outcome(task.split, "skipped", stored["reward"], stored.get("policy")))
+                outcomes.append(Outcome(attempt.task.split, "skipped", stored["reward"], stored.get("policy"),
+                                        attempt, stored.get("rollout_id")))
         return todo
 
     async def _rewarded(self, rollout_ids: list[str]) -> dict[str, Any] | None:
@@ -136,89 +229,21 @@ class Runner:
                 return stored
         return None
 
-    async def _work(self, queue: asyncio.Queue, display: Display) -> None:
-        while not queue.empty():
-            task, epoch, attempt = queue.get_nowait()
-            outcome = await self._attempt(task, epoch, attempt)
-            self.outcomes.append(outcome)
-            display.advance(outcome, f"{task.id}#{epoch}.{attempt}")
 
-    async def _attempt(self, task: Task, epoch: int, attempt: int) -> Outcome:
-        key: Key = (task.id, epoch, attempt)
-        tries = 0
-        try:
-            async for trying in AsyncRetrying(stop=stop_after_attempt(self.settings.retries + 1),
-                                              wait=wait_exponential(multiplier=0.5, max=10),
-                                              retry=retry_if_exception_type(InfrastructureError), reraise=True):
-                with trying:
-                    tries += 1
-                    return await self._once(task, key, tries)
-        except InfrastructureError as exc:
-            self._log("finished", key, task, status="infrastructure", error=str(exc), tries=tries)
-            return Outcome(task.split, "infrastructure", None, None)
-        raise AssertionError("unreachable")
-
-    def _log(self, event: str, key: Key, task: Task, **fields: Any) -> None:
-        self.journal.write(event, task_id=key[0], epoch=key[1], attempt=key[2], split=task.split, **fields)
-
-    async def _once(self, task: Task, key: Key, tries: int) -> Outcome:
-        settings = self.settings
-        evaluation = task.split == EVAL
-        created = await self.client.create_rollout(
-            task.id, agent=settings.agent_name, evaluation=evaluation,
-            metadata={"run": {"epoch": key[1], "attempt": key[2], "split": task.split}})
-        self._log("started", key, task, rollout_id=created.rollout_id, tries=tries)
-        rollout_root = created.base_url.removesuffix("/v1")
-        config = ClientConfig(
-            openai_base_url=created.base_url, anthropic_base_url=rollout_root, rollout_id=created.rollout_id,
-            reward_url=f"{self.client.proxy}/reward", event_url=f"{rollout_root}/events",
-            api_key=settings.key() or NO_KEY, model=settings.model, task_id=task.id, eval=evaluation)
-        env = {variable: _text(task.data[name]) for variable, name in self.plan.env.items()}
-        began = time.monotonic()
-        timed_out = False
-        try:
-            result = await asyncio.wait_for(self.plan.agent.run(task.data, config, env), settings.timeout)
-        except TimeoutError:
-            timed_out, result = True, AgentResult(error=f"timed out after {settings.timeout:g} s")
-        stored = await self.client.rollout(created.rollout_id) or {}
-        if result.error and not timed_out and await self._engine_failed(stored):
-            self._log("finished", key, task, rollout_id=created.rollout_id, status="try_failed", error=result.error,
-                      tries=tries)
-            raise InfrastructureError(result.error)
-        reward = stored.get("reward")
-        if reward is None and result.reward is not None and not result.error:
-            # the agent said its reward and posted none itself (had it, the stored one wins)
-            if await self.client.post_reward(created.rollout_id, result.reward):
-                reward = result.reward
-            else:
-                reward = ((await self.client.rollout(created.rollout_id)) or {}).get("reward")
-        # a reward posted before the agent hung or failed still counts
-        status = ("rewarded" if reward is not None else "timeout" if timed_out
-                  else "failed" if result.error else "unrewarded")
-        policy = _policy(stored)
-        self._log("finished", key, task, rollout_id=created.rollout_id, status=status, reward=reward,
-                  policy=policy, error=result.error, tries=tries, seconds=round(time.monotonic() - began, 3),
-                  calls=len(stored.get("calls") or []))
-        return Outcome(task.split, status, reward, policy)
-
-    async def _engine_failed(self, stored: dict[str, Any]) -> bool:
-        """The agent failed because the proxy or engine did: no call was answered and one broke on the engine
-        side, or the proxy itself is down."""
-        calls = stored.get("calls") or []
-        if any(call.get("status") == "ok" for call in calls):
-            return False
-        broken = any(call.get("status") in BROKEN_CALLS and (call.get("http_status") or 500) >= 500 for call in calls)
-        return broken or not await self.client.healthy()
+async def _aiter(items: list[Attempt]) -> AsyncIterator[Attempt]:
+    for item in items:
+        yield item
 
 
-def _policy(stored: dict[str, Any]) -> int | None:
-    """The version that answered: its calls' (what X-Rlproxy-Policy said), else the one the rollout was
-    created for."""
-    versions = [call.get("policy") for call in stored.get("calls") or [] if call.get("policy") is not None]
-    return versions[-1] if versions else stored.get("policy")
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False, default=str)
+async def _all_or_none(workers: list[asyncio.Task]) -> None:
+    """Waits for every worker; when one fails, or this is cancelled (Ctrl-C, SIGTERM), the others are
+    cancelled (their agents' processes killed) before the error goes on."""
+    try:
+        await asyncio.wait(workers, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        for worker in workers:
+            worker.cancel()
+        await asyncio.wait(workers)
+    for worker in workers:
+        if not worker.cancelled() and worker.exception() is not None:
+            raise worker.exception()

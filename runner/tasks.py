@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,10 +16,10 @@ TRAIN, EVAL = "train", "eval"
 
 @dataclass(frozen=True)
 class Task:
-    id: str
-    data: dict[str, Any]
-    split: str  # TRAIN or EVAL
-    where: str  # "tasks.jsonl line 3", for errors about this task
+    id: str  # the rollout's task id: the trainer compares the attempts of one id as a group
+    data: Any  # what the agent is given: an object of the task file (in process, whatever the agent takes)
+    split: str = TRAIN  # TRAIN or EVAL (an evaluation rollout, never trained on)
+    where: str = ""  # "tasks.jsonl line 3", for errors about this task
 
 
 def canonical_id(task: dict[str, Any]) -> str:
@@ -62,16 +63,19 @@ def _dataset(path: Path) -> list[tuple[str, dict[str, Any]]]:
     except ImportError:
         raise RunInputError(f"{path}: reading a Parquet file or a datasets folder needs the datasets package "
                             "(pip install datasets); or give JSON lines") from None
-    try:
-        data = (datasets.Dataset.from_parquet(str(path)) if path.is_file()
-                else datasets.load_from_disk(str(path)))
-    except Exception as exc:  # noqa: BLE001 — whatever datasets raises, said in one line
-        raise RunInputError(f"{path}: {exc}") from None
-    if isinstance(data, datasets.DatasetDict):
-        if len(data) != 1:
-            raise RunInputError(f"{path}: holds the splits {sorted(data)}; give one split's folder")
-        data = next(iter(data.values()))
-    return [(f"{path} row {index}", dict(row)) for index, row in enumerate(data)]
+    # read into memory, with datasets' cache in a folder of its own that goes with the read (no copy of the
+    # task set is left in the user's cache)
+    with tempfile.TemporaryDirectory(prefix="rlproxy-tasks-") as cache:
+        try:
+            data = (datasets.Dataset.from_parquet(str(path), cache_dir=cache, keep_in_memory=True) if path.is_file()
+                    else datasets.load_from_disk(str(path), keep_in_memory=True))
+        except Exception as exc:  # noqa: BLE001 — whatever datasets raises, said in one line
+            raise RunInputError(f"{path}: {exc}") from None
+        if isinstance(data, datasets.DatasetDict):
+            if len(data) != 1:
+                raise RunInputError(f"{path}: holds the splits {sorted(data)}; give one split's folder")
+            data = next(iter(data.values()))
+        return [(f"{path} row {index}", dict(row)) for index, row in enumerate(data)]
 
 
 def read_tasks(path: Path, split: str, id_field: str | None = None, needed: dict[str, str] | None = None,
@@ -87,18 +91,26 @@ def read_tasks(path: Path, split: str, id_field: str | None = None, needed: dict
         for field, named_by in (needed or {}).items():
             if field not in data:
                 raise RunInputError(f"{where}: no field {field!r} (named by {named_by})")
-        if id_field is not None:
-            if data.get(id_field) in (None, ""):
-                raise RunInputError(f"{where}: no field {id_field!r} (named by --task-id-field)")
-            task_id = str(data[id_field])
-        else:
-            task_id = canonical_id(data)
-        if task_id in seen:
-            raise RunInputError(f"{where}: task id {task_id!r} repeats {seen[task_id]}")
-        seen[task_id] = where
-        chosen = EVAL if split == EVAL or (eval_share > 0 and held_out(task_id, eval_share)) else TRAIN
-        tasks.append(Task(task_id, data, chosen, where))
+        task = make_task(data, where, split, id_field, eval_share)
+        if task.id in seen:
+            raise RunInputError(f"{where}: task id {task.id!r} repeats {seen[task.id]}")
+        seen[task.id] = where
+        tasks.append(task)
     return tasks
+
+
+def make_task(data: dict[str, Any], where: str, split: str = TRAIN, id_field: str | None = None,
+              eval_share: float = 0.0) -> Task:
+    """One task object with its id (the `id_field`, else a hash of it) and its split (EVAL when asked for, or
+    when its id falls in the evaluation share)."""
+    if id_field is not None:
+        if data.get(id_field) in (None, ""):
+            raise RunInputError(f"{where}: no field {id_field!r} (named by --task-id-field)")
+        task_id = str(data[id_field])
+    else:
+        task_id = canonical_id(data)
+    chosen = EVAL if split == EVAL or (eval_share > 0 and held_out(task_id, eval_share)) else TRAIN
+    return Task(task_id, data, chosen, where)
 
 
 def env_map(pairs: tuple[str, ...]) -> dict[str, str]:

@@ -11,7 +11,7 @@ from core.settings import RunSettings
 from rlproxy.commands.flags import Flags
 from runner.errors import ProxyRefused, RunInputError
 from runner.progress import summary
-from runner.run import Runner, prepare
+from runner.run import prepare, run_plan
 
 RUN_FLAGS = Flags(RunSettings)
 BAD_INPUT = 2  # as click's usage errors
@@ -33,7 +33,7 @@ def run(**params) -> None:
     except RunInputError as exc:
         _fail(str(exc), BAD_INPUT)
     try:
-        outcomes = asyncio.run(Runner(plan).run())
+        outcomes = asyncio.run(run_plan(plan))
     except RunInputError as exc:
         _fail(str(exc), BAD_INPUT)
     except ProxyRefused as exc:

@@ -1,0 +1,148 @@
+"""One attempt: a rollout created for it, the agent run with the rollout's URLs, a final reward made sure of. A
+try the proxy or engine failed is tried again with a new rollout (tenacity); one the agent itself failed is
+not."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from core.settings import RunSettings
+from runner.agents import AgentResult, ClientConfig
+from runner.client import ProxyClient
+from runner.errors import InfrastructureError
+from runner.journal import Journal, Key
+from runner.tasks import EVAL, Task
+
+NO_KEY = "rlproxy"  # what clients are given as their key when the proxy has keys off (they insist on one)
+# Call statuses that, with a 5xx (or no answer at all), say the engine failed, not the agent (a 4xx is the
+# agent's own bad request).
+BROKEN_CALLS = {"upstream_error", "timeout"}
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One (task, epoch, attempt number): one rollout, tried again on a new one after an infrastructure
+    failure."""
+
+    task: Task
+    epoch: int = 0
+    number: int = 0  # within its task's group
+    agent_name: str | None = None  # the rollout's agent (policy rules route by it); None: the run's
+
+    @property
+    def key(self) -> Key:
+        return (self.task.id, self.epoch, self.number)
+
+    @property
+    def label(self) -> str:
+        return f"{self.task.id}#{self.epoch}.{self.number}"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One attempt's end, as counted."""
+
+    split: str
+    status: str  # rewarded, unrewarded, failed, timeout, infrastructure, skipped (rewarded in an earlier run)
+    reward: float | None
+    policy: int | None  # the version that answered (its last call's)
+    attempt: Attempt | None = None
+    rollout_id: str | None = None
+    error: str | None = None  # why the agent failed (its exception, exit status, timeout)
+    tries: int = 0  # rollouts created for it (more than one after infrastructure failures)
+    policies: tuple[int | None, ...] = ()  # the version each of its calls was answered by, in order
+
+
+class AttemptRunner:
+    def __init__(self, client: ProxyClient, agent: Any, settings: RunSettings, env: dict[str, str],
+                 journal: Journal | None) -> None:
+        self.client, self.agent, self.settings, self.env, self.journal = client, agent, settings, env, journal
+
+    async def __call__(self, attempt: Attempt) -> Outcome:
+        tries = 0
+        try:
+            async for trying in AsyncRetrying(stop=stop_after_attempt(self.settings.retries + 1),
+                                              wait=wait_exponential(multiplier=0.5, max=10),
+                                              retry=retry_if_exception_type(InfrastructureError), reraise=True):
+                with trying:
+                    tries += 1
+                    return await self._once(attempt, tries)
+        except InfrastructureError as exc:
+            self._log("finished", attempt, status="infrastructure", error=str(exc), tries=tries)
+            return Outcome(attempt.task.split, "infrastructure", None, None, attempt, error=str(exc), tries=tries)
+        raise AssertionError("unreachable")
+
+    def _log(self, event: str, attempt: Attempt, **fields: Any) -> None:
+        if self.journal is not None:
+            task_id, epoch, number = attempt.key
+            self.journal.write(event, task_id=task_id, epoch=epoch, attempt=number, split=attempt.task.split,
+                               **fields)
+
+    async def _once(self, attempt: Attempt, tries: int) -> Outcome:
+        settings, task = self.settings, attempt.task
+        evaluation = task.split == EVAL
+        created = await self.client.create_rollout(
+            task.id, agent=attempt.agent_name or settings.agent_name, evaluation=evaluation,
+            metadata={"run": {"epoch": attempt.epoch, "attempt": attempt.number, "split": task.split}})
+        rollout_id = created.rollout_id
+        self._log("started", attempt, rollout_id=rollout_id, tries=tries)
+        rollout_root = created.base_url.removesuffix("/v1")
+        config = ClientConfig(
+            openai_base_url=created.base_url, anthropic_base_url=rollout_root, rollout_id=rollout_id,
+            reward_url=f"{self.client.proxy}/reward", event_url=f"{rollout_root}/events",
+            api_key=settings.key() or NO_KEY, model=settings.model, task_id=task.id, eval=evaluation)
+        env = {variable: _text(task.data[name]) for variable, name in self.env.items()}
+        began = time.monotonic()
+        timed_out = False
+        try:
+            result = await asyncio.wait_for(self.agent.run(task.data, config, env), settings.timeout)
+        except TimeoutError:
+            timed_out, result = True, AgentResult(error=f"timed out after {settings.timeout:g} s")
+        stored = await self.client.rollout(rollout_id) or {}
+        if result.error and not timed_out and await self._engine_failed(stored):
+            self._log("finished", attempt, rollout_id=rollout_id, status="try_failed", error=result.error,
+                      tries=tries)
+            raise InfrastructureError(result.error)
+        reward = stored.get("reward")
+        if reward is None and result.reward is not None and not result.error:
+            # the agent said its reward and posted none itself (had it, the stored one wins)
+            if await self.client.post_reward(rollout_id, result.reward):
+                reward = result.reward
+            else:
+                reward = ((await self.client.rollout(rollout_id)) or {}).get("reward")
+        # a reward posted before the agent hung or failed still counts
+        status = ("rewarded" if reward is not None else "timeout" if timed_out
+                  else "failed" if result.error else "unrewarded")
+        policy = _policy(stored)
+        calls = stored.get("calls") or []
+        self._log("finished", attempt, rollout_id=rollout_id, status=status, reward=reward, policy=policy,
+                  error=result.error, tries=tries, seconds=round(time.monotonic() - began, 3), calls=len(calls))
+        return Outcome(task.split, status, reward, policy, attempt, rollout_id, result.error, tries,
+                       tuple(call.get("policy") for call in calls))
+
+    async def _engine_failed(self, stored: dict[str, Any]) -> bool:
+        """The agent failed because the proxy or engine did: no call was answered and one broke on the engine
+        side, or the proxy itself is down."""
+        calls = stored.get("calls") or []
+        if any(call.get("status") == "ok" for call in calls):
+            return False
+        broken = any(call.get("status") in BROKEN_CALLS and (call.get("http_status") or 500) >= 500 for call in calls)
+        return broken or not await self.client.healthy()
+
+
+def _policy(stored: dict[str, Any]) -> int | None:
+    """The version that answered: its calls' (what X-Rlproxy-Policy said), else the one the rollout was
+    created for."""
+    versions = [call.get("policy") for call in stored.get("calls") or [] if call.get("policy") is not None]
+    return versions[-1] if versions else stored.get("policy")
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, ensure_ascii=False, default=str)
