@@ -11,7 +11,7 @@ from trainer.transitions import Call, SkipReasons, Transition, merge_trajectory,
 
 _LAZY = {
     "PolicyTrainer": "trainer.ppo",
-    "StepMetrics": "trainer.ppo",
+    "StepMetrics": "trainer.step_metrics",
     "save_adapter_atomically": "trainer.adapter",
     "load_adapter": "trainer.adapter",
     "import_openrlhf": "trainer.compat",

@@ -24,7 +24,6 @@ import re
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -35,34 +34,10 @@ from trainer.config import TrainConfig
 from trainer.logprobs import MicroBatch, collate, score
 from trainer.memory import activation_checkpointing, release_free_memory, tune_allocator
 from trainer.parallel import Collective
+from trainer.step_metrics import StepMetrics, StepTally
 from trainer.transitions import SkipReasons, Transition, pack_micro_batches, validate_transition
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class StepMetrics:
-    loss: float = 0.0
-    policy_loss: float = 0.0
-    kl: float | None = None  # KL(policy || base) per trained token; None when the reference pass is off
-    clip_fraction: float = 0.0
-    ratio_mean: float = 1.0  # importance ratio policy / behaviour over trained tokens
-    ratio_max: float = 1.0
-    behaviour_kl: float = 0.0  # mean(behaviour logp - policy logp): how off-policy the batch is
-    entropy: float = 0.0
-    grad_norm: float = 0.0
-    transitions: int = 0
-    micro_batches: int = 0
-    updates: int = 0  # optimizer steps taken (ppo_epochs x mini-batches)
-    tokens: int = 0  # prompt + completion tokens through the model (all epochs)
-    trained_tokens: int = 0  # model-sampled tokens in the loss (one epoch)
-    tokens_per_s: float = 0.0
-    duration_s: float = 0.0
-    step: int = 0
-    skipped: dict[str, int] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class PolicyTrainer:
@@ -131,110 +106,63 @@ class PolicyTrainer:
 
     # --- one training step ------------------------------------------------------------------------
     def step(self, transitions: list[Transition]) -> StepMetrics:
-        cfg = self.config
+        """`ppo_epochs` passes over the batch; each pass one AdamW update per mini-batch, its gradient accumulated
+        over the mini-batch's micro-batches."""
         started = time.perf_counter()
-        skipped = SkipReasons()
-        batch = []
-        for t in transitions:
-            reason = validate_transition(t, cfg.max_seq_len)
-            if reason is None:
-                batch.append(t)
-            else:
-                skipped[reason] += 1
-        metrics = StepMetrics(transitions=len(batch), skipped=dict(skipped), step=self.step_count)
+        batch, skipped = valid_transitions(transitions, self.config.max_seq_len)
         if not batch:
-            return metrics
-        # `mini_batches` optimizer updates per epoch, each on its own share of the transitions, each share
-        # packed into micro-batches by token budget (gradients accumulate over a share's micro-batches).
-        # With several ranks, each computes every other transition of a share (and divides by the tokens of
-        # the whole share, so the gradients summed over ranks are the one-process gradient).
-        rank, world = self.collective.rank, self.collective.world_size
-        shares = split_mini_batches(batch, cfg.mini_batches, seed=cfg.seed + self.step_count)
-        minis = [[collate(mb).to(self.device) for mb in pack_micro_batches(share[rank::world], cfg.micro_batch_tokens)]
-                 for share in shares]
-        mini_tokens = [float(sum(sum(t.mask()) for t in share)) for share in shares]
-        trained_tokens = sum(mini_tokens)
-        references: dict[tuple[int, int], torch.Tensor] = {}
-        sums: dict[str, float] = {}
-        grad_norms: list[float] = []
-        ratio_max = 0.0
-
-        def add(name: str, value: torch.Tensor | float, weight: float = 1.0) -> None:
-            sums[name] = sums.get(name, 0.0) + float(value) * weight
-
-        for _ in range(cfg.ppo_epochs):
-            for m, (mini, tokens_in_mini) in enumerate(zip(minis, mini_tokens)):
-                for i, mb in enumerate(mini):
-                    if cfg.needs_reference and (m, i) not in references:
-                        references[m, i] = self._logprobs(mb, adapter=False)
-                    with activation_checkpointing(self.model, mb.input_ids.numel() > cfg.micro_batch_tokens):
-                        logprobs, entropy = self._forward(mb)
-                    # Token-mean over the update: each micro-batch contributes its sum / the share's tokens.
-                    policy_loss, clip_frac, _, _, _ = self.policy_loss(
-                        logprobs, mb.behaviour_logprobs, mb.advantages, mb.loss_mask,
-                        batch_num_tokens=tokens_in_mini,
-                    )
-                    loss = policy_loss
-                    if (m, i) in references:
-                        kl = self._approx_kl(logprobs, references[m, i], kl_estimator=cfg.kl_estimator)
-                        kl_loss = (kl * mb.loss_mask).sum() / tokens_in_mini
-                        if cfg.kl_coef > 0:
-                            loss = loss + cfg.kl_coef * kl_loss
-                        add("kl", kl_loss.detach())
-                    loss.backward()
-
-                    mb_tokens = float(mb.loss_mask.sum())
-                    add("loss", loss.detach())
-                    add("policy_loss", policy_loss.detach())
-                    add("clip_fraction", clip_frac, mb_tokens / trained_tokens)
-                    with torch.no_grad():
-                        log_ratio = (logprobs.detach() - mb.behaviour_logprobs) * mb.loss_mask
-                        add("ratio_mean", (log_ratio.exp() * mb.loss_mask).sum() / trained_tokens)
-                        add("behaviour_kl", -log_ratio.sum() / trained_tokens)
-                        masked = log_ratio.masked_fill(mb.loss_mask == 0, -1e9)
-                        ratio_max = max(ratio_max, float(masked.exp().max()))
-                        add("entropy", (entropy * mb.loss_mask).sum() / trained_tokens)
-                    add("tokens", mb.tokens)
-                    del entropy, logprobs, loss
-
-                grad_norms.append(self._optimizer_step())
-
+            return StepMetrics(skipped=skipped, step=self.step_count)
+        minis = self._mini_batches(batch)
+        tally = StepTally(trained_tokens=sum(mini.tokens for mini in minis),
+                          micro_batches=sum(len(mini.micro_batches) for mini in minis))
+        for _ in range(self.config.ppo_epochs):
+            for mini in minis:
+                for i, mb in enumerate(mini.micro_batches):
+                    self._micro_step(mb, self._reference(mini, i), mini.tokens, tally)
+                tally.update(self._optimizer_step())
         self.step_count += 1
         release_free_memory()
-        sums = self._sum_over_ranks(sums, ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean",
-                                           "behaviour_kl", "entropy", "tokens", "micro_batches"),
-                                    micro_batches=sum(len(mini) for mini in minis))
-        ratio_max = self.collective.max(ratio_max)
-        epochs = cfg.ppo_epochs
-        updates = len(grad_norms)
-        duration = time.perf_counter() - started
-        metrics.loss = sums["loss"] / updates
-        metrics.policy_loss = sums["policy_loss"] / updates
-        metrics.kl = sums["kl"] / updates if "kl" in sums else None
-        metrics.clip_fraction = sums["clip_fraction"] / epochs
-        metrics.ratio_mean = sums["ratio_mean"] / epochs
-        metrics.ratio_max = ratio_max
-        metrics.behaviour_kl = sums["behaviour_kl"] / epochs
-        metrics.entropy = sums["entropy"] / epochs
-        metrics.grad_norm = sum(grad_norms) / len(grad_norms)
-        metrics.micro_batches = int(sums["micro_batches"])
-        metrics.updates = updates
-        metrics.tokens = int(sums["tokens"])
-        metrics.trained_tokens = int(trained_tokens)
-        metrics.duration_s = duration
-        metrics.tokens_per_s = metrics.tokens / duration
-        metrics.step = self.step_count
-        return metrics
+        return tally.finish(self.collective, epochs=self.config.ppo_epochs, transitions=len(batch), skipped=skipped,
+                            step=self.step_count, duration_s=time.perf_counter() - started)
 
-    def _sum_over_ranks(self, sums: dict[str, float], names: tuple[str, ...], **more: float) -> dict[str, float]:
-        """Every rank's sums added up (names a rank never saw count 0 there; they stay absent if no rank saw them)."""
-        local = {**sums, **more}
-        if self.collective.world_size == 1:
-            return local
-        values = torch.tensor([local.get(n, 0.0) for n in names] + [float(n in local) for n in names],
-                              dtype=torch.float64, device=self.device)
-        self.collective.sum_(values)
-        return {n: float(values[i]) for i, n in enumerate(names) if values[len(names) + i] > 0}
+    def _mini_batches(self, batch: list[Transition]) -> list[MiniBatch]:
+        """`mini_batches` shares of the batch (one optimizer update each), each packed into micro-batches by token
+        budget. With several ranks each computes every other transition of a share; every loss is divided by the
+        trained tokens of the whole share, so gradients summed over ranks are the one-process gradient."""
+        cfg, rank, world = self.config, self.collective.rank, self.collective.world_size
+        shares = split_mini_batches(batch, cfg.mini_batches, seed=cfg.seed + self.step_count)
+        return [MiniBatch([collate(mb).to(self.device) for mb in pack_micro_batches(share[rank::world],
+                                                                                    cfg.micro_batch_tokens)],
+                          tokens=float(sum(sum(t.mask()) for t in share)))
+                for share in shares]
+
+    def _reference(self, mini: MiniBatch, i: int) -> torch.Tensor | None:
+        """The base model's log-probs of micro-batch `i` (adapter off; computed once, in the first epoch), or None
+        when no KL is wanted."""
+        if not self.config.needs_reference:
+            return None
+        if i == len(mini.references):
+            mini.references.append(self._logprobs(mini.micro_batches[i], adapter=False))
+        return mini.references[i]
+
+    def _micro_step(self, mb: MicroBatch, reference: torch.Tensor | None, mini_tokens: float,
+                    tally: StepTally) -> None:
+        """Forward and backward of one micro-batch: PPO clipped loss (+ KL to the base model), its gradient added
+        to the mini-batch's as a share of the token mean over the whole mini-batch."""
+        cfg = self.config
+        with activation_checkpointing(self.model, mb.input_ids.numel() > cfg.micro_batch_tokens):
+            logprobs, entropy = self._forward(mb)
+        policy_loss, clip_fraction, _, _, _ = self.policy_loss(
+            logprobs, mb.behaviour_logprobs, mb.advantages, mb.loss_mask, batch_num_tokens=mini_tokens)
+        loss, kl_loss = policy_loss, None
+        if reference is not None:
+            kl = self._approx_kl(logprobs, reference, kl_estimator=cfg.kl_estimator)
+            kl_loss = (kl * mb.loss_mask).sum() / mini_tokens
+            if cfg.kl_coef > 0:
+                loss = loss + cfg.kl_coef * kl_loss
+        loss.backward()
+        tally.micro_batch(mb, logprobs.detach(), entropy, loss=loss.detach(), policy_loss=policy_loss.detach(),
+                          kl_loss=None if kl_loss is None else kl_loss.detach(), clip_fraction=clip_fraction)
 
     def _sum_gradients_over_ranks(self) -> None:
         if self.collective.world_size == 1:
@@ -365,6 +293,27 @@ def _restore_checkpoint_weights(peft_model: torch.nn.Module, model_path: str) ->
     if copied == 0:
         raise RuntimeError(f"none of the checkpoint tensors in {model_path} matched the model's parameters")
     log.debug("restored %d checkpoint tensors in float32", copied)
+
+
+@dataclass
+class MiniBatch:
+    """One optimizer update's share of the batch: this rank's micro-batches of it."""
+    micro_batches: list[MicroBatch]
+    tokens: float  # trained tokens of the whole share (every rank's): each micro-batch's loss divisor
+    references: list[torch.Tensor] = field(default_factory=list)  # base-model log-probs, per micro-batch
+
+
+def valid_transitions(transitions: list[Transition], max_seq_len: int) -> tuple[list[Transition], dict[str, int]]:
+    """The transitions a step can train on, and why the others cannot (reason -> count)."""
+    skipped = SkipReasons()
+    batch = []
+    for t in transitions:
+        reason = validate_transition(t, max_seq_len)
+        if reason is None:
+            batch.append(t)
+        else:
+            skipped[reason] += 1
+    return batch, dict(skipped)
 
 
 def split_mini_batches(batch: list[Transition], count: int, seed: int) -> list[list[Transition]]:
