@@ -3,6 +3,7 @@
     python bench/step_losses.py                    # a tiny random Llama built here (no downloads), 4 steps
     python bench/step_losses.py --model bundled    # the bundled model
     python bench/step_losses.py --model DIR --steps 3
+    python -m torch.distributed.run --standalone --nproc-per-node 2 bench/step_losses.py   # the base sharded
 
 A change to how a step is organised (not to what it computes) must print the same numbers: run it before and
 after and compare. The batch exercises every path of a step: several mini-batches and epochs, several
@@ -62,7 +63,9 @@ def main() -> None:
     parser.add_argument("--model", default="tiny", help="'tiny' (built here), 'bundled', or a model folder")
     parser.add_argument("--steps", type=int, default=4)
     args = parser.parse_args()
+    from trainer import parallel
     from trainer.ppo import PolicyTrainer
+    from trainer.sharding import whole
 
     if args.model == "tiny":
         path = tiny_llama()
@@ -74,15 +77,17 @@ def main() -> None:
         path = args.model
     config = TrainConfig(bf16=False, mini_batches=2, ppo_epochs=2, micro_batch_tokens=64, learning_rate=1e-2,
                          kl_coef=0.01, seed=3)
-    trainer = PolicyTrainer(path, config)
+    collective = parallel.init_from_environment() if parallel.launched_by_torchrun() else None
+    trainer = PolicyTrainer(path, config, collective=collective)
     batch = fixed_transitions(trainer.model.config.vocab_size)
-    print(f"model: {args.model} | {len(batch)} transitions | steps: {args.steps}")
-    print("step " + " ".join(f"{name:>14}" for name in FIELDS))
+    say = print if collective is None or collective.rank == 0 else (lambda *_: None)
+    say(f"model: {args.model} | {len(batch)} transitions | steps: {args.steps}")
+    say("step " + " ".join(f"{name:>14}" for name in FIELDS))
     for _ in range(args.steps):
         metrics = trainer.step(batch).as_dict()
-        print(f"{metrics['step']:>4} " + " ".join(f"{metrics[name]:>14.8g}" for name in FIELDS))
-    lora = torch.cat([p.detach().reshape(-1) for p in trainer.params])
-    print(f"LoRA parameters: sum {float(lora.sum()):.8g}, sum of squares {float((lora ** 2).sum()):.8g}")
+        say(f"{metrics['step']:>4} " + " ".join(f"{metrics[name]:>14.8g}" for name in FIELDS))
+    lora = torch.cat([whole(p).detach().reshape(-1) for p in trainer.params])  # all-gathered when sharded
+    say(f"LoRA parameters: sum {float(lora.sum()):.8g}, sum of squares {float((lora ** 2).sum()):.8g}")
 
 
 if __name__ == "__main__":

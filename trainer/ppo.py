@@ -12,6 +12,10 @@ master weights. The reference policy is the same module with the adapter disable
 Log-probs come from trainer/logprobs.py rather than Actor.forward, which runs the LM head over every
 position in one piece: only completion positions reach the vocabulary projection, a chunk of rows at a
 time, so no [tokens x vocabulary] tensor is ever held.
+
+Several ranks (trainer/parallel.py): the base is sharded over them with FSDP2 (trainer/sharding.py), the
+scoring module (`Scorer`) being the root unit; each rank computes its share of every mini-batch, and the same
+code runs unsharded in a single process.
 """
 from __future__ import annotations
 
@@ -31,9 +35,10 @@ from core.hardware import fast_bf16
 from trainer.adapter import load_adapter, save_adapter_atomically
 from trainer.compat import import_openrlhf
 from trainer.config import TrainConfig
-from trainer.logprobs import MicroBatch, collate, score
+from trainer.logprobs import MicroBatch, Scorer, collate, placeholder_micro_batch
 from trainer.memory import activation_checkpointing, release_free_memory, tune_allocator
 from trainer.parallel import Collective
+from trainer.sharding import decoder_layers, lora_weights, shard, whole, whole_optimizer_state
 from trainer.step_metrics import StepMetrics, StepTally
 from trainer.transitions import SkipReasons, Transition, pack_micro_batches, validate_transition
 
@@ -80,15 +85,18 @@ class PolicyTrainer:
             # The bf16 load rounded the weights; the engine that sampled the behaviour log-probs serves the
             # checkpoint's own float32 ones here, so the importance ratio must be taken against those.
             _restore_checkpoint_weights(self.model, self.model_path)
-        self.model.to(self.device)
+        self.scorer = Scorer(self.model)  # the policy's forward pass; with several ranks, FSDP's root unit
+        if self.collective.sharded:  # the base split across ranks; LoRA A drawn alike on every rank (same seed)
+            shard(self.scorer, decoder_layers(self.model), self.device, offload=config.offload_base)
+        else:
+            self.model.to(self.device)
         self.actor.train()
         self.policy_loss = parts.PolicyLoss(
             clip_eps_low=config.clip_eps_low, clip_eps_high=config.clip_eps_high, token_level_loss=True
         )
         self._approx_kl = parts.compute_approx_kl
         self._masked_mean = parts.masked_mean
-        self.params = [p for p in self.actor.parameters() if p.requires_grad]
-        self._broadcast_parameters()  # LoRA A is random: every rank starts from rank 0's draw
+        self.params = [p for p in self.actor.parameters() if p.requires_grad]  # sharded ones, if sharded
         # The adapter a policy starts from when it starts from the base model: this draw (from `seed`), kept, so
         # that every policy trained on this model copy starts from it, not from what another policy left in A.
         self._fresh_lora = {name: param.detach().clone() for name, param in self.model.named_parameters()
@@ -100,7 +108,6 @@ class PolicyTrainer:
         if adapter_dir is not None:
             state = load_adapter(self.model, adapter_dir, self.optimizer)
             self.step_count = int(state.get("step", 0))
-            _move_optimizer_state(self.optimizer, self.device)
         if config.bf16 and not self.autocast_enabled:
             log.info("no fast bfloat16 on this machine: training computes in float32")
 
@@ -114,7 +121,7 @@ class PolicyTrainer:
             return StepMetrics(skipped=skipped, step=self.step_count)
         minis = self._mini_batches(batch)
         tally = StepTally(trained_tokens=sum(mini.tokens for mini in minis),
-                          micro_batches=sum(len(mini.micro_batches) for mini in minis))
+                          micro_batches=sum(not mb.placeholder for mini in minis for mb in mini.micro_batches))
         for _ in range(self.config.ppo_epochs):
             for mini in minis:
                 for i, mb in enumerate(mini.micro_batches):
@@ -128,13 +135,17 @@ class PolicyTrainer:
     def _mini_batches(self, batch: list[Transition]) -> list[MiniBatch]:
         """`mini_batches` shares of the batch (one optimizer update each), each packed into micro-batches by token
         budget. With several ranks each computes every other transition of a share; every loss is divided by the
-        trained tokens of the whole share, so gradients summed over ranks are the one-process gradient."""
+        trained tokens of the whole share, so gradients summed over ranks are the one-process gradient. Every rank
+        runs as many micro-batches as the busiest one (placeholders): each pass gathers the sharded layers."""
         cfg, rank, world = self.config, self.collective.rank, self.collective.world_size
-        shares = split_mini_batches(batch, cfg.mini_batches, seed=cfg.seed + self.step_count)
-        return [MiniBatch([collate(mb).to(self.device) for mb in pack_micro_batches(share[rank::world],
-                                                                                    cfg.micro_batch_tokens)],
-                          tokens=float(sum(sum(t.mask()) for t in share)))
-                for share in shares]
+        minis = []
+        for share in split_mini_batches(batch, cfg.mini_batches, seed=cfg.seed + self.step_count):
+            packed = [pack_micro_batches(share[r::world], cfg.micro_batch_tokens) for r in range(world)]
+            mine = [collate(group) for group in packed[rank]]
+            mine += [placeholder_micro_batch() for _ in range(max(map(len, packed)) - len(mine))]
+            minis.append(MiniBatch([mb.to(self.device) for mb in mine],
+                                   tokens=float(sum(sum(t.mask()) for t in share))))
+        return minis
 
     def _reference(self, mini: MiniBatch, i: int) -> torch.Tensor | None:
         """The base model's log-probs of micro-batch `i` (adapter off; computed once, in the first epoch), or None
@@ -150,7 +161,8 @@ class PolicyTrainer:
         """Forward and backward of one micro-batch: PPO clipped loss (+ KL to the base model), its gradient added
         to the mini-batch's as a share of the token mean over the whole mini-batch."""
         cfg = self.config
-        with activation_checkpointing(self.model, mb.input_ids.numel() > cfg.micro_batch_tokens):
+        long = mb.input_ids.numel() > cfg.micro_batch_tokens
+        with activation_checkpointing(self.model, cfg.activation_checkpointing or long):
             logprobs, entropy = self._forward(mb)
         policy_loss, clip_fraction, _, _, _ = self.policy_loss(
             logprobs, mb.behaviour_logprobs, mb.advantages, mb.loss_mask, batch_num_tokens=mini_tokens)
@@ -161,36 +173,18 @@ class PolicyTrainer:
             if cfg.kl_coef > 0:
                 loss = loss + cfg.kl_coef * kl_loss
         loss.backward()
+        if mb.placeholder:
+            return
         tally.micro_batch(mb, logprobs.detach(), entropy, loss=loss.detach(), policy_loss=policy_loss.detach(),
                           kl_loss=None if kl_loss is None else kl_loss.detach(), clip_fraction=clip_fraction)
 
-    def _sum_gradients_over_ranks(self) -> None:
-        if self.collective.world_size == 1:
-            return
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        self.collective.sum_(flat)
-        offset = 0
-        for param in self.params:
-            param.grad = flat[offset: offset + param.numel()].view_as(param).clone()
-            offset += param.numel()
-
-    def _broadcast_parameters(self) -> None:
-        if self.collective.world_size == 1:
-            return
-        with torch.no_grad():
-            for param in self.params:
-                self.collective.broadcast_(param.data)
-
     def _optimizer_step(self) -> float:
         cfg = self.config
-        self._sum_gradients_over_ranks()
         if cfg.max_grad_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
         else:
-            grads = [p.grad.norm() for p in self.params if p.grad is not None]
-            norm = torch.linalg.vector_norm(torch.stack(grads))
-        norm = float(norm)
+            norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+        norm = float(whole(norm))  # over every rank's shard of the gradients
         if math.isfinite(norm):
             self.optimizer.step()
         else:
@@ -201,8 +195,8 @@ class PolicyTrainer:
     # --- scoring ----------------------------------------------------------------------------------
     def _forward(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs [B, K] of the scored tokens and the policy's entropy there (trainer/logprobs.py)."""
-        return score(self.model, mb, temperature=self.config.temperature,
-                     autocast_dtype=torch.bfloat16 if self.autocast_enabled else None)
+        return self.scorer(mb, temperature=self.config.temperature,
+                           autocast_dtype=torch.bfloat16 if self.autocast_enabled else None)
 
     @torch.no_grad()
     def _logprobs(self, mb: MicroBatch, adapter: bool = True) -> torch.Tensor:
@@ -226,12 +220,18 @@ class PolicyTrainer:
 
     # --- persistence ------------------------------------------------------------------------------
     def save_adapter(self, target_dir: str | os.PathLike[str]) -> Path:
+        """Write the adapter and its AdamW state to `target_dir`, all or nothing. With several ranks every rank
+        calls this (the shards are all-gathered: a few MB of LoRA state) and rank 0 writes."""
+        weights, optimizer_state = lora_weights(self.model), whole_optimizer_state(self.optimizer)
+        if self.collective.rank != 0:
+            return Path(target_dir).absolute()
         return save_adapter_atomically(
             self.model,
-            self.optimizer.state_dict(),
+            optimizer_state,
             target_dir,
             base_model_name_or_path=self.model_path,
             trainer_state={"step": self.step_count, "config": asdict(self.config)},
+            weights=weights,
         )
 
     def load(self, adapter_dir: str | os.PathLike[str] | None) -> None:
@@ -241,7 +241,6 @@ class PolicyTrainer:
         if adapter_dir is not None:
             state = load_adapter(self.model, adapter_dir, self.optimizer)
             self.step_count = int(state.get("step", 0))
-            _move_optimizer_state(self.optimizer, self.device)
             return
         with torch.no_grad():  # the LoRA update is B @ A; with B = 0 the adapter is the identity
             for name, param in self.model.named_parameters():
@@ -258,16 +257,6 @@ class PolicyTrainer:
         if not self.autocast_enabled:
             return contextlib.nullcontext()
         return torch.autocast(device_type=_device_type(self.model), dtype=torch.bfloat16)
-
-
-def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """AdamW moments are loaded onto the CPU; on a GPU they must live beside their parameters."""
-    if device.type == "cpu":
-        return
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and key != "step":
-                state[key] = value.to(device)
 
 
 def _restore_checkpoint_weights(peft_model: torch.nn.Module, model_path: str) -> None:

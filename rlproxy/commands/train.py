@@ -36,7 +36,7 @@ def train(overrides, **params) -> None:
     from trainer import parallel
     from trainer.worker import TrainerWorker
 
-    if params["nproc_per_node"] > 1 and not parallel.launched_by_torchrun():
+    if (params["nproc_per_node"] > 1 or params["offload_base"]) and not parallel.launched_by_torchrun():
         _exec_torchrun(params["nproc_per_node"])
     if params["gate"] == "heldout":  # the bundled demo task's own configuration of the command gate
         from demo.score import command
