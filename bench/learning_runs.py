@@ -4,6 +4,7 @@ tests run at the size where learning shows (and asserted there), `--runs` times,
     .venv/bin/python bench/learning_runs.py judge            # tests/test_judge_learning.py, 7 rounds of 32
     .venv/bin/python bench/learning_runs.py multi-agent      # tests/test_multi_agent.py, 6 rounds
     .venv/bin/python bench/learning_runs.py learning --runs 5  # tests/test_learning.py as CI runs it, 5 times
+    .venv/bin/python bench/learning_runs.py learning-2-ranks   # the same, `rlproxy train --nproc-per-node 2`
 
 CI runs the same tests at their default, short size (routing, recording and that training happened); the test
 that proves learning with default settings, tests/test_learning.py, runs in CI at full size, and `learning`
@@ -30,6 +31,8 @@ MEASUREMENTS = {
                                                    "RLPROXY_TEST_MULTI_AGENT_HELDOUT": "32",
                                                    "RLPROXY_TEST_MULTI_AGENT_PER_PROJECT": "16"}),
     "learning": ("tests/test_learning.py", {}),
+    # the same with the trainer on two ranks (torchrun, the base sharded with FSDP2): learns as one process does
+    "learning-2-ranks": ("tests/test_learning.py", {"RLPROXY_TEST_TRAINER_RANKS": "2"}),
 }
 # What the tests print about learning (one line each).
 RESULT_MARKERS = ("held-out success", "held-out solver success")

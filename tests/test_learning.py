@@ -33,6 +33,8 @@ ROUNDS = int(os.environ.get("RLPROXY_TEST_LEARNING_ROUNDS", "6"))
 GROUP = 8  # episodes per task (the advantage baseline)
 BATCH = 16  # rollouts per training step: two groups
 MARGIN = 0.20
+# Trainer processes (torchrun ranks, the base sharded over them); bench/learning_runs.py learning-2-ranks sets 2.
+RANKS = int(os.environ.get("RLPROXY_TEST_TRAINER_RANKS", "1"))
 
 
 @pytest.fixture
@@ -40,7 +42,7 @@ def trainer(engine_url: str, own_database_url: str, tmp_path: Path):
     from engine.model import prepare_model
 
     command = trainer_command(own_database_url, engine_url, prepare_model(), tmp_path / "adapters",
-                              "--poll-interval", "0.2",
+                              "--poll-interval", "0.2", "--nproc-per-node", str(RANKS),
                               settings={"batch_rollouts": BATCH, "group_size": GROUP, "mini_batches": 4,
                                         "learning_rate": 1e-3, "group_timeout_s": 120,
                                         "batch_timeout_s": 600})  # one step per round of BATCH episodes, never half

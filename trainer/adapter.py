@@ -6,7 +6,8 @@ place. Replacing an existing adapter swaps the two directories in one step where
 absent but never partial. Publishing each policy version to a fresh directory avoids even that.
 
 Files: adapter_config.json + adapter_model.safetensors (what vLLM and peft read), optimizer.pt and
-trainer_state.json (what resuming reads; vLLM ignores them).
+trainer_state.json (what resuming reads; vLLM ignores them). Both hold whole tensors, however many ranks the
+trainer that wrote them had (trainer/sharding.py): an adapter saved by 8 ranks resumes on 1, and the reverse.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from trainer.sharding import load_lora_weights, lora_weights, place_optimizer_state
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
@@ -53,16 +56,16 @@ def save_adapter_atomically(
     *,
     base_model_name_or_path: str | None = None,
     trainer_state: Mapping[str, Any] | None = None,
+    weights: Mapping[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write the adapter of peft `model` (+ optimizer state) to `target_dir`, all or nothing."""
-    from peft import get_peft_model_state_dict
-
+    """Write the adapter of peft `model` (+ optimizer state) to `target_dir`, all or nothing. `weights`: the
+    adapter's tensors when already gathered (trainer/sharding.py's `lora_weights`); by default taken from `model`."""
     target = Path(target_dir).absolute()
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the serving process may run as another user
-        weights = {k: v.detach().to("cpu").contiguous() for k, v in get_peft_model_state_dict(model).items()}
+        weights = lora_weights(model) if weights is None else weights
         _write_json(tmp / ADAPTER_CONFIG, adapter_config(model, base_model_name_or_path))
         _write_weights(weights, tmp / ADAPTER_WEIGHTS)
         if optimizer_state is not None:
@@ -82,12 +85,11 @@ def save_adapter_atomically(
 def load_adapter(
     model: Any, adapter_dir: str | os.PathLike[str], optimizer: torch.optim.Optimizer | None = None
 ) -> dict[str, Any]:
-    """Load a saved adapter into peft `model` (same rank/alpha/targets) and, if given, the optimizer state.
+    """Load a saved adapter into peft `model` (same rank/alpha/targets) and, if given, the optimizer state; with
+    sharded parameters each rank keeps its shard (every rank reads the folder).
 
     Returns the saved trainer state (empty if none).
     """
-    from peft import set_peft_model_state_dict
-
     adapter_dir = Path(adapter_dir)
     saved = json.loads((adapter_dir / ADAPTER_CONFIG).read_text())
     ours = adapter_config(model)
@@ -96,15 +98,13 @@ def load_adapter(
             raise ValueError(
                 f"adapter in {adapter_dir} has {key}={saved.get(key)!r}, the model {ours.get(key)!r}"
             )
-    weights = load_file(str(adapter_dir / ADAPTER_WEIGHTS))
-    result = set_peft_model_state_dict(model, weights)
-    expected = {k for k, _ in model.named_parameters() if "lora_" in k}
-    missing = [k for k in result.missing_keys if k in expected]
-    if result.unexpected_keys or missing:
-        raise ValueError(f"adapter {adapter_dir} does not fit: unexpected {result.unexpected_keys[:3]}, "
-                         f"missing {missing[:3]}")
+    try:
+        load_lora_weights(model, load_file(str(adapter_dir / ADAPTER_WEIGHTS)))
+    except ValueError as exc:
+        raise ValueError(f"{adapter_dir}: {exc}") from None
     if optimizer is not None and (adapter_dir / OPTIMIZER_STATE).exists():
         optimizer.load_state_dict(torch.load(adapter_dir / OPTIMIZER_STATE, map_location="cpu"))
+        place_optimizer_state(optimizer)
     state_path = adapter_dir / TRAINER_STATE
     return json.loads(state_path.read_text()) if state_path.exists() else {}
 

@@ -2,6 +2,7 @@
 
     mb = collate(transitions)                       # right-padded micro-batch
     logprobs, entropy = score(peft_model, mb)       # [B, K] each; zero outside the completions
+    Scorer(peft_model)(mb)                          # the same as a module's forward (what FSDP shards as its root)
     token_scores(hidden, head, targets)             # the same from hidden states [N, H] and targets [N]
 
 Only completion positions reach the vocabulary projection: prompts (often most of an agent's tokens) and
@@ -51,13 +52,14 @@ class MicroBatch:
     behaviour_logprobs: torch.Tensor  # [B, K]
     advantages: torch.Tensor  # [B, K]
     tokens: int
+    placeholder: bool = False  # nothing to learn from: keeps a rank with less work in step with the others
 
     def to(self, device: torch.device) -> "MicroBatch":
         if device.type == "cpu":
             return self
         move = {name: getattr(self, name).to(device) for name in
                 ("input_ids", "attention_mask", "scored", "loss_mask", "behaviour_logprobs", "advantages")}
-        return MicroBatch(**move, start=self.start, tokens=self.tokens)
+        return MicroBatch(**move, start=self.start, tokens=self.tokens, placeholder=self.placeholder)
 
 
 def collate(transitions: list[Transition], pad_id: int = 0) -> MicroBatch:
@@ -78,6 +80,29 @@ def collate(transitions: list[Transition], pad_id: int = 0) -> MicroBatch:
         behaviour[i, span] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
         advantages[i, span] = torch.tensor(t.advantages(), dtype=torch.float32) * mask[i, span]
     return MicroBatch(ids, attention, start, scored, mask, behaviour, advantages, int(attention.sum()))
+
+
+def placeholder_micro_batch() -> MicroBatch:
+    """A two-token micro-batch with nothing trained in it (loss mask 0, no tokens counted). With the base sharded,
+    every rank must run as many forward and backward passes as the others (each one gathers the layers' shards),
+    so a rank whose share packed into fewer micro-batches runs these."""
+    mb = collate([Transition([0], [0], [0.0], advantage=0.0, loss_mask=[0])])
+    mb.tokens, mb.placeholder = 0, True
+    return mb
+
+
+class Scorer(torch.nn.Module):
+    """`score` as the forward of a module holding the peft model. Sharded (trainer/sharding.py), this is FSDP's root
+    unit: calling it gathers the embeddings, final norm and LM head for the whole computation (the decoder layers
+    gather their own as they run), and they stay whole until backward, which reads the LM head again, ends."""
+
+    def __init__(self, peft_model: torch.nn.Module) -> None:
+        super().__init__()
+        self.policy = peft_model
+
+    def forward(self, mb: MicroBatch, temperature: float = 1.0,
+                autocast_dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        return score(self.policy, mb, temperature=temperature, autocast_dtype=autocast_dtype)
 
 
 def score(peft_model: torch.nn.Module, mb: MicroBatch, *, temperature: float = 1.0,

@@ -1,22 +1,28 @@
-"""Data-parallel training across processes with torch.distributed: one process per GPU (NCCL), or several
-CPU processes (gloo). The code path is the same either way, which is how the multi-GPU trainer is tested on
-machines without a GPU.
+"""Training across processes: the frozen base model sharded over the ranks with PyTorch FSDP2 (trainer/sharding.py),
+one process per GPU (NCCL) or several CPU processes (gloo). One code path for one rank, several on one machine
+and several over machines: torchrun starts the ranks and tells each who it is; the rest is torch.distributed.
 
 Launch: `rlproxy train --nproc-per-node 8 ...` (starts torchrun), or torchrun itself across machines:
 `torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29400 -m rlproxy.cli train ...`
-(every machine must see the adapters folder: the helm chart's shared volume).
+(every machine must see the adapters folder: the helm chart's shared volume; every rank reads the adapter it
+resumes from there). Run without torchrun, the trainer is one process with the model unsharded: FSDP would
+have nothing to split, and the demo runs the trainer inside another program that has no process group.
+
+Why FSDP rather than a replica per rank: each rank holds 1/N of the base (plus the one or two layers being
+computed, gathered just in time), so a model too large for one GPU trains on several, and with CPU offload
+(`offload_base`) on few. The LoRA state (adapter, gradients, AdamW moments: a few MB) is sharded alike; the
+reduce-scatter of its gradients is the whole of the gradient traffic, the all-gathers of the base the rest.
 
 Roles. Rank 0 is the worker (trainer/worker.py): it claims rollouts, builds transitions, saves and publishes
 adapters and serves metrics; it is the only rank that talks to Postgres or the engines. Every other rank runs
-`follow()`: it waits for rank 0's next command and runs it on its own replica of the policy. Within a step
-every rank takes its own share of every mini-batch; each rank's loss is already divided by the token count
-of the whole mini-batch, so summing gradients across ranks gives the single-process gradient, and every
-rank applies the same update: the replicas never drift apart (tests/test_parallel.py checks this).
-
-Why plain torch.distributed rather than DeepSpeed ZeRO: with LoRA the trained state (adapter, its gradients
-and AdamW moments) is a few MB, so sharding it (ZeRO-1/2) saves nothing, while every rank needs the frozen
-base weights for its forward pass anyway. ZeRO-3 (sharding the base weights) matters only for models that
-do not fit one GPU; docs/deploy.md says what that takes.
+`follow()`: it waits for rank 0's next command and runs it on its own shard of the policy. The split earns its
+keep: with the base sharded every rank must run every forward pass the trainer makes (a step, the log-probs of
+a re-tokenized batch, the gathering of a saved adapter, the load of another), in the same order, and only rank
+0 knows what comes next; the followers need no database, engines or ports. Within a step every rank takes its
+own share of every mini-batch; each rank's loss is already divided by the token count of the whole mini-batch,
+so the summed gradients are the single-process gradient (tests/test_parallel.py checks this against one
+process). A rank that dies stops the job: torchrun ends the others, and an adapter is only ever published by
+rank 0's atomic rename after every rank has handed over its shard.
 """
 from __future__ import annotations
 
@@ -35,11 +41,13 @@ IDLE_TIMEOUT = datetime.timedelta(days=7)
 
 
 class Collective:
-    """What PolicyTrainer needs from its peers. This default is a single process: nothing to exchange."""
+    """What PolicyTrainer needs from its peers. This default is a single process: nothing to exchange, no shards."""
 
     rank = 0
     world_size = 1
     local_rank = 0
+    device = torch.device("cpu")
+    sharded = False  # whether the model is split over the process group's ranks (trainer/sharding.py)
 
     def sum_(self, tensor: torch.Tensor) -> None:
         """Sum `tensor` over all ranks, in place."""
@@ -47,16 +55,15 @@ class Collective:
     def max(self, value: float) -> float:
         return value
 
-    def broadcast_(self, tensor: torch.Tensor) -> None:
-        """Overwrite `tensor` with rank 0's."""
-
     def send(self, message: Any) -> Any:
         """Rank 0: hand a picklable message to every other rank. Others: receive it (pass None)."""
         return message
 
 
 class TorchCollective(Collective):
-    """torch.distributed's default process group (set up by `init_from_environment`)."""
+    """torch.distributed's default process group (set up by `init_from_environment`); the model is sharded over it."""
+
+    sharded = True
 
     def __init__(self, rank: int, world_size: int, local_rank: int, device: torch.device) -> None:
         self.rank, self.world_size, self.local_rank, self.device = rank, world_size, local_rank, device
@@ -69,9 +76,6 @@ class TorchCollective(Collective):
         torch.distributed.all_reduce(box, op=torch.distributed.ReduceOp.MAX)
         return float(box.item())
 
-    def broadcast_(self, tensor: torch.Tensor) -> None:
-        torch.distributed.broadcast(tensor, src=0)
-
     def send(self, message: Any) -> Any:
         box = [message]
         torch.distributed.broadcast_object_list(box, src=0, device=self.device)
@@ -79,7 +83,8 @@ class TorchCollective(Collective):
 
 
 def launched_by_torchrun() -> bool:
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    """Whether torchrun started this process (it sets TORCHELASTIC_RUN_ID; also for one rank)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
 def init_from_environment() -> TorchCollective:
@@ -99,7 +104,7 @@ def init_from_environment() -> TorchCollective:
 
 
 class LeaderPolicy:
-    """Rank 0's policy: a PolicyTrainer whose step and load also run on every other rank."""
+    """Rank 0's policy: a PolicyTrainer whose every computing call also runs on every other rank."""
 
     def __init__(self, policy, collective: Collective) -> None:
         self.policy = policy
@@ -107,23 +112,34 @@ class LeaderPolicy:
 
     @classmethod
     def start(cls, build, adapter_dir, collective: Collective) -> "LeaderPolicy":
-        """Build rank 0's replica (`build(adapter_dir)`) after telling the others to build theirs."""
-        collective.send(("start", adapter_dir))
+        """Build rank 0's part (`build(adapter_dir)`) after telling the others to build theirs."""
+        collective.send(("start", (adapter_dir,)))
         return cls(build(adapter_dir), collective)
 
     def step(self, transitions):
-        self.collective.send(("step", transitions))
-        return self.policy.step(transitions)
+        return self._everywhere("step", transitions)
 
     def load(self, adapter_dir) -> None:
-        self.collective.send(("load", adapter_dir))
-        self.policy.load(adapter_dir)
+        self._everywhere("load", adapter_dir)
+
+    def save_adapter(self, target_dir):
+        return self._everywhere("save_adapter", target_dir)
+
+    def logprobs(self, transitions, adapter: bool = True):
+        return self._everywhere("logprobs", transitions, adapter)
 
     def close(self) -> None:
-        self.collective.send(("stop", None))
+        self.collective.send(("stop", ()))
 
-    def __getattr__(self, name: str):  # save_adapter, logprobs, ...: rank 0's replica alone
+    def _everywhere(self, command: str, *args):
+        self.collective.send((command, args))
+        return getattr(self.policy, command)(*args)
+
+    def __getattr__(self, name: str):  # config, step_count, ...: rank 0's part alone
         return getattr(self.policy, name)
+
+
+FOLLOWED = ("step", "load", "save_adapter", "logprobs")  # what LeaderPolicy runs everywhere
 
 
 def follow(build, collective: Collective) -> int:
@@ -131,14 +147,12 @@ def follow(build, collective: Collective) -> int:
     Returns the number of steps taken."""
     policy, steps = None, 0
     while True:
-        command, argument = collective.send(None)
+        command, args = collective.send(None)
         if command == "start":
-            policy = build(argument)
-        elif command == "step":
-            policy.step(argument)
-            steps += 1
-        elif command == "load":
-            policy.load(argument)
+            policy = build(*args)
+        elif command in FOLLOWED:
+            getattr(policy, command)(*args)
+            steps += command == "step"
         elif command == "stop":
             log.info("rank %d: stopped after %d steps", collective.rank, steps)
             return steps

@@ -12,6 +12,10 @@ master weights. The reference policy is the same module with the adapter disable
 Log-probs come from trainer/logprobs.py rather than Actor.forward, which runs the LM head over every
 position in one piece: only completion positions reach the vocabulary projection, a chunk of rows at a
 time, so no [tokens x vocabulary] tensor is ever held.
+
+Several ranks (trainer/parallel.py): the base is sharded over them with FSDP2 (trainer/sharding.py), the
+scoring module (`Scorer`) being the root unit; each rank computes its share of every mini-batch, and the same
+code runs unsharded in a single process.
 """
 from __future__ import annotations
 
@@ -24,7 +28,6 @@ import re
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -32,37 +35,14 @@ from core.hardware import fast_bf16
 from core.settings import TrainingSettings as TrainConfig  # the training settings (core/settings/train.py)
 from trainer.adapter import load_adapter, save_adapter_atomically
 from trainer.compat import import_openrlhf
-from trainer.logprobs import MicroBatch, collate, score
+from trainer.logprobs import MicroBatch, Scorer, collate, placeholder_micro_batch
 from trainer.memory import activation_checkpointing, release_free_memory, tune_allocator
 from trainer.parallel import Collective
+from trainer.sharding import decoder_layers, lora_weights, shard, whole, whole_optimizer_state
+from trainer.step_metrics import StepMetrics, StepTally
 from trainer.transitions import SkipReasons, Transition, pack_micro_batches, validate_transition
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class StepMetrics:
-    loss: float = 0.0
-    policy_loss: float = 0.0
-    kl: float | None = None  # KL(policy || base) per trained token; None when the reference pass is off
-    clip_fraction: float = 0.0
-    ratio_mean: float = 1.0  # importance ratio policy / behaviour over trained tokens
-    ratio_max: float = 1.0
-    behaviour_kl: float = 0.0  # mean(behaviour logp - policy logp): how off-policy the batch is
-    entropy: float = 0.0
-    grad_norm: float = 0.0
-    transitions: int = 0
-    micro_batches: int = 0
-    updates: int = 0  # optimizer steps taken (ppo_epochs x mini-batches)
-    tokens: int = 0  # prompt + completion tokens through the model (all epochs)
-    trained_tokens: int = 0  # model-sampled tokens in the loss (one epoch)
-    tokens_per_s: float = 0.0
-    duration_s: float = 0.0
-    step: int = 0
-    skipped: dict[str, int] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class PolicyTrainer:
@@ -76,7 +56,7 @@ class PolicyTrainer:
         self.collective = collective or Collective()
         self.device = (torch.device("cuda", self.collective.local_rank) if torch.cuda.is_available()
                        else torch.device("cpu"))
-        if not config.micro_batch_tokens:  # 0: by device (trainer/config.py)
+        if not config.micro_batch_tokens:  # 0: by device (core/settings/train.py)
             budget = 4096 if self.device.type == "cuda" else 384
             self.config = config = replace(config, micro_batch_tokens=budget)
         tune_allocator()  # before the model loads: trainer/memory.py
@@ -105,15 +85,18 @@ class PolicyTrainer:
             # The bf16 load rounded the weights; the engine that sampled the behaviour log-probs serves the
             # checkpoint's own float32 ones here, so the importance ratio must be taken against those.
             _restore_checkpoint_weights(self.model, self.model_path)
-        self.model.to(self.device)
+        self.scorer = Scorer(self.model)  # the policy's forward pass; with several ranks, FSDP's root unit
+        if self.collective.sharded:  # the base split across ranks; LoRA A drawn alike on every rank (same seed)
+            shard(self.scorer, decoder_layers(self.model), self.device, offload=config.offload_base)
+        else:
+            self.model.to(self.device)
         self.actor.train()
         self.policy_loss = parts.PolicyLoss(
             clip_eps_low=config.clip_eps_low, clip_eps_high=config.clip_eps_high, token_level_loss=True
         )
         self._approx_kl = parts.compute_approx_kl
         self._masked_mean = parts.masked_mean
-        self.params = [p for p in self.actor.parameters() if p.requires_grad]
-        self._broadcast_parameters()  # LoRA A is random: every rank starts from rank 0's draw
+        self.params = [p for p in self.actor.parameters() if p.requires_grad]  # sharded ones, if sharded
         # The adapter a policy starts from when it starts from the base model: this draw (from `seed`), kept, so
         # that every policy trained on this model copy starts from it, not from what another policy left in A.
         self._fresh_lora = {name: param.detach().clone() for name, param in self.model.named_parameters()
@@ -125,144 +108,83 @@ class PolicyTrainer:
         if adapter_dir is not None:
             state = load_adapter(self.model, adapter_dir, self.optimizer)
             self.step_count = int(state.get("step", 0))
-            _move_optimizer_state(self.optimizer, self.device)
         if config.bf16 and not self.autocast_enabled:
             log.info("no fast bfloat16 on this machine: training computes in float32")
 
     # --- one training step ------------------------------------------------------------------------
     def step(self, transitions: list[Transition]) -> StepMetrics:
-        cfg = self.config
+        """`ppo_epochs` passes over the batch; each pass one AdamW update per mini-batch, its gradient accumulated
+        over the mini-batch's micro-batches."""
         started = time.perf_counter()
-        skipped = SkipReasons()
-        batch = []
-        for t in transitions:
-            reason = validate_transition(t, cfg.max_seq_len)
-            if reason is None:
-                batch.append(t)
-            else:
-                skipped[reason] += 1
-        metrics = StepMetrics(transitions=len(batch), skipped=dict(skipped), step=self.step_count)
+        batch, skipped = valid_transitions(transitions, self.config.max_seq_len)
         if not batch:
-            return metrics
-        # `mini_batches` optimizer updates per epoch, each on its own share of the transitions, each share
-        # packed into micro-batches by token budget (gradients accumulate over a share's micro-batches).
-        # With several ranks, each computes every other transition of a share (and divides by the tokens of
-        # the whole share, so the gradients summed over ranks are the one-process gradient).
-        rank, world = self.collective.rank, self.collective.world_size
-        shares = split_mini_batches(batch, cfg.mini_batches, seed=cfg.seed + self.step_count)
-        minis = [[collate(mb).to(self.device) for mb in pack_micro_batches(share[rank::world], cfg.micro_batch_tokens)]
-                 for share in shares]
-        mini_tokens = [float(sum(sum(t.mask()) for t in share)) for share in shares]
-        trained_tokens = sum(mini_tokens)
-        references: dict[tuple[int, int], torch.Tensor] = {}
-        sums: dict[str, float] = {}
-        grad_norms: list[float] = []
-        ratio_max = 0.0
-
-        def add(name: str, value: torch.Tensor | float, weight: float = 1.0) -> None:
-            sums[name] = sums.get(name, 0.0) + float(value) * weight
-
-        for _ in range(cfg.ppo_epochs):
-            for m, (mini, tokens_in_mini) in enumerate(zip(minis, mini_tokens)):
-                for i, mb in enumerate(mini):
-                    if cfg.needs_reference and (m, i) not in references:
-                        references[m, i] = self._logprobs(mb, adapter=False)
-                    with activation_checkpointing(self.model, mb.input_ids.numel() > cfg.micro_batch_tokens):
-                        logprobs, entropy = self._forward(mb)
-                    # Token-mean over the update: each micro-batch contributes its sum / the share's tokens.
-                    policy_loss, clip_frac, _, _, _ = self.policy_loss(
-                        logprobs, mb.behaviour_logprobs, mb.advantages, mb.loss_mask,
-                        batch_num_tokens=tokens_in_mini,
-                    )
-                    loss = policy_loss
-                    if (m, i) in references:
-                        kl = self._approx_kl(logprobs, references[m, i], kl_estimator=cfg.kl_estimator)
-                        kl_loss = (kl * mb.loss_mask).sum() / tokens_in_mini
-                        if cfg.kl_coef > 0:
-                            loss = loss + cfg.kl_coef * kl_loss
-                        add("kl", kl_loss.detach())
-                    loss.backward()
-
-                    mb_tokens = float(mb.loss_mask.sum())
-                    add("loss", loss.detach())
-                    add("policy_loss", policy_loss.detach())
-                    add("clip_fraction", clip_frac, mb_tokens / trained_tokens)
-                    with torch.no_grad():
-                        log_ratio = (logprobs.detach() - mb.behaviour_logprobs) * mb.loss_mask
-                        add("ratio_mean", (log_ratio.exp() * mb.loss_mask).sum() / trained_tokens)
-                        add("behaviour_kl", -log_ratio.sum() / trained_tokens)
-                        masked = log_ratio.masked_fill(mb.loss_mask == 0, -1e9)
-                        ratio_max = max(ratio_max, float(masked.exp().max()))
-                        add("entropy", (entropy * mb.loss_mask).sum() / trained_tokens)
-                    add("tokens", mb.tokens)
-                    del entropy, logprobs, loss
-
-                grad_norms.append(self._optimizer_step())
-
+            return StepMetrics(skipped=skipped, step=self.step_count)
+        minis = self._mini_batches(batch)
+        tally = StepTally(trained_tokens=sum(mini.tokens for mini in minis),
+                          micro_batches=sum(not mb.placeholder for mini in minis for mb in mini.micro_batches))
+        for _ in range(self.config.ppo_epochs):
+            for mini in minis:
+                for i, mb in enumerate(mini.micro_batches):
+                    self._micro_step(mb, self._reference(mini, i), mini.tokens, tally)
+                tally.update(self._optimizer_step())
         self.step_count += 1
         release_free_memory()
-        sums = self._sum_over_ranks(sums, ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean",
-                                           "behaviour_kl", "entropy", "tokens", "micro_batches"),
-                                    micro_batches=sum(len(mini) for mini in minis))
-        ratio_max = self.collective.max(ratio_max)
-        epochs = cfg.ppo_epochs
-        updates = len(grad_norms)
-        duration = time.perf_counter() - started
-        metrics.loss = sums["loss"] / updates
-        metrics.policy_loss = sums["policy_loss"] / updates
-        metrics.kl = sums["kl"] / updates if "kl" in sums else None
-        metrics.clip_fraction = sums["clip_fraction"] / epochs
-        metrics.ratio_mean = sums["ratio_mean"] / epochs
-        metrics.ratio_max = ratio_max
-        metrics.behaviour_kl = sums["behaviour_kl"] / epochs
-        metrics.entropy = sums["entropy"] / epochs
-        metrics.grad_norm = sum(grad_norms) / len(grad_norms)
-        metrics.micro_batches = int(sums["micro_batches"])
-        metrics.updates = updates
-        metrics.tokens = int(sums["tokens"])
-        metrics.trained_tokens = int(trained_tokens)
-        metrics.duration_s = duration
-        metrics.tokens_per_s = metrics.tokens / duration
-        metrics.step = self.step_count
-        return metrics
+        return tally.finish(self.collective, epochs=self.config.ppo_epochs, transitions=len(batch), skipped=skipped,
+                            step=self.step_count, duration_s=time.perf_counter() - started)
 
-    def _sum_over_ranks(self, sums: dict[str, float], names: tuple[str, ...], **more: float) -> dict[str, float]:
-        """Every rank's sums added up (names a rank never saw count 0 there; they stay absent if no rank saw them)."""
-        local = {**sums, **more}
-        if self.collective.world_size == 1:
-            return local
-        values = torch.tensor([local.get(n, 0.0) for n in names] + [float(n in local) for n in names],
-                              dtype=torch.float64, device=self.device)
-        self.collective.sum_(values)
-        return {n: float(values[i]) for i, n in enumerate(names) if values[len(names) + i] > 0}
+    def _mini_batches(self, batch: list[Transition]) -> list[MiniBatch]:
+        """`mini_batches` shares of the batch (one optimizer update each), each packed into micro-batches by token
+        budget. With several ranks each computes every other transition of a share; every loss is divided by the
+        trained tokens of the whole share, so gradients summed over ranks are the one-process gradient. Every rank
+        runs as many micro-batches as the busiest one (placeholders): each pass gathers the sharded layers."""
+        cfg, rank, world = self.config, self.collective.rank, self.collective.world_size
+        minis = []
+        for share in split_mini_batches(batch, cfg.mini_batches, seed=cfg.seed + self.step_count):
+            packed = [pack_micro_batches(share[r::world], cfg.micro_batch_tokens) for r in range(world)]
+            mine = [collate(group) for group in packed[rank]]
+            mine += [placeholder_micro_batch() for _ in range(max(map(len, packed)) - len(mine))]
+            minis.append(MiniBatch([mb.to(self.device) for mb in mine],
+                                   tokens=float(sum(sum(t.mask()) for t in share))))
+        return minis
 
-    def _sum_gradients_over_ranks(self) -> None:
-        if self.collective.world_size == 1:
+    def _reference(self, mini: MiniBatch, i: int) -> torch.Tensor | None:
+        """The base model's log-probs of micro-batch `i` (adapter off; computed once, in the first epoch), or None
+        when no KL is wanted."""
+        if not self.config.needs_reference:
+            return None
+        if i == len(mini.references):
+            mini.references.append(self._logprobs(mini.micro_batches[i], adapter=False))
+        return mini.references[i]
+
+    def _micro_step(self, mb: MicroBatch, reference: torch.Tensor | None, mini_tokens: float,
+                    tally: StepTally) -> None:
+        """Forward and backward of one micro-batch: PPO clipped loss (+ KL to the base model), its gradient added
+        to the mini-batch's as a share of the token mean over the whole mini-batch."""
+        cfg = self.config
+        long = mb.input_ids.numel() > cfg.micro_batch_tokens
+        with activation_checkpointing(self.model, cfg.activation_checkpointing or long):
+            logprobs, entropy = self._forward(mb)
+        policy_loss, clip_fraction, _, _, _ = self.policy_loss(
+            logprobs, mb.behaviour_logprobs, mb.advantages, mb.loss_mask, batch_num_tokens=mini_tokens)
+        loss, kl_loss = policy_loss, None
+        if reference is not None:
+            kl = self._approx_kl(logprobs, reference, kl_estimator=cfg.kl_estimator)
+            kl_loss = (kl * mb.loss_mask).sum() / mini_tokens
+            if cfg.kl_coef > 0:
+                loss = loss + cfg.kl_coef * kl_loss
+        loss.backward()
+        if mb.placeholder:
             return
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        self.collective.sum_(flat)
-        offset = 0
-        for param in self.params:
-            param.grad = flat[offset: offset + param.numel()].view_as(param).clone()
-            offset += param.numel()
-
-    def _broadcast_parameters(self) -> None:
-        if self.collective.world_size == 1:
-            return
-        with torch.no_grad():
-            for param in self.params:
-                self.collective.broadcast_(param.data)
+        tally.micro_batch(mb, logprobs.detach(), entropy, loss=loss.detach(), policy_loss=policy_loss.detach(),
+                          kl_loss=None if kl_loss is None else kl_loss.detach(), clip_fraction=clip_fraction)
 
     def _optimizer_step(self) -> float:
         cfg = self.config
-        self._sum_gradients_over_ranks()
         if cfg.max_grad_norm > 0:
             norm = torch.nn.utils.clip_grad_norm_(self.params, cfg.max_grad_norm)
         else:
-            grads = [p.grad.norm() for p in self.params if p.grad is not None]
-            norm = torch.linalg.vector_norm(torch.stack(grads))
-        norm = float(norm)
+            norm = torch.nn.utils.get_total_norm([p.grad for p in self.params if p.grad is not None])
+        norm = float(whole(norm))  # over every rank's shard of the gradients
         if math.isfinite(norm):
             self.optimizer.step()
         else:
@@ -273,8 +195,8 @@ class PolicyTrainer:
     # --- scoring ----------------------------------------------------------------------------------
     def _forward(self, mb: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs [B, K] of the scored tokens and the policy's entropy there (trainer/logprobs.py)."""
-        return score(self.model, mb, temperature=self.config.temperature,
-                     autocast_dtype=torch.bfloat16 if self.autocast_enabled else None)
+        return self.scorer(mb, temperature=self.config.temperature,
+                           autocast_dtype=torch.bfloat16 if self.autocast_enabled else None)
 
     @torch.no_grad()
     def _logprobs(self, mb: MicroBatch, adapter: bool = True) -> torch.Tensor:
@@ -298,12 +220,18 @@ class PolicyTrainer:
 
     # --- persistence ------------------------------------------------------------------------------
     def save_adapter(self, target_dir: str | os.PathLike[str]) -> Path:
+        """Write the adapter and its AdamW state to `target_dir`, all or nothing. With several ranks every rank
+        calls this (the shards are all-gathered: a few MB of LoRA state) and rank 0 writes."""
+        weights, optimizer_state = lora_weights(self.model), whole_optimizer_state(self.optimizer)
+        if self.collective.rank != 0:
+            return Path(target_dir).absolute()
         return save_adapter_atomically(
             self.model,
-            self.optimizer.state_dict(),
+            optimizer_state,
             target_dir,
             base_model_name_or_path=self.model_path,
             trainer_state={"step": self.step_count, "config": asdict(self.config)},
+            weights=weights,
         )
 
     def load(self, adapter_dir: str | os.PathLike[str] | None) -> None:
@@ -313,7 +241,6 @@ class PolicyTrainer:
         if adapter_dir is not None:
             state = load_adapter(self.model, adapter_dir, self.optimizer)
             self.step_count = int(state.get("step", 0))
-            _move_optimizer_state(self.optimizer, self.device)
             return
         with torch.no_grad():  # the LoRA update is B @ A; with B = 0 the adapter is the identity
             for name, param in self.model.named_parameters():
@@ -330,16 +257,6 @@ class PolicyTrainer:
         if not self.autocast_enabled:
             return contextlib.nullcontext()
         return torch.autocast(device_type=_device_type(self.model), dtype=torch.bfloat16)
-
-
-def _move_optimizer_state(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    """AdamW moments are loaded onto the CPU; on a GPU they must live beside their parameters."""
-    if device.type == "cpu":
-        return
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor) and key != "step":
-                state[key] = value.to(device)
 
 
 def _restore_checkpoint_weights(peft_model: torch.nn.Module, model_path: str) -> None:
@@ -365,6 +282,27 @@ def _restore_checkpoint_weights(peft_model: torch.nn.Module, model_path: str) ->
     if copied == 0:
         raise RuntimeError(f"none of the checkpoint tensors in {model_path} matched the model's parameters")
     log.debug("restored %d checkpoint tensors in float32", copied)
+
+
+@dataclass
+class MiniBatch:
+    """One optimizer update's share of the batch: this rank's micro-batches of it."""
+    micro_batches: list[MicroBatch]
+    tokens: float  # trained tokens of the whole share (every rank's): each micro-batch's loss divisor
+    references: list[torch.Tensor] = field(default_factory=list)  # base-model log-probs, per micro-batch
+
+
+def valid_transitions(transitions: list[Transition], max_seq_len: int) -> tuple[list[Transition], dict[str, int]]:
+    """The transitions a step can train on, and why the others cannot (reason -> count)."""
+    skipped = SkipReasons()
+    batch = []
+    for t in transitions:
+        reason = validate_transition(t, max_seq_len)
+        if reason is None:
+            batch.append(t)
+        else:
+            skipped[reason] += 1
+    return batch, dict(skipped)
 
 
 def split_mini_batches(batch: list[Transition], count: int, seed: int) -> list[list[Transition]]:

@@ -91,6 +91,20 @@ class TrainingSettings:
                     "spin-wait on each other and a step can get several times slower.",
     )
 
+    # --- memory: long contexts and models larger than one GPU -----------------------------------------
+    activation_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in backward for every micro-batch, keeping only "
+                    "the layers' inputs: activation memory per token drops to about one hidden vector per layer, "
+                    "for one more forward pass (~30-45% more compute). Off: only a transition longer than "
+                    "micro_batch_tokens is computed this way.")
+    offload_base: bool = Field(
+        False,
+        description="With the trainer under torchrun on GPUs (the base sharded over the ranks with FSDP2, "
+                    "trainer/parallel.py): keep each rank's shard in CPU memory and copy it to the GPU layer by "
+                    "layer, so GPU memory holds about one layer of the base at a time; every forward pass then "
+                    "crosses PCIe. `rlproxy train` starts torchrun for it even with one GPU. No effect on CPUs.")
+
     # --- loss ---------------------------------------------------------------------------------------
     clip_eps_low: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip below: 1 - eps.")
     clip_eps_high: float = Field(0.2, gt=0, description="PPO ratio clip above: 1 + eps.")

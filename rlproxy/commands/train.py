@@ -35,7 +35,7 @@ def train(pairs, **params) -> None:
         raise click.UsageError("--upstream is required: the engine(s) to load adapters into")
     if problem := usage_problem(settings):  # at once, before torch loads
         raise click.UsageError(problem)
-    if settings.nproc_per_node > 1 and not parallel.launched_by_torchrun():
+    if (settings.nproc_per_node > 1 or settings.training.offload_base) and not parallel.launched_by_torchrun():
         _exec_torchrun(settings.nproc_per_node)
     if settings.gate == "heldout":  # the bundled demo task's own configuration of the command gate
         from demo.score import command  # the demo task's scorer needs rlproxy[demo]'s openai client

@@ -1,0 +1,114 @@
+"""What one PPO step reports, and the collector that adds it up over micro-batches, updates, epochs and ranks.
+
+    tally = StepTally(trained_tokens, micro_batches)
+    tally.micro_batch(mb, logprobs, entropy, loss=..., policy_loss=..., kl_loss=..., clip_fraction=...)
+    tally.update(grad_norm)                       # after each optimizer step
+    metrics = tally.finish(collective, epochs=..., ...)
+
+Losses are summed per update (each micro-batch's loss is already divided by its mini-batch's trained tokens) and
+averaged over updates; token statistics (clip fraction, ratios, entropy) are weighted by trained tokens over the
+whole batch and averaged over epochs. With several ranks every rank adds up its own micro-batches and `finish`
+sums them, so the numbers are those of one process computing the whole batch.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from trainer.logprobs import MicroBatch
+
+SUMMED = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean", "behaviour_kl", "entropy", "tokens",
+          "micro_batches")
+
+
+@dataclass
+class StepMetrics:
+    loss: float = 0.0
+    policy_loss: float = 0.0
+    kl: float | None = None  # KL(policy || base) per trained token; None when the reference pass is off
+    clip_fraction: float = 0.0
+    ratio_mean: float = 1.0  # importance ratio policy / behaviour over trained tokens
+    ratio_max: float = 1.0
+    behaviour_kl: float = 0.0  # mean(behaviour logp - policy logp): how off-policy the batch is
+    entropy: float = 0.0
+    grad_norm: float = 0.0
+    transitions: int = 0
+    micro_batches: int = 0
+    updates: int = 0  # optimizer steps taken (ppo_epochs x mini-batches)
+    tokens: int = 0  # prompt + completion tokens through the model (all epochs)
+    trained_tokens: int = 0  # model-sampled tokens in the loss (one epoch)
+    tokens_per_s: float = 0.0
+    duration_s: float = 0.0
+    step: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class StepTally:
+    def __init__(self, trained_tokens: float, micro_batches: int) -> None:
+        self.trained_tokens = trained_tokens  # of the whole batch, every rank's share: the token weights' divisor
+        self.sums: dict[str, float] = {"micro_batches": float(micro_batches)}
+        self.ratio_max = 0.0
+        self.grad_norms: list[float] = []
+
+    def add(self, name: str, value: torch.Tensor | float, weight: float = 1.0) -> None:
+        self.sums[name] = self.sums.get(name, 0.0) + float(value) * weight
+
+    @torch.no_grad()
+    def micro_batch(self, mb: MicroBatch, logprobs: torch.Tensor, entropy: torch.Tensor, *, loss: torch.Tensor,
+                    policy_loss: torch.Tensor, kl_loss: torch.Tensor | None, clip_fraction: float) -> None:
+        whole = self.trained_tokens
+        if kl_loss is not None:
+            self.add("kl", kl_loss)
+        self.add("loss", loss)
+        self.add("policy_loss", policy_loss)
+        self.add("clip_fraction", clip_fraction, float(mb.loss_mask.sum()) / whole)
+        log_ratio = (logprobs - mb.behaviour_logprobs) * mb.loss_mask
+        self.add("ratio_mean", (log_ratio.exp() * mb.loss_mask).sum() / whole)
+        self.add("behaviour_kl", -log_ratio.sum() / whole)
+        self.ratio_max = max(self.ratio_max, float(log_ratio.masked_fill(mb.loss_mask == 0, -1e9).exp().max()))
+        self.add("entropy", (entropy * mb.loss_mask).sum() / whole)
+        self.add("tokens", mb.tokens)
+
+    def update(self, grad_norm: float) -> None:
+        self.grad_norms.append(grad_norm)
+
+    def finish(self, collective, *, epochs: int, transitions: int, skipped: dict[str, int], step: int,
+               duration_s: float) -> StepMetrics:
+        """The step's metrics, every rank's micro-batches counted (a collective: every rank calls it)."""
+        sums = self._sum_over_ranks(collective)
+        updates = len(self.grad_norms)
+        tokens = int(sums["tokens"])
+        return StepMetrics(
+            loss=sums["loss"] / updates,
+            policy_loss=sums["policy_loss"] / updates,
+            kl=sums["kl"] / updates if "kl" in sums else None,
+            clip_fraction=sums["clip_fraction"] / epochs,
+            ratio_mean=sums["ratio_mean"] / epochs,
+            ratio_max=collective.max(self.ratio_max),
+            behaviour_kl=sums["behaviour_kl"] / epochs,
+            entropy=sums["entropy"] / epochs,
+            grad_norm=sum(self.grad_norms) / updates,
+            transitions=transitions,
+            micro_batches=int(sums["micro_batches"]),
+            updates=updates,
+            tokens=tokens,
+            trained_tokens=int(self.trained_tokens),
+            tokens_per_s=tokens / duration_s,
+            duration_s=duration_s,
+            step=step,
+            skipped=skipped,
+        )
+
+    def _sum_over_ranks(self, collective) -> dict[str, float]:
+        """Every rank's sums added up (a name a rank never saw counts 0 there; absent if no rank saw it)."""
+        if collective.world_size == 1:
+            return self.sums
+        values = torch.tensor([self.sums.get(n, 0.0) for n in SUMMED] + [float(n in self.sums) for n in SUMMED],
+                              dtype=torch.float64, device=collective.device)
+        collective.sum_(values)
+        return {n: float(values[i]) for i, n in enumerate(SUMMED) if values[len(SUMMED) + i] > 0}
