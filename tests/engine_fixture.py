@@ -8,7 +8,7 @@ Registered by `pytest_plugins = ["tests.engine_fixture"]` (tests/conftest.py). F
 * `engine_model` - the name it serves the base model under.
 
 It serves the prepared bundled model, sized for a 2-core machine (max-model-len 2048, 1 GiB KV cache,
-2 LoRA slots). Tests using these fixtures are marked ``engine`` here (mark them explicitly too, for
+4 LoRA slots of the trainer's default rank). Tests using these fixtures are marked ``engine`` here (mark them explicitly too, for
 readers), so ``-m "not engine"`` skips them all.
 """
 from __future__ import annotations
@@ -24,7 +24,6 @@ ENGINE_URL_ENV = "RLPROXY_TEST_ENGINE_URL"
 TEST_MAX_MODEL_LEN = 2048
 TEST_KV_CACHE_GIB = 1
 TEST_MAX_LORAS = 4  # three named policies serve at once in test_multi_agent
-TEST_MAX_LORA_RANK = 16
 _ENGINE_FIXTURES = frozenset({"vllm_engine", "engine_url", "engine_model"})
 
 
@@ -35,15 +34,17 @@ def free_port() -> int:
 
 
 def small_engine_settings(port: int | None = None):
-    """The small settings the shared test engine uses."""
-    from core.settings import EngineSettings
+    """The small settings the shared test engine uses. Its LoRA slot is the trainer's default rank, as
+    `rlproxy demo` sizes it: on CPU vLLM pads every adapter to the slot, so a wider one only slows sampling."""
+    from core.settings import EngineSettings, TrainingSettings
+    from engine.command import lora_rank_slot
 
     return EngineSettings(
         port=port or free_port(),
         max_model_len=TEST_MAX_MODEL_LEN,
         kv_cache_gib=TEST_KV_CACHE_GIB,
         max_loras=TEST_MAX_LORAS,
-        max_lora_rank=TEST_MAX_LORA_RANK,
+        max_lora_rank=lora_rank_slot(TrainingSettings().lora_rank),
     )
 
 

@@ -1,9 +1,12 @@
 """`rlproxy demo`, short, end to end on the embedded default (SQLite) against the real engine: episodes are
 recorded, the base model is measured, the trainer produces at least one adapter version, which serves at once
-and is measured by held-out probes (default) or is evaluated on the held-out set before it may serve."""
+and is measured by held-out probes (default) or is evaluated on the gate split before it may serve
+(`--gate heldout`). One demo start serves every check: a run with probes, stopped by Ctrl-C, then the next run
+resuming it with the held-out gate; both run without a terminal (output to files and pipes, as under CI)."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import sqlite3
 import subprocess
@@ -12,6 +15,7 @@ import time
 
 import pytest
 
+from demo.view import PANEL_TITLE
 from tests.support import free_port
 
 pytestmark = pytest.mark.engine
@@ -25,24 +29,32 @@ def demo_command(engine_url, tmp_path, minutes: float, *extra: str) -> list[str]
             "--set", "batch_rollouts=4", "--set", "group_size=4", "--set", "group_timeout_s=15", *extra]
 
 
-def run_demo(engine_url, tmp_path, *extra: str) -> tuple[subprocess.CompletedProcess, str]:
-    database = tmp_path / "rlproxy.db"
-    done = subprocess.run(demo_command(engine_url, tmp_path, 3, *extra), capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    state = json.loads((tmp_path / "rlproxy-demo.json").read_text())
-    assert "0" in state["heldout"]  # the base model was measured on the held-out split
-    assert (tmp_path / "rlproxy-reward-curve.png").stat().st_size > 10_000
-    assert "held-out success" in done.stdout
-    return done, str(database)
+def progress_lines_without_a_terminal(stdout: str, stderr: str, workdir) -> list[str]:
+    """What a run with no terminal says: where its logs are, then time-stamped progress lines and nothing else
+    (no panel, no escape codes, no log line; a warning that matters is one line naming the log), the summary on
+    stdout. Returns what the progress lines said."""
+    lines = stderr.splitlines()
+    log = f"(details: {workdir / 'rlproxy.log'})"
+    assert lines[0] == f"logs: {workdir / 'rlproxy.log'}"
+    progress = [line for line in lines[1:] if not line.endswith(log)]
+    assert all(re.match(r"\[\d+:\d\d\] \S", line) for line in progress), lines  # time-stamped, nothing else
+    said = [line.split("] ", 1)[1] for line in progress]
+    assert said[0] == "preparing the model"
+    assert any(line.startswith("agents running") for line in said)
+    assert PANEL_TITLE not in stdout + stderr and "\x1b[" not in stdout + stderr
+    assert "held-out success by policy version" in stdout and "reward curve: " in stdout
+    return said
 
 
-def test_a_short_demo_with_the_heldout_gate_evaluates_every_candidate(engine_url, tmp_path):
-    _, database = run_demo(engine_url, tmp_path, "--gate", "heldout")
+def assert_every_candidate_was_gated(database: str, after_version: int, said: list[str]) -> None:
+    """With --gate heldout: each version made after `after_version` was scored by the command gate on the gate
+    split (never the held-out tasks) before it could serve, and no probe ran."""
     with sqlite3.connect(database) as db:
-        versions = db.execute("SELECT version, status, evaluation FROM policies ORDER BY version").fetchall()
-        probes = db.execute("SELECT count(*) FROM rollouts WHERE agent = 'demo-heldout'").fetchone()[0]
-    assert probes == 0
+        versions = db.execute("SELECT version, status, evaluation FROM policies WHERE version > ? "
+                              "ORDER BY version", (after_version,)).fetchall()
     assert versions, "no adapter version was produced"
+    first = f"scoring candidate v{versions[0][0]} on 8 tasks of the gate split"
+    assert any(line.startswith(first) for line in said), said
     *gated, last = versions
     for version, status, evaluation in gated:  # scored by the command gate on the gate split, never held-out
         verdict = json.loads(evaluation)["command_gate"]
@@ -77,10 +89,11 @@ def assert_a_probed_demo_trained_served_and_measured(database: str, stdout: str)
     assert "episodes" in stdout and "95% interval" in stdout and "held-out success" in stdout
 
 
-def test_a_demo_with_probes_trains_and_serves_then_ctrl_c_stops_it_cleanly_and_the_next_run_resumes(
+def test_a_demo_with_probes_trains_and_serves_then_ctrl_c_stops_it_and_the_next_run_resumes_behind_the_gate(
         engine_url, tmp_path):
-    """One demo start serves two checks: what a run with held-out probes records and serves (stopped by
-    Ctrl-C once a version serves, as a user stops it), and that the next run resumes from what it made."""
+    """What a run with held-out probes records and serves (stopped by Ctrl-C once a version serves, as a user
+    stops it); then the next run, with the held-out gate, resumes from what the first made and gates each new
+    candidate."""
     database = tmp_path / "rlproxy.db"
 
     def policies() -> list[tuple[int, str]]:
@@ -109,6 +122,8 @@ def test_a_demo_with_probes_trains_and_serves_then_ctrl_c_stops_it_cleanly_and_t
     out, err = out_path.read_text(), err_path.read_text()
     assert first.returncode == 0, err[-3000:]
     assert "stopping:" in err and "held-out success" in out  # it said why it waited, then summed up
+    said = progress_lines_without_a_terminal(out, err, tmp_path)
+    assert "measuring the base model on 8 held-out tasks" in said
     state = json.loads((tmp_path / "rlproxy-demo.json").read_text())
     assert "0" in state["heldout"]  # the base model was measured on the held-out split
     assert (tmp_path / "rlproxy-reward-curve.png").stat().st_size > 10_000
@@ -119,9 +134,13 @@ def test_a_demo_with_probes_trains_and_serves_then_ctrl_c_stops_it_cleanly_and_t
         earlier = {id_ for (id_,) in db.execute("SELECT id FROM rollouts")}
         trained_before = dict(db.execute("SELECT id, trained_at FROM rollouts WHERE trained_at IS NOT NULL"))
 
-    second = subprocess.run(demo_command(engine_url, tmp_path, 1), capture_output=True, text=True, timeout=400)
+    second = subprocess.run(demo_command(engine_url, tmp_path, 1.5, "--gate", "heldout"), capture_output=True,
+                            text=True, timeout=420)
     assert second.returncode == 0, second.stderr[-3000:]
+    said = progress_lines_without_a_terminal(second.stdout, second.stderr, tmp_path)
+    assert "time is up: finishing the episodes in flight" in said  # it ran to its deadline
     assert "measuring the base model" not in second.stderr  # the base measurement was kept
+    assert_every_candidate_was_gated(str(database), max(version for version, _ in before), said)
     with sqlite3.connect(database) as db:
         served = [(rollout, version) for rollout, version in db.execute(
             "SELECT rollout_id, policy_version FROM calls WHERE rollout_id IS NOT NULL ORDER BY rowid")
@@ -130,3 +149,6 @@ def test_a_demo_with_probes_trains_and_serves_then_ctrl_c_stops_it_cleanly_and_t
     assert served and min(version for _, version in served) == active  # it went on from the version it had made
     assert all(trained_after[id_] == at for id_, at in trained_before.items())  # nothing trained twice
     assert [v for v, _ in policies()][:len(before)] == [v for v, _ in before]
+    with sqlite3.connect(database) as db:  # behind the gate no probe runs: the gate split measures candidates
+        probes = {id_ for (id_,) in db.execute("SELECT id FROM rollouts WHERE agent = 'demo-heldout'")}
+    assert probes <= earlier

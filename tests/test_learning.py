@@ -26,10 +26,13 @@ from tests.support import running, running_proxy, trainer_command, wait_http
 
 pytestmark = [pytest.mark.engine, pytest.mark.train, pytest.mark.slow]
 
-# On-policy rounds of training before the final measurement. Six: the margin held in the five runs of
+# On-policy rounds of training before the final measurement. Four: the margin held in the five runs of
 # bench/results/learning.txt at this size (`bench/learning_runs.py learning --runs 5`); on a CPU without fast
-# bfloat16 a round takes about two minutes.
-ROUNDS = int(os.environ.get("RLPROXY_TEST_LEARNING_ROUNDS", "6"))
+# bfloat16 a round takes about 75 seconds.
+ROUNDS = int(os.environ.get("RLPROXY_TEST_LEARNING_ROUNDS", "4"))
+# Held-out episodes in flight at once: all of them. The engine batches them; with an adapter its CPU decode is
+# slow per sequence, so one batch of 48 finishes much sooner than three of 16.
+EVAL_CONCURRENCY = 48
 GROUP = 8  # episodes per task (the advantage baseline)
 BATCH = 16  # rollouts per training step: two groups
 MARGIN = 0.20
@@ -99,9 +102,9 @@ def test_serving_and_training_side_by_side_make_the_agent_better_on_problems_it_
     heldout = heldout_tasks(48, seed=0)
     with running_proxy([engine_url], own_database_url, tmp_path, "proxy-learning") as proxy:
         wait_http(proxy + "/readyz", timeout=60)
-        before = asyncio.run(evaluate_heldout(f"{proxy}/v1", engine_model, heldout, concurrency=16))
+        before = asyncio.run(evaluate_heldout(f"{proxy}/v1", engine_model, heldout, concurrency=EVAL_CONCURRENCY))
         rewards = asyncio.run(train_for(proxy, engine_model, ROUNDS, trainer))
-        after = asyncio.run(evaluate_heldout(f"{proxy}/v1", engine_model, heldout, concurrency=16))
+        after = asyncio.run(evaluate_heldout(f"{proxy}/v1", engine_model, heldout, concurrency=EVAL_CONCURRENCY))
         served = asyncio.run(_active(proxy))
     print(f"held-out success: base {before.describe()} -> v{served} {after.describe()}; "
           f"training reward per round {[round(r, 2) for r in rewards]}")

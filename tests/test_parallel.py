@@ -25,8 +25,11 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 # float32: the ranks sum their gradients in another order than one process adds its micro-batches; that and the
 # reduction order of the norms is all that differs (measured: 8e-7 on LoRA weights of about 0.04).
 FLOAT32 = {"rtol": 1e-4, "atol": 1e-6}
-# bfloat16 rounds every product to 8 bits of mantissa; the order of the sums then shows at about 1e-2.
-BFLOAT16 = {"rtol": 2e-2, "atol": 1e-3}
+# bfloat16 rounds every product to 8 bits of mantissa, so the order of the sums shows, and AdamW's first updates
+# are about lr x sign(gradient): a gradient near zero whose sign the rounding flips moves its weight by 2 x lr the
+# other way. Element-wise tolerances cannot hold; each tensor as a whole does: measured on a CPU with AMX, 2-5% of
+# the elements flipped and each tensor differed by at most 6% of its norm. The float32 test above is the exact one.
+BFLOAT16_RELATIVE_NORM = 0.1
 
 
 def train(model, out, *args: str, ranks: int | None = None) -> None:
@@ -41,11 +44,16 @@ def adapter(folder):
     return load_file(str(folder / "adapter_model.safetensors"))
 
 
-def assert_same_update(one, two, tolerance) -> None:
+def assert_same_update(one, two, tolerance=None, relative_norm: float | None = None) -> None:
+    """Element-wise within `tolerance`, or each tensor within `relative_norm` of its norm."""
     assert one.keys() == two.keys()
     assert max(float(t.abs().max()) for name, t in one.items() if "lora_B" in name) > 1e-3  # it did learn
     for name in one:
-        torch.testing.assert_close(two[name], one[name], **tolerance, msg=name)
+        if relative_norm is None:
+            torch.testing.assert_close(two[name], one[name], **tolerance, msg=name)
+        else:
+            difference = float((two[name].float() - one[name].float()).norm() / one[name].float().norm())
+            assert difference <= relative_norm, (name, difference)
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +104,8 @@ def test_in_bfloat16_two_ranks_make_the_same_update_as_one_process(tiny_model, t
         pytest.skip("the trainer computes in bfloat16 only where the machine does it fast (CUDA, AVX512-BF16, AMX)")
     train(tiny_model, tmp_path / "alone", "--bf16")
     train(tiny_model, tmp_path / "shared", "--bf16", ranks=2)
-    assert_same_update(adapter(tmp_path / "alone" / "step-1"), adapter(tmp_path / "shared" / "step-1"), BFLOAT16)
+    assert_same_update(adapter(tmp_path / "alone" / "step-1"), adapter(tmp_path / "shared" / "step-1"),
+                       relative_norm=BFLOAT16_RELATIVE_NORM)
 
 
 def test_a_rank_killed_mid_training_stops_every_rank_and_leaves_only_whole_adapters(tiny_model, tmp_path):

@@ -1,0 +1,155 @@
+"""`rlproxy run` trains the demo task, as a user runs it: `rlproxy serve` and `rlproxy train` (default settings)
+as processes on Postgres in front of the engine, and `rlproxy run` driving the demo's calculator agent
+(examples/run_calculator.py) over a file of training tasks, the agent named either way:
+
+    --agent examples.run_calculator:solve                 (mode "agent": a function, in the runner's process)
+    --command "python -m examples.run_calculator"         (mode "command": a program per attempt)
+
+Held-out success is measured by `rlproxy run --eval-tasks` (evaluation rollouts, never trained on) on the same
+48 held-out tasks before training and after the trainer has served its last version.
+
+    .venv/bin/python bench/run_learning.py                          # both modes, one after the other
+    .venv/bin/python bench/run_learning.py --modes agent --engine-url http://127.0.0.1:8000
+
+Each mode's result line is printed and appended to bench/results/run_learning.txt with the date and machine.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from contextlib import ExitStack
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from demo.tasks import heldout_tasks, train_tasks  # noqa: E402
+from engine.model import prepare_model  # noqa: E402
+from testkit.processes import (  # noqa: E402
+    create_database,
+    free_port,
+    proxy_command,
+    rlproxy_command,
+    running,
+    trainer_command,
+)
+
+AGENTS = {"agent": ("--agent", "examples.run_calculator:solve"),
+          "command": ("--command", f"{sys.executable} -m examples.run_calculator")}
+RESULTS = ROOT / "bench" / "results" / "run_learning.txt"
+ATTEMPTS = 8  # a task's attempts: the trainer's group (its default group_size)
+
+
+def write_tasks(path: Path, tasks) -> Path:
+    with path.open("w") as file:
+        for task in tasks:
+            file.write(json.dumps({"id": task.task_id, "prompt": task.prompt, "answer": task.answer,
+                                   "tool": task.tool}) + "\n")
+    return path
+
+
+def get(url: str):
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def rlproxy_run(proxy: str, mode: str, workdir: Path, name: str, *args: str) -> list[dict]:
+    """`rlproxy run` with the agent named by `mode`; every finished attempt of its JSON lines log."""
+    log = workdir / f"{name}.jsonl"
+    flag, target = AGENTS[mode]
+    command = rlproxy_command("run", "--proxy", proxy, flag, target, "--concurrency", "16", "--log", str(log),
+                              "--task-id-field", "id",
+                              *args)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    entries = [json.loads(line) for line in log.read_text().splitlines()]
+    return [e for e in entries if e.get("event") == "finished" and e.get("status") != "try_failed"]  # (retried)
+
+
+def success(finished: list[dict]) -> tuple[int, int]:
+    return sum(1 for f in finished if (f.get("reward") or 0) >= 1.0), len(finished)
+
+
+def wait_until_served(proxy: str, rollout_ids: list[str], timeout: float = 1800) -> int:
+    """Until the trainer has consumed every training rollout and the newest version serves; returns it."""
+    deadline = time.monotonic() + timeout
+    waiting = list(rollout_ids)
+    while time.monotonic() < deadline:
+        waiting = [rollout for rollout in waiting if not get(f"{proxy}/rollouts/{rollout}")["trained"]]
+        body = get(f"{proxy}/policies")
+        newest = max(p["version"] for p in body["data"])
+        if not waiting and body["active"] == newest:
+            return newest
+        time.sleep(3)
+    raise TimeoutError(f"the trainer did not train and serve everything in time ({len(waiting)} rollouts left)")
+
+
+def one_mode(mode: str, engine: str, postgres: str, train_count: int, seed: int) -> str:
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"run-learning-{mode}-") as tmp, ExitStack() as stack:
+        workdir = Path(tmp)
+        database = create_database(postgres, "rlproxy_run_learning")
+        port = free_port()
+        proxy = f"http://127.0.0.1:{port}"
+        stack.enter_context(running(proxy_command(port, [engine], database), f"{proxy}/readyz", timeout=120,
+                                    log_path=workdir / "proxy.log"))
+        stack.enter_context(running(trainer_command(database, engine, prepare_model(), workdir / "adapters"), None,
+                                    log_path=workdir / "trainer.log"))
+        train = write_tasks(workdir / "train.jsonl", train_tasks(train_count, seed=seed))
+        heldout = write_tasks(workdir / "heldout.jsonl", heldout_tasks(48, seed=0))
+        before = success(rlproxy_run(proxy, mode, workdir, "before", "--eval-tasks", str(heldout)))
+        trained = rlproxy_run(proxy, mode, workdir, "train", "--tasks", str(train), "--attempts", str(ATTEMPTS))
+        version = wait_until_served(proxy, [f["rollout_id"] for f in trained if f.get("rollout_id")])
+        after = success(rlproxy_run(proxy, mode, workdir, "after", "--eval-tasks", str(heldout)))
+        rewards = [f.get("reward") or 0 for f in trained]
+        quarters = [round(sum(q) / len(q), 2) for q in (rewards[i::4] for i in range(4)) if q]
+    return (f"{mode}: held-out success base {before[0]}/{before[1]} -> v{version} {after[0]}/{after[1]} "
+            f"({(after[0] / after[1] - before[0] / before[1]) * 100:+.1f} points); {len(trained)} training attempts "
+            f"of {train_count} tasks x {ATTEMPTS}, training reward {sum(rewards) / len(rewards):.2f} "
+            f"(by quarter of the run: {quarters}); {time.monotonic() - started:.0f} s")
+
+
+def start_engine(stack: ExitStack) -> str:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = rlproxy_command("engine", "--port", str(port), "--max-model-len", "2048", "--kv-cache-gib", "1",
+                              "--max-lora-rank", "8")
+    stack.enter_context(running(command, f"{url}/v1/models", timeout=600,
+                                log_path=Path(tempfile.gettempdir()) / "run-learning-engine.log"))
+    return url
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--modes", default="agent,command")
+    parser.add_argument("--engine-url", help="an engine already running (default: `rlproxy engine` is started)")
+    parser.add_argument("--postgres", default=os.environ.get("RLPROXY_TEST_POSTGRES",
+                                                             "postgresql://postgres@127.0.0.1:5432/test"))
+    parser.add_argument("--train-tasks", type=int, default=12, help="distinct training tasks, ATTEMPTS each")
+    parser.add_argument("--seed", type=int, default=11)
+    args = parser.parse_args()
+    with ExitStack() as stack:
+        engine = args.engine_url or start_engine(stack)
+        lines = []
+        for mode in args.modes.split(","):
+            line = one_mode(mode, engine, args.postgres, args.train_tasks, args.seed)
+            print(line, flush=True)
+            lines.append(line)
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    with RESULTS.open("a") as file:
+        file.write(f"## {datetime.date.today()} {cpu}, {os.cpu_count()} cores: bench/run_learning.py "
+                   f"--train-tasks {args.train_tasks} --seed {args.seed}\n" + "\n".join(lines) + "\n\n")
+
+
+if __name__ == "__main__":
+    main()
