@@ -96,6 +96,26 @@ def test_command_agent_reward_from_its_last_line_or_its_own_post(proxy_url, tmp_
     assert {e["reward"] for e in finished(log2)} == {0.25}
 
 
+def test_the_demo_calculator_agent_runs_as_a_function_and_as_a_command(proxy_url, tmp_path):
+    """examples/run_calculator.py, the multi-turn agent bench/run_learning.py trains through `rlproxy run`, named
+    both ways: every attempt is one rollout holding all of its episode's calls, with the episode's reward."""
+    tasks = tmp_path / "calc.jsonl"
+    tasks.write_text(json.dumps({"id": "mul2x2:37*46", "prompt": "What is 37 * 46?", "answer": 1702,
+                                 "tool": "calc"}) + "\n")
+    for name, agent in (("function", ["--agent", "examples.run_calculator:solve"]),
+                        ("command", ["--command", f"{PYTHON} -m examples.run_calculator"])):
+        log = tmp_path / f"{name}.jsonl"
+        result = rlproxy_run(proxy_url, log, "--tasks", str(tasks), *agent, "--attempts", "2",
+                             "--task-id-field", "id")
+        assert result.exit_code == 0, result.output
+        entries = finished(log)
+        assert [e["status"] for e in entries] == ["rewarded", "rewarded"], (name, entries)
+        for entry in entries:
+            rollout = stored(proxy_url, entry["rollout_id"])
+            assert rollout["task_id"] == "mul2x2:37*46" and rollout["reward"] == entry["reward"] in (0.0, 1.0)
+            assert 1 <= len(rollout["calls"]) <= 3 and {call["model"] for call in rollout["calls"]} == {"auto"}
+
+
 def test_agent_lightning_class_runs_unmodified(proxy_url, tmp_path, three_tasks):
     """Each attempt runs the class in a process of its own; the agent posts Agent Lightning's reward event."""
     log = tmp_path / "run.jsonl"
