@@ -93,7 +93,7 @@ def wait_until_served(proxy: str, rollout_ids: list[str], timeout: float = 1800)
     raise TimeoutError(f"the trainer did not train and serve everything in time ({len(waiting)} rollouts left)")
 
 
-def one_mode(mode: str, engine: str, postgres: str, train_count: int, seed: int) -> str:
+def one_mode(mode: str, engine: str, postgres: str, train_count: int, seed: int, max_untrained: int) -> str:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"run-learning-{mode}-") as tmp, ExitStack() as stack:
         workdir = Path(tmp)
@@ -107,7 +107,8 @@ def one_mode(mode: str, engine: str, postgres: str, train_count: int, seed: int)
         train = write_tasks(workdir / "train.jsonl", train_tasks(train_count, seed=seed))
         heldout = write_tasks(workdir / "heldout.jsonl", heldout_tasks(48, seed=0))
         before = success(rlproxy_run(proxy, mode, workdir, "before", "--eval-tasks", str(heldout)))
-        trained = rlproxy_run(proxy, mode, workdir, "train", "--tasks", str(train), "--attempts", str(ATTEMPTS))
+        trained = rlproxy_run(proxy, mode, workdir, "train", "--tasks", str(train), "--attempts", str(ATTEMPTS),
+                              "--max-untrained", str(max_untrained))
         version = wait_until_served(proxy, [f["rollout_id"] for f in trained if f.get("rollout_id")])
         after = success(rlproxy_run(proxy, mode, workdir, "after", "--eval-tasks", str(heldout)))
         rewards = [f.get("reward") or 0 for f in trained]
@@ -136,19 +137,21 @@ def main() -> None:
                                                              "postgresql://postgres@127.0.0.1:5432/test"))
     parser.add_argument("--train-tasks", type=int, default=12, help="distinct training tasks, ATTEMPTS each")
     parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--max-untrained", type=int, default=16,
+                        help="rlproxy run --max-untrained: 16, the trainer's batch, gives on-policy rounds; 0: none")
     args = parser.parse_args()
     with ExitStack() as stack:
         engine = args.engine_url or start_engine(stack)
         lines = []
         for mode in args.modes.split(","):
-            line = one_mode(mode, engine, args.postgres, args.train_tasks, args.seed)
+            line = one_mode(mode, engine, args.postgres, args.train_tasks, args.seed, args.max_untrained)
             print(line, flush=True)
             lines.append(line)
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor())
     with RESULTS.open("a") as file:
         file.write(f"## {datetime.date.today()} {cpu}, {os.cpu_count()} cores: bench/run_learning.py "
-                   f"--train-tasks {args.train_tasks} --seed {args.seed}\n" + "\n".join(lines) + "\n\n")
+                   f"--train-tasks {args.train_tasks} --seed {args.seed} --max-untrained {args.max_untrained}\n" + "\n".join(lines) + "\n\n")
 
 
 if __name__ == "__main__":

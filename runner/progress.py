@@ -50,6 +50,14 @@ class Display:
         print(f"{stamp} {self.done}/{self.total} {label} {outcome.status}{reward} | {rate:.2f}/s "
               f"{self.success_text()} ETA {left:.0f}s", file=sys.stderr, flush=True)
 
+    def note(self, text: str) -> None:
+        """A line about the run itself (not an attempt): above the bar, or time-stamped like the others."""
+        if self._bar is not None:
+            self._bar.console.print(text)
+            return
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        print(f"{stamp} {text}", file=sys.stderr, flush=True)
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()

@@ -25,6 +25,7 @@ from runner.client import ProxyClient
 from runner.errors import ProxyRefused, RunInputError
 from runner.harness import HarnessAgent
 from runner.journal import Journal, read_log
+from runner.pacing import Pacer
 from runner.progress import Display
 from runner.tasks import EVAL, TRAIN, Task, env_map, make_task, read_tasks
 
@@ -185,14 +186,22 @@ class Runner:
             if self.progress:
                 display = Display(len(todo), self.settings.success_threshold, self.console)
         taking = asyncio.Lock()  # an async generator cannot be asked for its next item twice at once
+        pacer = None
+        if self.settings.max_untrained:
+            pacer = Pacer(self.client, self.settings.max_untrained, say=display.note if display else None)
 
         async def work() -> None:
             while True:
-                async with taking:
+                async with taking:  # held while the pacer waits, so attempts still start in their order
                     attempt = await anext(pending, None)
+                    paced = pacer is not None and attempt is not None and attempt.task.split == TRAIN
+                    if paced:
+                        await pacer.enter()
                 if attempt is None:
                     return
                 outcome = await self._attempt(attempt)
+                if paced:
+                    pacer.leave(outcome)
                 outcomes.append(outcome)
                 if display is not None:
                     display.advance(outcome, attempt.label)

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 
 import pytest
 import requests
 from openai import AsyncOpenAI
+from sqlalchemy import update
 
 from core.settings import RunSettings
 from examples.run_agent import solve_async
@@ -17,6 +19,8 @@ from runner.attempt import Attempt, Outcome
 from runner.errors import ProxyRefused
 from runner.run import Runner
 from runner.tasks import EVAL, Task
+from store.db import create_engine, session_factory
+from store.models import Rollout, utcnow
 from tests.test_run import TASKS
 
 TASK_DICTS = [json.loads(line) for line in TASKS.read_text().splitlines()[:3]]  # arithmetic with answers
@@ -130,3 +134,33 @@ def test_failures_are_outcomes_and_a_proxy_that_does_not_answer_is_refused(proxy
         asyncio.run(unreachable())
     with pytest.raises(ValueError, match="draws its own progress"):
         Runner(broken, on_attempt=print, progress=True)
+
+
+def test_with_max_untrained_a_training_attempt_waits_until_the_trainer_has_consumed_earlier_ones(
+        proxy_url, database_url):
+    """At most two training attempts running or waiting for the trainer: the third starts only once the first two
+    are trained. What the trainer does to them (mark them trained) is done here by hand, so the wait shows."""
+    seen: list[Outcome] = []
+
+    async def mark_trained(rollout_ids: list[str]) -> None:
+        store = create_engine(database_url)
+        try:
+            async with session_factory(store)() as session, session.begin():
+                await session.execute(update(Rollout).where(Rollout.id.in_(rollout_ids)).values(trained_at=utcnow()))
+        finally:
+            await store.dispose()
+
+    async def main() -> list[Outcome]:
+        settings = RunSettings(proxy=proxy_url, attempts=4, concurrency=4, task_id_field="id", max_untrained=2)
+        async with Runner(solve_async, settings, on_attempt=seen.append) as runner:
+            run = asyncio.create_task(runner.run([{**TASK_DICTS[0], "id": f"paced-{uuid.uuid4().hex}"}]))
+            while len(seen) < 2:
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(2.5)  # the stand-in answers in milliseconds: a third attempt would have ended
+            assert len(seen) == 2 and not run.done()
+            await mark_trained([outcome.rollout_id for outcome in seen])
+            return await asyncio.wait_for(run, 30)
+
+    outcomes = asyncio.run(main())
+    assert [o.status for o in outcomes] == ["rewarded"] * 4
+    assert sorted(o.attempt.number for o in outcomes) == [0, 1, 2, 3]

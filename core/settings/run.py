@@ -41,6 +41,10 @@ class RunSettings(CommandSettings):
     attempts: int = Field(4, ge=1, description="Attempts per task and epoch: the group the trainer compares.")
     concurrency: int = Field(8, ge=1, description="Attempts in flight at once.")
     epochs: int = Field(1, ge=1, description="Passes over the task set.")
+    max_untrained: int = Field(
+        0, ge=0, description="Training attempts running or waiting for the trainer at most: a new one starts once "
+        "the trainer has consumed earlier ones (0: no limit). Bounds how many versions behind the sampling "
+        "policy gets; the trainer's batch_rollouts gives on-policy rounds (docs/run.md, Learning).")
     timeout: float = Field(600.0, gt=0, description="Seconds one attempt may take.")
     retries: int = Field(3, ge=0, description="Times an attempt is tried again after an infrastructure failure "
                                               "(proxy or engine unreachable, 5xx before any answer).")
