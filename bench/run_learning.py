@@ -100,8 +100,8 @@ def one_mode(mode: str, engine: str, postgres: str, train_count: int, seed: int,
         database = create_database(postgres, "rlproxy_run_learning")
         port = free_port()
         proxy = f"http://127.0.0.1:{port}"
-        stack.enter_context(running(proxy_command(port, [engine], database), f"{proxy}/readyz", timeout=120,
-                                    log_path=workdir / "proxy.log"))
+        stack.enter_context(running(proxy_command(port, [engine], database, "--spool-path", str(workdir / "spool")),
+                                    f"{proxy}/readyz", timeout=120, log_path=workdir / "proxy.log"))
         stack.enter_context(running(trainer_command(database, engine, prepare_model(), workdir / "adapters"), None,
                                     log_path=workdir / "trainer.log"))
         train = write_tasks(workdir / "train.jsonl", train_tasks(train_count, seed=seed))
