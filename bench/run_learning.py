@@ -112,7 +112,8 @@ def one_mode(mode: str, engine: str, postgres: str, train_count: int, seed: int,
         version = wait_until_served(proxy, [f["rollout_id"] for f in trained if f.get("rollout_id")])
         after = success(rlproxy_run(proxy, mode, workdir, "after", "--eval-tasks", str(heldout)))
         rewards = [f.get("reward") or 0 for f in trained]
-        quarters = [round(sum(q) / len(q), 2) for q in (rewards[i::4] for i in range(4)) if q]
+        quarters = [rewards[len(rewards) * i // 4:len(rewards) * (i + 1) // 4] for i in range(4)]  # in finish order
+        quarters = [round(sum(q) / len(q), 2) for q in quarters if q]
     return (f"{mode}: held-out success base {before[0]}/{before[1]} -> v{version} {after[0]}/{after[1]} "
             f"({(after[0] / after[1] - before[0] / before[1]) * 100:+.1f} points); {len(trained)} training attempts "
             f"of {train_count} tasks x {ATTEMPTS}, training reward {sum(rewards) / len(rewards):.2f} "
