@@ -259,11 +259,11 @@ EXAMPLES = sorted((CHART / "examples").glob("*.yaml"))
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[path.stem for path in EXAMPLES])
-def test_example_values_per_model_size_render_once_the_trainer_is_sized(example):
+def test_example_values_per_model_size_render_with_the_trainer_sized_from_the_scale_table(example):
     values = yaml.safe_load(example.read_text())
+    trainer_values = values["trainer"]
     with pytest.raises(helm.HelmError, match="trainer.nodes and trainer.gpu must be set"):
-        render(values)  # the trainer's size comes from docs/scale.md, not from the example
-    values["trainer"].update(nodes=2, gpu=8)
+        render({**values, "trainer": {**trainer_values, "nodes": None}})  # a size is never guessed
     documents = render(values)
     validate_all(documents)
     engines = by_kind(documents, "StatefulSet")["prod-rlproxy-engine"]["spec"]["template"]["spec"]
@@ -274,8 +274,11 @@ def test_example_values_per_model_size_render_once_the_trainer_is_sized(example)
         assert engine["args"][engine["args"].index("--tensor-parallel-size") + 1] == str(gpus)
     else:
         assert "--tensor-parallel-size" not in engine["args"]
-    [trainer] = pod_of(documents, "StatefulSet", "prod-rlproxy-trainer")["containers"]
+    kind = "StatefulSet" if trainer_values["nodes"] > 1 else "Deployment"
+    [trainer] = pod_of(documents, kind, "prod-rlproxy-trainer")["containers"]
+    assert trainer["resources"]["limits"]["nvidia.com/gpu"] == trainer_values["gpu"]  # docs/scale.md's table
     assert env_of(trainer)["RLPROXY_MODEL"] == values["engine"]["model"]  # trains the model the engines serve
+    assert "activation_checkpointing=true" in " ".join(map(str, trainer.get("args", []) + trainer.get("command", [])))
 
 
 # A rank that reports its global rank, node rank and world size after one all-reduce over gloo.
