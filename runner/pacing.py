@@ -1,7 +1,7 @@
 """On-policy pacing for a run that feeds a trainer: at most `limit` training attempts running or waiting for the
-trainer at once. Without it a fast runner samples every attempt with the first versions while the trainer is
-still working through them, and later steps learn from data many versions old (measured: bench/run_learning.py,
-docs/run.md). Evaluation attempts are never held back: the trainer never consumes them."""
+trainer at once. Without it sampling runs ahead of training, later steps learn from rollouts of versions well
+behind the one they update, and in bench/run_learning.py held-out success fell (docs/run.md, Learning).
+Evaluation attempts are never held back: the trainer never consumes them."""
 from __future__ import annotations
 
 import asyncio
