@@ -19,7 +19,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.learning_runs import cpu_model  # noqa: E402
 from demo.tasks import heldout_tasks, train_tasks  # noqa: E402
 from engine.model import prepare_model  # noqa: E402
 from testkit.processes import (  # noqa: E402
@@ -148,8 +148,7 @@ def main() -> None:
             line = one_mode(mode, engine, args.postgres, args.train_tasks, args.seed, args.max_untrained)
             print(line, flush=True)
             lines.append(line)
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu = cpu_model()
     with RESULTS.open("a") as file:
         file.write(f"## {datetime.date.today()} {cpu}, {os.cpu_count()} cores: bench/run_learning.py "
                    f"--train-tasks {args.train_tasks} --seed {args.seed} --max-untrained {args.max_untrained}\n" + "\n".join(lines) + "\n\n")
