@@ -1,0 +1,31 @@
+"""bench/gpu_check.py, the trainer's GPU check, runs its whole code path on the CPU at a tiny shape: the real
+PolicyTrainer under torchrun with one FSDP2 rank, the report's rows, and the seeded model's log-probs compared across
+precisions (on a GPU machine also across devices)."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_gpu_check_runs_the_trainer_at_a_tiny_shape_and_compares_logprobs(tmp_path):
+    out = tmp_path / "gpu.txt"
+    done = subprocess.run(
+        [sys.executable, "bench/gpu_check.py", "--shapes", "tiny", "--steps", "1", "--batch", "2", "--prompt", "48",
+         "--completion", "16", "--workdir", str(tmp_path), "--out", str(out)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = out.read_text()
+    row = next(line for line in report.splitlines() if line.startswith("tiny "))
+    assert "failed" not in row and "skipped" not in row, row
+    tokens, step_s, tokens_per_s = row.split()[3:6]
+    assert int(tokens) == 2 * (48 + 16)  # one epoch over the batch (the trainer's default)
+    assert float(step_s) > 0 and float(tokens_per_s) > 0
+    assert re.search(r"\d+\.\d GB", row), "the table's prediction is printed beside the measurement"
+    agreement = next(line for line in report.splitlines() if line.startswith("cpu, bfloat16"))
+    mean, largest = (float(x) for x in re.findall(r"\|diff\| ([0-9.e+-]+)", agreement))
+    assert 0 <= mean <= largest < 0.5, agreement  # same weights, same code: only rounding differs
+    assert "cuda: not available here" in report or "cuda, bfloat16" in report
