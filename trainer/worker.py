@@ -21,7 +21,7 @@ import logging
 import shutil
 import statistics
 import time
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -159,7 +159,7 @@ class TrainerWorker:
                 await asyncio.to_thread(self._recompute_behaviour, transitions)
             step_began = time.perf_counter()
             async with self.while_computing():
-                step_metrics = _as_dict(await asyncio.to_thread(self.policy.step, transitions))
+                step_metrics = (await asyncio.to_thread(self.policy.step, transitions)).as_dict()
             self._observe(step_metrics, transitions, time.perf_counter() - step_began)
             version, path = await self._save()
             step_metrics.update(skipped=dict(skips), reward_mean=statistics.fmean(rewards), rollouts=len(rollouts),
@@ -308,7 +308,7 @@ class TrainerWorker:
     def _observe(self, step: dict[str, Any], transitions: list[Transition], seconds: float) -> None:
         m = self.metrics
         for name, gauge in (("loss", m.loss), ("policy_loss", m.policy_loss), ("kl", m.kl),
-                            ("clip_fraction", m.clip_fraction), ("tokens_per_second", m.tokens_per_second)):
+                            ("clip_fraction", m.clip_fraction), ("tokens_per_s", m.tokens_per_second)):
             if step.get(name) is not None:
                 gauge.set(step[name])
         advantages = [a for t in transitions for a, keep in zip(t.advantages(), t.mask()) if keep]
@@ -325,7 +325,3 @@ def _merged(skipped: dict[str, dict[str, int]]) -> dict[str, int]:
     return total
 
 
-def _as_dict(metrics: Any) -> dict[str, Any]:
-    if is_dataclass(metrics):
-        return asdict(metrics)
-    return dict(metrics)

@@ -6,15 +6,24 @@ what a saved adapter records beside itself. Their flags are flat like every othe
 Defaults that learn on CPU without tuning."""
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, SecretStr, field_validator
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
 from core.policy_rules import BASE_POLICY, DEFAULT_POLICY, check_policy_name
 from core.settings.base import CommandSettings
 from core.settings.locations import DEFAULT_DATABASE_URL
+
+def demo_score_command(tasks: int = 48, seed: int = 0, concurrency: int = 8, python: str | None = None) -> str:
+    """The bundled demo task's evaluation command (demo/score.py), as an `eval_command` template: what
+    `gate="heldout"` stands for. It scores a policy on `tasks` problems of the split it is asked for."""
+    return (f"{shlex.quote(python or sys.executable)} -m demo.score --base-url {{base_url}} --model {{model}} "
+            f"--split {{split}} --tasks {tasks} --seed {seed} --concurrency {concurrency}")
+
 
 CreditMode = Literal["identical", "discounted"]
 AdvantageEstimator = Literal["grpo", "rloo", "reinforce_baseline", "reinforce"]
@@ -285,6 +294,16 @@ class TrainerSettings(CommandSettings):
         None, gt=0, description="max_tokens of each judge request (None: the judge's own limit). A judge that "
                                 "rambles on stops here, and its cut-off reply counts as bad output.")
     training: TrainingSettings = Field(TrainingSettings(), description="What each training step trains with.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _heldout_is_the_demo_command_gate(cls, given: Any) -> Any:
+        """`heldout` is the command gate running the demo's scorer, for whoever builds these settings (the
+        command line or code): every gate the worker knows is then one `build_gate` builds."""
+        if isinstance(given, dict) and given.get("gate") == "heldout":
+            tasks = given.get("heldout_tasks", cls.model_fields["heldout_tasks"].default)
+            given = {**given, "gate": "command", "eval_command": demo_score_command(tasks=int(tasks))}
+        return given
 
     @field_validator("policies")
     @classmethod

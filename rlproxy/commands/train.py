@@ -37,11 +37,6 @@ def train(pairs, **params) -> None:
         raise click.UsageError(problem)
     if (settings.nproc_per_node > 1 or settings.training.offload_base) and not parallel.launched_by_torchrun():
         _exec_torchrun(settings.nproc_per_node)
-    if settings.gate == "heldout":  # the bundled demo task's own configuration of the command gate
-        from demo.score import command  # the demo task's scorer needs rlproxy[demo]'s openai client
-
-        settings = settings.model_copy(update={"gate": "command",
-                                               "eval_command": command(tasks=settings.heldout_tasks)})
     model_path = settings.model or default_model_path()  # prepares the bundled model when it is not yet
     collective = parallel.init_from_environment() if parallel.launched_by_torchrun() else None
     if collective is not None and collective.rank != 0:  # a follower: no database, engines or metrics port
