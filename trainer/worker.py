@@ -25,13 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from core.settings import TrainerSettings
 from store import policies, training
 from store.db import create_engine, session_factory
-from store.models import Policy, PolicyStatus
 from trainer.batch import build_transitions
 from trainer.housekeeping import Housekeeping
 from trainer.metrics import TrainerMetrics
@@ -294,10 +292,7 @@ class TrainerWorker:
         publish it now (a canary resumes with its original start)."""
         for line in self.lines.values():
             async with self.sessions() as session:
-                leftovers = (await session.execute(
-                    select(Policy).where(Policy.status.in_((PolicyStatus.CANDIDATE, PolicyStatus.CANARY)),
-                                         Policy.policy == line.policy, Policy.version > line.parent_version)
-                    .order_by(Policy.version))).scalars().all()
+                leftovers = await policies.unpublished_versions(session, line.policy, line.parent_version)
             for policy in leftovers:
                 if policy.path and Path(policy.path).exists():
                     log.info("publishing v%d of %r left unpublished by an earlier run", policy.version, line.policy)

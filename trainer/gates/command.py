@@ -38,7 +38,6 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import aiohttp
-from sqlalchemy import select
 
 from core.errors import RlproxyError
 from core.settings import TrainerSettings
@@ -292,10 +291,8 @@ async def known_score(session, version: int, measured: str) -> float | None:
         row = await session.get(Policy, version)
         kept = ((row.evaluation or {}).get(KEY) or {}) if row is not None else {}
         return kept.get("score") if kept.get("digest") == measured else None
-    for evaluation in (await session.execute(
-            select(Policy.evaluation).where(Policy.parent_version == version).order_by(Policy.version.desc())
-    )).scalars():
-        kept = (evaluation or {}).get(KEY) or {}
+    for evaluation in await policies.children_evaluations(session, version):
+        kept = evaluation.get(KEY) or {}
         if kept.get("digest") == measured and kept.get("parent_score") is not None:
             return kept["parent_score"]
     return None
