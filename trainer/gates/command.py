@@ -43,7 +43,7 @@ from core.errors import RlproxyError
 from core.settings import TrainerSettings
 from engine import lifecycle
 from engine.adapters import AdapterError, EngineAdapters
-from engine.models import ModelListError, base_model
+from engine.model_list import ModelListError, base_model
 from store import policies
 from store.db import create_engine, session_factory
 from store.models import Policy, utcnow
