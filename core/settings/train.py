@@ -17,6 +17,7 @@ from pydantic.dataclasses import dataclass
 from core.policy_rules import BASE_POLICY, DEFAULT_POLICY, check_policy_name
 from core.settings.base import CommandSettings
 from core.settings.locations import DEFAULT_DATABASE_URL
+from core.settings.prune import PRUNING_OFF, Pruning
 
 def demo_score_command(tasks: int = 48, seed: int = 0, concurrency: int = 8, python: str | None = None) -> str:
     """The bundled demo task's evaluation command (demo/score.py), as an `eval_command` template: what
@@ -243,15 +244,9 @@ class TrainerSettings(CommandSettings):
     reward_ttl_s: float = Field(
         21600.0, ge=0, description="Seconds after its creation a rollout may wait for its final reward; then it is "
                                    "marked expired: never trained on, further rewards refused with 409. 0: never.")
-    prune_older_than_s: float = Field(
-        0.0, ge=0, description="Prune recorded data older than this many seconds, as `rlproxy prune` does "
-                               "(trained, expired and finished evaluation rollouts; calls outside rollouts). 0: off.")
-    prune_what: Literal["calls", "bodies"] = Field(
-        "calls", description="What pruning removes: whole rollouts with their calls, or only the calls' request "
-                             "and response bodies.")
-    prune_keep_trained_ids: bool = Field(
-        False, description="Pruning keeps the rows (token ids, logprobs, rewards) of trained rollouts and clears "
-                           "only their bodies.")
+    pruning: Pruning = Field(
+        PRUNING_OFF, description="Pruning between steps, as `rlproxy prune` does (0: off).",
+        json_schema_extra={"prefix": "prune-", "was": {"older_than": "prune-older-than-s"}})
     heldout_tasks: int = Field(48, ge=1, description="Tasks per evaluation of the heldout gate (the demo task's "
                                                      "gate split).")
     nproc_per_node: int = Field(

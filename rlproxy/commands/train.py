@@ -10,9 +10,9 @@ import click
 from prometheus_client import start_http_server
 
 from core.settings import TrainerSettings, TrainingSettings
+from core.settings.maintenance import ExportSettings
 from engine.model import default_model_path
 from rlproxy.commands.flags import Flags
-from rlproxy.commands.options import database_option, option
 from rlproxy.extras import require
 
 TRAIN_FLAGS = Flags(TrainerSettings)
@@ -110,13 +110,15 @@ def train_config() -> None:
                        f"    {setting.help}")
 
 
+EXPORT_FLAGS = Flags(ExportSettings)
+
+
 @click.command()
-@database_option()
-@option("--out", required=True, type=click.Path(path_type=Path), help="JSON-lines file to write.")
-@option("--untrained-only", is_flag=True, help="Only rollouts the trainer has not consumed yet.")
-def export(database_url: str, out: Path, untrained_only: bool) -> None:
+@EXPORT_FLAGS
+def export(**params) -> None:
     """Write training transitions (ids, text, reward, advantage, policy) as JSON lines."""
+    settings = EXPORT_FLAGS.build(params)
     from trainer.export import export_to_file  # the trainer's package: not imported by the proxy's commands
 
-    count = export_to_file(database_url, out, include_trained=not untrained_only)
-    click.echo(f"wrote {count} transitions to {out}")
+    count = export_to_file(settings.database_url, settings.out, include_trained=not settings.untrained_only)
+    click.echo(f"wrote {count} transitions to {settings.out}")
