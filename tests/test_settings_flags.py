@@ -15,6 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from core.settings import DemoSettings, EngineSettings, ProxySettings, Pruning, TrainingSettings
+from core.settings.redaction import Redaction
 from rlproxy.cli import main
 from rlproxy.commands.settings_doc import SECTIONS, markdown
 from rlproxy.commands.train import training_from
@@ -149,6 +150,13 @@ def test_pruning_is_one_group_of_settings_that_the_trainer_and_rlproxy_prune_rea
     monkeypatch.delenv("RLPROXY_OLDER_THAN")
     refused = CliRunner().invoke(main, ["prune", "--database-url", "sqlite+aiosqlite:///unused.db"])
     assert refused.exit_code == 2 and "--older-than (or RLPROXY_OLDER_THAN) is required" in refused.output
+
+
+def test_redacting_content_is_one_setting_that_the_proxy_and_the_trainer_share(monkeypatch):
+    said_once = {"RLPROXY_REDACT_CONTENT": "true"}
+    proxy = built("serve", [], said_once, monkeypatch)
+    trainer = built("train", ["--upstream", "http://engine:8000"], said_once, monkeypatch)
+    assert proxy.redaction == trainer.redaction == Redaction(redact_content=True)
 
 
 def test_the_demo_offers_the_trainers_settings_with_its_own_defaults(monkeypatch):

@@ -53,7 +53,7 @@ def usage_problem(settings: TrainerSettings) -> str | None:
     """Why these settings cannot give judge rewards (a usage error at start-up), or None."""
     if settings.reward == "posted":
         return None
-    if settings.redact_content:
+    if settings.redaction.redact_content:
         return (f"--reward {settings.reward} cannot be used with --redact-content: the judge reads the recorded "
                 f"conversations, and with --redact-content every text in them is stored as \"[redacted]\". "
                 f"Use --reward posted, or record the text (no --redact-content on rlproxy serve).")

@@ -74,7 +74,8 @@ class TrainerWorker:
         self.engine = create_engine(settings.database_url)
         self.sessions: async_sessionmaker[AsyncSession] = session_factory(self.engine)
         engine_key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
-        self.publisher = Publisher(self.sessions, settings.upstreams, api_key=engine_key, metrics=self.metrics.fleet)
+        self.publisher = Publisher(self.sessions, settings.upstreams, drain_seconds=settings.drain_seconds,
+                                   api_key=engine_key, metrics=self.metrics.fleet)
         self.housekeeping = Housekeeping(settings, self.sessions, self.metrics)
         self.policy = None  # trainer.ppo.PolicyTrainer, built on start (torch is imported lazily)
         self.collective = collective or Collective()  # several ranks: this worker is rank 0 (trainer/parallel.py)

@@ -18,6 +18,7 @@ from core.policy_rules import BASE_POLICY, DEFAULT_POLICY, check_policy_name
 from core.settings.base import CommandSettings
 from core.settings.locations import DEFAULT_DATABASE_URL
 from core.settings.prune import PRUNING_OFF, Pruning
+from core.settings.redaction import Redaction
 
 def demo_score_command(tasks: int = 48, seed: int = 0, concurrency: int = 8, python: str | None = None) -> str:
     """The bundled demo task's evaluation command (demo/score.py), as an `eval_command` template: what
@@ -25,6 +26,8 @@ def demo_score_command(tasks: int = 48, seed: int = 0, concurrency: int = 8, pyt
     return (f"{shlex.quote(python or sys.executable)} -m demo.score --base-url {{base_url}} --model {{model}} "
             f"--split {{split}} --tasks {tasks} --seed {seed} --concurrency {concurrency}")
 
+
+DRAIN_SECONDS = 30.0  # TrainerSettings.drain_seconds' default, which a Publisher built in code also drains for
 
 CreditMode = Literal["identical", "discounted"]
 AdvantageEstimator = Literal["grpo", "rloo", "reinforce_baseline", "reinforce"]
@@ -209,6 +212,11 @@ class TrainerSettings(CommandSettings):
         json_schema_extra={"flag": "policy"})
     poll_interval: float = Field(1.0, description="Seconds between looks for ready rollouts.")
     lease_seconds: float = Field(900.0, description="How long claimed rollouts stay reserved for one step.")
+    drain_seconds: float = Field(
+        DRAIN_SECONDS, ge=0, description="Seconds a version that stopped serving keeps its adapter on the engines before the "
+                                "trainer unloads it, so the calls it was answering can finish. A call still running "
+                                "then (the proxy's upstream_timeout allows 600 s) fails: raise it above your longest "
+                                "call if that matters; each draining adapter holds one of the engine's max_loras.")
     metrics_port: int | None = Field(8401, description="Port for the trainer's Prometheus metrics; 0: off.")
     max_steps: int | None = Field(None, description="Stop after this many training steps (None: run forever).")
     gate: Literal["none", "canary", "eval-traffic", "command", "heldout"] = Field(
@@ -259,10 +267,7 @@ class TrainerSettings(CommandSettings):
                               "reward (a posted one is never judged); judge+posted: as judge, and rollouts with a "
                               "posted reward are judged with their group too, their reward becoming "
                               "judge_weight * judge + (1 - judge_weight) * posted.")
-    redact_content: bool = Field(
-        False, description="The proxies store text redacted (`rlproxy serve --redact-content`; one "
-                           "RLPROXY_REDACT_CONTENT for every process says it once). The trainer then refuses to "
-                           "start with a judge (reward judge or judge+posted), which could only read the marker.")
+    redaction: Redaction = Field(default_factory=Redaction)
     judge_url: str | None = Field(
         None, description="OpenAI-compatible base URL (ending in /v1) of the judge; required by reward judge and "
                           "judge+posted. No default: the bundled base model judged at chance (docs/judge.md).")
