@@ -151,7 +151,8 @@ async def _store_span(session: AsyncSession, rollout_id: str, span: SpanFacts, p
                 result.final = final if final.created else None
             elif (span.trace_id, span.span_id) not in stored_spans:
                 call = await calls.target(span, explicit=True)
-                reward_rows.add_call_reward(session, rollout_id, call.id, span.reward, {**span.key, "name": span.name})
+                reward_rows.add_call_reward(session, rollout_id, call.id, span.reward,
+                                            {**span.key, "name": span.name})
                 stored_spans.add((span.trace_id, span.span_id))
                 result.call_rewards.append(store_rollouts.RewardResult(rollout_id, span.reward, call.id, True))
         except (NotFound, Conflict) as exc:
@@ -171,8 +172,8 @@ async def _insert_air(session: AsyncSession, rollout_id: str, call_id: str, span
                       value: float) -> bool:
     """Whether the automatic reward was stored (False: the call has one for this reason already, from the
     traffic itself or an earlier export of this span)."""
-    return await reward_rows.add_air_once(session, reward_rows.air_row(
-        rollout_id, call_id, value, reason, {"tool_call_id": span.tool_call_id, "tool": span.tool_name, **span.key}))
+    metadata = {"tool_call_id": span.tool_call_id, "tool": span.tool_name, **span.key}
+    return await reward_rows.add_air_once(session, reward_rows.air_row(rollout_id, call_id, value, reason, metadata))
 
 
 def _utc(moment: datetime) -> datetime:

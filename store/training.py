@@ -197,7 +197,8 @@ async def waiting_rollouts(session: AsyncSession, agents: Sequence[str] = ()) ->
         select(func.count()).select_from(Rollout).where(_trainable(agents)))).scalar_one())
 
 
-async def finished_rollout_ids(session: AsyncSession, *, include_trained: bool, offset: int, limit: int) -> list[str]:
+async def finished_rollout_ids(session: AsyncSession, *, include_trained: bool, offset: int,
+                               limit: int) -> list[str]:
     """A page of finished rollouts' ids, oldest finished first (`rlproxy export`)."""
     query = select(Rollout.id).where(Rollout.status == RolloutStatus.FINISHED)
     if not include_trained:

@@ -327,7 +327,7 @@ def test_only_the_store_issues_sql_and_only_store_rewards_writes_reward_rows():
 
 def test_the_write_rule_sees_a_statement_or_a_row_planted_outside_the_store(tmp_path):
     planted = {
-        "store/calls.py": "from sqlalchemy import select\nasync def f(session):\n    await session.execute(select(1))\n",
+        "store/calls.py": "from sqlalchemy import select\nasync def f(session):\n    await session.execute(select())\n",
         "proxy/sneaky.py": "from sqlalchemy import select as pick\nquery = pick(1)\n",
         "proxy/raw.py": "async def f(conn):\n    await conn.execute(QUERY)\nQUERY = 'DELETE FROM calls'\n",
         "trainer/rows.py": "def f(self, row):\n    self.session.add(row)\n",

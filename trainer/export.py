@@ -30,7 +30,8 @@ async def export_transitions(database_url: str, out: IO[bytes], *, config: Train
         offset = 0
         while True:
             async with sessions() as session:
-                ids = await finished_rollout_ids(session, include_trained=include_trained, offset=offset, limit=PAGE)
+                ids = await finished_rollout_ids(session, include_trained=include_trained, offset=offset,
+                                                 limit=PAGE)
                 if not ids:
                     return written
                 rollouts = await load_rollouts(session, ids)

@@ -1,8 +1,9 @@
 """What the trainer does to the store besides training, between steps: with `reward` judge or judge+posted,
 idle rollouts without a posted reward are scored by the judge (trainer/judge.py, before expiry gets to them);
 rollouts whose final reward never came are marked expired (`reward_ttl_s`), and recorded data past
-`prune_older_than_s` is pruned the way `rlproxy prune` does it (store/retention.py). Each runs at most every
-tenth of its period (capped), in small transactions, so it never holds up a step or the proxy's writes."""
+`pruning.older_than` (the settings `rlproxy prune` reads) is pruned the way it prunes (store/retention.py). Each
+runs at most every tenth of its period (capped), in small transactions, so it never holds up a step or the
+proxy's writes."""
 from __future__ import annotations
 
 import logging

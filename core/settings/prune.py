@@ -36,8 +36,8 @@ class Pruning(Part):
                              "rollouts; bodies: keep every row, clear only request and response bodies (token ids, "
                              "logprobs, rewards stay).")
     keep_trained_ids: bool = Field(
-        False, description="With what=calls: trained rollouts keep their rows (ids, logprobs, rewards) and lose only "
-                           "their bodies, so `rlproxy export` still rebuilds what was trained on.")
+        False, description="With what=calls: trained rollouts keep their rows (ids, logprobs, rewards) and lose "
+                           "only their bodies, so `rlproxy export` still rebuilds what was trained on.")
 
 
 # The trainer's pruning (off until an age is given); its flags are `--prune-older-than` and so on.

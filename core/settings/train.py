@@ -213,10 +213,11 @@ class TrainerSettings(CommandSettings):
     poll_interval: float = Field(1.0, description="Seconds between looks for ready rollouts.")
     lease_seconds: float = Field(900.0, description="How long claimed rollouts stay reserved for one step.")
     drain_seconds: float = Field(
-        DRAIN_SECONDS, ge=0, description="Seconds a version that stopped serving keeps its adapter on the engines before the "
-                                "trainer unloads it, so the calls it was answering can finish. A call still running "
-                                "then (the proxy's upstream_timeout allows 600 s) fails: raise it above your longest "
-                                "call if that matters; each draining adapter holds one of the engine's max_loras.")
+        DRAIN_SECONDS, ge=0,
+        description="Seconds a version that stopped serving keeps its adapter on the engines before the trainer "
+                    "unloads it, so the calls it was answering can finish. A call still running then (the proxy's "
+                    "upstream_timeout allows 600 s) fails: raise it above your longest call if that matters; each "
+                    "draining adapter holds one of the engine's max_loras.")
     metrics_port: int | None = Field(8401, description="Port for the trainer's Prometheus metrics; 0: off.")
     max_steps: int | None = Field(None, description="Stop after this many training steps (None: run forever).")
     gate: Literal["none", "canary", "eval-traffic", "command", "heldout"] = Field(

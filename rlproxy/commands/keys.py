@@ -35,7 +35,9 @@ def _run_with_session(database_url: str, work):
     return asyncio.run(go())
 
 
-CREATE_FLAGS, LIST_FLAGS, REVOKE_FLAGS = Flags(KeysCreateSettings), Flags(KeysListSettings), Flags(KeysRevokeSettings)
+CREATE_FLAGS = Flags(KeysCreateSettings)
+LIST_FLAGS = Flags(KeysListSettings)
+REVOKE_FLAGS = Flags(KeysRevokeSettings)
 
 
 @keys.command("create")
