@@ -2,19 +2,31 @@
 bugs and from the libraries' own errors. The tree:
 
     RlproxyError
-    ├── ProxyError (proxy/errors.py)          an HTTP error in the route's own format: InvalidRequest 400,
-    │                                         Unauthorized 401, NotFoundError 404, RateLimited 429,
-    │                                         UpstreamUnavailable 502, ... (each carries its status)
-    ├── AuthConfigError (proxy/auth.py)       the access settings cannot be served as given
-    ├── UnsupportedContent (core/responses_chat.py)  a Responses content part with no chat form (a ValueError)
-    ├── StoreError (store/errors.py)          NotFound, Conflict: what a store operation refused
-    ├── AdapterError (engine/adapters.py)    EngineUnavailable, AdapterRefused, LoadFailed, UnloadFailed
-    ├── EngineError (engine/command.py)  the local engine could not start, or died
-    ├── ModelError (engine/model.py)         BundledModelMissing: the bundled model cannot be prepared
-    ├── EvalError (trainer/gates/evaluate.py)       `rlproxy eval` cannot measure what it was asked to
-    ├── EvalCommandError (trainer/gates/command.py)  an --eval-command template that cannot run
-    ├── MissingDependencyError (trainer/compat.py)   an OpenRLHF path needing a package not installed
-    └── StartupError (demo/startup.py)        the demo cannot start (a taken port, low memory, ...)
+    ├── RuleError (core/policy_rules.py)           a routing rule or policy name that cannot be used (ValueError)
+    ├── UnsupportedContent (core/responses_chat.py)  a Responses content part with no chat form (ValueError)
+    ├── JudgeOutputError (rewards/judge.py)        a judge reply that breaks the JSON contract (ValueError)
+    ├── StoreError (store/errors.py)               NotFound, Conflict: what a store operation refused
+    ├── AdapterError (engine/adapters.py)          EngineUnavailable, AdapterRefused, LoadFailed, UnloadFailed;
+    │                                              NotVerified (engine/fleet.py): a replica serves other weights
+    ├── EngineError (engine/command.py)            the local engine could not start, or died (RuntimeError)
+    ├── ModelError (engine/model.py)               BundledModelMissing: the bundled model cannot be prepared
+    ├── ModelListError (engine/model_list.py)      an engine's model list unreadable, or naming no base model
+    ├── ProxyError (proxy/errors.py)               an HTTP error in the route's own format: InvalidRequest 400,
+    │                                              Unauthorized 401, NotFoundError 404 (ModelNotFound,
+    │                                              proxy/tenancy.py), RateLimited 429, UpstreamUnavailable 502,
+    │                                              ... (each carries its status)
+    ├── AuthConfigError (proxy/auth.py)            the access settings cannot be served as given
+    ├── SpoolInUse (proxy/spool.py)                another process writes this spool
+    ├── OtlpFormatError (proxy/otlp.py)            a body that is no OTLP trace export (ValueError)
+    ├── EvalError (trainer/gates/evaluate.py)      `rlproxy eval` cannot measure what it was asked to
+    ├── EvalCommandError (trainer/gates/command.py)  an --eval-command template that cannot run (ValueError)
+    ├── JudgeUnreachable, JudgeRefused (trainer/judge.py)  the judge did not answer, or refused (RuntimeError)
+    ├── MissingDependencyError (trainer/compat.py)  an OpenRLHF path needing a package not installed
+    ├── RunInputError, ProxyRefused, InfrastructureError (runner/errors.py)  what stops `rlproxy run`, or an attempt
+    ├── StartupError (demo/startup.py)             the demo cannot start (a taken port, low memory, ...)
+    ├── CalcError (demo/agent.py)                  the demo agent's calculator refuses an expression (ValueError)
+    ├── MissingExtra (rlproxy/extras.py)           a command whose extra is not installed (a click exception)
+    └── BadBody (testkit/stub_pooling.py)          the stand-in engine refuses a body (tests only; ValueError)
 
 Where an error also is a built-in kind (EngineError a RuntimeError, EvalCommandError a ValueError), it is both,
 so code that catches the built-in keeps working. Errors are raised with their context and handled at the edge

@@ -17,6 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from core.errors import RlproxyError
+
 DEFAULT_POLICY = "default"  # the policy every call belongs to unless a routing rule names another
 BASE_POLICY = "base"  # a reserved name: always the base model, never trained
 
@@ -26,7 +28,7 @@ _NAME = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 _KEYS = ("agent", "project")
 
 
-class RuleError(ValueError):
+class RuleError(RlproxyError, ValueError):
     """A routing rule or policy name that cannot be used; the message says which and why."""
 
 

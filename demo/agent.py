@@ -28,6 +28,7 @@ from typing import Any
 
 import openai
 
+from core.errors import RlproxyError
 from demo.tasks import CALC, EXAMPLE_LOOKUPS, EXAMPLE_PRODUCTS, LOOKUP, Task, lookup
 
 DEFAULT_MAX_TURNS = 3
@@ -168,7 +169,7 @@ def score(answer: str | None, expected: str | int) -> float:
 # --- the calculator: a whitelist walk of Python's AST, never eval() ---------------------------------
 
 
-class CalcError(ValueError):
+class CalcError(RlproxyError, ValueError):
     """The expression is not plain arithmetic, or is out of bounds."""
 
 

@@ -3,9 +3,9 @@ heldout`): one episode of the demo agent per task of a split of the demo task fa
 OpenAI-compatible base URL (the proxy, or the engine directly), its success with a 95% Wilson interval, and
 the held-out result kept on the policy row's `evaluation` JSON.
 
-A candidate passes when its success is not worse than its parent's by more than a margin: 48 tasks at a
-success near 30% give an interval about ±13 points wide, so a strict "at least as good" would reject
-half of the candidates that are exactly as good as their parent.
+The gates decide with the promotion rule of trainer/gates/command.py (`passes`): 48 tasks at a success near 30%
+give an interval about ±13 points wide, so a strict "at least as good" would reject half of the candidates that
+are exactly as good as their parent.
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import openai
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from demo.agent import evaluate_detailed
@@ -24,7 +23,7 @@ from demo.tasks import Task, heldout_tasks
 from store import policies
 from store.db import create_engine, session_factory
 from store.evaluation import wilson
-from store.models import Policy, utcnow
+from store.models import utcnow
 from trainer.gates.evaluate import EvalError, resolve
 
 
@@ -76,11 +75,6 @@ async def evaluate_heldout(base_url: str, model: str, tasks: list[Task], *, conc
                          first_error=failed)
 
 
-def passes(success: float, parent_success: float, margin: float) -> bool:
-    """The promotion rule: not worse than the parent by more than `margin`."""
-    return success >= parent_success - margin
-
-
 # --- the store ---------------------------------------------------------------------------------------
 
 
@@ -104,23 +98,6 @@ async def record(session: AsyncSession, version: int, result: HeldoutResult, **e
     # a new dict (JSON changes in place are not tracked), keeping what else is there (e.g. a canary record)
     policy.evaluation = {**(policy.evaluation or {}), **result.as_evaluation(), **extra}
     return True
-
-
-async def known_success(session: AsyncSession, version: int, digest: str) -> float | None:
-    """A stored held-out success of `version` on exactly the tasks `digest` names: its own row's, or for the
-    base model the parent measurement an earlier gate kept on one of its children."""
-    if version != policies.BASE_VERSION:
-        policy = await session.get(Policy, version)
-        stored = (policy.evaluation or {}) if policy is not None else {}
-        return stored.get("heldout_success") if stored.get("heldout_task_set") == digest else None
-    children = (await session.execute(
-        select(Policy.evaluation).where(Policy.parent_version == version).order_by(Policy.version.desc())
-    )).scalars()
-    for stored in children:
-        stored = stored or {}
-        if stored.get("heldout_task_set") == digest and stored.get("parent_heldout_success") is not None:
-            return stored["parent_heldout_success"]
-    return None
 
 
 # --- `rlproxy eval` ------------------------------------------------------------------------------------

@@ -13,19 +13,16 @@ import argparse
 import asyncio
 import json
 import os
-import shlex
 import sys
 
+from core.settings.train import demo_score_command
 from demo.evaluate import evaluate_heldout
 from demo.tasks import SPLITS
 
 SCORED_SPLITS = ("gate", "heldout")
 
 
-def command(tasks: int = 48, seed: int = 0, concurrency: int = 8, python: str | None = None) -> str:
-    """The evaluation-command template that scores a policy on `tasks` problems of the split it is asked for."""
-    return (f"{shlex.quote(python or sys.executable)} -m demo.score --base-url {{base_url}} --model {{model}} "
-            f"--split {{split}} --tasks {tasks} --seed {seed} --concurrency {concurrency}")
+command = demo_score_command  # the evaluation-command template that runs this module (kept with the settings)
 
 
 async def score(base_url: str, model: str, split: str, tasks: int, seed: int, concurrency: int,

@@ -15,8 +15,9 @@ The rules:
   load costs nothing.
 * A version that serves keeps the copies it has (unloading them would fail its traffic for that moment);
   a replica that lost it (an engine restart) or holds it from another folder gets it loaded again.
-* A version that stopped serving is unloaded from every replica once the requests it was still answering
-  have had `drain_seconds` to finish (`Drain`).
+* A version that stopped serving is unloaded from every replica `drain_seconds` after it stopped (`Drain`;
+  the trainer's setting): the requests it was still answering have had that long to finish, and one that
+  takes longer fails when its adapter goes.
 
 Each named policy has its own line of versions (one active, at most one canary); the rules hold per line.
 
@@ -151,13 +152,14 @@ async def _make_active(sessions: async_sessionmaker[AsyncSession], version: int,
 
 
 class Drain:
-    """Unloads the adapters of versions that stopped serving, `drain_seconds` after they did (requests they
-    were answering have finished by then; the proxies switch within their refresh interval).
+    """Unloads the adapters of versions that stopped serving, `drain_seconds` after they did (the proxies switch
+    within their refresh interval; a request the old version was answering that runs longer than the drain —
+    upstream_timeout allows up to 600 s — fails when its adapter is unloaded).
 
     It unloads what it saw stop serving (between two sweeps, or told by `note`), not every retired version
     it finds loaded: an operator may have loaded one to evaluate it (`rlproxy eval --upstream`)."""
 
-    def __init__(self, drain_seconds: float = 30.0) -> None:
+    def __init__(self, drain_seconds: float) -> None:
         self.drain_seconds = drain_seconds
         self._since: dict[str, float] = {}  # adapter name -> when it stopped serving
         self._serving: set[str] | None = None  # names serving at the last sweep

@@ -21,9 +21,9 @@ from core.settings import ProxySettings
 from proxy.metrics import ProxyMetrics
 from rewards import AirRules, merge_by_reason, score_text_tools, score_tool_calls
 from rewards.air import INVALID_ARGUMENTS, UNKNOWN_TOOL
+from store import rewards as reward_rows
 from store.calls import WrittenCall
-from store.dialect import insert_ignoring_duplicates
-from store.models import Reward, RewardKind, utcnow
+from store.models import RewardKind
 
 FAULTS = (INVALID_ARGUMENTS, UNKNOWN_TOOL)
 
@@ -57,8 +57,7 @@ def automatic_rewards(rules: AirRules, metrics: ProxyMetrics):
             try:
                 # a savepoint: rows the database refuses are undone without undoing the calls of this batch
                 async with session.begin_nested():
-                    await session.execute(insert_ignoring_duplicates(session, Reward.__table__),
-                                          [row for row, _ in rows])
+                    await reward_rows.add_air(session, [row for row, _ in rows])
             except (IntegrityError, DataError) as exc:
                 metrics.air_errors.labels("store").inc()
                 log.error("the database refused %d automatic rewards (%s: %s); their calls are stored without them",
@@ -94,6 +93,5 @@ def _score(item: WrittenCall, rules: AirRules) -> list:
 
 
 def _row(rollout_id: str, call_id: str, reward, policy: int | None):
-    return {"rollout_id": rollout_id, "call_id": call_id, "kind": RewardKind.AIR, "value": reward.value,
-            "reason": reward.reason, "metadata": {"tool_call_id": reward.tool_call_id},
-            "created_at": utcnow()}, policy
+    return reward_rows.air_row(rollout_id, call_id, reward.value, reward.reason,
+                               {"tool_call_id": reward.tool_call_id}), policy

@@ -93,7 +93,7 @@ def _lifecycle(settings: ProxySettings, metrics: ProxyMetrics):
         await writer.start()
         access = ModelAccess(router, upstreams)
         serving = {route: CompletionServing(dialect, upstreams, router, writer, metrics, access,
-                                            redact=settings.auth.redact_content)
+                                            redact=settings.redaction.redact_content)
                    for route, dialect in DIALECTS.items()}
         app[STATE] = ProxyState(settings, engine, sessions, metrics, upstreams, router, writer, serving, access)
         await router.start(settings.policy_refresh_interval)

@@ -34,6 +34,7 @@ from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from core.chat_view import chat_view
+from core.errors import RlproxyError
 from proxy.context import is_valid_id
 from proxy.limits import MAX_JSON_DEPTH, too_deep
 
@@ -52,7 +53,7 @@ TOOL_CALL_ID = "gen_ai.tool.call.id"
 _ID_FIELDS = ("traceId", "spanId", "parentSpanId")  # hex in OTLP JSON, bytes (base64) in protobuf's mapping
 
 
-class OtlpFormatError(ValueError):
+class OtlpFormatError(RlproxyError, ValueError):
     """The body is not an OTLP trace export request in the encoding its content type names."""
 
     def __init__(self, message: str, code: str = "invalid_otlp") -> None:

@@ -16,7 +16,6 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from core.policy_rules import BASE_POLICY, PolicyRules
@@ -24,7 +23,7 @@ from proxy.context import CallContext
 from proxy.upstream import UpstreamPool
 from store import canary as canaries
 from store import replicas
-from store.models import Rollout
+from store.rollouts import rollout_kind
 from store.policies import ActivePolicy, base_of
 
 # The model name that means "whatever policy serves this rollout" (what Agent Lightning agents ask for), as the
@@ -130,9 +129,7 @@ class PolicyRouter:
             # POST /rollouts commits before it answers, so a rollout created there is found here; one not
             # found is created by its first call, as training traffic unless the call says otherwise.
             async with self.sessions() as session:
-                row = (await session.execute(
-                    select(Rollout.eval, Rollout.agent).where(Rollout.id == rollout_id))).first()
-            known = (bool(row[0]), row[1]) if row is not None else (False, None)
+                known = await rollout_kind(session, rollout_id) or (False, None)
             self.remember_rollout(rollout_id, *known)
         return known
 

@@ -13,16 +13,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from core.settings import ProxySettings
 from proxy.otlp import SpanFacts, requested_tool_call_ids
 from rewards.air import TOOL_ERROR, TOOL_SUCCESS
+from store import calls as store_calls
+from store import rewards as reward_rows
 from store import rollouts as store_rollouts
-from store.dialect import insert_ignoring_duplicates
 from store.errors import Conflict, NotFound
-from store.models import Call, Reward, RewardKind, utcnow
 
 # What became of a span (`rlproxy_otlp_spans_total{outcome}`); a span with several rewards counts once, by the
 # first of these that applies.
@@ -88,9 +87,7 @@ class _RolloutCalls:
 
     async def all(self) -> list[_RecordedCall]:
         if self._calls is None:
-            rows = await self.session.execute(
-                select(Call.id, Call.started_at, Call.policy_version, Call.route, Call.response)
-                .where(Call.rollout_id == self.rollout_id).order_by(Call.seq))
+            rows = await store_calls.rollout_call_responses(self.session, self.rollout_id)
             self._calls = [_RecordedCall(row.id, _utc(row.started_at), row.policy_version,
                                          frozenset(requested_tool_call_ids(row.route, row.response)))
                            for row in rows]
@@ -126,7 +123,7 @@ async def store_span_rewards(session: AsyncSession, rollout_id: str, spans: Sequ
     except (NotFound, Conflict) as exc:
         return [SpanResult(REJECTED, f"span {span.span_id}: {exc}") for span in spans]
     calls = _RolloutCalls(session, rollout_id)
-    stored_spans = await _spans_with_call_rewards(session, rollout_id)
+    stored_spans = await reward_rows.otlp_spans_with_call_rewards(session, rollout_id)
     # Per-call rewards first: a final reward closes the rollout, and the trainer may take it from then on.
     ordered = sorted(spans, key=lambda span: span.reward is not None and span.is_final)
     return [await _store_span(session, rollout_id, span, project, weights, calls, stored_spans) for span in ordered]
@@ -154,8 +151,8 @@ async def _store_span(session: AsyncSession, rollout_id: str, span: SpanFacts, p
                 result.final = final if final.created else None
             elif (span.trace_id, span.span_id) not in stored_spans:
                 call = await calls.target(span, explicit=True)
-                session.add(Reward(rollout_id=rollout_id, call_id=call.id, kind=RewardKind.CALL, value=span.reward,
-                                   metadata_={**span.key, "name": span.name}))
+                reward_rows.add_call_reward(session, rollout_id, call.id, span.reward,
+                                            {**span.key, "name": span.name})
                 stored_spans.add((span.trace_id, span.span_id))
                 result.call_rewards.append(store_rollouts.RewardResult(rollout_id, span.reward, call.id, True))
         except (NotFound, Conflict) as exc:
@@ -175,19 +172,8 @@ async def _insert_air(session: AsyncSession, rollout_id: str, call_id: str, span
                       value: float) -> bool:
     """Whether the automatic reward was stored (False: the call has one for this reason already, from the
     traffic itself or an earlier export of this span)."""
-    row = {"rollout_id": rollout_id, "call_id": call_id, "kind": RewardKind.AIR, "value": value, "reason": reason,
-           "metadata": {"tool_call_id": span.tool_call_id, "tool": span.tool_name, **span.key},
-           "created_at": utcnow()}
-    statement = insert_ignoring_duplicates(session, Reward.__table__).values(row).returning(Reward.__table__.c.id)
-    return (await session.execute(statement)).first() is not None
-
-
-async def _spans_with_call_rewards(session: AsyncSession, rollout_id: str) -> set[tuple[str, str]]:
-    """(trace id, span id) of the spans whose per-call rewards this rollout holds already."""
-    rows = await session.execute(select(Reward.metadata_).where(Reward.rollout_id == rollout_id,
-                                                                Reward.kind == RewardKind.CALL))
-    return {(m["trace_id"], m["span_id"]) for (m,) in rows
-            if isinstance(m, dict) and m.get("source") == "otlp" and "trace_id" in m and "span_id" in m}
+    metadata = {"tool_call_id": span.tool_call_id, "tool": span.tool_name, **span.key}
+    return await reward_rows.add_air_once(session, reward_rows.air_row(rollout_id, call_id, value, reason, metadata))
 
 
 def _utc(moment: datetime) -> datetime:

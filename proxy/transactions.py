@@ -7,13 +7,13 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from proxy.metrics import ProxyMetrics
 from proxy.rejected import RejectedCalls
 from store.calls import WrittenCall, write_calls
+from store.db import ping
 from store.records import CallRecord
 
 log = logging.getLogger("rlproxy.writer")
@@ -55,7 +55,7 @@ class Batches:
         server shutting down fails statements in ways that look like data errors)."""
         try:
             async with asyncio.timeout(3), self.sessions() as session:
-                await session.execute(text("SELECT 1"))
+                await ping(session)
             return True
         except Exception:  # noqa: BLE001 — any failure means it does not
             return False

@@ -30,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -339,10 +338,6 @@ class CaptureWriter:
     @property
     def database_ok(self) -> bool:
         return self.batches.database_ok
-
-    @property
-    def rejected_path(self) -> Path:
-        return self.rejected.path
 
     def _observe_fsync(self, calls: int, seconds: float) -> None:
         self.metrics.spool_fsync.observe(seconds)

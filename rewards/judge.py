@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from core.chat_view import chat_view
+from core.errors import RlproxyError
 from core.text import content_text
 
 DEFAULT_RUBRIC = """\
@@ -42,7 +43,7 @@ TURN_CHARS = 2000  # a longer turn keeps its head and tail: a judge prompt must 
 DEFAULT_JUDGE_WEIGHT = 0.5
 
 
-class JudgeOutputError(ValueError):
+class JudgeOutputError(RlproxyError, ValueError):
     """The judge's reply is not what the contract asks for (not JSON, wrong ids, a score out of range)."""
 
 

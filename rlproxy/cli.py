@@ -6,12 +6,12 @@ import importlib
 import logging
 import os
 import sys
-from pathlib import Path
 
 import click
 
+from core.settings.maintenance import ModelPrepareSettings
 from engine.model import prepare_model
-from rlproxy.commands.options import option
+from rlproxy.commands.flags import Flags
 from rlproxy.extras import require
 
 # command -> (module under rlproxy/commands/, its click command). A command's module is imported when that
@@ -62,13 +62,17 @@ def model() -> None:
     """The bundled model."""
 
 
+PREPARE_FLAGS = Flags(ModelPrepareSettings)
+
+
 @model.command("prepare")
-@option("--out", default=None, type=click.Path(path_type=Path), help="Folder to write (default: the cache).")
-def model_prepare(out: Path | None) -> None:
+@PREPARE_FLAGS
+def model_prepare(**params) -> None:
     """Turn the bundled SmolLM2-135M-Instruct GGUF into a Hugging Face folder (idempotent); print its path."""
+    settings = PREPARE_FLAGS.build(params)
     require("model prepare", "train", ("transformers", "gguf"))
 
-    click.echo(str(prepare_model(out)))
+    click.echo(str(prepare_model(settings.out)))
 
 
 if __name__ == "__main__":

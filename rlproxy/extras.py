@@ -7,6 +7,8 @@ import importlib.util
 
 import click
 
+from core.errors import RlproxyError
+
 # The modules each extra installs that rlproxy imports, checked by name only (finding a module does not run it).
 MODULES = {
     "engine": ("vllm",),
@@ -15,7 +17,7 @@ MODULES = {
 }
 
 
-class MissingExtra(click.ClickException):
+class MissingExtra(RlproxyError, click.ClickException):
     exit_code = 2  # as click's usage errors: the command cannot run as installed
 
 

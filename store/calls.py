@@ -194,3 +194,17 @@ async def get_call(session: AsyncSession, call_id: str, *, project: str | None =
         query = query.where(Call.project == project)
     row = (await session.execute(query)).first()
     return StoredCall(*row) if row else None
+
+
+async def rollout_call_responses(session: AsyncSession, rollout_id: str):
+    """The rollout's calls in order, each with `id`, `started_at`, `policy_version`, `route` and `response`
+    (what a span's reward needs to find the call it is for)."""
+    return (await session.execute(
+        select(Call.id, Call.started_at, Call.policy_version, Call.route, Call.response)
+        .where(Call.rollout_id == rollout_id).order_by(Call.seq))).all()
+
+
+async def completion_responses(session: AsyncSession, rollout_ids: list[str]) -> list[tuple[str, str, dict | None]]:
+    """(call id, route, response) of every call of these rollouts."""
+    return [tuple(row) for row in await session.execute(
+        select(Call.id, Call.route, Call.response).where(Call.rollout_id.in_(rollout_ids)))]

@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import orjson
-from sqlalchemy import event
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy import event, text
+from sqlalchemy.ext.asyncio import (AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker,
+                                    create_async_engine)
 
 
 def is_sqlite(url: str) -> bool:
@@ -37,3 +38,8 @@ def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
 
 def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+async def ping(connection: AsyncSession | AsyncConnection) -> None:
+    """The cheapest statement, for health checks: raises when the database does not answer."""
+    await connection.execute(text("SELECT 1"))

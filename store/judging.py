@@ -12,6 +12,7 @@ from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from rewards.judge import RecordedCall, combined_reward
+from store import rewards as reward_rows
 from store.errors import Conflict
 from store.models import Call, Reward, RewardKind, Rollout, RolloutStatus, utcnow
 from store.rollouts import post_reward
@@ -122,8 +123,8 @@ async def weigh_posted_with_judge(session: AsyncSession, rollout_id: str, owner:
         return False  # released (it waited too long) or taken meanwhile: its posted reward stands
     posted = float(rollout.reward)
     combined = combined_reward(score, posted, weight)
-    session.add(Reward(rollout_id=rollout_id, kind=RewardKind.FINAL, value=score, reason=JUDGE_REASON,
-                       metadata_={**metadata, "posted": posted, "weight": weight, "combined": combined}))
+    reward_rows.add_final(session, rollout_id, score, reason=JUDGE_REASON,
+                          metadata={**metadata, "posted": posted, "weight": weight, "combined": combined})
     rollout.reward = combined
     rollout.lease_owner = rollout.lease_expires_at = None
     return True
@@ -137,8 +138,8 @@ async def release_held(session: AsyncSession, rollout_ids: list[str], owner: str
                                                  Rollout.status == RolloutStatus.FINISHED, Rollout.trained_at.is_(None))
         .with_for_update())).all()
     for rollout_id, posted in held:
-        session.add(Reward(rollout_id=rollout_id, kind=RewardKind.FINAL, value=posted, reason=UNSCORED_REASON,
-                           metadata_={"source": "judge", "scored": False, "why": why[:500]}))
+        reward_rows.add_final(session, rollout_id, posted, reason=UNSCORED_REASON,
+                              metadata={"source": "judge", "scored": False, "why": why[:500]})
     await session.execute(update(Rollout).where(Rollout.id.in_(rollout_ids), Rollout.lease_owner == owner)
                           .values(lease_owner=None, lease_expires_at=None))
     return len(held)

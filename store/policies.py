@@ -64,6 +64,23 @@ async def lineage(session: AsyncSession, policy: str) -> dict[int, int]:
     return {BASE_VERSION: 0, **{version: position for position, version in enumerate(versions, start=1)}}
 
 
+async def unpublished_versions(session: AsyncSession, policy: str, after_version: int) -> list[Policy]:
+    """`policy`'s candidates and canaries newer than `after_version`, oldest first: versions a trainer recorded
+    but stopped before it published them (or while their canary ran)."""
+    return list((await session.execute(
+        select(Policy).where(Policy.status.in_((PolicyStatus.CANDIDATE, PolicyStatus.CANARY)),
+                             Policy.policy == policy, Policy.version > after_version)
+        .order_by(Policy.version))).scalars().all())
+
+
+async def children_evaluations(session: AsyncSession, parent_version: int) -> list[dict[str, Any]]:
+    """The evaluation records of `parent_version`'s children, newest first (empty records as {}): where a gate
+    kept what it measured of the parent."""
+    return [evaluation or {} for evaluation in (await session.execute(
+        select(Policy.evaluation).where(Policy.parent_version == parent_version)
+        .order_by(Policy.version.desc()))).scalars()]
+
+
 async def get_policy(session: AsyncSession, version: int) -> Policy:
     policy = await session.get(Policy, version)
     if policy is None:

@@ -10,6 +10,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from store import rewards as reward_rows
 from store.errors import Conflict, NotFound
 from store.models import Call, CallChoice, Reward, RewardKind, Rollout, RolloutStatus, utcnow
 
@@ -50,6 +51,12 @@ async def _rollout_for_update(session: AsyncSession, rollout_id: str, project: s
     return rollout
 
 
+async def rollout_kind(session: AsyncSession, rollout_id: str) -> tuple[bool, str | None] | None:
+    """(created as evaluation, agent) of the rollout; None when there is none."""
+    row = (await session.execute(select(Rollout.eval, Rollout.agent).where(Rollout.id == rollout_id))).first()
+    return (bool(row[0]), row[1]) if row is not None else None
+
+
 async def rollout_taking_rewards(session: AsyncSession, rollout_id: str, project: str | None) -> Rollout:
     """The rollout, locked until the transaction ends: `NotFound` if it does not exist (or is another project's),
     `Conflict` once it has expired (it takes no more rewards)."""
@@ -85,8 +92,7 @@ async def post_reward(
         owner = (await session.execute(select(Call.rollout_id).where(Call.id == call_id))).scalar_one_or_none()
         if owner != rollout_id:
             raise NotFound(f"call {call_id!r} is not part of rollout {rollout_id!r}")
-        session.add(Reward(rollout_id=rollout_id, call_id=call_id, kind=RewardKind.CALL, value=value,
-                           metadata_=metadata))
+        reward_rows.add_call_reward(session, rollout_id, call_id, value, metadata)
         return RewardResult(rollout_id, value, call_id, True)
 
     closing = {"status": RolloutStatus.FINISHED, "reward": value, "finished_at": utcnow()}
@@ -104,7 +110,7 @@ async def post_reward(
         if rollout.reward == value:
             return RewardResult(rollout_id, value, None, False, rollout.policy_version, rollout.eval)
         raise Conflict(f"rollout {rollout_id!r} already has final reward {rollout.reward}, not {value}")
-    session.add(Reward(rollout_id=rollout_id, kind=RewardKind.FINAL, value=value, reason=reason, metadata_=metadata))
+    reward_rows.add_final(session, rollout_id, value, reason=reason, metadata=metadata)
     try:
         await session.flush()
     except IntegrityError:  # uq_rewards_final: a final reward stored by a path that bypassed the update above

@@ -195,3 +195,12 @@ async def record_step(session: AsyncSession, rollout_ids: list[str], owner: str,
 async def waiting_rollouts(session: AsyncSession, agents: Sequence[str] = ()) -> int:
     return int((await session.execute(
         select(func.count()).select_from(Rollout).where(_trainable(agents)))).scalar_one())
+
+
+async def finished_rollout_ids(session: AsyncSession, *, include_trained: bool, offset: int,
+                               limit: int) -> list[str]:
+    """A page of finished rollouts' ids, oldest finished first (`rlproxy export`)."""
+    query = select(Rollout.id).where(Rollout.status == RolloutStatus.FINISHED)
+    if not include_trained:
+        query = query.where(Rollout.trained_at.is_(None))
+    return list((await session.execute(query.order_by(Rollout.finished_at).offset(offset).limit(limit))).scalars())

@@ -10,12 +10,14 @@ from typing import Any
 
 from aiohttp import web
 
+from core.errors import RlproxyError
+
 VERSION = "0.32.0+stub"
 DIMENSIONS = 8
 LABELS = ("negative", "positive")
 
 
-class BadBody(ValueError):
+class BadBody(RlproxyError, ValueError):
     """The request body is not one this route reads."""
 
 

@@ -1,9 +1,11 @@
-"""The house as docs/architecture.md draws it, checked against the code's own imports: which package may import
-which (arrows run one way: agent -> proxy -> store -> trainer -> engine), no import circles between modules,
-and no import hidden inside a function except of an optional heavy dependency.
+"""The house as docs/architecture.md draws it, checked against the code itself: which package may import which
+(each only the floors below it, as LAYERS lists them: core at the bottom, the command line `rlproxy` on top), no
+import circles between modules, no import hidden inside a function except of an optional heavy dependency, every
+top-level package of the repository placed in the plan, and the write side: SQL only in store/ and migrations/,
+and reward rows written only by store/rewards.py.
 
-When this fails, either the change imports against the flow (move the shared piece down a floor) or the plan
-changed (change docs/architecture.md and LAYERS together)."""
+When this fails, either the change works against the plan (move the shared piece down a floor, the statement
+into store/) or the plan changed (change docs/architecture.md and LAYERS together)."""
 from __future__ import annotations
 
 import ast
@@ -31,7 +33,9 @@ LAYERS: dict[str, set[str]] = {
     "testkit": {"core", "rewards", "store", "migrations", "engine", "proxy", "trainer"},
 }
 SHIPPED = [name for name in LAYERS if name != "testkit"]
-PROJECT = set(LAYERS) | {"tests", "bench"}
+# Outside the house: they may import anything, and nothing imports them (examples/ are agents users copy).
+OUTSIDE = {"tests", "bench", "examples"}
+PROJECT = set(LAYERS) | OUTSIDE
 
 # Imported inside functions on purpose: optional or heavy, so that the proxy (which has no torch) and quick
 # commands start without them. Anything else is imported at the top of its module.
@@ -44,14 +48,26 @@ LAZY_PACKAGES = {"rlproxy"}
 OPTIONAL_PARTS = {"trainer", "demo"}
 
 
-def modules() -> dict[str, Path]:
+def packages(root: Path = ROOT) -> set[str]:
+    """The repository's top-level Python packages: every folder holding Python code, as the filesystem has them."""
+    return {path.relative_to(root).parts[0] for path in root.glob("*/**/*.py")
+            if not path.relative_to(root).parts[0].startswith(".")}
+
+
+def modules(root: Path = ROOT) -> dict[str, Path]:
+    """Every module of the house (the packages in LAYERS found under `root`) by its dotted name."""
     found = {}
-    for package in LAYERS:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = path.relative_to(ROOT).with_suffix("").parts
+    for package in sorted(packages(root) & set(LAYERS)):
+        for path in sorted((root / package).rglob("*.py")):
+            parts = path.relative_to(root).with_suffix("").parts
             name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
             found[name] = path
     return found
+
+
+def unplaced_packages(root: Path = ROOT) -> set[str]:
+    """Top-level packages the plan does not place: neither a floor of the house nor outside it."""
+    return packages(root) - PROJECT
 
 
 def imports(path: Path, module: str) -> list[tuple[str, bool, int]]:
@@ -98,10 +114,19 @@ def test_every_package_imports_only_the_floors_below_it():
     assert not wrong, "\n".join(wrong)
 
 
+def test_every_package_of_the_repository_has_its_place_in_the_plan(tmp_path):
+    assert not unplaced_packages(), f"add {sorted(unplaced_packages())} to LAYERS (a floor) or OUTSIDE"
+    (tmp_path / "core").mkdir()
+    (tmp_path / "core" / "errors.py").write_text("from plugins.extra import thing\n")
+    (tmp_path / "plugins").mkdir()
+    (tmp_path / "plugins" / "extra.py").write_text("thing = 1\n")
+    assert unplaced_packages(tmp_path) == {"plugins"}  # a new package core imports does not pass unnoticed
+
+
 def test_nothing_imports_the_command_line_or_the_test_helpers():
     wrong = [f"{path.relative_to(ROOT)}:{line} imports {name}"
              for module, path in modules().items() for name, _, line in imports(path, module)
-             if name.split(".")[0] in ({"rlproxy"} - {module.split(".")[0]}) | {"tests", "bench"}
+             if name.split(".")[0] in ({"rlproxy"} - {module.split(".")[0]}) | OUTSIDE
              or (name.split(".")[0] == "testkit" and module.split(".")[0] in SHIPPED)]
     assert not wrong, "\n".join(wrong)
 
@@ -212,3 +237,113 @@ def test_the_drawing_lists_every_package_with_what_it_may_import():
         assert row, f"docs/architecture.md has no row for {package}/"
         may = set(re.findall(r"`(\w+)`", row.group(0).split("|")[3]))
         assert may == allowed, (package, may, allowed)
+
+
+# --- the write side -----------------------------------------------------------------------------------------
+
+# Where the schema's statements may be written: the store's modules and the migrations.
+SQL_OWNERS = {"store", "migrations"}
+REWARD_WRITER = "store/rewards.py"
+# Each place outside store/ that still issues SQL, and why it may (the rule holds for everything new):
+SQL_ALLOWED = {
+    # Creates and drops the tests' throwaway databases on the server, before any schema exists (not shipped).
+    "testkit/processes.py",
+}
+SQL_BUILDERS = {"text", "select", "insert", "update", "delete"}  # sqlalchemy's statement constructors
+ROW_WRITES = {"add", "add_all", "delete", "merge"}  # a session's ways to add or remove rows
+RUNNERS = {"execute", "exec_driver_sql", "executemany", "scalar", "scalars"}
+HOLDS_A_CONNECTION = re.compile(r"session|conn|cursor", re.IGNORECASE)
+RAW_SQL = re.compile(r"^\s*(SELECT\s+(1\b|\S+.*\sFROM\s)|INSERT\s+INTO\s|UPDATE\s+\S+\s+SET\s|DELETE\s+FROM\s|"
+                     r"(CREATE|DROP|ALTER)\s+(TABLE|DATABASE|INDEX|SCHEMA)\s|TRUNCATE\s|PRAGMA\s)")
+
+
+def _receiver(call: ast.Call) -> str:
+    """The name a method is called on (`session` in `self.session.add(x)`), '' for a plain function call."""
+    target = call.func.value if isinstance(call.func, ast.Attribute) else None
+    if isinstance(target, ast.Attribute):
+        return target.attr
+    return target.id if isinstance(target, ast.Name) else ""
+
+
+def sql_statements(path: Path) -> list[tuple[int, str]]:
+    """(line, what) for each place the module builds, runs or spells out SQL, or adds or removes rows."""
+    tree = ast.parse(path.read_text(), str(path))
+    builders = set()  # the local names of sqlalchemy's statement constructors
+    modules_ = set()  # the local names of sqlalchemy modules (`sa` in `import sqlalchemy as sa`)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "sqlalchemy":
+            builders |= {alias.asname or alias.name for alias in node.names if alias.name in SQL_BUILDERS}
+        elif isinstance(node, ast.Import):
+            modules_ |= {alias.asname or alias.name for alias in node.names if alias.name.startswith("sqlalchemy")}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            func = node.func
+            if isinstance(func, ast.Name) and func.id in builders:
+                found.append((node.lineno, f"sqlalchemy {func.id}()"))
+            elif isinstance(func, ast.Attribute):
+                receiver = _receiver(node)
+                if func.attr in SQL_BUILDERS and receiver in modules_ | {"sqlalchemy"}:
+                    found.append((node.lineno, f"sqlalchemy {func.attr}()"))
+                elif func.attr in ROW_WRITES and "session" in receiver.lower():
+                    found.append((node.lineno, f"{receiver}.{func.attr}()"))
+                elif func.attr in RUNNERS and HOLDS_A_CONNECTION.search(receiver):
+                    found.append((node.lineno, f"{receiver}.{func.attr}()"))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and RAW_SQL.match(node.value):
+            found.append((node.lineno, f"SQL text {node.value.strip()[:40]!r}"))
+    return sorted(set(found))
+
+
+def reward_rows_written(path: Path) -> list[tuple[int, str]]:
+    """(line, what) for each place the module makes a reward row or writes into the rewards table."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "Reward":
+            found.append((node.lineno, "Reward(...)"))
+        elif (isinstance(node, ast.Attribute) and node.attr == "__table__" and isinstance(node.value, ast.Name)
+              and node.value.id == "Reward"):
+            found.append((node.lineno, "Reward.__table__"))
+    return found
+
+
+def writes_outside_the_store(root: Path = ROOT) -> list[str]:
+    """Every SQL statement outside store/ and migrations/ (but the allowed ones) and every reward row written
+    outside store/rewards.py, as `path:line what`."""
+    wrong = []
+    for path in modules(root).values():
+        relative = path.relative_to(root).as_posix()
+        if relative.split("/")[0] not in SQL_OWNERS and relative not in SQL_ALLOWED:
+            wrong += [f"{relative}:{line} {what}" for line, what in sql_statements(path)]
+        if relative != REWARD_WRITER and relative.split("/")[0] != "migrations":
+            wrong += [f"{relative}:{line} {what} (reward rows: store/rewards.py)"
+                      for line, what in reward_rows_written(path)]
+    return wrong
+
+
+def test_only_the_store_issues_sql_and_only_store_rewards_writes_reward_rows():
+    wrong = writes_outside_the_store()
+    assert not wrong, "move these into a store/ function:\n" + "\n".join(wrong)
+
+
+def test_the_write_rule_sees_a_statement_or_a_row_planted_outside_the_store(tmp_path):
+    planted = {
+        "store/calls.py": "from sqlalchemy import select\nasync def f(session):\n    await session.execute(select())\n",
+        "proxy/sneaky.py": "from sqlalchemy import select as pick\nquery = pick(1)\n",
+        "proxy/raw.py": "async def f(conn):\n    await conn.execute(QUERY)\nQUERY = 'DELETE FROM calls'\n",
+        "trainer/rows.py": "def f(self, row):\n    self.session.add(row)\n",
+        "demo/builder.py": "import sqlalchemy as sa\nstatement = sa.update(TABLE)\n",
+        "store/policies.py": "from store.models import Reward\ndef f(session):\n    return Reward(value=1.0)\n",
+        "store/rewards.py": "from store.models import Reward\ndef f():\n    return Reward(value=1.0)\n",
+        "runner/harmless.py": "def f(items, choice):\n    items.add(choice)\n    return 'select the best one'\n",
+    }
+    for name, source in planted.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(source)
+    assert sorted(writes_outside_the_store(tmp_path)) == [
+        "demo/builder.py:2 sqlalchemy update()",
+        "proxy/raw.py:2 conn.execute()",
+        "proxy/raw.py:3 SQL text 'DELETE FROM calls'",
+        "proxy/sneaky.py:2 sqlalchemy pick()",
+        "store/policies.py:3 Reward(...) (reward rows: store/rewards.py)",
+        "trainer/rows.py:2 session.add()",
+    ]

@@ -18,7 +18,7 @@ import requests
 from sqlalchemy import select
 
 from core.settings import TrainerSettings
-from demo.evaluate import passes, task_set, transaction
+from demo.evaluate import task_set, transaction
 from demo.tasks import heldout_tasks
 from proxy.policy import PolicyRouter, Route
 from store import canary as canaries
@@ -32,6 +32,7 @@ from store.models import Call, Rollout, utcnow
 from store.records import CallRecord, ChoiceRecord
 from tests.support import ROOT, add_policies, policy_row, running_proxy
 from trainer.gates import CanaryGate, CommandGate, build_gate
+from trainer.gates.command import passes
 
 BASE = "stub-model"
 HELLO = [{"role": "user", "content": "hello"}]
@@ -309,9 +310,11 @@ async def test_the_demo_gate_is_the_command_gate_scoring_the_gate_split_never_th
     from trainer.gates.command import KEY, digest, known_score
 
     await add_policies(own_database_url, tmp_path, [1], engine_url=stub_url)
-    template = command(tasks=4)  # what `rlproxy train --gate heldout --heldout-tasks 4` configures
+    # built in code, as `rlproxy train --gate heldout --heldout-tasks 4` builds it from its flags
     settings = TrainerSettings(database_url=own_database_url, upstreams=(stub_url,), metrics_port=None,
-                               gate="command", eval_command=template, gate_margin=0.1)
+                               gate="heldout", heldout_tasks=4, gate_margin=0.1)
+    template = command(tasks=4)
+    assert (settings.gate, settings.eval_command) == ("command", template)
     gate = build_gate(settings)
     assert isinstance(gate, CommandGate)
     assert await gate(1) is True  # 0% vs the base model's 0%: not worse by more than the margin

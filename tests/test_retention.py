@@ -111,16 +111,16 @@ def test_a_bad_age_is_a_usage_error(sqlite_url):
 
 
 def test_the_trainer_prunes_the_same_way_between_steps(own_database_url):
-    """`rlproxy train --prune-older-than-s` runs the same pruning from the trainer's housekeeping."""
+    """`rlproxy train --prune-older-than 30d` runs the same pruning from the trainer's housekeeping."""
     from prometheus_client import CollectorRegistry
 
-    from core.settings import TrainerSettings
+    from core.settings import Pruning, TrainerSettings
     from trainer.housekeeping import Housekeeping
     from trainer.metrics import TrainerMetrics
 
     asyncio.run(fill(own_database_url))
-    settings = TrainerSettings(database_url=own_database_url, prune_older_than_s=30 * 86400,
-                               prune_keep_trained_ids=True, reward_ttl_s=0)
+    settings = TrainerSettings(database_url=own_database_url, reward_ttl_s=0,
+                               pruning=Pruning(older_than="30d", keep_trained_ids=True))
     metrics = TrainerMetrics(CollectorRegistry())
 
     async def housekeeping() -> None:

@@ -14,14 +14,23 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from core.settings import DemoSettings, EngineSettings, ProxySettings, TrainingSettings
+from core.settings import DemoSettings, EngineSettings, ProxySettings, Pruning, TrainingSettings
+from core.settings.redaction import Redaction
 from rlproxy.cli import main
 from rlproxy.commands.settings_doc import SECTIONS, markdown
 from rlproxy.commands.train import training_from
 from testkit.processes import rlproxy_command
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = [(title.split()[1], flags) for flags, title in SECTIONS]
+COMMANDS = [(title.split(" (")[0].removeprefix("rlproxy "), flags) for flags, title in SECTIONS]
+
+
+def command_of(name: str):
+    """The click command `rlproxy <name>` runs ("keys create": a group's command)."""
+    command = main
+    for word in name.split():
+        command = command.get_command(None, word)
+    return command
 
 
 def test_the_settings_page_is_what_the_models_say():
@@ -31,10 +40,10 @@ def test_the_settings_page_is_what_the_models_say():
 
 @pytest.mark.parametrize("command, flags", COMMANDS, ids=[name for name, _ in COMMANDS])
 def test_every_setting_of_a_command_is_one_flag_in_its_help_and_one_row_of_the_page(command, flags):
-    help_text = CliRunner().invoke(main, [command, "--help"], terminal_width=200).output
+    help_text = CliRunner().invoke(main, [*command.split(), "--help"], terminal_width=200).output
     section = markdown().split(f"### rlproxy {command}")[1].split("### ")[0]
     for setting in flags.settings:
-        assert len(re.findall(rf"^\s+--{setting.flag}[ /]", help_text, re.MULTILINE)) == 1, setting
+        assert len(re.findall(rf"^\s+--{setting.flag}[ /,]", help_text, re.MULTILINE)) == 1, setting
         assert setting.env in help_text
         assert section.count(f"| `--{setting.flag}` | `{setting.env}` |") == 1, setting
 
@@ -50,10 +59,11 @@ def built(command: str, args: list[str], environment: dict[str, str], monkeypatc
     """The settings `rlproxy <command> <args>` runs with, in this environment (as the command builds them)."""
     flags = dict(COMMANDS)[command]
     for setting in flags.settings:
-        monkeypatch.delenv(setting.env, raising=False)
+        for variable in setting.envs:
+            monkeypatch.delenv(variable, raising=False)
     for name, value in environment.items():
         monkeypatch.setenv(name, value)
-    with main.get_command(None, command).make_context(command, args) as context:
+    with command_of(command).make_context(command, args) as context:
         return flags.build(context.params, context.params.get("pairs", ()))
 
 
@@ -120,6 +130,33 @@ def test_a_value_the_model_refuses_is_a_usage_error_naming_the_flag():
     bad_choice = subprocess.run(rlproxy_command("train", "--upstream", "http://127.0.0.1:9", "--credit", "all"),
                                 capture_output=True, text=True, timeout=120)
     assert bad_choice.returncode == 2 and "'all' is not one of 'identical', 'discounted'" in bad_choice.stderr
+
+
+def test_pruning_is_one_group_of_settings_that_the_trainer_and_rlproxy_prune_read_alike(monkeypatch):
+    """Both take an age as 30d or as seconds; the trainer's old flag and variable (in seconds) still work."""
+    day = 86400
+    assert built("prune", ["--older-than", "30d"], {}, monkeypatch).pruning.older_than == 30 * day
+    assert built("prune", [], {"RLPROXY_OLDER_THAN": "12h"}, monkeypatch).pruning.older_than == day / 2
+    upstream = ["--upstream", "http://engine:8000"]
+    assert built("train", upstream, {}, monkeypatch).pruning == Pruning(older_than=0)  # off
+    assert built("train", [*upstream, "--prune-older-than", "2w"], {}, monkeypatch).pruning.older_than == 14 * day
+    assert built("train", [*upstream, "--prune-older-than-s", "90"], {}, monkeypatch).pruning.older_than == 90
+    old = built("train", upstream, {"RLPROXY_PRUNE_OLDER_THAN_S": "3600", "RLPROXY_PRUNE_WHAT": "bodies"},
+                monkeypatch)
+    assert old.pruning == Pruning(older_than=3600, what="bodies")
+    both = built("train", upstream, {"RLPROXY_PRUNE_OLDER_THAN_S": "3600", "RLPROXY_PRUNE_OLDER_THAN": "1d"},
+                 monkeypatch)
+    assert both.pruning.older_than == day  # the new name wins
+    monkeypatch.delenv("RLPROXY_OLDER_THAN")
+    refused = CliRunner().invoke(main, ["prune", "--database-url", "sqlite+aiosqlite:///unused.db"])
+    assert refused.exit_code == 2 and "--older-than (or RLPROXY_OLDER_THAN) is required" in refused.output
+
+
+def test_redacting_content_is_one_setting_that_the_proxy_and_the_trainer_share(monkeypatch):
+    said_once = {"RLPROXY_REDACT_CONTENT": "true"}
+    proxy = built("serve", [], said_once, monkeypatch)
+    trainer = built("train", ["--upstream", "http://engine:8000"], said_once, monkeypatch)
+    assert proxy.redaction == trainer.redaction == Redaction(redact_content=True)
 
 
 def test_the_demo_offers_the_trainers_settings_with_its_own_defaults(monkeypatch):

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import requests
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from core.settings import TrainerSettings, TrainingSettings
@@ -63,7 +65,7 @@ def test_a_step_trains_marks_rollouts_and_the_proxy_serves_the_new_version(
 
     rollout_ids = asyncio.run(record_episodes(own_database_url, groups=2, group_size=4))
     settings = TrainerSettings(database_url=own_database_url, upstreams=(stub_url,), adapters_dir=tmp_path,
-                               metrics_port=None, worker_id="test-trainer",
+                               metrics_port=None, worker_id="test-trainer", drain_seconds=45,
                                training=TrainingSettings(batch_rollouts=8, group_size=4, micro_batch_tokens=512,
                                                          learning_rate=1e-3))
 
@@ -78,6 +80,11 @@ def test_a_step_trains_marks_rollouts_and_the_proxy_serves_the_new_version(
     trained, nothing_left, worker = asyncio.run(one_step())
     assert trained and not nothing_left
     assert worker.metrics.steps._value.get() == 1
+    assert worker.publisher.drain.drain_seconds == 45  # the setting, not a number of the publisher's own
+    # the throughput gauge as Prometheus scrapes it: the step's measured tokens per second, not the unset 0
+    exported = text_string_to_metric_families(generate_latest(worker.metrics.registry).decode())
+    [throughput] = [family for family in exported if family.name == "rlproxy_trainer_tokens_per_second"]
+    assert throughput.samples[0].value > 0
 
     async def stored():
         engine = create_engine(own_database_url)

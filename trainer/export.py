@@ -7,13 +7,12 @@ from pathlib import Path
 from typing import IO
 
 import orjson
-from sqlalchemy import select
 
 from core.settings import TrainingSettings
 from core.text import completion_text
 from store.db import create_engine, session_factory
-from store.models import Call, Rollout, RolloutStatus
-from store.training import load_rollouts
+from store.calls import completion_responses
+from store.training import finished_rollout_ids, load_rollouts
 from trainer.batch import build_transitions
 from trainer.transitions import SkipReasons
 
@@ -31,11 +30,8 @@ async def export_transitions(database_url: str, out: IO[bytes], *, config: Train
         offset = 0
         while True:
             async with sessions() as session:
-                query = select(Rollout.id).where(Rollout.status == RolloutStatus.FINISHED)
-                if not include_trained:
-                    query = query.where(Rollout.trained_at.is_(None))
-                ids = list((await session.execute(query.order_by(Rollout.finished_at).offset(offset).limit(PAGE)))
-                           .scalars())
+                ids = await finished_rollout_ids(session, include_trained=include_trained, offset=offset,
+                                                 limit=PAGE)
                 if not ids:
                     return written
                 rollouts = await load_rollouts(session, ids)
@@ -56,8 +52,8 @@ async def export_transitions(database_url: str, out: IO[bytes], *, config: Train
 
 
 async def _completion_texts(session, rollout_ids: list[str]) -> dict[str, str | None]:
-    rows = await session.execute(select(Call.id, Call.route, Call.response).where(Call.rollout_id.in_(rollout_ids)))
-    return {call_id: completion_text(route, response) for call_id, route, response in rows}
+    return {call_id: completion_text(route, response)
+            for call_id, route, response in await completion_responses(session, rollout_ids)}
 
 
 def export_to_file(database_url: str, path: Path, **kwargs) -> int:

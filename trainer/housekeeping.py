@@ -1,8 +1,9 @@
 """What the trainer does to the store besides training, between steps: with `reward` judge or judge+posted,
 idle rollouts without a posted reward are scored by the judge (trainer/judge.py, before expiry gets to them);
 rollouts whose final reward never came are marked expired (`reward_ttl_s`), and recorded data past
-`prune_older_than_s` is pruned the way `rlproxy prune` does it (store/retention.py). Each runs at most every
-tenth of its period (capped), in small transactions, so it never holds up a step or the proxy's writes."""
+`pruning.older_than` (the settings `rlproxy prune` reads) is pruned the way it prunes (store/retention.py). Each
+runs at most every tenth of its period (capped), in small transactions, so it never holds up a step or the
+proxy's writes."""
 from __future__ import annotations
 
 import logging
@@ -39,7 +40,7 @@ class Housekeeping:
             await self.judge.run_once()
         if self._due("expiry", self.settings.reward_ttl_s, cap=60.0):
             await self.expire_unrewarded()
-        if self._due("prune", self.settings.prune_older_than_s, cap=3600.0):
+        if self._due("prune", self.settings.pruning.older_than, cap=3600.0):
             await self.prune_old()
 
     def _due(self, job: str, period: float, cap: float) -> bool:
@@ -66,12 +67,12 @@ class Housekeeping:
         return expired
 
     async def prune_old(self) -> None:
-        cutoff = utcnow() - timedelta(seconds=self.settings.prune_older_than_s)
-        done = await prune(self.sessions, cutoff, what=self.settings.prune_what,
-                           keep_trained_ids=self.settings.prune_keep_trained_ids)
+        pruning = self.settings.pruning
+        cutoff = utcnow() - timedelta(seconds=pruning.older_than)
+        done = await prune(self.sessions, cutoff, what=pruning.what, keep_trained_ids=pruning.keep_trained_ids)
         self.metrics.pruned_rollouts.inc(done.rollouts)
         self.metrics.pruned_calls.inc(done.calls)
         self.metrics.pruned_bodies.inc(done.bodies)
         if not done.empty:
             log.info("pruned data older than %.0f s: %d rollouts, %d calls deleted, %d bodies cleared",
-                     self.settings.prune_older_than_s, done.rollouts, done.calls, done.bodies)
+                     pruning.older_than, done.rollouts, done.calls, done.bodies)

@@ -24,8 +24,9 @@ from pathlib import Path
 import aiohttp
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from core.errors import RlproxyError
 from core.settings import TrainerSettings
-from engine.models import base_model_name
+from engine.model_list import base_model_name
 from rewards.judge import (
     JudgeOutputError,
     Score,
@@ -52,7 +53,7 @@ def usage_problem(settings: TrainerSettings) -> str | None:
     """Why these settings cannot give judge rewards (a usage error at start-up), or None."""
     if settings.reward == "posted":
         return None
-    if settings.redact_content:
+    if settings.redaction.redact_content:
         return (f"--reward {settings.reward} cannot be used with --redact-content: the judge reads the recorded "
                 f"conversations, and with --redact-content every text in them is stored as \"[redacted]\". "
                 f"Use --reward posted, or record the text (no --redact-content on rlproxy serve).")
@@ -65,11 +66,11 @@ def usage_problem(settings: TrainerSettings) -> str | None:
     return None
 
 
-class JudgeUnreachable(RuntimeError):
+class JudgeUnreachable(RlproxyError, RuntimeError):
     """The judge did not answer (connection, timeout, a 429 or 5xx): worth another attempt."""
 
 
-class JudgeRefused(RuntimeError):
+class JudgeRefused(RlproxyError, RuntimeError):
     """The judge answered the request with an error of ours (4xx: too long a prompt, an unknown model)."""
 
 
@@ -236,7 +237,7 @@ class JudgeJob:
             await write_calls(session, [record])
 
     async def _first_model(self, client: aiohttp.ClientSession) -> str:
-        """The judge's base model, by the one rule for reading a model list (engine/models.py): the first entry
+        """The judge's base model, by the one rule for reading a model list (engine/model_list.py): the first entry
         that adapts no other, so a judge serving LoRA adapters is asked as its base model."""
         async with client.get(f"{self.url}/models") as response:
             if response.status != 200:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from core.settings.train import DRAIN_SECONDS
 from engine import lifecycle
 from engine.adapters import AdapterError, EngineAdapters, LoadFailed
 from engine.fleet import FleetMetrics
@@ -31,7 +32,7 @@ class Published:
 
 class Publisher:
     def __init__(self, sessions: async_sessionmaker[AsyncSession],
-                 engines: list[str] | tuple[str, ...], *, attempts: int = 5, drain_seconds: float = 30.0,
+                 engines: list[str] | tuple[str, ...], *, drain_seconds: float = DRAIN_SECONDS, attempts: int = 5,
                  api_key: str | None = None, metrics: FleetMetrics | None = None, probe: bool = True) -> None:
         self.sessions = sessions
         self.adapters = EngineAdapters(engines, api_key=api_key, attempts=attempts)  # api_key: vLLM --api-key
@@ -66,5 +67,5 @@ class Publisher:
         await lifecycle.retire(self.sessions, version, drain=self.drain)
 
     async def unload_drained(self) -> None:
-        """Unload versions that stopped serving more than `drain_seconds` ago (in-flight requests done)."""
+        """Unload versions that stopped serving more than `drain_seconds` ago (`TrainerSettings.drain_seconds`)."""
         await self.drain.sweep(self.sessions, self.adapters)

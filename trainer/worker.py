@@ -21,17 +21,15 @@ import logging
 import shutil
 import statistics
 import time
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from core.settings import TrainerSettings
 from store import policies, training
 from store.db import create_engine, session_factory
-from store.models import Policy, PolicyStatus
 from trainer.batch import build_transitions
 from trainer.housekeeping import Housekeeping
 from trainer.metrics import TrainerMetrics
@@ -76,7 +74,8 @@ class TrainerWorker:
         self.engine = create_engine(settings.database_url)
         self.sessions: async_sessionmaker[AsyncSession] = session_factory(self.engine)
         engine_key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
-        self.publisher = Publisher(self.sessions, settings.upstreams, api_key=engine_key, metrics=self.metrics.fleet)
+        self.publisher = Publisher(self.sessions, settings.upstreams, drain_seconds=settings.drain_seconds,
+                                   api_key=engine_key, metrics=self.metrics.fleet)
         self.housekeeping = Housekeeping(settings, self.sessions, self.metrics)
         self.policy = None  # trainer.ppo.PolicyTrainer, built on start (torch is imported lazily)
         self.collective = collective or Collective()  # several ranks: this worker is rank 0 (trainer/parallel.py)
@@ -159,7 +158,7 @@ class TrainerWorker:
                 await asyncio.to_thread(self._recompute_behaviour, transitions)
             step_began = time.perf_counter()
             async with self.while_computing():
-                step_metrics = _as_dict(await asyncio.to_thread(self.policy.step, transitions))
+                step_metrics = (await asyncio.to_thread(self.policy.step, transitions)).as_dict()
             self._observe(step_metrics, transitions, time.perf_counter() - step_began)
             version, path = await self._save()
             step_metrics.update(skipped=dict(skips), reward_mean=statistics.fmean(rewards), rollouts=len(rollouts),
@@ -294,10 +293,7 @@ class TrainerWorker:
         publish it now (a canary resumes with its original start)."""
         for line in self.lines.values():
             async with self.sessions() as session:
-                leftovers = (await session.execute(
-                    select(Policy).where(Policy.status.in_((PolicyStatus.CANDIDATE, PolicyStatus.CANARY)),
-                                         Policy.policy == line.policy, Policy.version > line.parent_version)
-                    .order_by(Policy.version))).scalars().all()
+                leftovers = await policies.unpublished_versions(session, line.policy, line.parent_version)
             for policy in leftovers:
                 if policy.path and Path(policy.path).exists():
                     log.info("publishing v%d of %r left unpublished by an earlier run", policy.version, line.policy)
@@ -308,7 +304,7 @@ class TrainerWorker:
     def _observe(self, step: dict[str, Any], transitions: list[Transition], seconds: float) -> None:
         m = self.metrics
         for name, gauge in (("loss", m.loss), ("policy_loss", m.policy_loss), ("kl", m.kl),
-                            ("clip_fraction", m.clip_fraction), ("tokens_per_second", m.tokens_per_second)):
+                            ("clip_fraction", m.clip_fraction), ("tokens_per_s", m.tokens_per_second)):
             if step.get(name) is not None:
                 gauge.set(step[name])
         advantages = [a for t in transitions for a, keep in zip(t.advantages(), t.mask()) if keep]
@@ -325,7 +321,3 @@ def _merged(skipped: dict[str, dict[str, int]]) -> dict[str, int]:
     return total
 
 
-def _as_dict(metrics: Any) -> dict[str, Any]:
-    if is_dataclass(metrics):
-        return asdict(metrics)
-    return dict(metrics)

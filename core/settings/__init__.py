@@ -7,6 +7,9 @@ from core.settings.engine import EngineSettings
 from core.settings.eval import EvalSettings
 from core.settings.fields import ENV_PREFIX, Setting, env_name, settings_of
 from core.settings.locations import DEFAULT_DATABASE_URL, DEFAULT_PROXY, cache_dir
+from core.settings.maintenance import (ExportSettings, KeysCreateSettings, KeysListSettings, KeysRevokeSettings,
+                                       MigrateSettings, ModelPrepareSettings)
+from core.settings.prune import PruneSettings, Pruning
 from core.settings.run import RunSettings
 from core.settings.serve import AuthSettings, ProxySettings, WriterSettings
 from core.settings.train import TrainerSettings, TrainingSettings
@@ -14,5 +17,7 @@ from core.settings.train import TrainerSettings, TrainingSettings
 __all__ = [
     "CommandSettings", "Part", "Setting", "ENV_PREFIX", "env_name", "settings_of", "DEFAULT_DATABASE_URL",
     "DEFAULT_PROXY", "cache_dir", "ProxySettings", "WriterSettings", "AuthSettings", "EngineSettings",
-    "TrainerSettings", "TrainingSettings", "DemoSettings", "RunSettings", "EvalSettings",
+    "TrainerSettings", "TrainingSettings", "DemoSettings", "RunSettings", "EvalSettings", "PruneSettings",
+    "Pruning", "MigrateSettings", "KeysCreateSettings", "KeysListSettings", "KeysRevokeSettings", "ExportSettings",
+    "ModelPrepareSettings",
 ]

@@ -66,7 +66,8 @@ class FlagVariables(PydanticBaseSettingsSource):
             return {}
         values: dict[str, Any] = {}
         for setting in settings_of(self.settings_cls):
-            raw = os.environ.get(env_name(setting.flag, self.prefix))
+            names = (setting.flag, *setting.was)  # a flag's variable, then those of its old names
+            raw = next((value for name in names if (value := os.environ.get(env_name(name, self.prefix)))), None)
             if raw:
                 assign(values, setting.path, setting.values(raw.split()) if setting.many else raw)
         return values

@@ -3,7 +3,10 @@
 says more in `json_schema_extra`: "flag" (another name), "metavar", "split" and "text" (see Setting).
 Nested models and pydantic dataclasses (the proxy's writer, the trainer's training settings) are flattened:
 their fields are flags of the command like any other, and their defaults are those of the default instance
-the command holds (the demo trains with defaults of its own).
+the command holds (the demo trains with defaults of its own; a group without a default instance keeps its
+fields' own defaults, and a field without one is required). The field holding a group may say "prefix" (put
+before each of its flags: the trainer's `prune-` before the pruning group's) and "was" (a field name -> the flag
+it had before, still read as an alias, with its variable).
 
 A list or tuple field is a repeatable flag that also takes comma-separated values (`"split": False` keeps
 commas: regular expressions); its environment variable separates values by spaces."""
@@ -41,6 +44,7 @@ class Setting:
     split: bool = True  # a list's flag also takes comma-separated values
     metavar: str | None = None  # what --help shows for the value, when the type's name says too little
     text: bool = False  # the flag takes text the model itself parses (`v3` for a version number)
+    was: tuple[str, ...] = ()  # flags it had before, still accepted (and their variables read)
 
     @property
     def name(self) -> str:
@@ -50,6 +54,11 @@ class Setting:
     @property
     def env(self) -> str:
         return env_name(self.flag)
+
+    @property
+    def envs(self) -> tuple[str, ...]:
+        """Its variable, then those of the flags it had before (read when its own is unset)."""
+        return (self.env, *(env_name(old) for old in self.was))
 
     @property
     def required(self) -> bool:
@@ -70,7 +79,7 @@ class Setting:
 def settings_of(model: type) -> tuple[Setting, ...]:
     """Every field of `model` (a pydantic model or dataclass; nested ones flattened), in declaration order.
     Two fields that want one flag are a mistake in the model, found here rather than by a user."""
-    found = _settings(model, (), None)
+    found = _settings(model, (), None, "", {})
     flags = [setting.flag for setting in found]
     if clashes := sorted({flag for flag in flags if flags.count(flag) > 1}):
         raise TypeError(f"{model.__name__}: two settings want the same flag: {clashes}")
@@ -82,20 +91,23 @@ def nested(kind: Any) -> bool:
     return isinstance(kind, type) and (issubclass(kind, BaseModel) or is_pydantic_dataclass(kind))
 
 
-def _settings(model: type, prefix: tuple[str, ...], instance: Any) -> list[Setting]:
+def _settings(model: type, prefix: tuple[str, ...], instance: Any, flag_prefix: str,
+              was: dict[str, str]) -> list[Setting]:
     found = []
     for name, info in _fields(model).items():
         kind = _without_none(info.annotation)
         default = getattr(instance, name) if instance is not None else info.get_default(call_default_factory=True)
-        if nested(kind):
-            found.extend(_settings(kind, (*prefix, name), default))
-            continue
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        if nested(kind):
+            group = None if default is PydanticUndefined else default  # no instance: the fields' own defaults
+            found.extend(_settings(kind, (*prefix, name), group, flag_prefix + str(extra.get("prefix", "")),
+                                   dict(extra.get("was", {}))))
+            continue
         if isinstance(default, SecretStr):
             default = default.get_secret_value()
-        found.append(Setting((*prefix, name), str(extra.get("flag", name.replace("_", "-"))), kind, default,
-                             info.description or "", bool(extra.get("split", True)), extra.get("metavar"),
-                             bool(extra.get("text", False))))
+        found.append(Setting((*prefix, name), flag_prefix + str(extra.get("flag", name.replace("_", "-"))), kind,
+                             default, info.description or "", bool(extra.get("split", True)), extra.get("metavar"),
+                             bool(extra.get("text", False)), tuple(filter(None, [was.get(name)]))))
     return found
 
 

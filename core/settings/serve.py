@@ -10,6 +10,7 @@ from core.air_rules import DEFAULT_ERROR_PATTERNS, AirRules
 from core.policy_rules import DEFAULT_POLICY, PolicyRules, check_policy_name
 from core.settings.base import CommandSettings, Part
 from core.settings.locations import DEFAULT_DATABASE_URL
+from core.settings.redaction import Redaction
 
 
 class WriterSettings(Part):
@@ -50,8 +51,6 @@ class AuthSettings(Part):
     rate_burst: int | None = Field(None, description="Requests a key may send at once (default: the rate).")
     max_tokens: int | None = Field(None, description="Largest max_tokens / max_completion_tokens accepted.")
     max_n: int | None = Field(None, description="Largest n (completions per request) accepted.")
-    redact_content: bool = Field(False, description="Store message and completion text as a marker "
-                                                    "(token ids are kept).")
     upstream_api_key: SecretStr | None = Field(None, description="Bearer key the proxy sends to the engines.")
 
 
@@ -105,6 +104,7 @@ class ProxySettings(CommandSettings):
     )
     writer: WriterSettings = Field(default_factory=WriterSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
+    redaction: Redaction = Field(default_factory=Redaction)
 
     @field_validator("default_policy")
     @classmethod

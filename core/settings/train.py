@@ -6,15 +6,28 @@ what a saved adapter records beside itself. Their flags are flat like every othe
 Defaults that learn on CPU without tuning."""
 from __future__ import annotations
 
+import shlex
+import sys
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, SecretStr, field_validator
+from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic.dataclasses import dataclass
 
 from core.policy_rules import BASE_POLICY, DEFAULT_POLICY, check_policy_name
 from core.settings.base import CommandSettings
 from core.settings.locations import DEFAULT_DATABASE_URL
+from core.settings.prune import PRUNING_OFF, Pruning
+from core.settings.redaction import Redaction
+
+def demo_score_command(tasks: int = 48, seed: int = 0, concurrency: int = 8, python: str | None = None) -> str:
+    """The bundled demo task's evaluation command (demo/score.py), as an `eval_command` template: what
+    `gate="heldout"` stands for. It scores a policy on `tasks` problems of the split it is asked for."""
+    return (f"{shlex.quote(python or sys.executable)} -m demo.score --base-url {{base_url}} --model {{model}} "
+            f"--split {{split}} --tasks {tasks} --seed {seed} --concurrency {concurrency}")
+
+
+DRAIN_SECONDS = 30.0  # TrainerSettings.drain_seconds' default, which a Publisher built in code also drains for
 
 CreditMode = Literal["identical", "discounted"]
 AdvantageEstimator = Literal["grpo", "rloo", "reinforce_baseline", "reinforce"]
@@ -199,6 +212,12 @@ class TrainerSettings(CommandSettings):
         json_schema_extra={"flag": "policy"})
     poll_interval: float = Field(1.0, description="Seconds between looks for ready rollouts.")
     lease_seconds: float = Field(900.0, description="How long claimed rollouts stay reserved for one step.")
+    drain_seconds: float = Field(
+        DRAIN_SECONDS, ge=0,
+        description="Seconds a version that stopped serving keeps its adapter on the engines before the trainer "
+                    "unloads it, so the calls it was answering can finish. A call still running then (the proxy's "
+                    "upstream_timeout allows 600 s) fails: raise it above your longest call if that matters; each "
+                    "draining adapter holds one of the engine's max_loras.")
     metrics_port: int | None = Field(8401, description="Port for the trainer's Prometheus metrics; 0: off.")
     max_steps: int | None = Field(None, description="Stop after this many training steps (None: run forever).")
     gate: Literal["none", "canary", "eval-traffic", "command", "heldout"] = Field(
@@ -234,15 +253,9 @@ class TrainerSettings(CommandSettings):
     reward_ttl_s: float = Field(
         21600.0, ge=0, description="Seconds after its creation a rollout may wait for its final reward; then it is "
                                    "marked expired: never trained on, further rewards refused with 409. 0: never.")
-    prune_older_than_s: float = Field(
-        0.0, ge=0, description="Prune recorded data older than this many seconds, as `rlproxy prune` does "
-                               "(trained, expired and finished evaluation rollouts; calls outside rollouts). 0: off.")
-    prune_what: Literal["calls", "bodies"] = Field(
-        "calls", description="What pruning removes: whole rollouts with their calls, or only the calls' request "
-                             "and response bodies.")
-    prune_keep_trained_ids: bool = Field(
-        False, description="Pruning keeps the rows (token ids, logprobs, rewards) of trained rollouts and clears "
-                           "only their bodies.")
+    pruning: Pruning = Field(
+        PRUNING_OFF, description="Pruning between steps, as `rlproxy prune` does (0: off).",
+        json_schema_extra={"prefix": "prune-", "was": {"older_than": "prune-older-than-s"}})
     heldout_tasks: int = Field(48, ge=1, description="Tasks per evaluation of the heldout gate (the demo task's "
                                                      "gate split).")
     nproc_per_node: int = Field(
@@ -255,10 +268,7 @@ class TrainerSettings(CommandSettings):
                               "reward (a posted one is never judged); judge+posted: as judge, and rollouts with a "
                               "posted reward are judged with their group too, their reward becoming "
                               "judge_weight * judge + (1 - judge_weight) * posted.")
-    redact_content: bool = Field(
-        False, description="The proxies store text redacted (`rlproxy serve --redact-content`; one "
-                           "RLPROXY_REDACT_CONTENT for every process says it once). The trainer then refuses to "
-                           "start with a judge (reward judge or judge+posted), which could only read the marker.")
+    redaction: Redaction = Field(default_factory=Redaction)
     judge_url: str | None = Field(
         None, description="OpenAI-compatible base URL (ending in /v1) of the judge; required by reward judge and "
                           "judge+posted. No default: the bundled base model judged at chance (docs/judge.md).")
@@ -285,6 +295,16 @@ class TrainerSettings(CommandSettings):
         None, gt=0, description="max_tokens of each judge request (None: the judge's own limit). A judge that "
                                 "rambles on stops here, and its cut-off reply counts as bad output.")
     training: TrainingSettings = Field(TrainingSettings(), description="What each training step trains with.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _heldout_is_the_demo_command_gate(cls, given: Any) -> Any:
+        """`heldout` is the command gate running the demo's scorer, for whoever builds these settings (the
+        command line or code): every gate the worker knows is then one `build_gate` builds."""
+        if isinstance(given, dict) and given.get("gate") == "heldout":
+            tasks = given.get("heldout_tasks", cls.model_fields["heldout_tasks"].default)
+            given = {**given, "gate": "command", "eval_command": demo_score_command(tasks=int(tasks))}
+        return given
 
     @field_validator("policies")
     @classmethod

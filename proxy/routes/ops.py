@@ -6,11 +6,11 @@ import asyncio
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
-from sqlalchemy import text
 
 from proxy.bodies import Health, Ready, SpoolState
 from proxy.endpoints import Answer, Endpoint
 from proxy.state import state
+from store.db import ping
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -23,7 +23,7 @@ async def readyz(request: web.Request) -> web.Response:
     try:
         async with asyncio.timeout(3):
             async with app.engine.connect() as conn:
-                await conn.execute(text("SELECT 1"))
+                await ping(conn)
     except Exception:  # noqa: BLE001 — any failure means not ready
         database = False
     await app.upstreams.refresh_health()

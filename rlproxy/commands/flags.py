@@ -27,7 +27,7 @@ class SettingOption(click.Option):
 
     def get_help_extra(self, ctx: click.Context) -> Any:
         extra = super().get_help_extra(ctx)
-        extra["envvars"] = (self.variable,)
+        extra["envvars"] = self.variable
         if self.required_setting:
             extra["required"] = "required"
         return extra
@@ -40,11 +40,12 @@ def param(setting: Setting) -> str:
 
 def option(setting: Setting) -> Callable:
     """The click option of one setting."""
-    kwargs: dict[str, Any] = dict(cls=SettingOption, variable=setting.env, help=setting.help,
+    kwargs: dict[str, Any] = dict(cls=SettingOption, variable=setting.envs, help=setting.help,
                                   required_setting=setting.required, metavar=setting.metavar)
     default = None if setting.required else setting.default
+    names = [f"--{flag}" for flag in (setting.flag, *setting.was)]  # old names still work
     if setting.kind is bool:
-        return click.option(f"--{setting.flag}/--no-{setting.flag}", param(setting), default=bool(default),
+        return click.option(*[f"{name}/--no-{name[2:]}" for name in names], param(setting), default=bool(default),
                             show_default=True, **kwargs)
     if setting.many:
         kwargs.update(multiple=True, default=tuple(default or ()), show_default=_shown_list(default) or False,
@@ -52,7 +53,7 @@ def option(setting: Setting) -> Callable:
     else:
         kwargs.update(default=str(default) if isinstance(default, Path) else default,
                       show_default=default is not None, type=_value_type(setting))
-    return click.option(f"--{setting.flag}", param(setting), **kwargs)
+    return click.option(*names, param(setting), **kwargs)
 
 
 def _value_type(setting: Setting) -> Any:
@@ -144,6 +145,8 @@ class Flags:
         for error in exc.errors():
             where = tuple(str(part) for part in error["loc"])
             setting = by_path.get(where)
+            if setting is None and error["type"] == "missing":  # a group none of whose flags was given
+                setting = next((s for s in self.settings if s.path[:len(where)] == where and s.required), None)
             if setting is None:
                 parts.append(f"{'.'.join(where) or 'settings'}: {error['msg']}")
                 continue
@@ -162,6 +165,9 @@ class Flags:
             shown = _shown_list(default) if isinstance(default, (list, tuple)) else default
             cell = "required" if setting.required else "" if shown in (None, "") else f"`{shown}`"
             text = " ".join(setting.help.split()).replace("|", "\\|")
+            if setting.was:
+                text += " Also read under its old name: " + ", ".join(
+                    f"`--{old}`, `{env}`" for old, env in zip(setting.was, setting.envs[1:])) + "."
             lines.append(f"| `--{setting.flag}` | `{setting.env}` | {cell} | {text} |")
         return "\n".join(lines) + "\n"
 

@@ -6,8 +6,9 @@ import logging
 
 import click
 
+from core.settings.maintenance import KeysCreateSettings, KeysListSettings, KeysRevokeSettings
 from migrations.apply import upgrade
-from rlproxy.commands.options import database_option, option
+from rlproxy.commands.flags import Flags
 from store.db import create_engine, session_factory
 from store.errors import NotFound
 from store.keys import create_key, list_keys, revoke_key
@@ -34,33 +35,34 @@ def _run_with_session(database_url: str, work):
     return asyncio.run(go())
 
 
+CREATE_FLAGS = Flags(KeysCreateSettings)
+LIST_FLAGS = Flags(KeysListSettings)
+REVOKE_FLAGS = Flags(KeysRevokeSettings)
+
+
 @keys.command("create")
-@option("--project", required=True, help="Project the key belongs to (created if new).")
-@option("--admin", is_flag=True, help="Also allow admin routes (policy activation, metrics).")
-@option("--label", default=None, help="A note shown by `keys list`.")
-@option("--rate-limit", default=None, type=float,
-        help="Requests per second for this key (default: the server's).")
-@option("--rate-burst", default=None, type=int, help="Burst for this key (default: the server's).")
-@database_option()
-def keys_create(project, admin, label, rate_limit, rate_burst, database_url) -> None:
+@CREATE_FLAGS
+def keys_create(**params) -> None:
     """Create a key and print it once (only its SHA-256 is stored)."""
+    settings = CREATE_FLAGS.build(params)
+
     async def work(session):
-        key, row = await create_key(session, project, admin=admin, label=label, rate_limit=rate_limit,
-                                    rate_burst=rate_burst)
+        key, row = await create_key(session, settings.project, admin=settings.admin, label=settings.label,
+                                    rate_limit=settings.rate_limit, rate_burst=settings.rate_burst)
         return key, row.id
 
-    key, key_id = _run_with_session(database_url, work)
-    click.echo(f"created {'admin ' if admin else ''}key {key_id} for project {project!r}; it is shown only "
-               "now — store it:", err=True)
+    key, key_id = _run_with_session(settings.database_url, work)
+    click.echo(f"created {'admin ' if settings.admin else ''}key {key_id} for project {settings.project!r}; it is "
+               "shown only now — store it:", err=True)
     click.echo(key)
 
 
 @keys.command("list")
-@option("--project", default=None, help="Only this project's keys.")
-@database_option()
-def keys_list(project, database_url) -> None:
+@LIST_FLAGS
+def keys_list(**params) -> None:
     """Every key: id, project, admin, created, revoked (never the key itself)."""
-    rows = _run_with_session(database_url, lambda session: list_keys(session, project))
+    settings = LIST_FLAGS.build(params)
+    rows = _run_with_session(settings.database_url, lambda session: list_keys(session, settings.project))
     click.echo(f"{'id':<14}{'project':<24}{'admin':<7}{'created':<22}{'revoked':<22}label")
     for row in rows:
         when = lambda t: t.strftime("%Y-%m-%d %H:%M:%S") if t else "-"  # noqa: E731
@@ -70,11 +72,12 @@ def keys_list(project, database_url) -> None:
 
 @keys.command("revoke")
 @click.argument("key_id")
-@database_option()
-def keys_revoke(key_id, database_url) -> None:
+@REVOKE_FLAGS
+def keys_revoke(key_id, **params) -> None:
     """Revoke a key by its id (see `keys list`); proxies refuse it within their --key-cache-ttl."""
+    settings = REVOKE_FLAGS.build(params)
     try:
-        row = _run_with_session(database_url, lambda session: revoke_key(session, key_id))
+        row = _run_with_session(settings.database_url, lambda session: revoke_key(session, key_id))
     except NotFound as exc:
         raise click.ClickException(str(exc)) from None
     click.echo(f"revoked key {row.id} of project {row.project!r}")

@@ -9,6 +9,7 @@ import click
 from sqlalchemy.exc import SQLAlchemyError
 
 from core.settings import EngineSettings, ProxySettings
+from core.settings.maintenance import MigrateSettings
 from engine.local import Engine
 from migrations.apply import upgrade
 from proxy.air import air_rules
@@ -16,7 +17,7 @@ from proxy import app
 from proxy.auth import AuthConfigError, is_loopback, resolve_auth
 from proxy.spool import SpoolInUse
 from rlproxy.commands.flags import Flags
-from rlproxy.commands.options import database_option, redact
+from rlproxy.commands.options import redact
 from rlproxy.extras import require
 from store.db import create_engine, session_factory
 
@@ -73,12 +74,16 @@ def _refuse_open_network(settings: ProxySettings) -> None:
         pass  # the database is not reachable now: the server says so when it starts
 
 
+MIGRATE_FLAGS = Flags(MigrateSettings)
+
+
 @click.command()
-@database_option()
-def migrate(database_url: str) -> None:
+@MIGRATE_FLAGS
+def migrate(**params) -> None:
     """Upgrade the database to the newest schema."""
-    upgrade(database_url)
-    click.echo(f"database at newest schema: {redact(database_url)}")
+    settings = MIGRATE_FLAGS.build(params)
+    upgrade(settings.database_url)
+    click.echo(f"database at newest schema: {redact(settings.database_url)}")
 
 
 ENGINE_FLAGS = Flags(EngineSettings)

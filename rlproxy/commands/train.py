@@ -10,9 +10,9 @@ import click
 from prometheus_client import start_http_server
 
 from core.settings import TrainerSettings, TrainingSettings
+from core.settings.maintenance import ExportSettings
 from engine.model import default_model_path
 from rlproxy.commands.flags import Flags
-from rlproxy.commands.options import database_option, option
 from rlproxy.extras import require
 
 TRAIN_FLAGS = Flags(TrainerSettings)
@@ -37,11 +37,6 @@ def train(pairs, **params) -> None:
         raise click.UsageError(problem)
     if (settings.nproc_per_node > 1 or settings.training.offload_base) and not parallel.launched_by_torchrun():
         _exec_torchrun(settings.nproc_per_node)
-    if settings.gate == "heldout":  # the bundled demo task's own configuration of the command gate
-        from demo.score import command  # the demo task's scorer needs rlproxy[demo]'s openai client
-
-        settings = settings.model_copy(update={"gate": "command",
-                                               "eval_command": command(tasks=settings.heldout_tasks)})
     model_path = settings.model or default_model_path()  # prepares the bundled model when it is not yet
     collective = parallel.init_from_environment() if parallel.launched_by_torchrun() else None
     if collective is not None and collective.rank != 0:  # a follower: no database, engines or metrics port
@@ -115,13 +110,15 @@ def train_config() -> None:
                        f"    {setting.help}")
 
 
+EXPORT_FLAGS = Flags(ExportSettings)
+
+
 @click.command()
-@database_option()
-@option("--out", required=True, type=click.Path(path_type=Path), help="JSON-lines file to write.")
-@option("--untrained-only", is_flag=True, help="Only rollouts the trainer has not consumed yet.")
-def export(database_url: str, out: Path, untrained_only: bool) -> None:
+@EXPORT_FLAGS
+def export(**params) -> None:
     """Write training transitions (ids, text, reward, advantage, policy) as JSON lines."""
+    settings = EXPORT_FLAGS.build(params)
     from trainer.export import export_to_file  # the trainer's package: not imported by the proxy's commands
 
-    count = export_to_file(database_url, out, include_trained=not untrained_only)
-    click.echo(f"wrote {count} transitions to {out}")
+    count = export_to_file(settings.database_url, settings.out, include_trained=not settings.untrained_only)
+    click.echo(f"wrote {count} transitions to {settings.out}")

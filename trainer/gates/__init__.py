@@ -11,7 +11,8 @@ serves, None leaves it undecided for the next run.
     command       the user's own evaluation script (`eval_command`) scores it and its parent on a URL that
                   serves each; not worse by more than `gate_margin` promotes it (command.py)
 
-`rlproxy train --gate heldout` is the bundled demo's own configuration of `command` (made by the CLI): the
+`gate="heldout"` is the bundled demo's own configuration of `command` (the settings model makes it, however they
+are built: core/settings/train.py `demo_score_command`); the
 trainer knows nothing of any task.
 """
 from __future__ import annotations

@@ -38,13 +38,12 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import aiohttp
-from sqlalchemy import select
 
 from core.errors import RlproxyError
 from core.settings import TrainerSettings
 from engine import lifecycle
 from engine.adapters import AdapterError, EngineAdapters
-from engine.models import ModelListError, base_model
+from engine.model_list import ModelListError, base_model
 from store import policies
 from store.db import create_engine, session_factory
 from store.models import Policy, utcnow
@@ -292,10 +291,8 @@ async def known_score(session, version: int, measured: str) -> float | None:
         row = await session.get(Policy, version)
         kept = ((row.evaluation or {}).get(KEY) or {}) if row is not None else {}
         return kept.get("score") if kept.get("digest") == measured else None
-    for evaluation in (await session.execute(
-            select(Policy.evaluation).where(Policy.parent_version == version).order_by(Policy.version.desc())
-    )).scalars():
-        kept = (evaluation or {}).get(KEY) or {}
+    for evaluation in await policies.children_evaluations(session, version):
+        kept = evaluation.get(KEY) or {}
         if kept.get("digest") == measured and kept.get("parent_score") is not None:
             return kept["parent_score"]
     return None

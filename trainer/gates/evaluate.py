@@ -23,7 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from core.errors import RlproxyError
 from engine import lifecycle
 from engine.adapters import AdapterError, EngineAdapters
-from engine.models import base_model_name
+from engine.model_list import base_model_name
 from store import policies
 from store.db import create_engine, session_factory
 from store.evaluation import traffic_by_version

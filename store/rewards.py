@@ -1,0 +1,62 @@
+"""The one writer of reward rows: every kind of reward reaches the `rewards` table through here, whoever gives
+it (docs/architecture.md, checked by tests/test_architecture.py).
+
+    add_final(...)          a final reward: posted (`POST /reward`, an OTLP span) or the trainer's judge
+    add_call_reward(...)    an intermediate reward for one call: posted with a call id, or an OTLP span's
+    add_air(rows)           automatic rewards of recorded calls (proxy/air.py), replays are no-ops
+    add_air_once(row)       one automatic reward of a tool span (proxy/span_rewards.py): whether it was new
+
+What a reward means and whether its rollout takes it are decided by the callers (store/rollouts.py closes a
+rollout, store/judging.py weighs posted rewards, the proxy scores calls); this module only writes the rows, so
+their shape (kind, metadata, the AIR unique index) is kept in one place.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from store.dialect import insert_ignoring_duplicates
+from store.models import Reward, RewardKind, utcnow
+
+
+def add_final(session: AsyncSession, rollout_id: str, value: float, *, reason: str | None = None,
+              metadata: dict[str, Any] | None = None) -> None:
+    """A final reward row of the rollout (its closing is the caller's: store/rollouts.py `post_reward`)."""
+    session.add(Reward(rollout_id=rollout_id, kind=RewardKind.FINAL, value=value, reason=reason,
+                       metadata_=metadata))
+
+
+def add_call_reward(session: AsyncSession, rollout_id: str, call_id: str, value: float,
+                    metadata: dict[str, Any] | None = None) -> None:
+    """An intermediate reward for one call of the rollout (the caller has checked the call belongs to it)."""
+    session.add(Reward(rollout_id=rollout_id, call_id=call_id, kind=RewardKind.CALL, value=value,
+                       metadata_=metadata))
+
+
+def air_row(rollout_id: str, call_id: str, value: float, reason: str, metadata: dict[str, Any]) -> dict[str, Any]:
+    """The row of one automatic reward, as `add_air` and `add_air_once` take it."""
+    return {"rollout_id": rollout_id, "call_id": call_id, "kind": RewardKind.AIR, "value": value, "reason": reason,
+            "metadata": metadata, "created_at": utcnow()}
+
+
+async def add_air(session: AsyncSession, rows: Sequence[dict[str, Any]]) -> None:
+    """Automatic rewards (`air_row`s) in one statement; one the call has already for its reason is skipped (the
+    `uq_rewards_air` index), so replays and re-scoring are no-ops."""
+    await session.execute(insert_ignoring_duplicates(session, Reward.__table__), list(rows))
+
+
+async def add_air_once(session: AsyncSession, row: dict[str, Any]) -> bool:
+    """One automatic reward; False when the call has one for this reason already."""
+    statement = insert_ignoring_duplicates(session, Reward.__table__).values(row).returning(Reward.__table__.c.id)
+    return (await session.execute(statement)).first() is not None
+
+
+async def otlp_spans_with_call_rewards(session: AsyncSession, rollout_id: str) -> set[tuple[str, str]]:
+    """(trace id, span id) of the OTLP spans whose per-call rewards this rollout holds already."""
+    rows = await session.execute(select(Reward.metadata_).where(Reward.rollout_id == rollout_id,
+                                                                Reward.kind == RewardKind.CALL))
+    return {(m["trace_id"], m["span_id"]) for (m,) in rows
+            if isinstance(m, dict) and m.get("source") == "otlp" and "trace_id" in m and "span_id" in m}
