@@ -1,7 +1,9 @@
 """Who is calling: bearer keys resolved to a project at the edge, admin-only routes, and rollout ownership.
 
 - Every route but `/healthz`, `/readyz` and `/openapi.json` needs a key when auth is on; `POST
-  /policies/{version}/activate` and `GET /metrics` need an admin key (403 for other keys).
+  /policies/{version}/activate` and `GET /metrics` need an admin key (403 for other keys); a project's admin
+  key activates its project's own policies only (proxy/routes/policies.py). docs/security.md's "Who may do
+  what" is the whole table.
 - Key lookups (found or not) are cached in-process for `key_cache_ttl` seconds, so the request path reaches
   the database once per key and TTL, not once per call.
 - A rollout belongs to the project whose key created it (`POST /rollouts` or its first recorded call). Another

@@ -36,7 +36,8 @@ def _run_with_session(database_url: str, work):
 
 @keys.command("create")
 @option("--project", required=True, help="Project the key belongs to (created if new).")
-@option("--admin", is_flag=True, help="Also allow admin routes (policy activation, metrics).")
+@option("--admin", is_flag=True,
+        help="Also allow admin routes (activating its project's own policies, metrics).")
 @option("--label", default=None, help="A note shown by `keys list`.")
 @option("--rate-limit", default=None, type=float,
         help="Requests per second for this key (default: the server's).")
