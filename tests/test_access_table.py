@@ -68,12 +68,16 @@ def test_every_route_of_the_router_has_a_row_and_every_row_a_route():
     assert [row for row in ROWS if row.method == "*"], "the table says what any other path answers"
 
 
+CLOSING = ("/reward", "/rollouts/{rollout_id}/events", "/v1/traces")  # routes that end or change a rollout
+
+
 @dataclass
 class Objects:
-    """One project's objects the walk asks for: a fresh rollout each time (rewards and events close or change
+    """One project's objects the walk asks for: a rollout (a fresh one for the routes that close or change
     it), a stored Response, its policy and version."""
 
     project: str
+    rollout_id: str
     response_id: str
 
 
@@ -84,7 +88,7 @@ def objects(tenants) -> dict[str, Objects]:
         answer = requests.post(f"{tenants.url}/v1/responses", headers=tenants.headers(project),
                                json={"model": BASE_MODEL, "input": "What is 6*7?"})
         assert answer.status_code == 200, answer.text
-        found[project] = Objects(project, answer.json()["id"])
+        found[project] = Objects(project, tenants.rollout(project)["rollout_id"], answer.json()["id"])
     return found
 
 
@@ -112,7 +116,7 @@ def body_for(path: str, rollout_id: str) -> dict | None:
 def attempt(tenants, objects: dict[str, Objects], method: str, path: str, who: str | None, whose: str) -> str:
     """What a caller (`who`: a key of tenants.keys, None for no key) gets on `path` with `whose` objects:
     "served", "hidden" (answered as if the object did not exist), or the status 401, 403 or 404."""
-    rollout_id = tenants.rollout(whose)["rollout_id"]
+    rollout_id = tenants.rollout(whose)["rollout_id"] if path in CLOSING else objects[whose].rollout_id
     response_id = objects[whose].response_id
     version = VERSIONS[whose]
     target = path.format(rollout_id=rollout_id, agent="solver", response_id=response_id, version=version)
