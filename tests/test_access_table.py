@@ -146,6 +146,8 @@ def attempt(tenants, objects: dict[str, Objects], method: str, path: str, who: s
         if message in (f"rollout {rollout_id!r} does not exist", f"Response with id '{response_id}' not found.",
                        f"policy {whose!r} does not exist or is not this project's"):
             return "hidden"
+        # served: only the pooling routes this generative engine does not have answer 404 (the proxy's words)
+        assert message.startswith("no route "), (method, target, answer.text)
     return "served"
 
 
@@ -190,6 +192,8 @@ def test_a_project_admin_key_switches_only_its_own_projects_policies(tenants):
         "0/activate",  # the default policy: every project no rule names is answered by it
         "0/activate?policy=gamma",  # a policy no rule names: nobody's
         "999/activate",  # no such version
+        "01/activate", "+1/activate", "v1/activate",  # other spellings of alpha's version
+        "1/activate?policy=alpha&policy=beta",  # the first value is the one read
     )}
 
     assert {target: answer.status_code for target, answer in refused.items()} == dict.fromkeys(refused, 404)
