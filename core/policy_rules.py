@@ -103,6 +103,17 @@ class PolicyRules:
                 return found
         return found | {self.default}
 
+    def owned_by(self, project: str) -> set[str]:
+        """The policies only calls of `project` can be routed to: named by rules, and by no rule that a call
+        of another project could match. The default policy answers every project no rule names, so it is
+        nobody's; a policy no rule names (only in the store) is nobody's either. What a project admin key may
+        activate (proxy/routes/policies.py)."""
+        named: dict[str, bool] = {}
+        for rule in self.rules:
+            own = ("project", project) in rule.conditions
+            named[rule.policy] = named.get(rule.policy, True) and own
+        return {policy for policy, own in named.items() if own and policy not in (self.default, BASE_POLICY)}
+
     def policies(self) -> list[str]:
         """Every policy the rules can name, the default first; `base` left out (it has no adapter)."""
         named = [self.default, *(rule.policy for rule in self.rules)]

@@ -1,12 +1,16 @@
 """Who is calling: bearer keys resolved to a project at the edge, admin-only routes, and rollout ownership.
 
 - Every route but `/healthz`, `/readyz` and `/openapi.json` needs a key when auth is on; `POST
-  /policies/{version}/activate` and `GET /metrics` need an admin key (403 for other keys).
+  /policies/{version}/activate` and `GET /metrics` need an admin key (403 for other keys); a project's admin
+  key activates its project's own policies only (proxy/routes/policies.py). docs/security.md's "Who may do
+  what" is the whole table.
 - Key lookups (found or not) are cached in-process for `key_cache_ttl` seconds, so the request path reaches
   the database once per key and TTL, not once per call.
-- A rollout belongs to the project whose key created it (`POST /rollouts` or its first call). Another
+- A rollout belongs to the project whose key created it (`POST /rollouts` or its first recorded call). Another
   project's rollout answers 404, exactly like one that does not exist, so ids do not leak. Rollouts of no
-  project (recorded before auth was on, or by the operator key) stay open to every key.
+  project (recorded before auth was on, or by the operator key) stay open to every key. Only a policy call
+  about to be recorded claims an id nobody owns (`claim_for_call`, from proxy/serving.py, once the call is
+  checked): a model list, a relayed engine route or a refused request under an id only reads who owns it.
 - The agent's Authorization header is only read here: calls are recorded from their JSON bodies, and the
   engines get the proxy's own `upstream_api_key`, if any.
 """
@@ -28,10 +32,11 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from core.errors import RlproxyError
 from core.settings import AuthSettings
-from proxy.context import call_context
+from proxy.context import CallContext, call_context
 from proxy.engine_routes import RELAYED
 from proxy.errors import Forbidden, NotFoundError, StoreUnavailable, Unauthorized
-from store.keys import KEY_PREFIX, KeyInfo, claim_rollout, count_active_keys, find_key, hash_key, new_key
+from store.keys import (KEY_PREFIX, KeyInfo, claim_rollout, count_active_keys, find_key, hash_key, new_key,
+                        rollout_owner)
 
 log = logging.getLogger("rlproxy.auth")
 
@@ -190,22 +195,39 @@ class Authenticator:
         return info
 
     async def check_rollout(self, request: web.Request, key: KeyInfo) -> None:
-        """404 for a rollout-scoped OpenAI call into another project's rollout; the first call of a new
-        rollout claims it for the caller's project."""
+        """404 for a rollout-scoped call into another project's rollout. Only reads: an id nobody owns stays
+        free until a recorded call claims it (`claim`)."""
         if key.project is None:
             return
-        context = call_context(request)
-        if context.rollout_id is None:
+        rollout_id = call_context(request).rollout_id
+        if rollout_id is None:
+            return
+        owner = self._owners.get(rollout_id, _MISSING)
+        if owner is _MISSING:
+            exists, owner = await self._query(rollout_owner, rollout_id)
+            if not exists:
+                return
+            self._remember(rollout_id, owner)
+        if owner is not None and owner != key.project:
+            raise NotFoundError(f"rollout {rollout_id!r} does not exist")
+
+    async def claim(self, key: KeyInfo, context: CallContext) -> None:
+        """The rollout of a call that is about to be recorded becomes its project's if nobody owns it yet (404
+        when another project's call claimed it since the check)."""
+        if key.project is None or context.rollout_id is None:
             return
         owner = self._owners.get(context.rollout_id, _MISSING)
         if owner is _MISSING:
             owner = await self._query(claim_rollout, context.rollout_id, key.project, task_id=context.task_id,
                                       agent=context.agent, write=True)
-            self._owners[context.rollout_id] = owner
-            if len(self._owners) > 100_000:
-                self._owners.popitem(last=False)
+            self._remember(context.rollout_id, owner)
         if owner is not None and owner != key.project:
             raise NotFoundError(f"rollout {context.rollout_id!r} does not exist")
+
+    def _remember(self, rollout_id: str, owner: str | None) -> None:
+        self._owners[rollout_id] = owner  # a rollout's project never changes once it exists
+        if len(self._owners) > 100_000:
+            self._owners.popitem(last=False)
 
     async def _query(self, function, *args, write: bool = False, **kwargs):
         assert self.sessions is not None, "Authenticator.start() was not awaited"
@@ -241,8 +263,17 @@ async def authenticate(request: web.Request, handler):
 
 @web.middleware
 async def scope_rollouts(request: web.Request, handler):
-    """Runs after the limits, so a caller over its rate cannot make the proxy claim rollouts."""
+    """Another project's rollout in the path or `X-Rollout-Id` is 404 before the handler runs. Runs after the
+    limits, so a caller over its rate cannot make the proxy look rollouts up."""
     key = request.get(KEY)
     if key is not None and is_openai_route(request):
         await request.app[AUTH].check_rollout(request, key)
     return await handler(request)
+
+
+async def claim_for_call(request: web.Request, context: CallContext) -> None:
+    """Called by a policy call once it passed every check, just before it reaches the engine (and is recorded,
+    whatever the engine answers): only such a call claims a rollout id nobody owns for its key's project."""
+    key = request.get(KEY)
+    if key is not None:
+        await request.app[AUTH].claim(key, context)

@@ -15,6 +15,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from proxy.auth import claim_for_call
 from proxy.capture import Additions, StreamAssembler, capture_response, prepare_upstream_body
 from proxy.context import CallContext, call_context
 from proxy.dialects.base import Dialect, Translator
@@ -64,6 +65,7 @@ class CompletionServing:
         engine_body = dialect.to_chat(body, await history(body, context) if history is not None else ())
         target = await self.router.route_call(body["model"], context)
         upstream_body, additions = prepare_upstream_body(engine_body, dialect.engine_route, target.upstream_model)
+        await claim_for_call(request, context)  # checked, to be recorded: only now may it claim its rollout
         record = CallRecord(
             id=uuid.uuid4().hex, route=dialect.route, started_at=utcnow(),
             rollout_id=context.rollout_id, agent=context.agent, task_id=context.task_id, project=context.project,

@@ -84,17 +84,23 @@ async def count_active_keys(session: AsyncSession) -> int:
             ).scalar_one()
 
 
+async def rollout_owner(session: AsyncSession, rollout_id: str) -> tuple[bool, str | None]:
+    """Whether `rollout_id` exists, and the project that owns it (None: no project's, open to all)."""
+    owner = (await session.execute(select(Rollout.project).where(Rollout.id == rollout_id))).first()
+    return (False, None) if owner is None else (True, owner[0])
+
+
 async def claim_rollout(session: AsyncSession, rollout_id: str, project: str, *, task_id: str | None = None,
                         agent: str | None = None) -> str | None:
     """The project that owns `rollout_id`; a rollout nobody has created yet is created for `project` first, so
-    the first caller owns it even before its call is recorded. None: a rollout of no project (open to all)."""
-    query = select(Rollout.project).where(Rollout.id == rollout_id)
-    owner = (await session.execute(query)).first()
-    if owner is not None:
-        return owner[0]
+    the caller whose call is about to be recorded owns it even before that call is stored. None: a rollout
+    of no project (open to all)."""
+    exists, owner = await rollout_owner(session, rollout_id)
+    if exists:
+        return owner
     await session.execute(
         insert_ignoring_duplicates(session, Rollout.__table__, ["id"]),
         [{"id": rollout_id, "project": project, "task_id": task_id, "agent": agent,
           "status": RolloutStatus.OPEN, "call_count": 0, "created_at": utcnow()}],
     )
-    return (await session.execute(query)).scalar_one()  # another proxy may have won the race
+    return (await rollout_owner(session, rollout_id))[1]  # another proxy may have won the race

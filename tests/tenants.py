@@ -3,7 +3,8 @@ process so that what it received can be read back (`Stub.received`: every reques
 
 Projects `alpha` and `beta` each have a policy of their own (`--policy-rule project:alpha=alpha` …) with an active
 adapter loaded on the engine: `rlproxy-v1` is alpha's, `rlproxy-v2` beta's. `gamma` has no rule, so it gets the
-default policy, which has no version: the base model. `operator` is the admin key of no project."""
+default policy, which has no version: the base model. `alpha-admin` and `beta-admin` are admin keys of those
+projects; `operator` is the admin key of no project."""
 from __future__ import annotations
 
 import asyncio
@@ -32,7 +33,7 @@ class Tenants:
     url: str
     stub: Stub
     stub_url: str
-    keys: dict[str, str]  # project (or "operator") -> key
+    keys: dict[str, str]  # project (or "alpha-admin", "beta-admin", "operator") -> key
 
     def headers(self, who: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[who]}"}
@@ -80,6 +81,7 @@ def secured_tenants(postgres_server: str, run_dir: Path, adapters: Path) -> Iter
             asyncio.run(add_policies(database_url, adapters, [version], active=version, engine_url=engine_url,
                                      policy=project))
         keys = {project: make_key(database_url, project) for project in ("alpha", "beta", "gamma")}
+        keys |= {f"{project}-admin": make_key(database_url, project, admin=True) for project in ADAPTERS}
         rules = [arg for project in ADAPTERS for arg in ("--policy-rule", f"project:{project}={project}")]
         with running_proxy([engine_url], database_url, run_dir, "proxy-tenants", "--admin-key", OPERATOR,
                            "--client-max-size", str(MAX_BODY), *rules) as url:

@@ -245,11 +245,40 @@ def test_the_first_call_claims_a_new_rollout_id_for_its_project(secured):
     assert len(secured.get(f"/rollouts/{rid}", secured.keys["beta"]).json()["calls"]) == 1
 
 
+def test_only_a_recorded_call_claims_a_rollout_id(secured):
+    """A model list, a relayed engine route and refused calls under a new id leave it free: the project whose
+    policy call is recorded first owns it."""
+    alpha, beta = secured.keys["alpha"], secured.keys["beta"]
+    rid = f"free-{uuid.uuid4().hex[:8]}"
+    chat = f"/rollouts/{rid}/v1/chat/completions"
+    assert secured.get(f"/rollouts/{rid}/v1/models", alpha).status_code == 200
+    assert secured.get(f"/rollouts/{rid}/agents/a/v1/models", alpha).status_code == 200
+    assert secured.get(f"/rollouts/{rid}/health", alpha).status_code == 200
+    assert secured.post(f"/rollouts/{rid}/tokenize", alpha, json={"model": MODEL, "prompt": "x"}).status_code == 200
+    error_of(secured.post(chat, alpha, json={"model": MODEL}), 400)  # no messages
+    error_of(secured.post(chat, alpha, json={"model": MODEL, "messages": CHAT, "max_tokens": MAX_TOKENS + 1}), 400)
+    error_of(secured.post(chat, alpha, json={"model": "not-served", "messages": CHAT}), 404)
+    error_of(secured.post(chat, alpha, data=b"x" * (MAX_BODY + 1)), 413)
+    error_of(secured.post(chat, "wrong", json={"model": MODEL, "messages": CHAT}), 401)
+    error_of(secured.get(f"/rollouts/{rid}", alpha), 404)  # still nobody's
+
+    answer = secured.client(beta, f"{secured.url}/rollouts/{rid}/v1").chat.completions.create(
+        model=MODEL, messages=CHAT)
+    assert answer.choices[0].message.content == "42"
+    assert len(secured.get(f"/rollouts/{rid}", beta).json()["calls"]) == 1
+    error_of(secured.get(f"/rollouts/{rid}", alpha), 404)  # now beta's
+    with pytest.raises(openai.NotFoundError):
+        secured.client(alpha, f"{secured.url}/rollouts/{rid}/v1").chat.completions.create(model=MODEL, messages=CHAT)
+
+
 def test_policy_activation_needs_an_admin_key(secured):
     error = error_of(secured.post("/policies/0/activate", secured.keys["alpha"]), 403)
     assert error["type"] == "permission_error"
     error_of(secured.get("/metrics", secured.keys["alpha"]), 403)
-    activated = secured.post("/policies/0/activate", secured.keys["admin"])
+    # ops' admin key owns no policy: the default one answers every project (tests/test_access_table.py)
+    error = error_of(secured.post("/policies/0/activate", secured.keys["admin"]), 404)
+    assert error["message"] == "policy 'default' does not exist or is not this project's"
+    activated = secured.post("/policies/0/activate", OPERATOR_KEY)
     assert activated.json() == {"version": 0, "policy": "default", "status": "active"}
     assert secured.post("/policies/v0/activate", OPERATOR_KEY).status_code == 200
     assert secured.get("/metrics", secured.keys["admin"]).status_code == 200

@@ -20,7 +20,7 @@ class MigrateSettings(StoreCommandSettings):
 
 class KeysCreateSettings(StoreCommandSettings):
     project: str = Field(description="Project the key belongs to (created if new).")
-    admin: bool = Field(False, description="Also allow admin routes (policy activation, metrics).")
+    admin: bool = Field(False, description="Also allow admin routes (activating its project's own policies, metrics).")
     label: str | None = Field(None, description="A note shown by `keys list`.")
     rate_limit: float | None = Field(None, description="Requests per second for this key (default: the server's).")
     rate_burst: int | None = Field(None, description="Burst for this key (default: the server's).")

@@ -1,6 +1,12 @@
 """Policies: `GET /policies`, and `POST /policies/{version}/activate` to switch or roll back what is served.
 
-Both take `?policy=NAME` for a named policy other than the default one (core/policy_rules.py)."""
+Both take `?policy=NAME` for a named policy other than the default one (core/policy_rules.py).
+
+Scoped like data (docs/security.md, "Who may do what"): a project's key reads the policies its project's calls
+can be routed to, and a project admin key activates only the policies no other project's calls reach
+(`PolicyRules.owned_by`). Any other policy answers as one that does not exist: an empty line on `GET`, 404 on
+activation, worded alike for a name or version that exists and one that does not, so nothing leaks. The
+operator key (no project), and a proxy without keys, read and activate every policy."""
 from __future__ import annotations
 
 from aiohttp import web
@@ -12,7 +18,10 @@ from proxy.bodies import Activated, PolicyList
 from proxy.endpoints import Answer, Endpoint
 from proxy.errors import InvalidRequest, NotFoundError, UpstreamUnavailable
 from proxy.state import state
+from store import errors as store_errors
 from store import policies as store_policies
+
+UNTRAINED = "/"  # a name no version can have (check_policy_name refuses it): reads as a line never trained
 
 POLICY_QUERY = {"policy": {"type": "string", "pattern": r"^[A-Za-z0-9._-]{1,64}$",
                            "description": "A named policy (default: the proxy's default policy)."}}
@@ -26,15 +35,43 @@ def _policy(request: web.Request) -> str:
         raise InvalidRequest(str(exc), param="policy") from None
 
 
+def _readable(request: web.Request) -> set[str] | None:
+    """The policies this key may read; None: every one (the operator key, or no keys)."""
+    project = request.get("project")
+    return None if project is None else state(request).router.rules.reachable(project)
+
+
+def _activatable(request: web.Request) -> set[str] | None:
+    """The policies this key may activate; None: every one (the operator key, or no keys)."""
+    project = request.get("project")
+    return None if project is None else state(request).router.rules.owned_by(project)
+
+
 async def list_policies(request: web.Request) -> web.Response:
-    app, policy = state(request), _policy(request)
+    app, policy, readable = state(request), _policy(request), _readable(request)
+    shown = readable is None or policy in readable
     async with app.sessions() as session:
-        listed = await store_policies.list_policies(session, project=request.get("project"), policy=policy)
+        # another project's policy reads as one with no versions: the base row of a name never trained
+        listed = await store_policies.list_policies(session, project=request.get("project"),
+                                                    policy=policy if shown else UNTRAINED)
         known = await store_policies.names(session)
+    listed[0] = {**listed[0], "policy": policy}
     served = {name: app.router.line(name).active.version
-              for name in dict.fromkeys([*app.router.rules.policies(), *known])}
-    return PolicyList(data=listed, policy=policy, active=app.router.line(policy).active.version,
-                      policies=served).reply()
+              for name in dict.fromkeys([*app.router.rules.policies(), *known])
+              if readable is None or name in readable}
+    active = app.router.line(policy).active.version if shown else store_policies.BASE_VERSION
+    return PolicyList(data=listed, policy=policy, active=active, policies=served).reply()
+
+
+def _hidden_policy(policy: str) -> NotFoundError:
+    return NotFoundError(f"policy {policy!r} does not exist or is not this project's", param="policy")
+
+
+def _missing_version(version: int, scoped: bool) -> NotFoundError:
+    """A project's admin key is told the same about another project's version and one that does not exist."""
+    if not scoped:
+        return NotFoundError(f"policy version {version} does not exist")
+    return NotFoundError(f"policy version {version} does not exist or is not this project's", param="version")
 
 
 async def activate_policy(request: web.Request) -> web.Response:
@@ -42,15 +79,24 @@ async def activate_policy(request: web.Request) -> web.Response:
         version = int(request.match_info["version"].removeprefix("v"))
     except ValueError:
         raise InvalidRequest("policy version must be an integer like 3 or v3", param="version") from None
+    app, policy, activatable = state(request), _policy(request), _activatable(request)
+    scoped = activatable is not None
     if not 0 <= version < 2**31:  # versions are 32-bit in the store: anything else cannot exist
-        raise NotFoundError(f"policy version {version} does not exist")
-    app, policy = state(request), _policy(request)
+        raise _missing_version(version, scoped)
     if version == store_policies.BASE_VERSION and policy == BASE_POLICY:
         raise InvalidRequest(f"{BASE_POLICY!r} is always the base model", param="policy")
+    named = "policy" in request.query
+    if scoped and (named or version == store_policies.BASE_VERSION) and policy not in activatable:
+        raise _hidden_policy(policy)
     if version != store_policies.BASE_VERSION:
         async with app.sessions() as session:
-            owner = await store_policies.policy_of(session, version)
-        if "policy" in request.query and owner != policy:
+            try:
+                owner = await store_policies.policy_of(session, version)
+            except store_errors.NotFound:
+                raise _missing_version(version, scoped) from None
+        if scoped and owner not in activatable:
+            raise _missing_version(version, scoped)  # before the check below could say whose it is
+        if named and owner != policy:
             raise InvalidRequest(f"policy version {version} belongs to policy {owner!r}, not {policy!r}",
                                  param="policy")
         policy = owner
