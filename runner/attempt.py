@@ -15,7 +15,7 @@ from runner.agents import AgentResult, ClientConfig
 from runner.client import ProxyClient
 from runner.errors import AttemptError, InfrastructureError, TaskDataError
 from runner.journal import Journal, Key
-from runner.task_data import checked_text, env_value
+from runner.task_data import env_value, task_id
 from runner.tasks import EVAL, Task
 
 NO_KEY = "rlproxy"  # what clients are given as their key when the proxy has keys off (they insist on one)
@@ -91,7 +91,7 @@ class AttemptRunner:
     def _checked(self, task: Task) -> dict[str, str]:
         """The `--env-map` variables of this task, its id and whatever else the agent checks of it
         (`check_task`): each handed over as data, or TaskDataError with the reason."""
-        checked_text(task.id, "the task id")
+        task_id(task.id)
         env = {variable: env_value(task.data[name], variable, name) for variable, name in self.env.items()}
         check = getattr(self.agent, "check_task", None)
         if check is not None:

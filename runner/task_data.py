@@ -17,6 +17,7 @@ from typing import Any
 from runner.errors import TaskDataError
 
 ENV_VALUE_MAX = 64 * 1024  # bytes of one environment variable's value
+TASK_ID_MAX = 1024  # bytes of a task id: a rollout's task id is indexed (a 200 KB one got a 500 from the proxy)
 TASK_FILE = "task.json"
 
 
@@ -65,3 +66,12 @@ def task_variables(task: Any, folder: Path) -> dict[str, str]:
     if len(text.encode("utf-8")) <= ENV_VALUE_MAX:
         found["RLPROXY_TASK"] = text
     return found
+
+
+def task_id(value: str) -> str:
+    """A task id fit for a rollout: Unicode text without a NUL, at most TASK_ID_MAX bytes."""
+    text = checked_text(value, "the task id")
+    size = len(text.encode("utf-8"))
+    if size > TASK_ID_MAX:
+        raise TaskDataError(f"the task id is {size} bytes, more than a rollout's task id holds ({TASK_ID_MAX})")
+    return text

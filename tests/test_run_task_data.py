@@ -120,12 +120,16 @@ def test_a_task_whose_data_cannot_be_handed_over_fails_its_own_attempt_and_the_o
 
 
 def test_a_task_id_that_is_not_text_fails_its_attempt(proxy_url, tmp_path):
-    tasks = write_tasks(tmp_path / "tasks.jsonl", {"id": "bad\u0000id"}, {"id": "good"})
+    tasks = write_tasks(tmp_path / "tasks.jsonl", {"id": "bad\u0000id"}, {"id": "long" * 50_000}, {"id": "good"})
     log = tmp_path / "run.jsonl"
     result = rlproxy_run(proxy_url, log, "--tasks", str(tasks), "--task-id-field", "id", "--attempts", "1",
                          "--command", "echo 1")
     assert result.exit_code == 0, result.output
-    assert sorted((e["task_id"], e["status"]) for e in finished(log)) == [("bad\0id", "failed"), ("good", "rewarded")]
+    ends = {e["task_id"][:6]: (e["status"], e["error"], e["tries"]) for e in finished(log)}
+    assert ends == {"bad\0id": ("failed", "the task id holds a NUL character at character 3: a program's text "
+                                          "cannot carry it", 0),
+                    "longlo": ("failed", "the task id is 200000 bytes, more than a rollout's task id holds (1024)", 0),
+                    "good": ("rewarded", None, 1)}  # never tried as an infrastructure failure
 
 
 @pytest.mark.parametrize("flags, says", [
