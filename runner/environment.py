@@ -22,8 +22,9 @@ OWN = frozenset({
     "RLPROXY_TASK_FILE", "AGL_OPENAI_BASE_URL", "AGL_EVENT_URL", "AGL_KEY", "ANTHROPIC_MODEL",
     "ANTHROPIC_SMALL_FAST_MODEL", "CLAUDE_CONFIG_DIR", "CODEX_HOME", "XDG_CONFIG_HOME", "NO_COLOR"})
 # Variables whose value makes a program load or run code: a task's data must never become one of them.
-LOADING = frozenset({"BASH_ENV", "ENV", "NODE_OPTIONS", "NODE_PATH", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME", "PERL5OPT",
-                     "PERL5LIB", "RUBYOPT", "RUBYLIB", "GIT_SSH_COMMAND", "GIT_EXEC_PATH", "PROMPT_COMMAND"})
+LOADING = frozenset({"BASH_ENV", "ENV", "NODE_OPTIONS", "NODE_PATH", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME",
+                     "PERL5OPT", "PERL5LIB", "RUBYOPT", "RUBYLIB", "GIT_SSH_COMMAND", "GIT_EXEC_PATH",
+                     "PROMPT_COMMAND"})
 LOADING_PREFIXES = ("LD_", "DYLD_", "GIT_CONFIG")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
