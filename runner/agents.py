@@ -146,14 +146,15 @@ async def run_process(argv: list[str] | str, env: dict[str, str], *, cwd: str | 
     never the run."""
     spawn = asyncio.create_subprocess_shell if isinstance(argv, str) else asyncio.create_subprocess_exec
     args = [argv] if isinstance(argv, str) else argv
+    program = "/bin/sh" if isinstance(argv, str) else argv[0]
     try:
         process = await spawn(*args, env=env, cwd=cwd,
                               stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
                               stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
     except OSError as exc:  # E2BIG: "Argument list too long"; a program that is not there
-        raise AttemptError(f"cannot start {args[0].split()[0]!r}: {exc.strerror}") from None
+        raise AttemptError(f"cannot start {program}: {exc.strerror}") from None
     except ValueError as exc:  # a NUL or unencodable text in an argument or the environment
-        raise AttemptError(f"cannot start {args[0].split()[0]!r}: {exc}") from None
+        raise AttemptError(f"cannot start {program}: {exc}") from None
     try:
         out, err = await process.communicate(stdin)
     except asyncio.CancelledError:
