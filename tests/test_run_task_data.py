@@ -150,7 +150,8 @@ def test_variable_names_a_task_value_could_abuse_are_refused_before_anything_sta
 def test_an_agent_that_cannot_be_started_fails_its_attempt_not_the_run(proxy_url, tmp_path):
     """40 variables of 60 KiB each: every one fits, together they are over what Linux starts a program with
     (about 2 MiB of arguments and environment)."""
-    tasks = write_tasks(tmp_path / "tasks.jsonl", {"id": "wide", "text": "w" * (60 * 1024)}, {"id": "narrow", "text": "n"})
+    tasks = write_tasks(tmp_path / "tasks.jsonl", {"id": "wide", "text": "w" * (60 * 1024)},
+                        {"id": "narrow", "text": "n"})
     mapped = [arg for number in range(40) for arg in ("--env-map", f"TEXT_{number}=text")]
     log = tmp_path / "run.jsonl"
     result = rlproxy_run(proxy_url, log, "--tasks", str(tasks), "--task-id-field", "id", "--attempts", "1",
