@@ -220,11 +220,15 @@ class ClassAgent:
             raise RunInputError(lines[-1] if lines else f"--agent-class {spec!r}: exit status {done.returncode}")
         self.spec = spec
 
+    def check_task(self, task: Any) -> None:
+        task_json(task)
+
     async def run(self, task: dict[str, Any], config: ClientConfig, env: dict[str, str]) -> AgentResult:
         agl = {"AGL_OPENAI_BASE_URL": config.openai_base_url, "AGL_EVENT_URL": config.event_url,
                "AGL_KEY": config.api_key}
-        code, _, err = await run_process([sys.executable, "-m", "runner.agl_host", self.spec],
-                                         {**self.inherit, **env, **agl})
+        with tempfile.TemporaryDirectory(prefix="rlproxy-task-") as folder:  # the task, for fields too large to map
+            variables = {**self.inherit, **env, **agl, **task_variables(task, Path(folder))}
+            code, _, err = await run_process([sys.executable, "-m", "runner.agl_host", self.spec], variables)
         return AgentResult(error=None if code == 0 else failure(code, err))
 
 

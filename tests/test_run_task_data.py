@@ -73,6 +73,7 @@ def test_an_agent_class_gets_the_same_allow_list(proxy_url, tmp_path, monkeypatc
     seen = json.loads((tmp_path / "class-env.json").read_text())
     assert "RUNNER_DATABASE_PASSWORD" not in seen and seen["AGL_KEY"] == "rlproxy"  # the proxy's keys are off
     assert seen["AGL_OPENAI_BASE_URL"].endswith("/v1") and "/rollouts/" in seen["AGL_OPENAI_BASE_URL"]
+    assert json.loads(seen["RLPROXY_TASK"]) == {"id": "class"} and seen["RLPROXY_TASK_FILE"].endswith("task.json")
 
 
 def test_a_task_larger_than_the_environment_travels_as_a_file(proxy_url, tmp_path):
