@@ -123,6 +123,7 @@ class Runner:
             raise ValueError("resume needs the log of the earlier run")
         self.agent, self.on_attempt, self.log, self.progress = as_agent(agent), on_attempt, log, progress
         self.env, self.console = env or {}, console
+        check_names(self.settings.pass_env, self.env)  # a task's value never becomes the runner's own variable
         self._attempt: AttemptRunner | None = None
 
     async def __aenter__(self) -> Runner:
