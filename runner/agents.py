@@ -1,7 +1,7 @@
 """The three ways to name the agent, each run once per attempt with the rollout's URLs:
 
 - a Python function `(task, client_config) -> float | None`, sync or async (`--agent module:function`);
-- a program, with the URLs in its environment (`--command "python my_agent.py"`);
+- a program, with the URLs and the task in its environment (`--command "python my_agent.py"`);
 - an Agent Lightning v1 agent class, unmodified, in its own process (`--agent-class module:Class`).
 
 An agent's result is what it says the reward is (None: it posted its own, or none) or the error that ended it."""
@@ -10,16 +10,19 @@ from __future__ import annotations
 import asyncio
 import importlib
 import inspect
-import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any, Callable
 
-from runner.errors import RunInputError
+from runner.environment import inherited
+from runner.errors import AttemptError, RunInputError
+from runner.task_data import task_json, task_variables
 
 NUMBER_TAIL = 2000  # bytes of a program's output kept for its last line and the log
 
@@ -33,7 +36,7 @@ class ClientConfig:
     rollout_id: str
     reward_url: str  # POST {"rollout_id", "reward"} here (the proxy's /reward)
     event_url: str  # or Agent Lightning's event body here
-    api_key: str  # the proxy's agent key ("rlproxy" when its keys are off: clients insist on one)
+    api_key: str  # the agent's key to the proxy: --agent-api-key, else --api-key ("rlproxy" when keys are off)
     model: str  # the model name to ask for ("auto": the rollout's policy)
     task_id: str
     eval: bool
@@ -136,16 +139,24 @@ def last_number(output: bytes) -> float | None:
 
 
 async def run_process(argv: list[str] | str, env: dict[str, str], *, cwd: str | None = None,
-                      inherit: dict[str, str] | None = None) -> tuple[int, bytes, bytes]:
-    """Run a program to its end in its own process group, with `env` over `inherit` (default: this process's
-    environment); cancelling the attempt (its timeout) kills the group, so nothing it started outlives it."""
+                      stdin: bytes | None = None) -> tuple[int, bytes, bytes]:
+    """Run a program to its end in its own process group with exactly the environment `env` (runner/environment.py
+    makes an agent's), `stdin` its standard input (else none); cancelling the attempt (its timeout) kills the
+    group, so nothing it started outlives it. A program that cannot be started fails its attempt (AttemptError),
+    never the run."""
     spawn = asyncio.create_subprocess_shell if isinstance(argv, str) else asyncio.create_subprocess_exec
     args = [argv] if isinstance(argv, str) else argv
-    base = os.environ if inherit is None else inherit
-    process = await spawn(*args, env={**base, **env}, cwd=cwd, stdin=asyncio.subprocess.DEVNULL,
-                          stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+    program = "/bin/sh" if isinstance(argv, str) else argv[0]
     try:
-        out, err = await process.communicate()
+        process = await spawn(*args, env=env, cwd=cwd,
+                              stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
+                              stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+    except OSError as exc:  # E2BIG: "Argument list too long"; a program that is not there
+        raise AttemptError(f"cannot start {program}: {exc.strerror}") from None
+    except ValueError as exc:  # a NUL or unencodable text in an argument or the environment
+        raise AttemptError(f"cannot start {program}: {exc}") from None
+    try:
+        out, err = await process.communicate(stdin)
     except asyncio.CancelledError:
         try:
             os.killpg(process.pid, signal.SIGKILL)
@@ -161,25 +172,33 @@ def failure(code: int, err: bytes) -> str:
     return f"exit status {code}" + (f": {tail[-1]}" if tail else "")
 
 
-def base_env(config: ClientConfig, task: dict[str, Any]) -> dict[str, str]:
-    """The variables `--command` programs get (docs/run.md lists them)."""
+def rollout_env(config: ClientConfig) -> dict[str, str]:
+    """The rollout's variables `--command` programs and `--verify` get (docs/run.md lists them): the agent's key
+    under the names its clients read, never as the runner's own `RLPROXY_API_KEY`."""
     return {
         "OPENAI_BASE_URL": config.openai_base_url, "OPENAI_API_KEY": config.api_key,
         "ANTHROPIC_BASE_URL": config.anthropic_base_url, "ANTHROPIC_API_KEY": config.api_key,
         "RLPROXY_REWARD_URL": config.reward_url, "RLPROXY_EVENT_URL": config.event_url,
         "RLPROXY_ROLLOUT_ID": config.rollout_id, "RLPROXY_TASK_ID": config.task_id,
-        "RLPROXY_MODEL": config.model, "RLPROXY_API_KEY": config.api_key,
-        "RLPROXY_EVAL": "1" if config.eval else "0",
-        "RLPROXY_TASK": json.dumps(task, ensure_ascii=False, default=str),
+        "RLPROXY_MODEL": config.model, "RLPROXY_EVAL": "1" if config.eval else "0",
     }
 
 
 class CommandAgent:
-    def __init__(self, command: str) -> None:
-        self.command = command
+    """A program run through the shell, with the rollout and the task in its environment (the task also in a
+    file): task values reach it only as the values of variables, never in its command line."""
+
+    def __init__(self, command: str, pass_env: tuple[str, ...] = ()) -> None:
+        self.command, self.pass_env = command, pass_env
+
+    def check_task(self, task: Any) -> None:
+        task_json(task)
 
     async def run(self, task: dict[str, Any], config: ClientConfig, env: dict[str, str]) -> AgentResult:
-        code, out, err = await run_process(self.command, {**base_env(config, task), **env})
+        with tempfile.TemporaryDirectory(prefix="rlproxy-task-") as folder:
+            variables = {**inherited(self.pass_env), **env, **rollout_env(config),
+                         **task_variables(task, Path(folder))}
+            code, out, err = await run_process(self.command, variables)
         if code != 0:
             return AgentResult(error=failure(code, err))
         return AgentResult(last_number(out))
@@ -189,28 +208,37 @@ class ClassAgent:
     """An Agent Lightning v1 agent class: `Class().run()` in a fresh process (runner/agl_host.py) with the
     three variables its controller sets, `AGL_OPENAI_BASE_URL`, `AGL_EVENT_URL` and `AGL_KEY`."""
 
-    def __init__(self, spec: str, check_env: dict[str, str]) -> None:
+    def __init__(self, spec: str, check_env: dict[str, str], pass_env: tuple[str, ...] = ()) -> None:
         """Imported once before the run in a process of its own, with `check_env` (the AGL variables), as each
         attempt will import it: the module is not imported into the runner."""
+        # the runner's PYTHONPATH too: the host is the runner's own module, and the agent's is found the same way
+        self.inherit = inherited(pass_env, also=("PYTHONPATH",))
         done = subprocess.run([sys.executable, "-m", "runner.agl_host", "--check", spec], capture_output=True,
-                              text=True, env={**os.environ, **check_env}, stdin=subprocess.DEVNULL)
+                              text=True, env={**self.inherit, **check_env}, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
             lines = done.stderr.strip().splitlines()
             raise RunInputError(lines[-1] if lines else f"--agent-class {spec!r}: exit status {done.returncode}")
         self.spec = spec
 
+    def check_task(self, task: Any) -> None:
+        task_json(task)
+
     async def run(self, task: dict[str, Any], config: ClientConfig, env: dict[str, str]) -> AgentResult:
         agl = {"AGL_OPENAI_BASE_URL": config.openai_base_url, "AGL_EVENT_URL": config.event_url,
                "AGL_KEY": config.api_key}
-        code, _, err = await run_process([sys.executable, "-m", "runner.agl_host", self.spec], {**agl, **env})
+        with tempfile.TemporaryDirectory(prefix="rlproxy-task-") as folder:  # the task, for fields too large to map
+            variables = {**self.inherit, **env, **agl, **task_variables(task, Path(folder))}
+            code, _, err = await run_process([sys.executable, "-m", "runner.agl_host", self.spec], variables)
         return AgentResult(error=None if code == 0 else failure(code, err))
 
 
-def make_agent(kind: str, target: str, check_env: dict[str, str]) -> FunctionAgent | CommandAgent | ClassAgent:
-    """`check_env`: the variables an agent class is checked with (the proxy's URLs for no rollout yet)."""
+def make_agent(kind: str, target: str, check_env: dict[str, str],
+               pass_env: tuple[str, ...] = ()) -> FunctionAgent | CommandAgent | ClassAgent:
+    """`check_env`: the variables an agent class is checked with (the proxy's URLs for no rollout yet);
+    `pass_env`: the runner's variables a program agent also gets (`--pass-env`)."""
     if kind == "agent-class":
-        return ClassAgent(target, check_env)
-    return FunctionAgent.imported(target) if kind == "agent" else CommandAgent(target)
+        return ClassAgent(target, check_env, pass_env)
+    return FunctionAgent.imported(target) if kind == "agent" else CommandAgent(target, pass_env)
 
 
 def as_agent(agent: Any) -> Any:

@@ -4,7 +4,6 @@ not."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -14,8 +13,9 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from core.settings import RunSettings
 from runner.agents import AgentResult, ClientConfig
 from runner.client import ProxyClient
-from runner.errors import InfrastructureError
+from runner.errors import AttemptError, InfrastructureError, TaskDataError
 from runner.journal import Journal, Key
+from runner.task_data import env_value, task_id
 from runner.tasks import EVAL, Task
 
 NO_KEY = "rlproxy"  # what clients are given as their key when the proxy has keys off (they insist on one)
@@ -64,6 +64,11 @@ class AttemptRunner:
         self.client, self.agent, self.settings, self.env, self.journal = client, agent, settings, env, journal
 
     async def __call__(self, attempt: Attempt) -> Outcome:
+        try:
+            env = self._checked(attempt.task)
+        except TaskDataError as exc:  # before any rollout exists: this attempt fails, the run goes on
+            self._log("finished", attempt, status="failed", error=str(exc), tries=0)
+            return Outcome(attempt.task.split, "failed", None, None, attempt, error=str(exc))
         tries = 0
         try:
             async for trying in AsyncRetrying(stop=stop_after_attempt(self.settings.retries + 1),
@@ -71,7 +76,7 @@ class AttemptRunner:
                                               retry=retry_if_exception_type(InfrastructureError), reraise=True):
                 with trying:
                     tries += 1
-                    return await self._once(attempt, tries)
+                    return await self._once(attempt, tries, env)
         except InfrastructureError as exc:
             self._log("finished", attempt, status="infrastructure", error=str(exc), tries=tries)
             return Outcome(attempt.task.split, "infrastructure", None, None, attempt, error=str(exc), tries=tries)
@@ -83,7 +88,17 @@ class AttemptRunner:
             self.journal.write(event, task_id=task_id, epoch=epoch, attempt=number, split=attempt.task.split,
                                **fields)
 
-    async def _once(self, attempt: Attempt, tries: int) -> Outcome:
+    def _checked(self, task: Task) -> dict[str, str]:
+        """The `--env-map` variables of this task, its id and whatever else the agent checks of it
+        (`check_task`): each handed over as data, or TaskDataError with the reason."""
+        task_id(task.id)
+        env = {variable: env_value(task.data[name], variable, name) for variable, name in self.env.items()}
+        check = getattr(self.agent, "check_task", None)
+        if check is not None:
+            check(task.data)
+        return env
+
+    async def _once(self, attempt: Attempt, tries: int, env: dict[str, str]) -> Outcome:
         settings, task = self.settings, attempt.task
         evaluation = task.split == EVAL
         created = await self.client.create_rollout(
@@ -95,14 +110,15 @@ class AttemptRunner:
         config = ClientConfig(
             openai_base_url=created.base_url, anthropic_base_url=rollout_root, rollout_id=rollout_id,
             reward_url=f"{self.client.proxy}/reward", event_url=f"{rollout_root}/events",
-            api_key=settings.key() or NO_KEY, model=settings.model, task_id=task.id, eval=evaluation)
-        env = {variable: _text(task.data[name]) for variable, name in self.env.items()}
+            api_key=settings.agent_key() or NO_KEY, model=settings.model, task_id=task.id, eval=evaluation)
         began = time.monotonic()
         timed_out = False
         try:
             result = await asyncio.wait_for(self.agent.run(task.data, config, env), settings.timeout)
         except TimeoutError:
             timed_out, result = True, AgentResult(error=f"timed out after {settings.timeout:g} s")
+        except AttemptError as exc:  # its program could not be started (the task's data too large, say)
+            result = AgentResult(error=str(exc))
         stored = await self.client.rollout(rollout_id) or {}
         if result.error and not timed_out and await self._engine_failed(stored):
             self._log("finished", attempt, rollout_id=rollout_id, status="try_failed", error=result.error,
@@ -141,8 +157,3 @@ def _policy(stored: dict[str, Any]) -> int | None:
     versions = [call.get("policy") for call in stored.get("calls") or [] if call.get("policy") is not None]
     return versions[-1] if versions else stored.get("policy")
 
-
-def _text(value: Any) -> str:
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, ensure_ascii=False, default=str)

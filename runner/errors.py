@@ -1,4 +1,4 @@
-"""The runner's errors, by what the command does with them."""
+"""The runner's errors, by what the command does with them. They join rlproxy's one tree (core/errors.py)."""
 from __future__ import annotations
 
 from core.errors import RlproxyError
@@ -14,3 +14,13 @@ class ProxyRefused(RlproxyError):
 
 class InfrastructureError(RlproxyError):
     """The proxy or the engine behind it could not serve: the attempt is tried again with a new rollout."""
+
+
+class AttemptError(RlproxyError):
+    """This attempt cannot go on (its agent's program cannot be started): it fails with this reason, logged with
+    it, and the run goes on with the other attempts."""
+
+
+class TaskDataError(AttemptError):
+    """One task's data cannot be given to the agent the way it is asked for (a NUL in an environment variable,
+    text that is not Unicode, a value too large for the environment): that attempt fails, not the run."""

@@ -20,7 +20,8 @@ class Journal:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = path.open("a", encoding="utf-8")
+        # a lone surrogate (a task id of JSON "\ud800") is written as its JSON escape, which reads back as it was
+        self._file = path.open("a", encoding="utf-8", errors="backslashreplace")
 
     def write(self, event: str, **fields: Any) -> None:
         line = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "event": event, **fields}

@@ -22,6 +22,7 @@ from core.settings import RunSettings
 from runner.agents import as_agent, make_agent
 from runner.attempt import NO_KEY, Attempt, AttemptRunner, Outcome
 from runner.client import ProxyClient
+from runner.environment import check_names
 from runner.errors import ProxyRefused, RunInputError
 from runner.harness import HarnessAgent
 from runner.journal import Journal, read_log
@@ -67,15 +68,17 @@ def prepare(settings: RunSettings) -> Plan:
     if settings.tasks is None and settings.eval_tasks is None:
         raise RunInputError("no tasks: give --tasks FILE (JSON lines)")
     mapped = env_map(settings.env_map)
+    check_names(settings.pass_env, mapped)
     needed = {field: f"--env-map {variable}={field}" for variable, field in mapped.items()}
     proxy = settings.proxy.rstrip("/")
     if kind == "harness":
         agent = HarnessAgent(target, settings.prompt_field, settings.verify, settings.workdir, settings.repo_field,
-                             settings.harness_args)
+                             settings.harness_args, settings.pass_env)
         needed.update(agent.needed_fields())
     else:
-        agent = make_agent(kind, target, {"AGL_OPENAI_BASE_URL": f"{proxy}/v1", "AGL_KEY": settings.key() or NO_KEY,
-                                          "AGL_EVENT_URL": f"{proxy}/rollouts/none/events"})
+        agent = make_agent(kind, target, {"AGL_OPENAI_BASE_URL": f"{proxy}/v1",
+                                          "AGL_KEY": settings.agent_key() or NO_KEY,
+                                          "AGL_EVENT_URL": f"{proxy}/rollouts/none/events"}, settings.pass_env)
     tasks: list[Task] = []
     if settings.tasks is not None:
         tasks += read_tasks(settings.tasks, TRAIN, settings.task_id_field, needed, settings.eval_share)
@@ -120,6 +123,7 @@ class Runner:
             raise ValueError("resume needs the log of the earlier run")
         self.agent, self.on_attempt, self.log, self.progress = as_agent(agent), on_attempt, log, progress
         self.env, self.console = env or {}, console
+        check_names(self.settings.pass_env, self.env)  # a task's value never becomes the runner's own variable
         self._attempt: AttemptRunner | None = None
 
     async def __aenter__(self) -> Runner:

@@ -26,7 +26,8 @@ def canonical_id(task: dict[str, Any]) -> str:
     """A hash of the task's canonical JSON (sorted keys, no spaces): the same task has the same id in every
     run, so a resumed run finds its attempts."""
     text = json.dumps(task, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    # surrogatepass: a task holding a lone surrogate still has an id; its attempts fail with the reason
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def held_out(task_id: str, share: float) -> bool:

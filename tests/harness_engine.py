@@ -5,7 +5,7 @@ It speaks Chat Completions exactly as testkit/stub_engine.py does (same tokenize
 part of a model that follows a harness's tool protocol:
 
   - when the offered tools include the harness's shell tool and the conversation has no tool result yet, it
-    calls that tool with `SHELL_COMMAND`, shaped as the tool's schema wants it (a string, or an argv list);
+    calls that tool with `SHELL_COMMAND` (or `--shell-command`), shaped as the tool's schema wants it (a string, or an argv list);
     Claude Code 2.1 offers `Bash` taking `command`, Codex 0.169 `exec_command` taking `cmd` (older Codex
     versions: `shell` with an argv list, or `shell_command`);
   - once a tool result is in the conversation, it answers with `FINAL_TEXT`;
@@ -51,12 +51,12 @@ def shell_tool(tools: list[dict] | None) -> dict | None:
     return None
 
 
-def shell_arguments(function: dict) -> dict:
+def shell_arguments(function: dict, command: str = SHELL_COMMAND) -> dict:
     properties = (function.get("parameters") or {}).get("properties") or {}
     key = "command" if "command" in properties else "cmd"
     if properties[key].get("type") == "array":  # an argv list, as Codex's `shell` takes it
-        return {key: ["bash", "-lc", SHELL_COMMAND]}
-    return {key: SHELL_COMMAND}
+        return {key: ["bash", "-lc", command]}
+    return {key: command}
 
 
 def prompt_sha(ids: list[int]) -> str:
@@ -69,9 +69,9 @@ def has_tool_result(messages: list[dict]) -> bool:
 
 
 class HarnessEngine(Stub):
-    def __init__(self, log_path: Path | None = None) -> None:
+    def __init__(self, log_path: Path | None = None, shell_command: str = SHELL_COMMAND) -> None:
         super().__init__()
-        self.log_path = log_path
+        self.log_path, self.shell_command = log_path, shell_command
 
     def known(self, model: str) -> bool:
         return bool(model)  # whatever the harness calls its model
@@ -86,7 +86,7 @@ class HarnessEngine(Stub):
         messages = body.get("messages") or []
         shell = shell_tool(body.get("tools"))
         if shell is not None and not has_tool_result(messages):
-            arguments = json.dumps(shell_arguments(shell))
+            arguments = json.dumps(shell_arguments(shell, self.shell_command))
             call = {"id": f"call_{token_id(render_chat(messages)) % 10**8}", "type": "function",
                     "function": {"name": shell["name"], "arguments": arguments}}
             return ["<tool_call>", json.dumps({"name": shell["name"], "arguments": arguments}), "</tool_call>"], call
@@ -124,12 +124,13 @@ class HarnessEngine(Stub):
         return web.Response(body=dumps(self._full(body, True, prompt_ids, choices)), content_type="application/json")
 
 
-def build_app(log_path: Path | None = None) -> web.Application:
-    return stub_engine.build_app(stub=HarnessEngine(log_path))
+def build_app(log_path: Path | None = None, shell_command: str = SHELL_COMMAND) -> web.Application:
+    return stub_engine.build_app(stub=HarnessEngine(log_path, shell_command))
 
 
 if __name__ == "__main__":
     parser = stub_engine.arguments(8002)
     parser.add_argument("--log", type=Path, default=None, help="append one JSON line per request here")
+    parser.add_argument("--shell-command", default=SHELL_COMMAND, help="what the shell tool call runs")
     args = parser.parse_args()
-    stub_engine.serve(build_app(args.log), args.host, args.port)
+    stub_engine.serve(build_app(args.log, args.shell_command), args.host, args.port)

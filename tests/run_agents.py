@@ -43,3 +43,13 @@ def stuck(task: dict, config) -> float:
     """A sync agent that never comes back in time (its thread cannot be stopped, only left behind)."""
     time.sleep(20)
     return 1.0
+
+
+class DumpsItsEnvironment:
+    """An Agent Lightning style agent class that writes the environment it was started with to $DUMP_TO."""
+
+    def run(self) -> None:
+        import json
+        import os
+
+        Path(os.environ["DUMP_TO"]).write_text(json.dumps(dict(os.environ)))

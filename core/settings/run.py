@@ -32,8 +32,16 @@ class RunSettings(CommandSettings):
                                           json_schema_extra={"split": False})
     env_map: tuple[str, ...] = Field((), description="VAR=field: the task's field given to the agent as the "
                                                      "environment variable VAR (repeat).")
+    pass_env: tuple[str, ...] = Field(
+        (), description="NAME: a variable of the runner's environment also given to the agent's programs (repeat). "
+        "They get only PATH, HOME, USER, LOGNAME, SHELL, LANG, LANGUAGE, LC_*, TZ, TMPDIR, TERM and the rollout's "
+        "variables otherwise (docs/run.md).")
     proxy: str = Field(DEFAULT_PROXY, description="The running proxy's URL.")
-    api_key: SecretStr | None = Field(None, description="Agent key sent to the proxy (when its keys are on).")
+    api_key: SecretStr | None = Field(None, description="The runner's key to the proxy (when its keys are on): it "
+                                                       "creates the rollouts and posts their rewards.")
+    agent_api_key: SecretStr | None = Field(
+        None, description="The key the agent is given for its calls and rewards: a key of the same project, "
+        "without admin rights (default: --api-key).")
     model: str = Field("auto", description='Model name the agent is told to ask for ("auto": the rollout\'s '
                                            "policy).")
     agent_name: str | None = Field(None, description="Agent name of the rollouts (policy rules may route by it).")
@@ -57,3 +65,8 @@ class RunSettings(CommandSettings):
 
     def key(self) -> str | None:
         return self.api_key.get_secret_value() if self.api_key is not None else None
+
+    def agent_key(self) -> str | None:
+        """The key the agent gets: its own when one is set, else the runner's (it must be of the rollouts'
+        project, or its calls are not theirs)."""
+        return self.agent_api_key.get_secret_value() if self.agent_api_key is not None else self.key()

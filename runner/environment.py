@@ -1,0 +1,55 @@
+"""The environment of every program `rlproxy run` starts for an agent (a `--command`, an agent class, a harness
+and its `--verify`): an allow-list, never the runner's own environment minus a few names. The runner's
+environment holds its own key (`RLPROXY_API_KEY`), database URLs and whatever secrets the machine has; an agent
+runs code a model chose, so it gets only what a program needs to start, what the user names with `--pass-env`,
+and the rollout's own variables (runner/agents.py, runner/harness.py)."""
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Mapping
+
+from runner.errors import RunInputError
+
+# What any program needs to start and to behave as in the user's shell; none of them holds a secret.
+BASICS = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM"})
+BASIC_PREFIXES = ("LC_",)  # the locale's categories
+# Every variable the runner sets itself for some kind of agent: the rollout's, Agent Lightning's, the harnesses'.
+# A task's value never replaces one of them, and passing the runner's own copy has no point.
+OWN = frozenset({
+    "OPENAI_BASE_URL", "OPENAI_API_KEY", "ANTHROPIC_BASE_URL", "ANTHROPIC_API_KEY", "RLPROXY_REWARD_URL",
+    "RLPROXY_EVENT_URL", "RLPROXY_ROLLOUT_ID", "RLPROXY_TASK_ID", "RLPROXY_MODEL", "RLPROXY_EVAL", "RLPROXY_TASK",
+    "RLPROXY_TASK_FILE", "AGL_OPENAI_BASE_URL", "AGL_EVENT_URL", "AGL_KEY", "ANTHROPIC_MODEL",
+    "ANTHROPIC_SMALL_FAST_MODEL", "CLAUDE_CONFIG_DIR", "CODEX_HOME", "XDG_CONFIG_HOME", "NO_COLOR"})
+# Variables whose value makes a program load or run code: a task's data must never become one of them.
+LOADING = frozenset({"BASH_ENV", "ENV", "NODE_OPTIONS", "NODE_PATH", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME",
+                     "PERL5OPT", "PERL5LIB", "RUBYOPT", "RUBYLIB", "GIT_SSH_COMMAND", "GIT_EXEC_PATH",
+                     "PROMPT_COMMAND"})
+LOADING_PREFIXES = ("LD_", "DYLD_", "GIT_CONFIG")
+NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_names(pass_env: Iterable[str], env_map: Mapping[str, str]) -> None:
+    """`--pass-env NAME`s and `--env-map VAR=field` variables, checked before anything starts."""
+    for name in pass_env:
+        if not NAME.fullmatch(name):
+            raise RunInputError(f"--pass-env {name!r}: not a variable name")
+        if name in OWN:
+            raise RunInputError(f"--pass-env {name}: the runner sets it itself for the agent (docs/run.md)")
+    for variable, field in env_map.items():
+        where = f"--env-map {variable}={field}"
+        if not NAME.fullmatch(variable):
+            raise RunInputError(f"{where}: {variable!r} is not a variable name")
+        if variable in OWN or variable in BASICS or variable.startswith(BASIC_PREFIXES):
+            raise RunInputError(f"{where}: the runner sets {variable} itself; name another variable")
+        if variable in LOADING or variable.startswith(LOADING_PREFIXES):
+            raise RunInputError(f"{where}: {variable} makes programs load or run code; a task's data may not "
+                                "set it")
+
+
+def inherited(pass_env: Iterable[str] = (), also: Iterable[str] = ()) -> dict[str, str]:
+    """The variables of the runner's environment an agent gets: the basics, the `--pass-env` names (`also`: the
+    runner's own needs for one kind of agent). Names that are not set are left out."""
+    named = set(pass_env) | set(also)
+    return {name: value for name, value in os.environ.items()
+            if name in BASICS or name.startswith(BASIC_PREFIXES) or name in named}

@@ -1,0 +1,77 @@
+"""A task's values as the programs of an attempt are given them: always as data, never where an option is parsed.
+
+- Text for an environment variable (`--env-map`) or a prompt on standard input must be Unicode text (no lone
+  surrogate, which no encoding can write) without a NUL (which ends a C string: the kernel refuses it in the
+  environment). An environment variable holds at most `ENV_VALUE_MAX` bytes: Linux refuses a single string over
+  128 KiB with "Argument list too long", and the environment and arguments together over about 2 MiB.
+- The whole task is written to a file of the attempt's own (`RLPROXY_TASK_FILE`), whatever its size; it is in
+  `RLPROXY_TASK` too when it fits.
+
+A value that breaks these rules raises TaskDataError: that attempt fails with the reason, the run goes on."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from runner.errors import TaskDataError
+
+ENV_VALUE_MAX = 64 * 1024  # bytes of one environment variable's value
+TASK_ID_MAX = 1024  # bytes of a task id: a rollout's task id is indexed (a 200 KB one got a 500 from the proxy)
+TASK_FILE = "task.json"
+
+
+def as_text(value: Any) -> str:
+    """A task value as text: a string as it is, anything else as JSON."""
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+
+
+def checked_text(value: Any, what: str) -> str:
+    """The value as text fit for a program: Unicode without a NUL (`what` names it in the reason)."""
+    text = as_text(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise TaskDataError(f"{what} is not Unicode text (a lone surrogate at character {exc.start})") from None
+    if "\0" in text:
+        raise TaskDataError(f"{what} holds a NUL character at character {text.index(chr(0))}: a program's "
+                            "text cannot carry it")
+    return text
+
+
+def env_value(value: Any, variable: str, field: str) -> str:
+    """A task field for the environment variable `variable` (`--env-map`)."""
+    what = f"task field {field!r} (--env-map {variable}={field})"
+    text = checked_text(value, what)
+    size = len(text.encode("utf-8"))
+    if size > ENV_VALUE_MAX:
+        raise TaskDataError(f"{what} is {size / 1024:.0f} KiB, more than an environment variable carries "
+                            f"({ENV_VALUE_MAX // 1024} KiB): read it from the file $RLPROXY_TASK_FILE")
+    return text
+
+
+def task_json(task: Any) -> str:
+    """The whole task as JSON text (a NUL in it is written `\\u0000`, so only lone surrogates are refused)."""
+    return checked_text(json.dumps(task, ensure_ascii=False, default=str), "the task")
+
+
+def task_variables(task: Any, folder: Path) -> dict[str, str]:
+    """Writes the task to `folder` (the attempt's own, readable by this user only) and returns the variables
+    naming it: `RLPROXY_TASK_FILE` always, `RLPROXY_TASK` (the JSON itself) when it fits the environment."""
+    text = task_json(task)
+    path = folder / TASK_FILE
+    path.write_text(text, encoding="utf-8")
+    path.chmod(0o600)
+    found = {"RLPROXY_TASK_FILE": str(path)}
+    if len(text.encode("utf-8")) <= ENV_VALUE_MAX:
+        found["RLPROXY_TASK"] = text
+    return found
+
+
+def task_id(value: str) -> str:
+    """A task id fit for a rollout: Unicode text without a NUL, at most TASK_ID_MAX bytes."""
+    text = checked_text(value, "the task id")
+    size = len(text.encode("utf-8"))
+    if size > TASK_ID_MAX:
+        raise TaskDataError(f"the task id is {size} bytes, more than a rollout's task id holds ({TASK_ID_MAX})")
+    return text

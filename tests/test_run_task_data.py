@@ -1,0 +1,162 @@
+"""`rlproxy run` hands a task's values to the agent's programs only as data, in an environment of their own:
+the runner's environment (its key, its secrets) does not reach them unless named with `--pass-env`; a task
+too large for the environment travels as a file; a task whose data cannot be handed over fails its own attempt,
+with the reason, and the others finish. Against the real proxy in front of the stand-in engine (Postgres); the
+agents are real processes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from rlproxy.cli import main
+from tests.support import PYTHON
+from tests.test_run import finished, rlproxy_run, stored
+
+RUNNER_KEY, AGENT_KEY = "rlp_the-runners-own-key", "rlp_the-agents-key"
+
+
+def write_tasks(path: Path, *tasks: dict) -> Path:
+    # json.dumps escapes NULs and lone surrogates as \u0000 and \ud800: the file is valid JSON lines
+    path.write_text("".join(json.dumps(task) + "\n" for task in tasks))
+    return path
+
+
+def environment_of(dump: Path) -> dict[str, str]:
+    """The variables a program saw, from `env -0` (values may hold newlines)."""
+    return dict(entry.split("=", 1) for entry in dump.read_text().split("\0") if entry)
+
+
+def test_the_agent_gets_an_allow_listed_environment_and_the_variables_the_user_passes(
+        proxy_url, tmp_path, monkeypatch):
+    monkeypatch.setenv("RUNNER_DATABASE_PASSWORD", "hunter2")  # a secret of the machine the runner runs on
+    monkeypatch.setenv("RLPROXY_API_KEY", RUNNER_KEY)  # the runner's own key, read as its --api-key
+    monkeypatch.setenv("AGENT_NEEDS_THIS", "passed on purpose")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    tasks = write_tasks(tmp_path / "tasks.jsonl", {"id": "env", "question": "What is 3+4?"})
+    dumps = tmp_path / "dumps"
+    dumps.mkdir()
+    result = CliRunner().invoke(main, [
+        "run", "--proxy", proxy_url, "--log", str(tmp_path / "run.jsonl"), "--tasks", str(tasks),
+        "--task-id-field", "id", "--attempts", "1", "--env-map", "QUESTION=question",
+        "--pass-env", "AGENT_NEEDS_THIS", "--agent-api-key", AGENT_KEY,
+        "--command", f"env -0 > {dumps}/command; cat \"$RLPROXY_TASK_FILE\" > {dumps}/task; echo 1"],
+        catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    [entry] = finished(tmp_path / "run.jsonl")
+    assert entry["status"] == "rewarded", entry
+    seen = environment_of(dumps / "command")
+    assert "RUNNER_DATABASE_PASSWORD" not in seen and "RLPROXY_API_KEY" not in seen
+    assert RUNNER_KEY not in json.dumps(seen)  # under no name: the agent has a key of its own
+    assert seen["OPENAI_API_KEY"] == seen["ANTHROPIC_API_KEY"] == AGENT_KEY
+    assert seen["AGENT_NEEDS_THIS"] == "passed on purpose" and seen["LC_ALL"] == "C.UTF-8"
+    assert seen["QUESTION"] == "What is 3+4?" and seen["RLPROXY_TASK_ID"] == "env"
+    assert seen["OPENAI_BASE_URL"] == f"{proxy_url}/rollouts/{entry['rollout_id']}/v1"
+    assert json.loads((dumps / "task").read_text()) == json.loads(seen["RLPROXY_TASK"]) == {
+        "id": "env", "question": "What is 3+4?"}
+    # nothing else: the allow-list, the rollout's variables, the task, what was passed and mapped
+    allowed = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM"}
+    extra = {name for name in seen if name not in allowed and not name.startswith(("LC_", "RLPROXY_", "OPENAI_",
+                                                                                   "ANTHROPIC_"))}
+    assert extra <= {"AGENT_NEEDS_THIS", "QUESTION", "PWD", "SHLVL", "_"}, extra  # the last three: the shell's
+
+
+def test_an_agent_class_gets_the_same_allow_list(proxy_url, tmp_path, monkeypatch):
+    monkeypatch.setenv("RUNNER_DATABASE_PASSWORD", "hunter2")
+    monkeypatch.setenv("DUMP_TO", str(tmp_path / "class-env.json"))
+    tasks = write_tasks(tmp_path / "tasks.jsonl", {"id": "class"})
+    result = rlproxy_run(proxy_url, tmp_path / "run.jsonl", "--tasks", str(tasks), "--attempts", "1",
+                         "--pass-env", "DUMP_TO", "--agent-class", "tests.run_agents:DumpsItsEnvironment")
+    assert result.exit_code == 0, result.output
+    seen = json.loads((tmp_path / "class-env.json").read_text())
+    assert "RUNNER_DATABASE_PASSWORD" not in seen and seen["AGL_KEY"] == "rlproxy"  # the proxy's keys are off
+    assert seen["AGL_OPENAI_BASE_URL"].endswith("/v1") and "/rollouts/" in seen["AGL_OPENAI_BASE_URL"]
+    assert json.loads(seen["RLPROXY_TASK"]) == {"id": "class"} and seen["RLPROXY_TASK_FILE"].endswith("task.json")
+
+
+def test_a_task_larger_than_the_environment_travels_as_a_file(proxy_url, tmp_path):
+    """200 KiB: more than one environment variable may hold (128 KiB, "Argument list too long")."""
+    tasks = write_tasks(tmp_path / "tasks.jsonl",
+                        {"id": "big", "document": "x" * (200 * 1024), "size": 200 * 1024, "in_env": False},
+                        {"id": "small", "document": "y", "size": 1, "in_env": True})
+    # 1.0 when the file holds the whole task, and RLPROXY_TASK is there exactly when the task fits
+    reads_the_file = (f"{PYTHON} -c \"import json, os; task = json.load(open(os.environ['RLPROXY_TASK_FILE'])); "
+                      "print(float(len(task['document'])) == task['size'] and "
+                      "('RLPROXY_TASK' in os.environ) == task['in_env'])\" | sed 's/True/1/; s/False/0/'")
+    log = tmp_path / "run.jsonl"
+    result = rlproxy_run(proxy_url, log, "--tasks", str(tasks), "--task-id-field", "id", "--attempts", "1",
+                         "--command", reads_the_file)
+    assert result.exit_code == 0, result.output
+    assert {e["task_id"]: (e["status"], e["reward"]) for e in finished(log)} == {
+        "big": ("rewarded", 1.0), "small": ("rewarded", 1.0)}
+
+
+def test_a_task_whose_data_cannot_be_handed_over_fails_its_own_attempt_and_the_others_finish(proxy_url, tmp_path):
+    tasks = write_tasks(
+        tmp_path / "tasks.jsonl",
+        {"id": "plain", "question": "What is 3+4?"},
+        {"id": "nul", "question": "What is\u0000 3+4?"},  # no environment variable can hold a NUL
+        {"id": "surrogate", "question": "What is \ud800?"},  # no encoding can write a lone surrogate
+        {"id": "huge", "question": "q" * (100 * 1024)},  # over what --env-map puts in one variable (64 KiB)
+        {"id": "after", "question": "What is 2+5?"})
+    log = tmp_path / "run.jsonl"
+    result = rlproxy_run(proxy_url, log, "--tasks", str(tasks), "--task-id-field", "id", "--attempts", "2",
+                         "--env-map", "QUESTION=question", "--command", 'test -n "$QUESTION" && echo 1')
+    assert result.exit_code == 0, result.output
+    ends = {}
+    for entry in finished(log):
+        ends.setdefault(entry["task_id"], []).append(entry)
+    assert {task: [e["status"] for e in entries] for task, entries in ends.items()} == {
+        "plain": ["rewarded"] * 2, "after": ["rewarded"] * 2, "nul": ["failed"] * 2,
+        "surrogate": ["failed"] * 2, "huge": ["failed"] * 2}
+    assert ends["nul"][0]["error"] == ("task field 'question' (--env-map QUESTION=question) holds a NUL character "
+                                       "at character 7: a program's text cannot carry it")
+    assert "is not Unicode text (a lone surrogate at character 8)" in ends["surrogate"][0]["error"]
+    assert "is 100 KiB, more than an environment variable carries (64 KiB)" in ends["huge"][0]["error"]
+    assert all("rollout_id" not in e for e in ends["nul"] + ends["surrogate"])  # refused before any rollout
+    for entry in ends["plain"] + ends["after"]:
+        assert stored(proxy_url, entry["rollout_id"])["reward"] == 1.0
+
+
+def test_a_task_id_that_is_not_text_fails_its_attempt(proxy_url, tmp_path):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", {"id": "bad\u0000id"}, {"id": "long" * 50_000}, {"id": "good"})
+    log = tmp_path / "run.jsonl"
+    result = rlproxy_run(proxy_url, log, "--tasks", str(tasks), "--task-id-field", "id", "--attempts", "1",
+                         "--command", "echo 1")
+    assert result.exit_code == 0, result.output
+    ends = {e["task_id"][:6]: (e["status"], e["error"], e["tries"]) for e in finished(log)}
+    assert ends == {"bad\0id": ("failed", "the task id holds a NUL character at character 3: a program's text "
+                                          "cannot carry it", 0),
+                    "longlo": ("failed", "the task id is 200000 bytes, more than a rollout's task id holds (1024)", 0),
+                    "good": ("rewarded", None, 1)}  # never tried as an infrastructure failure
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--env-map", "LD_PRELOAD=question"], "LD_PRELOAD makes programs load or run code"),
+    (["--env-map", "PATH=question"], "the runner sets PATH itself"),
+    (["--env-map", "OPENAI_BASE_URL=question"], "the runner sets OPENAI_BASE_URL itself"),
+    (["--env-map", "1ST=question"], "'1ST' is not a variable name"),
+    (["--pass-env", "A=B"], "--pass-env 'A=B': not a variable name"),
+    (["--pass-env", "OPENAI_API_KEY"], "--pass-env OPENAI_API_KEY: the runner sets it itself"),
+])
+def test_variable_names_a_task_value_could_abuse_are_refused_before_anything_starts(tmp_path, flags, says):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", {"question": "x"})
+    result = rlproxy_run("http://127.0.0.1:9", tmp_path / "log.jsonl", "--tasks", str(tasks), "--command", "true",
+                         *flags)
+    assert result.exit_code == 2 and says in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_an_agent_that_cannot_be_started_fails_its_attempt_not_the_run(proxy_url, tmp_path):
+    """40 variables of 60 KiB each: every one fits, together they are over what Linux starts a program with
+    (about 2 MiB of arguments and environment)."""
+    tasks = write_tasks(tmp_path / "tasks.jsonl", {"id": "wide", "text": "w" * (60 * 1024)},
+                        {"id": "narrow", "text": "n"})
+    mapped = [arg for number in range(40) for arg in ("--env-map", f"TEXT_{number}=text")]
+    log = tmp_path / "run.jsonl"
+    result = rlproxy_run(proxy_url, log, "--tasks", str(tasks), "--task-id-field", "id", "--attempts", "1",
+                         *mapped, "--command", "echo 1")
+    assert result.exit_code == 0, result.output
+    ends = {e["task_id"]: (e["status"], e["error"]) for e in finished(log)}
+    assert ends == {"wide": ("failed", "cannot start /bin/sh: Argument list too long"), "narrow": ("rewarded", None)}
