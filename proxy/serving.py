@@ -92,6 +92,7 @@ class CompletionServing:
                 self.metrics.upstream_errors.labels(exc.default_code or exc.type).inc()
                 with contextlib.suppress(StoreUnavailable):  # the engine's error is the one to report
                     await self._hand_over(record, began)
+            exc.headers = {**(exc.headers or {}), **headers}  # the agent can look up the call it failed
             raise
         finally:
             self.metrics.in_flight.dec()
