@@ -120,7 +120,8 @@ class CaptureWriter:
             await self.spool.flush(lsn + 1)
         except OSError as exc:
             self.spool.retire([lsn])  # its line says `ok`: the in-memory copy, marked failed, is the one stored
-            lsn = _mark_failed(record, f"the spool could not make it durable: {exc}")
+            _mark_failed(record, f"the spool could not make it durable: {exc}")
+            lsn = None
             raise StoreUnavailable(f"the call could not be made durable: {exc}") from None
         finally:
             self._queue(record, lsn)  # also when the agent left while it waited: it is recorded all the same
@@ -148,7 +149,8 @@ class CaptureWriter:
             [lsn] = self.spool.write_lines([line])
         except OSError as exc:
             log.error("could not append call %s to the spool %s: %s", record.id, self.spool.path, exc)
-            return _mark_failed(record, f"the spool could not keep it: {exc}")
+            _mark_failed(record, f"the spool could not keep it: {exc}")
+            return None
         return lsn
 
     def _queue(self, record: CallRecord, lsn: int | None) -> None:
@@ -382,8 +384,7 @@ class _SetAside(Exception):
 
 
 def _mark_failed(record: CallRecord, reason: str) -> None:
-    """The agent of this call is answered with an error: store it as failed, never as a trainable answer. (None:
-    the call has no lsn, the spool does not hold it.)"""
+    """The agent of this call is answered with an error: store it as failed, never as a trainable answer."""
     record.status = CallStatus.STORE_ERROR
     record.error = reason if record.error is None else f"{record.error}; {reason}"
 
