@@ -166,7 +166,7 @@ def test_a_spool_that_cannot_be_written_is_not_ready_and_its_calls_are_never_tra
             assert answer.status_code == 200, answer.text
             kept.append(answer.headers["X-Rlproxy-Call-Id"])
             wait_stored(url, rollout_id, len(kept))
-            time.sleep(0.2)  # the writer retires a call from the spool just after its transaction
+            time.sleep(0.5)  # the writer retires a call from the spool just after its transaction ends
 
         # A call the spool cannot keep at all: the agent gets 503 (or an error event ending its stream).
         huge = [{"role": "user", "content": "pad " * 80_000}]
