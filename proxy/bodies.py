@@ -193,6 +193,9 @@ class SpoolState(Body):
     spooling: bool = Field(description="New calls are going to the spool (the database is not taking them).")
     durability: Literal["spool", "sync", "batch"]
     path: str
+    writable: bool = Field(True, description="The spool takes calls now: an append succeeded last (or failed over "
+                                             "30 s ago), its volume has 1 MiB free, and its directory takes a file.")
+    problem: str | None = Field(None, description="Why the spool cannot take calls, when it cannot.")
 
 
 class Ready(Body):

@@ -18,7 +18,7 @@ from aiohttp import web
 from proxy.auth import claim_for_call
 from proxy.capture import Additions, StreamAssembler, capture_response, prepare_upstream_body
 from proxy.context import CallContext, call_context
-from proxy.dialects.base import Dialect, Translator
+from proxy.dialects.base import ENDED_EARLY, Dialect, Translator
 from proxy.errors import ProxyError, StoreUnavailable, UpstreamTimeout, UpstreamUnavailable
 from proxy.metrics import ProxyMetrics
 from proxy.policy import PolicyRouter
@@ -94,25 +94,30 @@ class CompletionServing:
                 self.metrics.upstream_errors.labels(exc.default_code or exc.type).inc()
                 with contextlib.suppress(StoreUnavailable):  # the engine's error is the one to report
                     await self._hand_over(record, began)
+            exc.headers = {**(exc.headers or {}), **headers}  # the agent can look up the call it failed
             raise
         finally:
             self.metrics.in_flight.dec()
             if record.finished_at is None:  # cancelled: hand over without waiting
                 self._finish(record, began)
                 self.writer.submit(record)
+                self._account(record)
 
     def _finish(self, record: CallRecord, began: float) -> None:
         record.finished_at = utcnow()
         record.latency_ms = (time.perf_counter() - began) * 1000
-        self._account(record)
         if self.redact:
             redact_record(record)
 
     async def _hand_over(self, record: CallRecord, began: float) -> None:
         """Give the finished call to the writer; with `sync` durability it is on disk when this returns, so
-        the agent's answer is only completed for a call that is recorded."""
+        the agent's answer is only completed for a call that is recorded (one the spool could not keep is
+        counted, and stored, as `store_error`)."""
         self._finish(record, began)
-        await self.writer.commit(record)
+        try:
+            await self.writer.commit(record)
+        finally:
+            self._account(record)
 
     async def _forward(self, request: web.Request, record: CallRecord, upstream_body: dict, additions: Additions,
                        headers: dict[str, str], began: float) -> web.StreamResponse:
@@ -193,7 +198,11 @@ class CompletionServing:
             record.prompt_token_ids = assembler.prompt_ids
             record.choices = assembler.choice_records()
             record.response = assembler.response(additions.requested_model)
-        if record.complete or (not tail and record.status == CallStatus.OK):  # ended, or cut short by the engine
+        cut_short = not record.complete and not tail and record.status == CallStatus.OK
+        if cut_short:  # the engine closed its stream without [DONE]: the agent is told, and it is never trained on
+            record.status, record.error = CallStatus.UPSTREAM_ERROR, ENDED_EARLY[1]
+            self.metrics.upstream_errors.labels(UpstreamUnavailable.default_code).inc()
+        if record.complete or cut_short:  # the translator ends a stream cut short with an error event
             tail = translator.finish(record.response, _tokens(record, record.response), done)
         if translator.final is not None:
             record.response = translator.final  # what the agent received (a failed Responses stream's too)

@@ -11,6 +11,9 @@
   them is idempotent by call id. A torn last line (a crash in the middle of a write, never acknowledged) is
   skipped.
 
+A small volume stays usable (proxy/spool_space.py): a segment's size is bounded by the free space, nothing is
+preallocated, and a segment whose records are all in the database is deleted when the disk refuses an append.
+
 Files: `<path>` is the first segment, then `<path>.1`, `<path>.2`, … in order; numbering starts again once
 every segment is gone. `<path>.lock` is held (a POSIX lock, released when the process ends, however it ends)
 while a process uses the spool: a second process on the same path would replay, and delete, the first one's
@@ -35,6 +38,7 @@ import orjson
 
 from core.errors import RlproxyError
 from proxy.rejected import encode
+from proxy.spool_space import FAILURE_HOLD_S, FULL, probe, segment_limit
 from store.records import CallRecord
 
 log = logging.getLogger("rlproxy.spool")
@@ -59,6 +63,7 @@ class Segment:
     fd: int | None = None  # open while records may be appended to it or still need their fsync
     new: bool = False  # its directory entry still needs an fsync
     sealed: bool = False
+    limit: int = 0  # the size at which it is sealed (`segment_bytes`, less on a volume with little free space)
 
 
 class Spool:
@@ -83,6 +88,8 @@ class Spool:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
         self._lock_fd = _lock(path.with_name(path.name + ".lock"))
+        self.failure: str | None = None  # why the last append failed; None once one succeeds
+        self._failed_at = 0.0
         self._load()
 
     @property
@@ -90,8 +97,13 @@ class Spool:
         """Records in the spool the database has not taken yet."""
         return len(self.live)
 
-    def writable(self) -> bool:
-        return os.access(self.path.parent if str(self.path.parent) else Path("."), os.W_OK)
+    def problem(self) -> str | None:
+        """Why the spool cannot take calls now, or None: an append failed in the last `FAILURE_HOLD_S` seconds
+        (and none succeeded since), or `proxy.spool_space.probe` finds its volume full or its directory
+        unwritable. Touches the disk: call it off the event loop."""
+        if self.failure is not None and time.monotonic() - self._failed_at < FAILURE_HOLD_S:
+            return f"appending to the spool failed: {self.failure}"
+        return probe(self.path)
 
     def _load(self) -> None:
         for number, path in self._existing():
@@ -148,14 +160,12 @@ class Spool:
         returns: they survive the process being killed); returns their lsns."""
         data = b"".join(lines)
         with self._lock:
-            segment = self._active()
             try:
-                view = memoryview(data)
-                while view:
-                    view = view[os.write(segment.fd, view):]
-            except OSError:
-                os.ftruncate(segment.fd, segment.size)  # no half-written line left behind
+                segment = self._append(data)
+            except OSError as exc:
+                self.failure, self._failed_at = str(exc), time.monotonic()
                 raise
+            self.failure = None
             lsns = range(self.next_lsn, self.next_lsn + len(lines))
             segment.count += len(lines)
             segment.live += len(lines)
@@ -173,16 +183,34 @@ class Spool:
         await self.flush(lsns.stop)
         return lsns
 
+    def _append(self, data: bytes) -> Segment:
+        """Write `data` at the end of the active segment, whole or not at all; returns the segment. When the
+        disk refuses it and the segment holds only records the database has taken (with `retain_active` the
+        active segment keeps them), the segment is deleted and the write goes to a new one."""
+        segment = self._active()
+        try:
+            _write_all(segment, data)
+        except OSError as exc:
+            if exc.errno not in FULL or segment.live or not segment.size:
+                raise
+            log.warning("the spool's disk refused an append (%s): deleting %s, whose calls are all in the "
+                        "database, and starting a new segment", exc, segment.path)
+            self._seal(segment)
+            segment = self._active()
+            _write_all(segment, data)
+        return segment
+
     def _active(self) -> Segment:
         segment = self.segments[-1] if self.segments and not self.segments[-1].sealed else None
-        if segment is not None and segment.size >= self.segment_bytes:
+        if segment is not None and segment.size >= segment.limit:
             self._seal(segment)
             segment = None
         if segment is None:
             number = self.segments[-1].number + 1 if self.segments else 0
             path = self.path if number == 0 else self.path.with_name(f"{self.path.name}.{number}")
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
-            segment = Segment(path, number, self.next_lsn, fd=fd, new=True)
+            limit = segment_limit(self.segment_bytes, path.parent)
+            segment = Segment(path, number, self.next_lsn, fd=fd, new=True, limit=limit)
             self.segments.append(segment)
         return segment
 
@@ -327,6 +355,17 @@ def _lock(path: Path) -> int:
         raise SpoolInUse(f"another process uses the spool {path.with_suffix('')}: give each proxy its own "
                          "--spool-path") from None
     return fd
+
+
+def _write_all(segment: Segment, data: bytes) -> None:
+    """Append `data` to the segment's file; on failure, cut the file back so no half-written line is left."""
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(segment.fd, view):]
+    except OSError:
+        os.ftruncate(segment.fd, segment.size)
+        raise
 
 
 def _sync(fds: list[int], directory: Path | None) -> None:

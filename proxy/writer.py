@@ -40,6 +40,7 @@ from proxy.rejected import RejectedCalls, encode
 from proxy.spool import Spool
 from proxy.supervisor import Supervised
 from proxy.transactions import AfterWrite, Batches
+from store.models import CallStatus
 from store.records import CallRecord
 
 log = logging.getLogger("rlproxy.writer")
@@ -101,32 +102,57 @@ class CaptureWriter:
 
     async def commit(self, record: CallRecord) -> None:
         """`submit`; in `spool` and `sync` mode, StoreUnavailable if the call could not be written to the
-        spool. In `sync` mode, then wait until the call is on disk (with everyone else's: one fsync)."""
-        kept, lsn = self._take(record)
-        if not kept:
-            raise StoreUnavailable("the call could not be written to the spool")
-        if not self.fsync or lsn is None:
+        spool. In `sync` mode, wait until the call is on disk (with everyone else's: one fsync) before it is
+        queued for the database. A call that raises here is answered with an error, so it is stored as failed
+        (`store_error`, never trained on), not as the answer the agent did not get."""
+        if not self.fsync:
+            if not self._take(record)[0]:
+                raise StoreUnavailable("the call could not be written to the spool")
             return
         try:
+            lsn = self._append(record)
+        except _SetAside:
+            return
+        try:
+            if lsn is None:
+                raise StoreUnavailable("the call could not be written to the spool")
             await self.spool.flush(lsn + 1)
         except OSError as exc:
+            self.spool.retire([lsn])  # its line says `ok`: the in-memory copy, marked failed, is the one stored
+            _mark_failed(record, f"the spool could not make it durable: {exc}")
+            lsn = None
             raise StoreUnavailable(f"the call could not be made durable: {exc}") from None
+        finally:
+            self._queue(record, lsn)  # also when the agent left while it waited: it is recorded all the same
 
     def _take(self, record: CallRecord) -> tuple[bool, int | None]:
         """Queue the call (in `spool` and `sync` mode after appending it to the spool). Returns whether it is
-        kept as the durability mode promises, and its lsn. A call that cannot be written as JSON is set aside
-        in the rejected file at once: neither the spool nor the database could take it."""
-        lsn = None
-        if self.durable:
-            try:
-                line = encode(record)
-            except TypeError as exc:
-                self.rejected.keep(record, f"cannot be written as JSON: {exc}")
-                return True, None
-            try:
-                [lsn] = self.spool.write_lines([line])
-            except OSError as exc:
-                log.error("could not append call %s to the spool %s: %s", record.id, self.spool.path, exc)
+        kept as the durability mode promises, and its lsn."""
+        try:
+            lsn = self._append(record) if self.durable else None
+        except _SetAside:
+            return True, None
+        self._queue(record, lsn)
+        return not self.durable or lsn is not None, lsn
+
+    def _append(self, record: CallRecord) -> int | None:
+        """Append the call to the spool; its lsn, or None when the spool's disk refused it (the call is then
+        marked failed: its agent is answered with an error). A call that cannot be written as JSON is set aside
+        in the rejected file at once (`_SetAside`): neither the spool nor the database could take it."""
+        try:
+            line = encode(record)
+        except TypeError as exc:
+            self.rejected.keep(record, f"cannot be written as JSON: {exc}")
+            raise _SetAside from None
+        try:
+            [lsn] = self.spool.write_lines([line])
+        except OSError as exc:
+            log.error("could not append call %s to the spool %s: %s", record.id, self.spool.path, exc)
+            _mark_failed(record, f"the spool could not keep it: {exc}")
+            return None
+        return lsn
+
+    def _queue(self, record: CallRecord, lsn: int | None) -> None:
         try:
             self.queue.put_nowait((record, lsn))
         except asyncio.QueueFull:
@@ -134,7 +160,6 @@ class CaptureWriter:
                 self._overflow(record)
             self.backlog = self._dropped = True  # the writer replays it from the spool
         self._gauges()
-        return not self.durable or lsn is not None, lsn
 
     async def sync(self, timeout: float = 10.0) -> None:
         """Wait until every call submitted so far is in the database (read-your-writes for rewards)."""
@@ -347,6 +372,16 @@ class CaptureWriter:
         self.metrics.spool_pending.set(self.awaiting_replay)
         self.metrics.spooling.set(1 if self.backlog else 0)
         self.metrics.writer_queue.set(self.queue.qsize())
+
+
+class _SetAside(Exception):
+    """The call went to the rejected file instead (it cannot be written as JSON)."""
+
+
+def _mark_failed(record: CallRecord, reason: str) -> None:
+    """The agent of this call is answered with an error: store it as failed, never as a trainable answer."""
+    record.status = CallStatus.STORE_ERROR
+    record.error = reason if record.error is None else f"{record.error}; {reason}"
 
 
 def _log_failure(future: asyncio.Future) -> None:

@@ -60,10 +60,14 @@ class RolloutStatus:
 
 
 class CallStatus:
+    """How a call ended. Only `ok` calls are trained on (store/training.py): every other status means the agent's
+    answer was an error or was cut off, so what was recorded is not what the agent was answered."""
+
     OK = "ok"
-    UPSTREAM_ERROR = "upstream_error"
+    UPSTREAM_ERROR = "upstream_error"  # the engine answered an error, an error event, or ended its stream early
     CLIENT_DISCONNECTED = "client_disconnected"
     TIMEOUT = "timeout"
+    STORE_ERROR = "store_error"  # the spool could not keep it: the agent was answered 503 or an error event
 
 
 class PrefixKind:

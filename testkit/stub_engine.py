@@ -7,6 +7,7 @@ e.g. a real engine's, so both can be replicas behind one proxy).
 Test controls, read from the request body (unknown fields pass through the proxy untouched):
   "stub_delay": seconds to sleep per streamed token;
   "stub_die_after": close the connection after this many stream chunks (an engine crash mid-stream);
+  "stub_end_after", "stub_error_after": end a stream early, or fail it as vLLM does (testkit/stub_faults.py);
   "stub_status": answer with this HTTP status and an OpenAI-shaped error;
   "stub_spaced": write JSON with spaces after separators (`"token_ids": [1, 2]`), as other servers do;
   "stub_plain_json": answer a `stream: true` request with one JSON body, as a server without streaming does;
@@ -40,6 +41,7 @@ from aiohttp import web
 
 from engine.adapters import LOAD_ROUTE, UNLOAD_ROUTE
 from testkit import stub_pooling
+from testkit.stub_faults import EndStream, stream_fault
 
 BASE_MODEL = "stub-model"
 VOCAB = ["The", "answer", "is", "42", "and", "that", "settles", "it", ".", "Sure", "here", "you", "go", "!"]
@@ -186,6 +188,8 @@ class Stub:
         if not isinstance(temperature, (int, float)):
             return error(400, "temperature must be a number")
         prompt = render_chat(body["messages"]) if chat else body["prompt"]
+        if isinstance(prompt, list) and len(prompt) == 1 and not isinstance(prompt[0], int):
+            prompt = prompt[0]  # a list of one prompt (of texts, or of id lists), as vLLM reads it
         prompt_ids = tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         n = body.get("n") or 1
         choices = []
@@ -272,6 +276,9 @@ class Stub:
             if die_after is not None and sent >= die_after:
                 request.transport.close()
                 raise ConnectionResetError("stub engine died")
+            if (failure := stream_fault(body, sent)) is not None:
+                await response.write(failure)
+                raise EndStream(done=True)
             await response.write(b"data: " + dumps(payload) + b"\n\n")
             sent += 1
             if delay:
@@ -319,6 +326,8 @@ class Stub:
             await response.write(b"data: [DONE]\n\n")
         except ConnectionResetError:
             return response
+        except EndStream as end:
+            await response.write(b"data: [DONE]\n\n" if end.done else b"")
         await response.write_eof()
         return response
 

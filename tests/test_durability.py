@@ -4,6 +4,7 @@ also after a crash, a torn write, or a database outage."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import subprocess
 import sys
@@ -67,6 +68,30 @@ async def test_concurrent_calls_share_fsyncs_and_are_stored_once(sessions, tmp_p
     assert await seqs_in_order(sessions, records) == list(range(1, 301))
     await writer.close()
     assert not list(tmp_path.iterdir())  # a clean stop leaves no file, the lock file included
+
+
+async def test_a_sync_call_the_disk_could_not_make_durable_is_stored_failed(sessions, tmp_path, monkeypatch):
+    """Its agent is answered 503: the call is stored `store_error` (never trained on), not as an answer."""
+    writer = CaptureWriter(sessions, WriterSettings(spool_path=tmp_path / "spool.jsonl", durability="sync"),
+                           ProxyMetrics())
+    await writer.start()
+    rollout_id = uuid.uuid4().hex
+    good, bad = record(rollout_id), record(rollout_id)
+    await writer.commit(good)
+
+    def failing_fsync(fds, directory):  # what a failing disk answers fdatasync
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr("proxy.spool._sync", failing_fsync)
+    with pytest.raises(StoreUnavailable):
+        await writer.commit(bad)
+    monkeypatch.undo()
+    await writer.sync()
+    async with sessions() as session:
+        rows = dict((await session.execute(select(Call.id, Call.status).where(Call.rollout_id == rollout_id))).all())
+    assert rows == {good.id: "ok", bad.id: "store_error"}
+    await writer.close()
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("durability", ["spool", "sync"])

@@ -32,7 +32,8 @@ class WriterSettings(Part):
                     "answer the agent, then record the call (the spool covers database outages); a killed proxy "
                     "loses the calls the database had not taken.",
     )
-    spool_segment_bytes: int = Field(4 << 20, description="Size at which the spool starts a new file.")
+    spool_segment_bytes: int = Field(
+        4 << 20, description="Size at which the spool starts a new file (an eighth of the free space when less).")
 
 
 class AuthSettings(Part):

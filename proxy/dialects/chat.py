@@ -16,8 +16,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from proxy.capture import CHAT, COMPLETIONS, Additions, only_for_capture, relay_bytes, strip_additions
-from proxy.dialects.base import openai_engine_error
-from proxy.errors import error_body, sse_error_event
+from proxy.dialects.base import ENDED_EARLY, openai_engine_error
+from proxy.errors import InvalidRequest, error_body, sse_error_event
 from proxy.schemas import ChatCompletionRequest, CompletionRequest, validate
 from proxy.sse import Event
 
@@ -48,12 +48,24 @@ class Passthrough:
         return b"data: " + relay_bytes(event.data.encode(), chunk, additions) + b"\n\n"
 
     def finish(self, payload: dict[str, Any], tokens: tuple[int, int], done: Event | None) -> bytes:
-        return done.raw if done is not None else b""  # a stream the engine cut short ends as it ended
+        # A stream the engine cut short (no [DONE]) ends with an error event, so the agent knows its answer is
+        # incomplete, as the call is recorded (failed, never trained on).
+        return done.raw if done is not None else self.error(*ENDED_EARLY)
 
     def error(self, status: int, message: str, kind: str, code: str | None, event: Event | None = None) -> bytes:
         if event is not None:
             return event.raw
         return sse_error_event(error_body(message, kind, code=code))
+
+
+def one_prompt(prompt: Any) -> None:
+    """A recorded call holds one prompt's token ids, and its choices are trained as continuations of it: a
+    completions request with several prompts (a list of texts, or of token id lists) would be stored and trained
+    under the first prompt's ids, so it is refused. One text, one list of token ids, or a list of one is one."""
+    if isinstance(prompt, list) and len(prompt) > 1 and not isinstance(prompt[0], int):
+        raise InvalidRequest(f"prompt: rlproxy records one prompt per call and this request has {len(prompt)}; "
+                             "send one request per prompt (use `n` for several completions of one prompt)",
+                             param="prompt")
 
 
 class OpenAIDialect:
@@ -67,6 +79,8 @@ class OpenAIDialect:
 
     def validate(self, body: dict[str, Any]) -> None:
         validate(self.schema, body)
+        if self.route == COMPLETIONS:
+            one_prompt(body["prompt"])
 
     def to_chat(self, body: dict[str, Any], history: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return body  # checked by `validate`; the engine's own format

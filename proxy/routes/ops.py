@@ -1,5 +1,6 @@
 """Operations: `GET /healthz` (process up), `GET /readyz` (an engine reachable and calls recorded: the capture
-writer running, and the database answering or the spool writable while it is down), `GET /metrics`."""
+writer running, the spool writable when calls pass through it, and the database answering or the spool writable
+while it is down), `GET /metrics`."""
 from __future__ import annotations
 
 import asyncio
@@ -29,14 +30,17 @@ async def readyz(request: web.Request) -> web.Response:
     await app.upstreams.refresh_health()
     engines = {r.url: r.healthy for r in app.upstreams.replicas}
     writer = app.writer
-    # Calls keep being served while the database is down: they wait in the spool, so that is still ready.
-    recording = database or writer.spool.writable()
+    spool_problem = await asyncio.to_thread(writer.spool.problem)  # it writes a probe file
+    # Calls keep being served while the database is down: they wait in the spool, so that is still ready. With
+    # `spool` or `sync` durability every call passes through the spool: one it cannot keep is answered 503.
+    recording = spool_problem is None if writer.durable else (database or spool_problem is None)
     ready = recording and writer.running and any(engines.values())
     answer = Ready(status="ready" if ready else "unavailable", database=database, writer=writer.running,
                    engines=engines,
                    spooled_calls=writer.awaiting_replay, policy=app.router.active.version,
                    spool=SpoolState(pending=writer.awaiting_replay, spooling=writer.spooling,
-                                    durability=writer.settings.durability, path=str(writer.spool.path)))
+                                    durability=writer.settings.durability, path=str(writer.spool.path),
+                                    writable=spool_problem is None, problem=spool_problem))
     return answer.reply(status=200 if ready else 503)
 
 
