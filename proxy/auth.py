@@ -51,7 +51,8 @@ class Access(Enum):
     ADMIN = "admin"
 
 
-PUBLIC_ROUTES = {"/healthz", "/readyz", "/openapi.json"}
+# The web view's page and assets hold no data (what it shows comes from /ui/api/…, which needs a key).
+PUBLIC_ROUTES = {"/healthz", "/readyz", "/openapi.json", "/ui/", "/ui/assets/{name}"}
 ADMIN_ROUTES = {("POST", "/policies/{version}/activate"), ("GET", "/metrics")}
 # Routes whose calls belong to the rollout in their path (so a key may only use its own project's rollouts):
 # the recorded routes and the engine routes relayed beside them.

@@ -24,6 +24,7 @@ class Answer:
     stream: bool = False  # may also be server-sent events (`stream: true`)
     text: bool = False  # text/plain (Prometheus' format) instead of JSON
     call_id: bool = False  # carries X-Rlproxy-Call-Id
+    media: tuple[str, ...] = ()  # other media types it may be (the web view's page and assets), as text
 
 
 @dataclass(frozen=True)

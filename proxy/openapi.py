@@ -80,6 +80,8 @@ def _answer(answer: Answer) -> dict[str, Any]:
         out["headers"] = {"X-Rlproxy-Call-Id": {"required": True, "schema": {"type": "string"}}}
     if answer.text:
         out["content"] = {"text/plain": {"schema": {"type": "string"}}}
+    elif answer.media:
+        out["content"] = {media: {"schema": {"type": "string"}} for media in answer.media}
     elif answer.model is not None:
         out["content"] = {"application/json": {"schema": _ref(answer.model.__name__)}}
         if answer.stream:

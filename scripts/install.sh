@@ -36,6 +36,13 @@ if ! command -v prometheus >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1
     || echo "warning: could not install prometheus; tests/test_dashboard.py will be skipped" >&2
   took "prometheus (apt-get)"
 fi
+# A real browser for tests/test_ui.py (the web view): Debian's chromium, driven by Playwright's Python package through
+# its executable (Playwright's own browser download needs the internet). Only when missing and where apt-get can run.
+if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium) \
+    || echo "warning: could not install chromium; tests/test_ui.py will be skipped" >&2
+  took "chromium (apt-get)"
+fi
 # PostgreSQL's server binaries, so the tests can start a throwaway server (tests/postgres.py) on a machine with no
 # Postgres at all: the pgserver wheel ships them, built to run from any folder, with no root needed. Installed
 # everywhere (11 MB), so the tests exercise this path on every machine; a machine's own binaries are still preferred.

@@ -161,7 +161,7 @@ async def get_rollout(session: AsyncSession, rollout_id: str, *, project: str | 
         "trained": rollout.trained_at is not None,
         "eval": rollout.eval,
         "policy": rollout.policy_version,
-        "calls": [_call_json(call, choices[call.id]) for call in calls],
+        "calls": [call_json(call, choices[call.id]) for call in calls],
         "rewards": [
             {"call_id": r.call_id, "kind": r.kind, "value": r.value, "reason": r.reason, "metadata": r.metadata_,
              "created_at": r.created_at.isoformat() if r.created_at else None}
@@ -170,7 +170,7 @@ async def get_rollout(session: AsyncSession, rollout_id: str, *, project: str | 
     }
 
 
-def _call_json(call: Call, choices: list[CallChoice]) -> dict[str, Any]:
+def call_json(call: Call, choices: list[CallChoice]) -> dict[str, Any]:
     first = choices[0] if choices else None
     return {
         "call_id": call.id,

@@ -4,12 +4,13 @@ is every one of them in the order they are matched. The passthrough (proxy/route
 from __future__ import annotations
 
 from proxy.endpoints import Endpoint
-from proxy.routes import docs, events, messages, openai, ops, passthrough, policies, responses, rollouts, traces
+from proxy.routes import docs, events, messages, openai, ops, passthrough, policies, responses, rollouts, traces, ui
 
 
 def all_endpoints() -> list[Endpoint]:
     return [*openai.ENDPOINTS, *responses.ENDPOINTS, *messages.ENDPOINTS, *rollouts.ENDPOINTS, *events.ENDPOINTS,
-            *traces.ENDPOINTS, *policies.ENDPOINTS, *ops.ENDPOINTS, *docs.ENDPOINTS]
+            *traces.ENDPOINTS, *policies.ENDPOINTS, *ops.ENDPOINTS, *docs.ENDPOINTS,
+            *ui.ENDPOINTS]
 
 
 def documented_endpoints() -> list[Endpoint]:

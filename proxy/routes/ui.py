@@ -1,0 +1,214 @@
+"""The read-only web view: `GET /ui/` (one page and its script and style, no data in them) and the JSON it reads
+under `/ui/api/`, scoped like the rest of the API (a project key sees its own project, the operator key all).
+
+The page is public so a browser can load it and ask for a key; everything it shows comes from the JSON routes, which
+need a key when auth is on. Nothing here writes. Answers are serialised in a worker thread: a page of calls may hold
+large request and response bodies, and the event loop serves every tenant.
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+from datetime import datetime, timezone
+from importlib import resources
+from typing import Any
+
+import orjson
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict
+
+from proxy.endpoints import Answer, Endpoint
+from proxy.errors import InvalidRequest, NotFoundError
+from proxy.state import state
+from rewards.advantages import grpo
+from store import browse
+
+ASSETS = {"app.js": "text/javascript", "style.css": "text/css"}
+# The page loads only its own script and style and talks only to this server: injected markup could not run or
+# send anything anywhere, and no other site may frame it.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+                               "img-src 'self' data:; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+def _asset(name: str) -> bytes:
+    return resources.files("proxy.ui").joinpath(name).read_bytes()
+
+
+async def page(request: web.Request) -> web.Response:
+    return web.Response(body=_asset("index.html"), content_type="text/html", charset="utf-8",
+                        headers=SECURITY_HEADERS)
+
+
+async def asset(request: web.Request) -> web.Response:
+    name = request.match_info["name"]
+    if name not in ASSETS:
+        raise NotFoundError(f"no asset {name!r}")
+    return web.Response(body=_asset(name), content_type=ASSETS[name], charset="utf-8", headers=SECURITY_HEADERS)
+
+
+async def _json(payload: Any) -> web.Response:
+    body = await asyncio.to_thread(orjson.dumps, payload)
+    return web.Response(body=body, content_type="application/json", headers=SECURITY_HEADERS)
+
+
+# --- query parameters -----------------------------------------------------------------------------------------
+def _text(request: web.Request, name: str, limit: int = 256) -> str | None:
+    value = request.query.get(name)
+    if value is None or value == "":
+        return None
+    if len(value) > limit or "\x00" in value:
+        raise InvalidRequest(f"{name} is longer than {limit} characters or holds NUL", param=name)
+    return value
+
+
+def _number(request: web.Request, name: str, kind=float, low: float | None = None, high: float | None = None):
+    value = _text(request, name, 64)
+    if value is None:
+        return None
+    try:
+        number = kind(value)
+    except ValueError:
+        raise InvalidRequest(f"{name} must be a{'n integer' if kind is int else ' number'}", param=name) from None
+    if isinstance(number, float) and not math.isfinite(number):
+        raise InvalidRequest(f"{name} must be finite", param=name)
+    if (low is not None and number < low) or (high is not None and number > high):
+        raise InvalidRequest(f"{name} must be between {low} and {high}", param=name)
+    return number
+
+
+def _moment(request: web.Request, name: str) -> datetime | None:
+    value = _text(request, name, 64)
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise InvalidRequest(f"{name} must be an ISO 8601 time like 2026-11-26T17:00:00Z", param=name) from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def _flag(request: web.Request, name: str) -> bool | None:
+    value = _text(request, name, 8)
+    if value is None:
+        return None
+    if value not in ("true", "false"):
+        raise InvalidRequest(f"{name} must be true or false", param=name)
+    return value == "true"
+
+
+def _filter(request: web.Request) -> browse.RolloutFilter:
+    status = _text(request, "status", 16)
+    if status is not None and status not in ("open", "finished", "expired"):
+        raise InvalidRequest("status must be open, finished or expired", param="status")
+    return browse.RolloutFilter(
+        project=_text(request, "project", 128), agent=_text(request, "agent", 128),
+        task_id=_text(request, "task_id"), status=status,
+        reward_min=_number(request, "reward_min"), reward_max=_number(request, "reward_max"),
+        policy_version=_number(request, "policy", int, 0, 2**31 - 1),
+        since=_moment(request, "since"), until=_moment(request, "until"), eval=_flag(request, "eval"))
+
+
+# --- the JSON routes ----------------------------------------------------------------------------------------------
+async def list_rollouts(request: web.Request) -> web.Response:
+    sort = _text(request, "sort", 16) or "newest"
+    limit = _number(request, "limit", int, 1, browse.MAX_PAGE) or 50
+    app = state(request)
+    await app.writer.sync()  # calls acknowledged a moment ago are listed too
+    try:
+        async with app.sessions() as session:
+            page_ = await browse.list_rollouts(session, request.get("project"), _filter(request), sort=sort,
+                                               limit=limit, cursor=_text(request, "cursor", 1024))
+    except browse.BadQuery as exc:
+        raise InvalidRequest(str(exc)) from None
+    return await _json(page_)
+
+
+async def rollout_calls(request: web.Request) -> web.Response:
+    rollout_id = request.match_info["rollout_id"]
+    after = _number(request, "after", int, -1, 2**31 - 1)
+    limit = _number(request, "limit", int, 1, browse.MAX_PAGE) or 20
+    app = state(request)
+    await app.writer.sync()
+    async with app.sessions() as session:
+        found = None if "\x00" in rollout_id else await browse.rollout_page(
+            session, request.get("project"), rollout_id, after=-1 if after is None else after, limit=limit)
+    if found is None:
+        raise NotFoundError(f"rollout {rollout_id!r} does not exist")
+    return await _json(found)
+
+
+async def task_attempts(request: web.Request) -> web.Response:
+    """The attempts of one task with the group-relative advantage GRPO gives each finished one."""
+    task_id = request.match_info["task_id"]
+    if "\x00" in task_id:
+        raise NotFoundError(f"task {task_id!r} has no rollouts")
+    app = state(request)
+    async with app.sessions() as session:
+        attempts = await browse.task_group(session, request.get("project"), task_id)
+    if not attempts:
+        raise NotFoundError(f"task {task_id!r} has no rollouts")
+    rewarded = [a for a in attempts if a["reward"] is not None and a["status"] == "finished"]
+    for attempt, advantage in zip(rewarded, grpo([a["reward"] for a in rewarded])):
+        attempt["advantage"] = advantage
+    return await _json({"task_id": task_id, "data": attempts, "estimator": "grpo"})
+
+
+# --- documentation -----------------------------------------------------------------------------------------------
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class UiRolloutPage(_Open):
+    data: list[dict[str, Any]]
+    next: str | None
+    total: int
+
+
+class UiRolloutCalls(_Open):
+    rollout: dict[str, Any]
+    rewards: list[dict[str, Any]]
+    calls: list[dict[str, Any]]
+    next: int | None
+
+
+class UiTaskAttempts(_Open):
+    task_id: str
+    data: list[dict[str, Any]]
+    estimator: str
+
+
+_STRING = {"type": "string"}
+LIST_QUERY = {
+    "project": _STRING | {"description": "Only this project (the operator key; a project key sees its own only)."},
+    "agent": _STRING, "task_id": _STRING,
+    "status": {"type": "string", "enum": ["open", "finished", "expired"]},
+    "reward_min": {"type": "number"}, "reward_max": {"type": "number"},
+    "policy": {"type": "integer", "minimum": 0, "maximum": 2**31 - 1, "description": "The serving policy version."},
+    "since": {"type": "string", "format": "date-time"}, "until": {"type": "string", "format": "date-time"},
+    "eval": {"type": "string", "enum": ["true", "false"]},
+    "sort": {"type": "string", "enum": list(browse.SORTS)},
+    "limit": {"type": "integer", "minimum": 1, "maximum": browse.MAX_PAGE},
+    "cursor": _STRING | {"description": "The `next` of the previous page."},
+}
+CALLS_QUERY = {"after": {"type": "integer", "minimum": -1, "maximum": 2**31 - 1,
+                         "description": "Calls after this seq (the previous page's `next`)."},
+               "limit": {"type": "integer", "minimum": 1, "maximum": browse.MAX_PAGE}}
+
+ENDPOINTS = [
+    Endpoint("get", "/ui/", page, "The web view (read-only; it asks for a key and reads the routes below)",
+             {200: Answer("The page.", media=("text/html",))}, access="public"),
+    Endpoint("get", "/ui/assets/{name}", asset, "The web view's script and style", {200: Answer("The file.", media=tuple(ASSETS.values()))},
+             (404,), access="public", path_params={"name": {"type": "string", "enum": list(ASSETS)}}),
+    Endpoint("get", "/ui/api/rollouts", list_rollouts, "Rollouts, filtered and sorted, a keyset page at a time",
+             {200: Answer("A page.", UiRolloutPage)}, (400, 503), query_params=LIST_QUERY),
+    Endpoint("get", "/ui/api/rollouts/{rollout_id}", rollout_calls, "One rollout with its rewards and a page of "
+             "its calls", {200: Answer("The rollout.", UiRolloutCalls)}, (400, 404, 503),
+             path_params={"rollout_id": _STRING}, query_params=CALLS_QUERY),
+    Endpoint("get", "/ui/api/tasks/{task_id}", task_attempts, "The attempts of one task and their advantages",
+             {200: Answer("The group.", UiTaskAttempts)}, (404, 503), path_params={"task_id": _STRING}),
+]
