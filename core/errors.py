@@ -6,6 +6,7 @@ bugs and from the libraries' own errors. The tree:
     ├── UnsupportedContent (core/responses_chat.py)  a Responses content part with no chat form (ValueError)
     ├── JudgeOutputError (rewards/judge.py)        a judge reply that breaks the JSON contract (ValueError)
     ├── StoreError (store/errors.py)               NotFound, Conflict: what a store operation refused
+    ├── BadQuery (store/browse.py)                 a filter or cursor of the web view's queries (ValueError)
     ├── AdapterError (engine/adapters.py)          EngineUnavailable, AdapterRefused, LoadFailed, UnloadFailed;
     │                                              NotVerified (engine/fleet.py): a replica serves other weights
     ├── EngineError (engine/command.py)            the local engine could not start, or died (RuntimeError)
@@ -17,6 +18,7 @@ bugs and from the libraries' own errors. The tree:
     │                                              ... (each carries its status)
     ├── AuthConfigError (proxy/auth.py)            the access settings cannot be served as given
     ├── SpoolInUse (proxy/spool.py)                another process writes this spool
+    ├── _SetAside (proxy/writer.py)                a call went to the rejected file instead (the writer's own flow)
     ├── OtlpFormatError (proxy/otlp.py)            a body that is no OTLP trace export (ValueError)
     ├── EvalError (trainer/gates/evaluate.py)      `rlproxy eval` cannot measure what it was asked to
     ├── EvalCommandError (trainer/gates/command.py)  an --eval-command template that cannot run (ValueError)
@@ -26,7 +28,8 @@ bugs and from the libraries' own errors. The tree:
     ├── StartupError (demo/startup.py)             the demo cannot start (a taken port, low memory, ...)
     ├── CalcError (demo/agent.py)                  the demo agent's calculator refuses an expression (ValueError)
     ├── MissingExtra (rlproxy/extras.py)           a command whose extra is not installed (a click exception)
-    └── BadBody (testkit/stub_pooling.py)          the stand-in engine refuses a body (tests only; ValueError)
+    ├── BadBody (testkit/stub_pooling.py)          the stand-in engine refuses a body (tests only; ValueError)
+    └── EndStream (testkit/stub_faults.py)         the stand-in engine cuts a stream here (tests only)
 
 Where an error also is a built-in kind (EngineError a RuntimeError, EvalCommandError a ValueError), it is both,
 so code that catches the built-in keeps working. Errors are raised with their context and handled at the edge

@@ -33,6 +33,7 @@ import time
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from core.errors import RlproxyError
 from core.settings import WriterSettings
 from proxy.errors import StoreUnavailable
 from proxy.metrics import ProxyMetrics
@@ -374,7 +375,7 @@ class CaptureWriter:
         self.metrics.writer_queue.set(self.queue.qsize())
 
 
-class _SetAside(Exception):
+class _SetAside(RlproxyError):
     """The call went to the rejected file instead (it cannot be written as JSON)."""
 
 

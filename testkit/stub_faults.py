@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+from core.errors import RlproxyError
 
-class EndStream(Exception):
+
+class EndStream(RlproxyError):
     """The stream ends here; `done`: `data: [DONE]` follows what was sent (as vLLM ends a stream that failed)."""
 
     def __init__(self, done: bool = False) -> None:

@@ -79,6 +79,7 @@ class Objects:
     project: str
     rollout_id: str
     response_id: str
+    task_id: str
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +89,9 @@ def objects(tenants) -> dict[str, Objects]:
         answer = requests.post(f"{tenants.url}/v1/responses", headers=tenants.headers(project),
                                json={"model": BASE_MODEL, "input": "What is 6*7?"})
         assert answer.status_code == 200, answer.text
-        found[project] = Objects(project, tenants.rollout(project)["rollout_id"], answer.json()["id"])
+        task_id = f"task-{project}-{uuid.uuid4().hex[:6]}"
+        created = requests.post(f"{tenants.url}/rollouts", json={"task_id": task_id}, headers=tenants.headers(project))
+        found[project] = Objects(project, created.json()["rollout_id"], answer.json()["id"], task_id)
     return found
 
 
@@ -119,7 +122,8 @@ def attempt(tenants, objects: dict[str, Objects], method: str, path: str, who: s
     rollout_id = tenants.rollout(whose)["rollout_id"] if path in CLOSING else objects[whose].rollout_id
     response_id = objects[whose].response_id
     version = VERSIONS[whose]
-    target = path.format(rollout_id=rollout_id, agent="solver", response_id=response_id, version=version)
+    target = path.format(rollout_id=rollout_id, agent="solver", response_id=response_id, version=version,
+                         task_id=objects[whose].task_id, name="app.js")
     headers = dict(tenants.headers(who)) if who is not None else {}
     if not path.startswith("/rollouts/"):
         headers["X-Rollout-Id"] = rollout_id  # a bare call of the agent's rollout
@@ -144,6 +148,7 @@ def attempt(tenants, objects: dict[str, Objects], method: str, path: str, who: s
     if answer.status_code == 404:
         message = answer.json()["error"]["message"]  # both shapes (OpenAI's and Anthropic's) have it here
         if message in (f"rollout {rollout_id!r} does not exist", f"Response with id '{response_id}' not found.",
+                       f"task {objects[whose].task_id!r} has no rollouts",
                        f"policy {whose!r} does not exist or is not this project's"):
             return "hidden"
         # served: only the pooling routes this generative engine does not have answer 404 (the proxy's words)
