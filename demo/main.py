@@ -44,4 +44,8 @@ def run_demo(settings: DemoSettings, curve_dir: Path) -> int:
         curve = reward_curve(progress, curve_dir / "rlproxy-reward-curve.png")
         if curve:
             terminal.console.print(f"reward curve: {curve}", soft_wrap=True)
+        # The demo's proxy stops with it; its database keeps every episode for the web view (docs/ui.md).
+        terminal.console.print(f"each episode in the web view: rlproxy serve --database-url {settings.database_url}"
+                               f" --port {settings.proxy_port}, then http://127.0.0.1:{settings.proxy_port}/ui/",
+                               soft_wrap=True)
     return 0

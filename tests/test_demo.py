@@ -43,6 +43,7 @@ def progress_lines_without_a_terminal(stdout: str, stderr: str, workdir) -> list
     assert any(line.startswith("agents running") for line in said)
     assert PANEL_TITLE not in stdout + stderr and "\x1b[" not in stdout + stderr
     assert "held-out success by policy version" in stdout and "reward curve: " in stdout
+    assert "/ui/" in stdout  # where to look at each episode (docs/ui.md)
     return said
 
 

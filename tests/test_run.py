@@ -63,6 +63,7 @@ def test_function_agent_each_attempt_is_a_recorded_rewarded_rollout(proxy_url, t
         assert [call["model"] for call in rollout["calls"]] == ["auto"]  # asked for the rollout's policy
         assert rollout["calls"][0]["completion_token_ids"]
     assert "success is a reward >= 1" in result.output and "eval" in result.output and "v0" in result.output
+    assert "/ui/#/rollouts" in result.output  # the link to the web view (docs/ui.md)
 
 
 def test_async_function_agent(proxy_url, tmp_path):

@@ -40,4 +40,6 @@ def run(**params) -> None:
         _fail(str(exc), 1)
     except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C, or SIGTERM (runner/run.py)
         _fail(f"interrupted; `--resume` goes on from {settings.log}", 130)
-    Console().print(summary(outcomes, settings.success_threshold))
+    console = Console()
+    console.print(summary(outcomes, settings.success_threshold))
+    console.print(f"each attempt in the web view: {settings.proxy.rstrip('/')}/ui/#/rollouts", soft_wrap=True)
