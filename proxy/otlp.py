@@ -60,6 +60,29 @@ class OtlpFormatError(ValueError):
         self.code = code  # the error code the route answers with
 
 
+class OtlpTooLarge(OtlpFormatError):
+    """The export holds more spans or attributes than the proxy takes in one export (a 413)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExportBudget:
+    """How much one export may hold. Spans count with their events and links (each is a message the proxy would
+    read), attributes wherever they are: on resources, scopes, spans, span events and links."""
+
+    max_spans: int
+    max_attributes: int
+
+    def spans_exceeded(self, spans: int) -> None:
+        if spans > self.max_spans:
+            raise OtlpTooLarge(f"the export holds more than {self.max_spans} spans, span events and links "
+                               f"(--otlp-max-spans); send it in smaller batches", code="too_many_spans")
+
+    def attributes_exceeded(self, attributes: int) -> None:
+        if attributes > self.max_attributes:
+            raise OtlpTooLarge(f"the export holds more than {self.max_attributes} attributes "
+                               f"(--otlp-max-attributes); send it in smaller batches", code="too_many_attributes")
+
+
 @dataclass(frozen=True, slots=True)
 class SpanFacts:
     """What one span says about a rollout."""
@@ -93,14 +116,17 @@ class SpanFacts:
         return self.is_root and not self.is_tool and self.call_id is None and self.tool_call_id is None
 
 
-def decode_request(body: bytes, content_type: str) -> ExportTraceServiceRequest:
-    """The export request in `body`; OtlpFormatError when it is not one."""
+def decode_request(body: bytes, content_type: str, budget: ExportBudget) -> ExportTraceServiceRequest:
+    """The export request in `body`; OtlpFormatError when it is not one, OtlpTooLarge when it holds more than
+    `budget`. Counted before anything is read span by span: protobuf's parser is C and holds the whole body at
+    little cost, while JSON is counted on the parsed document before protobuf's (Python) JSON mapping reads it."""
     message = ExportTraceServiceRequest()
     if content_type in PROTOBUF_TYPES:
         try:
             message.ParseFromString(body)
         except DecodeError as exc:
             raise OtlpFormatError(f"body is not a protobuf ExportTraceServiceRequest: {exc}") from None
+        _count_message(message, budget)
         return message
     try:
         document = orjson.loads(body)
@@ -111,11 +137,68 @@ def decode_request(body: bytes, content_type: str) -> ExportTraceServiceRequest:
     if too_deep(document, body):
         raise OtlpFormatError(f"body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep",
                               code="json_too_deep")
+    _count_document(document, budget)
     try:
         json_format.ParseDict(_ids_as_base64(document), message, ignore_unknown_fields=True)
     except (json_format.ParseError, TypeError, ValueError) as exc:
         raise OtlpFormatError(f"body is not an OTLP ExportTraceServiceRequest: {exc}") from None
     return message
+
+
+def _count_message(message: ExportTraceServiceRequest, budget: ExportBudget) -> None:
+    """Raise OtlpTooLarge as soon as the export is seen to hold more than `budget` (each step reads only the
+    lengths of repeated fields, which the parser knows already)."""
+    spans = attributes = 0
+    for resource_spans in message.resource_spans:
+        spans += 1 + len(resource_spans.scope_spans)  # empty blocks cost reading too
+        attributes += len(resource_spans.resource.attributes)
+        for scope_spans in resource_spans.scope_spans:
+            spans += len(scope_spans.spans)
+            attributes += len(scope_spans.scope.attributes)
+        budget.spans_exceeded(spans)
+        budget.attributes_exceeded(attributes)
+    for resource_spans in message.resource_spans:
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                spans += len(span.events) + len(span.links)
+                attributes += (len(span.attributes) + sum(len(event.attributes) for event in span.events)
+                               + sum(len(link.attributes) for link in span.links))
+            budget.spans_exceeded(spans)
+            budget.attributes_exceeded(attributes)
+
+
+def _count_document(document: dict[str, Any], budget: ExportBudget) -> None:
+    """`_count_message` for OTLP JSON, on the parsed document (what is not a list counts as empty: the
+    protobuf mapping refuses it afterwards)."""
+    spans, attributes = _length(document.get("resourceSpans")), 0
+    budget.spans_exceeded(spans)
+    for resource_spans in _objects(document.get("resourceSpans")):
+        spans += _length(resource_spans.get("scopeSpans"))
+        budget.spans_exceeded(spans)
+        scopes = _objects(resource_spans.get("scopeSpans"))
+        attributes += _length(_object(resource_spans.get("resource")).get("attributes"))
+        for scope_spans in scopes:
+            spans += _length(scope_spans.get("spans"))
+            attributes += _length(_object(scope_spans.get("scope")).get("attributes"))
+        budget.spans_exceeded(spans)
+        budget.attributes_exceeded(attributes)
+    for resource_spans in _objects(document.get("resourceSpans")):
+        for scope_spans in _objects(resource_spans.get("scopeSpans")):
+            for span in _objects(scope_spans.get("spans")):
+                events, links = _objects(span.get("events")), _objects(span.get("links"))
+                spans += len(events) + len(links)
+                attributes += _length(span.get("attributes")) + sum(_length(item.get("attributes"))
+                                                                    for item in events + links)
+            budget.spans_exceeded(spans)
+            budget.attributes_exceeded(attributes)
+
+
+def _length(value: Any) -> int:
+    return len(value) if isinstance(value, list) else 0
+
+
+def _object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def export_response(rejected: int, error_message: str) -> ExportTraceServiceResponse:
@@ -230,5 +313,6 @@ def _objects(value: Any) -> list[dict[str, Any]]:
     return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
-__all__ = ["JSON_TYPE", "PROTOBUF_TYPES", "OtlpFormatError", "SpanFacts", "decode_request",
+__all__ = ["JSON_TYPE", "PROTOBUF_TYPES", "ExportBudget", "OtlpFormatError", "OtlpTooLarge", "SpanFacts",
+           "decode_request",
            "export_response", "requested_tool_call_ids", "span_facts"]

@@ -9,6 +9,7 @@ the lock), and the same final reward again changes nothing, while a different on
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -18,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from core.settings import ProxySettings
 from proxy.otlp import SpanFacts, requested_tool_call_ids
+from proxy.reward_budget import over_budget_message
 from rewards.air import TOOL_ERROR, TOOL_SUCCESS
 from store import rollouts as store_rollouts
 from store.dialect import insert_ignoring_duplicates
@@ -117,23 +119,33 @@ class _RolloutCalls:
         return earlier[-1]
 
 
+@dataclass(slots=True)
+class _CallRewards:
+    """The per-call rewards the rollout holds: which spans gave them (replays) and how many each call has."""
+
+    spans: set[tuple[str, str]]
+    per_call: Counter[str]
+    limit: int  # --max-rewards-per-call
+
+
 async def store_span_rewards(session: AsyncSession, rollout_id: str, spans: Sequence[SpanFacts],
-                             project: str | None, weights: ToolWeights) -> list[SpanResult]:
+                             project: str | None, weights: ToolWeights, max_per_call: int) -> list[SpanResult]:
     """Store the rewards of one rollout's spans (inside the caller's transaction); one result per span, in no
-    particular order. A rollout that does not exist, belongs to another project or has expired refuses all."""
+    particular order. A rollout that does not exist, belongs to another project or has expired refuses all; a
+    per-call reward for a call holding `max_per_call` of them already is refused."""
     try:
         await store_rollouts.rollout_taking_rewards(session, rollout_id, project)
     except (NotFound, Conflict) as exc:
         return [SpanResult(REJECTED, f"span {span.span_id}: {exc}") for span in spans]
     calls = _RolloutCalls(session, rollout_id)
-    stored_spans = await _spans_with_call_rewards(session, rollout_id)
+    held = await _call_rewards(session, rollout_id, max_per_call)
     # Per-call rewards first: a final reward closes the rollout, and the trainer may take it from then on.
     ordered = sorted(spans, key=lambda span: span.reward is not None and span.is_final)
-    return [await _store_span(session, rollout_id, span, project, weights, calls, stored_spans) for span in ordered]
+    return [await _store_span(session, rollout_id, span, project, weights, calls, held) for span in ordered]
 
 
 async def _store_span(session: AsyncSession, rollout_id: str, span: SpanFacts, project: str | None,
-                      weights: ToolWeights, calls: _RolloutCalls, stored_spans: set[tuple[str, str]]) -> SpanResult:
+                      weights: ToolWeights, calls: _RolloutCalls, held: _CallRewards) -> SpanResult:
     result = SpanResult(DUPLICATE)
     errors = []
     air = weights.for_span(span)
@@ -152,11 +164,14 @@ async def _store_span(session: AsyncSession, rollout_id: str, span: SpanFacts, p
                 final = await store_rollouts.post_reward(session, rollout_id, span.reward, metadata=span.key,
                                                          project=project)
                 result.final = final if final.created else None
-            elif (span.trace_id, span.span_id) not in stored_spans:
+            elif (span.trace_id, span.span_id) not in held.spans:
                 call = await calls.target(span, explicit=True)
+                if held.per_call[call.id] >= held.limit:
+                    raise Conflict(over_budget_message(call.id, held.limit))
                 session.add(Reward(rollout_id=rollout_id, call_id=call.id, kind=RewardKind.CALL, value=span.reward,
                                    metadata_={**span.key, "name": span.name}))
-                stored_spans.add((span.trace_id, span.span_id))
+                held.spans.add((span.trace_id, span.span_id))
+                held.per_call[call.id] += 1
                 result.call_rewards.append(store_rollouts.RewardResult(rollout_id, span.reward, call.id, True))
         except (NotFound, Conflict) as exc:
             errors.append(str(exc))
@@ -182,12 +197,12 @@ async def _insert_air(session: AsyncSession, rollout_id: str, call_id: str, span
     return (await session.execute(statement)).first() is not None
 
 
-async def _spans_with_call_rewards(session: AsyncSession, rollout_id: str) -> set[tuple[str, str]]:
-    """(trace id, span id) of the spans whose per-call rewards this rollout holds already."""
-    rows = await session.execute(select(Reward.metadata_).where(Reward.rollout_id == rollout_id,
-                                                                Reward.kind == RewardKind.CALL))
-    return {(m["trace_id"], m["span_id"]) for (m,) in rows
-            if isinstance(m, dict) and m.get("source") == "otlp" and "trace_id" in m and "span_id" in m}
+async def _call_rewards(session: AsyncSession, rollout_id: str, limit: int) -> _CallRewards:
+    rows = (await session.execute(select(Reward.call_id, Reward.metadata_).where(
+        Reward.rollout_id == rollout_id, Reward.kind == RewardKind.CALL))).all()
+    spans = {(m["trace_id"], m["span_id"]) for _, m in rows
+             if isinstance(m, dict) and m.get("source") == "otlp" and "trace_id" in m and "span_id" in m}
+    return _CallRewards(spans, Counter(call_id for call_id, _ in rows), limit)
 
 
 def _utc(moment: datetime) -> datetime:

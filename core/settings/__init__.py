@@ -6,6 +6,7 @@ from core.settings.demo import DemoSettings
 from core.settings.engine import EngineSettings
 from core.settings.eval import EvalSettings
 from core.settings.fields import ENV_PREFIX, Setting, env_name, settings_of
+from core.settings.ingest import IngestSettings
 from core.settings.locations import DEFAULT_DATABASE_URL, DEFAULT_PROXY, cache_dir
 from core.settings.run import RunSettings
 from core.settings.serve import AuthSettings, ProxySettings, WriterSettings
@@ -13,6 +14,6 @@ from core.settings.train import TrainerSettings, TrainingSettings
 
 __all__ = [
     "CommandSettings", "Part", "Setting", "ENV_PREFIX", "env_name", "settings_of", "DEFAULT_DATABASE_URL",
-    "DEFAULT_PROXY", "cache_dir", "ProxySettings", "WriterSettings", "AuthSettings", "EngineSettings",
+    "DEFAULT_PROXY", "cache_dir", "ProxySettings", "WriterSettings", "AuthSettings", "IngestSettings", "EngineSettings",
     "TrainerSettings", "TrainingSettings", "DemoSettings", "RunSettings", "EvalSettings",
 ]

@@ -9,6 +9,7 @@ from proxy.bodies import RewardResult, Rollout, RolloutCreated
 from proxy.endpoints import Answer, Endpoint
 from proxy.errors import NotFoundError, Unprocessable
 from proxy.schemas import RewardPost, RolloutCreate, parse_json_object, validate
+from proxy.reward_budget import check_call_rewards
 from proxy.state import ProxyState, state
 from store import rollouts as store_rollouts
 
@@ -38,6 +39,8 @@ async def post_reward(request: web.Request) -> web.Response:
             session, body.rollout_id, body.reward, call_id=body.call_id, task_id=body.task_id,
             metadata=body.metadata, project=request.get("project"),
         )
+        if body.call_id is not None:  # the rollout is locked: refused here, the reward is never committed
+            await check_call_rewards(session, body.call_id, app.settings.ingest.max_rewards_per_call)
     if result.created:
         count_reward(app, result)
     per_call = {"call_id": result.call_id} if result.call_id is not None else {}
@@ -70,7 +73,7 @@ ENDPOINTS = [
     Endpoint("post", "/rollouts", create_rollout, "Start a rollout; its base_url records every call made through it",
              {201: Answer("Created.", RolloutCreated)}, (422, 503), body=RolloutCreate, body_required=False),
     Endpoint("post", "/reward", post_reward, "Final reward (closes the rollout) or a reward for one call",
-             {200: Answer("Stored (or the same final reward again).", RewardResult)}, (404, 409, 422, 503),
+             {200: Answer("Stored (or the same final reward again).", RewardResult)}, (404, 409, 413, 422, 503),
              body=RewardPost),
     Endpoint("get", "/rollouts/{rollout_id}", get_rollout,
              "A rollout with its calls (token ids, logprobs) and rewards", {200: Answer("The rollout.", Rollout)},
