@@ -1,8 +1,11 @@
-"""Rollouts and rewards: `POST /rollouts`, `POST /reward`, `GET /rollouts/{rollout_id}`."""
+"""Rollouts and rewards: `POST /rollouts`, `POST /reward`, `GET /rollouts/{rollout_id}` (paged: `?limit=N&after=SEQ`,
+store/rollout_view.py)."""
 from __future__ import annotations
 
+import asyncio
 import uuid
 
+import orjson
 from aiohttp import web
 
 from proxy.bodies import RewardResult, Rollout, RolloutCreated
@@ -12,6 +15,7 @@ from proxy.schemas import RewardPost, RolloutCreate, parse_json_object, validate
 from proxy.reward_budget import check_call_rewards
 from proxy.state import ProxyState, state
 from store import rollouts as store_rollouts
+from store.rollout_view import MAX_PAGE
 
 
 async def create_rollout(request: web.Request) -> web.Response:
@@ -62,11 +66,34 @@ async def get_rollout(request: web.Request) -> web.Response:
     rollout_id = request.match_info["rollout_id"]
     if "\x00" in rollout_id:  # the store cannot hold NUL, so no such rollout exists
         raise NotFoundError(f"rollout {rollout_id!r} does not exist")
+    limit = _query_int(request, "limit", 1, MAX_PAGE)
+    after = _query_int(request, "after", 0, None)
     app = state(request)
     await app.writer.sync()
     async with app.sessions() as session:
-        rollout = await store_rollouts.get_rollout(session, rollout_id, project=request.get("project"))
-    return Rollout.model_validate(rollout).reply()
+        rollout = await store_rollouts.get_rollout(session, rollout_id, project=request.get("project"),
+                                                   limit=limit, after=after)
+    # A page can be tens of MiB of JSON: checked and written in a worker thread, not on the event loop.
+    return web.Response(body=await asyncio.to_thread(_rollout_json, rollout), content_type="application/json")
+
+
+def _rollout_json(rollout: dict) -> bytes:
+    return orjson.dumps(Rollout.model_validate(rollout).model_dump(mode="json"))
+
+
+def _query_int(request: web.Request, name: str, least: int, most: int | None) -> int | None:
+    """The query parameter `name` as an integer within [least, most]; None when absent; 422 otherwise."""
+    text = request.query.get(name)
+    if text is None:
+        return None
+    bounds = f"from {least} to {most}" if most is not None else f"of at least {least}"
+    try:
+        value = int(text)
+    except ValueError:
+        raise Unprocessable(f"{name} must be an integer {bounds}, not {text[:64]!r}", param=name) from None
+    if value < least or (most is not None and value > most):
+        raise Unprocessable(f"{name} must be an integer {bounds}, not {value}", param=name)
+    return value
 
 
 ENDPOINTS = [
@@ -76,6 +103,9 @@ ENDPOINTS = [
              {200: Answer("Stored (or the same final reward again).", RewardResult)}, (404, 409, 413, 422, 503),
              body=RewardPost),
     Endpoint("get", "/rollouts/{rollout_id}", get_rollout,
-             "A rollout with its calls (token ids, logprobs) and rewards", {200: Answer("The rollout.", Rollout)},
-             (404, 503), path_params={"rollout_id": {"type": "string"}}),
+             "A rollout with one page of its calls (token ids, logprobs), their rewards and the rollout's",
+             {200: Answer("The rollout; `next` is the `after` of the following page (null on the last).", Rollout)},
+             (404, 422, 503), path_params={"rollout_id": {"type": "string"}},
+             query_params={"limit": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE},
+                           "after": {"type": "integer", "minimum": 0}}),
 ]
