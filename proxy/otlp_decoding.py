@@ -39,33 +39,29 @@ def _decode(body: bytes, content_type: str, budget: ExportBudget) -> _Decoded:
         return _Decoded(error=str(exc), code=exc.code, too_large=isinstance(exc, OtlpTooLarge))
 
 
-def _ready() -> None:
-    """A task that only makes a worker start (and import what decoding needs) before the first export."""
-
-
 class OtlpDecoders:
-    """The worker processes of one proxy, started with it and stopped with it."""
+    """The worker processes of one proxy: started with its first export (most proxies never receive one),
+    stopped with the proxy."""
 
     def __init__(self, settings: IngestSettings) -> None:
         self.budget = ExportBudget(settings.otlp_max_spans, settings.otlp_max_attributes)
         self.workers = settings.otlp_decoders
-        self._pool = self._new_pool()
+        self._pool: ProcessPoolExecutor | None = None
 
-    def _new_pool(self) -> ProcessPoolExecutor:
-        # spawn: a forked copy of a process with an event loop, threads and open sockets is not safe to run
-        pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
-        pool.submit(_ready)
-        return pool
+    def _started(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            # spawn: a forked copy of a process with an event loop, threads and open sockets is not safe to run
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
 
     async def span_facts(self, body: bytes, content_type: str) -> list[SpanFacts]:
         """The export's spans; InvalidRequest (400) for what is not an export, PayloadTooLarge (413) for one
         past the budget."""
         try:
-            decoded = await asyncio.wrap_future(self._pool.submit(_decode, body, content_type, self.budget))
+            decoded = await asyncio.wrap_future(self._started().submit(_decode, body, content_type, self.budget))
         except BrokenProcessPool:  # a worker died (killed, out of memory): the next export gets fresh ones
             log.error("an OTLP decoding worker died; starting new ones")
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = self._new_pool()
+            self.close()
             raise StoreUnavailable("the export could not be decoded (its worker stopped); send it again",
                                    code="decoder_unavailable") from None
         if decoded.spans is not None:
@@ -75,7 +71,9 @@ class OtlpDecoders:
         raise InvalidRequest(decoded.error or "not an OTLP export", code=decoded.code)
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
 
 DECODERS = web.AppKey("rlproxy_otlp_decoders", OtlpDecoders)
