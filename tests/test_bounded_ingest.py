@@ -163,6 +163,22 @@ def test_an_export_of_a_million_empty_spans_is_refused_while_other_tenants_are_s
     assert_victim_unharmed(latencies)
 
 
+def test_an_otlp_json_export_is_counted_before_protobufs_json_mapping_reads_it(proxy: Proxy):
+    spans = b"[" + b",".join([b"{}"] * 1_000_000) + b"]"
+    body = b'{"resourceSpans": [{"scopeSpans": [{"spans": ' + spans + b"}]}]}"
+    response = requests.post(f"{proxy.url}/v1/traces", data=body, timeout=120,
+                             headers=proxy.headers(proxy.alpha, **{"Content-Type": "application/json"}))
+    error(response, 413, "too_many_spans")
+
+
+def test_span_events_count_as_spans(proxy: Proxy):
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add(name="chatty")
+    for _ in range(10_000):
+        span.events.add(name="log")
+    error(post_export(proxy, request.SerializeToString()), 413, "too_many_spans")
+
+
 def test_an_export_with_too_many_attributes_is_refused(proxy: Proxy):
     request = ExportTraceServiceRequest()
     span = request.resource_spans.add().scope_spans.add().spans.add(name="wide")
