@@ -15,10 +15,18 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from core.settings import IngestSettings
-from proxy.errors import InvalidRequest, PayloadTooLarge, StoreUnavailable
+from proxy.errors import InvalidRequest, PayloadTooLarge, ProxyError
 from proxy.otlp import ExportBudget, OtlpFormatError, OtlpTooLarge, SpanFacts, decode_request, span_facts
 
 log = logging.getLogger("rlproxy.otlp")
+
+
+class DecoderUnavailable(ProxyError):
+    """503: the worker decoding the export stopped (killed, out of memory); the exporter may send it again."""
+
+    status = 503
+    type = "service_unavailable"
+    default_code = "decoder_unavailable"
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +70,7 @@ class OtlpDecoders:
         except BrokenProcessPool:  # a worker died (killed, out of memory): the next export gets fresh ones
             log.error("an OTLP decoding worker died; starting new ones")
             self.close()
-            raise StoreUnavailable("the export could not be decoded (its worker stopped); send it again",
-                                   code="decoder_unavailable") from None
+            raise DecoderUnavailable("the export could not be decoded (its worker stopped); send it again") from None
         if decoded.spans is not None:
             return decoded.spans
         if decoded.too_large:

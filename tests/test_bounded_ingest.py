@@ -6,6 +6,8 @@ the stand-in engine, real Postgres."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import statistics
 import threading
 import time
@@ -13,6 +15,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import requests
@@ -26,7 +29,7 @@ from store.calls import write_calls
 from store.db import create_engine, session_factory
 from store.records import CallRecord, ChoiceRecord
 from store.models import utcnow
-from tests.support import fresh_database, make_key, running_proxy
+from tests.support import free_port, fresh_database, make_key, proxy_command, running
 
 ADMIN_KEY = "bounded-ingest-admin-" + uuid.uuid4().hex
 MAX_EVENTS = 8
@@ -40,6 +43,7 @@ class Proxy:
     alpha: str  # the tenant hitting the bounds
     beta: str  # the tenant that must not notice
     database_url: str
+    pid: int
 
     def headers(self, key: str, **extra: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {key}", **extra}
@@ -63,10 +67,13 @@ class Proxy:
 def proxy(stub_url, postgres_server, run_dir) -> Iterator[Proxy]:
     with fresh_database(postgres_server) as database_url:
         alpha, beta = make_key(database_url, "alpha"), make_key(database_url, "beta")
-        with running_proxy([stub_url], database_url, run_dir, "proxy-bounded", "--admin-key", ADMIN_KEY,
-                           "--max-rollout-events", str(MAX_EVENTS),
-                           "--max-rewards-per-call", str(MAX_REWARDS_PER_CALL)) as url:
-            yield Proxy(url, alpha, beta, database_url)
+        port = free_port()
+        args = proxy_command(port, [stub_url], database_url, "--spool-path", str(run_dir / "bounded-spool.jsonl"),
+                             "--admin-key", ADMIN_KEY, "--max-rollout-events", str(MAX_EVENTS),
+                             "--max-rewards-per-call", str(MAX_REWARDS_PER_CALL))
+        url = f"http://127.0.0.1:{port}"
+        with running(args, url + "/healthz", log_path=run_dir / "proxy-bounded.log") as process:
+            yield Proxy(url, alpha, beta, database_url, process.pid)
 
 
 @contextmanager
@@ -177,6 +184,22 @@ def test_span_events_count_as_spans(proxy: Proxy):
     for _ in range(10_000):
         span.events.add(name="log")
     error(post_export(proxy, request.SerializeToString()), 413, "too_many_spans")
+
+
+def decoding_workers(pid: int) -> list[int]:
+    """The proxy's OTLP decoding processes (multiprocessing's spawned workers, not its resource tracker)."""
+    children = [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+                for child in (task / "children").read_text().split()]
+    return [child for child in children if b"spawn_main" in Path(f"/proc/{child}/cmdline").read_bytes()]
+
+
+def test_a_decoding_worker_that_dies_costs_one_export_a_503_and_the_next_gets_a_new_one(proxy: Proxy):
+    assert post_export(proxy, empty_spans_export(1)).status_code == 200
+    [worker] = decoding_workers(proxy.pid)
+    os.kill(worker, signal.SIGKILL)
+    error(post_export(proxy, empty_spans_export(1)), 503, "decoder_unavailable")
+    assert post_export(proxy, empty_spans_export(1)).status_code == 200
+    assert decoding_workers(proxy.pid) not in ([], [worker])
 
 
 def test_an_export_with_too_many_attributes_is_refused(proxy: Proxy):
