@@ -36,6 +36,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from core.chat_view import chat_view
 from proxy.context import is_valid_id
 from proxy.limits import MAX_JSON_DEPTH, too_deep
+from proxy.otlp_wire import Exceeded, count_export
 
 PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
 JSON_TYPE = "application/json"
@@ -72,15 +73,30 @@ class ExportBudget:
     max_spans: int
     max_attributes: int
 
+    @property
+    def max_fields(self) -> int:
+        """Fields of any kind (JSON: values) an export within the budget needs at most: a span's own fields
+        and an attribute's key, value and the value's kind are far fewer than these per span and attribute."""
+        return 16 * self.max_spans + 4 * self.max_attributes
+
+    def refuse(self, what: str) -> OtlpTooLarge:
+        if what == "spans":
+            return OtlpTooLarge(f"the export holds more than {self.max_spans} spans, span events and links "
+                                f"(--otlp-max-spans); send it in smaller batches", code="too_many_spans")
+        if what == "attributes":
+            return OtlpTooLarge(f"the export holds more than {self.max_attributes} attributes "
+                                f"(--otlp-max-attributes); send it in smaller batches", code="too_many_attributes")
+        return OtlpTooLarge(f"the export holds more than {self.max_fields} fields, more than "
+                            f"{self.max_spans} spans with {self.max_attributes} attributes need "
+                            f"(--otlp-max-spans, --otlp-max-attributes)", code="too_many_fields")
+
     def spans_exceeded(self, spans: int) -> None:
         if spans > self.max_spans:
-            raise OtlpTooLarge(f"the export holds more than {self.max_spans} spans, span events and links "
-                               f"(--otlp-max-spans); send it in smaller batches", code="too_many_spans")
+            raise self.refuse("spans")
 
     def attributes_exceeded(self, attributes: int) -> None:
         if attributes > self.max_attributes:
-            raise OtlpTooLarge(f"the export holds more than {self.max_attributes} attributes "
-                               f"(--otlp-max-attributes); send it in smaller batches", code="too_many_attributes")
+            raise self.refuse("attributes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,16 +134,22 @@ class SpanFacts:
 
 def decode_request(body: bytes, content_type: str, budget: ExportBudget) -> ExportTraceServiceRequest:
     """The export request in `body`; OtlpFormatError when it is not one, OtlpTooLarge when it holds more than
-    `budget`. Counted before anything is read span by span: protobuf's parser is C and holds the whole body at
-    little cost, while JSON is counted on the parsed document before protobuf's (Python) JSON mapping reads it."""
+    `budget`, decided before the body is parsed: protobuf is counted on the wire (proxy/otlp_wire.py); JSON's
+    values are bounded by its commas and brackets, then its spans and attributes counted on the parsed document
+    before protobuf's JSON mapping reads it."""
     message = ExportTraceServiceRequest()
     if content_type in PROTOBUF_TYPES:
+        try:
+            count_export(body, budget.max_spans, budget.max_attributes, budget.max_fields)
+        except Exceeded as exc:
+            raise budget.refuse(exc.what) from None
         try:
             message.ParseFromString(body)
         except DecodeError as exc:
             raise OtlpFormatError(f"body is not a protobuf ExportTraceServiceRequest: {exc}") from None
-        _count_message(message, budget)
         return message
+    if body.count(b",") + body.count(b"{") + body.count(b"[") > budget.max_fields:  # each value follows one
+        raise budget.refuse("fields")
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -145,31 +167,9 @@ def decode_request(body: bytes, content_type: str, budget: ExportBudget) -> Expo
     return message
 
 
-def _count_message(message: ExportTraceServiceRequest, budget: ExportBudget) -> None:
-    """Raise OtlpTooLarge as soon as the export is seen to hold more than `budget` (each step reads only the
-    lengths of repeated fields, which the parser knows already)."""
-    spans = attributes = 0
-    for resource_spans in message.resource_spans:
-        spans += 1 + len(resource_spans.scope_spans)  # empty blocks cost reading too
-        attributes += len(resource_spans.resource.attributes)
-        for scope_spans in resource_spans.scope_spans:
-            spans += len(scope_spans.spans)
-            attributes += len(scope_spans.scope.attributes)
-        budget.spans_exceeded(spans)
-        budget.attributes_exceeded(attributes)
-    for resource_spans in message.resource_spans:
-        for scope_spans in resource_spans.scope_spans:
-            for span in scope_spans.spans:
-                spans += len(span.events) + len(span.links)
-                attributes += (len(span.attributes) + sum(len(event.attributes) for event in span.events)
-                               + sum(len(link.attributes) for link in span.links))
-            budget.spans_exceeded(spans)
-            budget.attributes_exceeded(attributes)
-
-
 def _count_document(document: dict[str, Any], budget: ExportBudget) -> None:
-    """`_count_message` for OTLP JSON, on the parsed document (what is not a list counts as empty: the
-    protobuf mapping refuses it afterwards)."""
+    """Raise OtlpTooLarge as soon as the parsed JSON export is seen to hold more than `budget` (what is not a
+    list counts as empty: the protobuf mapping refuses it afterwards)."""
     spans, attributes = _length(document.get("resourceSpans")), 0
     budget.spans_exceeded(spans)
     for resource_spans in _objects(document.get("resourceSpans")):

@@ -141,6 +141,13 @@ def empty_spans_export(count: int) -> bytes:
     return b"\x0a" + varint(len(resource)) + resource  # ExportTraceServiceRequest.resource_spans (field 1)
 
 
+def wrap_span(span: bytes) -> bytes:
+    """An export of one span, given as its wire bytes."""
+    scope = b"\x12" + varint(len(span)) + span
+    resource = b"\x12" + varint(len(scope)) + scope
+    return b"\x0a" + varint(len(resource)) + resource
+
+
 def reward_spans_export(rollout_id: str, count: int, call_id: str | None = None) -> bytes:
     request = ExportTraceServiceRequest()
     scope = request.resource_spans.add().scope_spans.add()
@@ -170,12 +177,32 @@ def test_an_export_of_a_million_empty_spans_is_refused_while_other_tenants_are_s
     assert_victim_unharmed(latencies)
 
 
-def test_an_otlp_json_export_is_counted_before_protobufs_json_mapping_reads_it(proxy: Proxy):
-    spans = b"[" + b",".join([b"{}"] * 1_000_000) + b"]"
-    body = b'{"resourceSpans": [{"scopeSpans": [{"spans": ' + spans + b"}]}]}"
-    response = requests.post(f"{proxy.url}/v1/traces", data=body, timeout=120,
-                             headers=proxy.headers(proxy.alpha, **{"Content-Type": "application/json"}))
-    error(response, 413, "too_many_spans")
+def json_spans_export(count: int) -> bytes:
+    spans = b"[" + b",".join([b"{}"] * count) + b"]"
+    return b'{"resourceSpans": [{"scopeSpans": [{"spans": ' + spans + b"}]}]}"
+
+
+def post_json_export(proxy: Proxy, body: bytes) -> requests.Response:
+    return requests.post(f"{proxy.url}/v1/traces", data=body, timeout=120,
+                         headers=proxy.headers(proxy.alpha, **{"Content-Type": "application/json"}))
+
+
+def test_an_otlp_json_export_is_bounded_before_it_is_parsed_and_counted_before_it_is_mapped(proxy: Proxy):
+    """A million values cannot be within the budget: refused from the body's commas and brackets, unparsed.
+    Twenty thousand empty spans can be parsed cheaply, and are counted before protobuf's JSON mapping reads them."""
+    error(post_json_export(proxy, json_spans_export(1_000_000)), 413, "too_many_fields")
+    error(post_json_export(proxy, json_spans_export(20_000)), 413, "too_many_spans")
+
+
+def test_what_an_export_holds_is_counted_on_the_wire_before_it_is_parsed(proxy: Proxy):
+    """Counts the parser never reaches: a million elements of one array attribute, a million copies of a span's
+    name (the parser would keep only the last, but reading them is work all the same)."""
+    values = b"\x0a\x00" * 1_000_000  # ArrayValue.values, each an empty AnyValue
+    any_value = b"\x2a" + varint(len(values)) + values  # AnyValue.array_value
+    attribute = b"\x0a\x01k\x12" + varint(len(any_value)) + any_value  # KeyValue key "k", value
+    span = b"\x4a" + varint(len(attribute)) + attribute  # Span.attributes
+    error(post_export(proxy, wrap_span(span)), 413, "too_many_attributes")
+    error(post_export(proxy, wrap_span(b"\x2a\x00" * 1_000_000)), 413, "too_many_fields")  # Span.name
 
 
 def test_span_events_count_as_spans(proxy: Proxy):
