@@ -15,11 +15,12 @@ class IngestSettings(Part):
         json_schema_extra={"flag": "otlp-max-spans"})
     otlp_max_attributes: int = Field(
         200_000, gt=0, description="Most attributes one OTLP export may hold (of its resources, scopes, spans, "
-                                   "span events and links together); past it the export is 413.",
+                                   "span events and links together; elements of array values and entries of "
+                                   "kvlist values count too); past it the export is 413.",
         json_schema_extra={"flag": "otlp-max-attributes"})
     otlp_decoders: int = Field(
-        1, gt=0, description="Worker processes that decode OTLP exports, so that decoding never holds up other "
-                             "requests; exports beyond them wait their turn.",
+        1, gt=0, description="Worker processes that decode OTLP exports (started by the first), so that "
+                             "decoding never holds up other requests; exports beyond them wait their turn.",
         json_schema_extra={"flag": "otlp-decoders"})
     max_rewards_per_export: int = Field(
         1_000, gt=0, description="Most spans carrying a reward one OTLP export may hold; past it the export is "
