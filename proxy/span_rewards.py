@@ -76,27 +76,47 @@ class SpanResult:
 @dataclass(frozen=True, slots=True)
 class _RecordedCall:
     id: str
+    seq: int
     started_at: datetime
     policy_version: int | None
-    tool_call_ids: frozenset[str]
 
 
 class _RolloutCalls:
-    """The rollout's recorded calls, read once they are needed, and which of them a span refers to."""
+    """The rollout's recorded calls, read once they are needed, and which of them a span refers to. Responses
+    (to find the call that asked for a tool) are read newest first, `RESPONSES_AT_ONCE` at a time, and only
+    until the tool call is found: a rollout of thousands of calls is never read whole into the event loop."""
+
+    RESPONSES_AT_ONCE = 64
 
     def __init__(self, session: AsyncSession, rollout_id: str) -> None:
         self.session, self.rollout_id = session, rollout_id
         self._calls: list[_RecordedCall] | None = None
+        self._asked: dict[str, str] = {}  # tool call id -> the call that asked for it, of the responses read
+        self._read_below: int | None = None  # responses of calls with a lower seq are not read yet (None: none)
+        self._all_read = False
 
     async def all(self) -> list[_RecordedCall]:
         if self._calls is None:
             rows = await self.session.execute(
-                select(Call.id, Call.started_at, Call.policy_version, Call.route, Call.response)
+                select(Call.id, Call.seq, Call.started_at, Call.policy_version)
                 .where(Call.rollout_id == self.rollout_id).order_by(Call.seq))
-            self._calls = [_RecordedCall(row.id, _utc(row.started_at), row.policy_version,
-                                         frozenset(requested_tool_call_ids(row.route, row.response)))
-                           for row in rows]
+            self._calls = [_RecordedCall(row.id, row.seq, _utc(row.started_at), row.policy_version) for row in rows]
         return self._calls
+
+    async def _asked_for(self, tool_call_id: str) -> str | None:
+        """The id of the latest call whose response asked for the tool call."""
+        while tool_call_id not in self._asked and not self._all_read:
+            query = (select(Call.id, Call.seq, Call.route, Call.response).where(Call.rollout_id == self.rollout_id)
+                     .order_by(Call.seq.desc()).limit(self.RESPONSES_AT_ONCE))
+            if self._read_below is not None:
+                query = query.where(Call.seq < self._read_below)
+            rows = (await self.session.execute(query)).all()
+            for row in rows:  # newest first: an id asked for twice names the latest call
+                for asked in requested_tool_call_ids(row.route, row.response):
+                    self._asked.setdefault(asked, row.id)
+            self._all_read = len(rows) < self.RESPONSES_AT_ONCE
+            self._read_below = rows[-1].seq if rows else self._read_below
+        return self._asked.get(tool_call_id)
 
     async def target(self, span: SpanFacts, explicit: bool) -> _RecordedCall:
         """The call a span's reward is for: the one `rlproxy.call_id` names (when `explicit`), else the one whose
@@ -108,9 +128,9 @@ class _RolloutCalls:
                 if call.id == span.call_id:
                     return call
             raise NotFound(f"call {span.call_id[:128]!r} is not part of rollout {self.rollout_id!r}")
-        if span.tool_call_id is not None:
-            for call in reversed(calls):
-                if span.tool_call_id in call.tool_call_ids:
+        if span.tool_call_id is not None and (asking := await self._asked_for(span.tool_call_id)) is not None:
+            for call in calls:
+                if call.id == asking:
                     return call
         earlier = [c for c in calls if span.start is None or c.started_at <= span.start]
         if not earlier:

@@ -329,13 +329,21 @@ def test_an_event_larger_than_the_budget_is_refused_before_it_is_read(proxy: Pro
 # --- reading a rollout back ----------------------------------------------------------------------------------
 
 
-def add_calls(database_url: str, rollout_id: str, count: int, response_bytes: int) -> list[str]:
+def add_calls(database_url: str, rollout_id: str, count: int, response_bytes: int,
+              tool_calls: dict[int, str] | None = None) -> list[str]:
     """`count` recorded calls of the rollout, written as the proxy's writer writes them (a rollout of thousands
-    of calls through the proxy would take the test minutes)."""
+    of calls through the proxy would take the test minutes); `tool_calls`: the tool call id a call's answer
+    asked for, by the call's index."""
+    def message(number: int) -> dict:
+        if tool_calls and number in tool_calls:
+            return {"role": "assistant", "tool_calls": [{"id": tool_calls[number], "type": "function",
+                                                         "function": {"name": "calculate", "arguments": "{}"}}]}
+        return {"role": "assistant", "content": "y" * response_bytes}
+
     records = [CallRecord(id=uuid.uuid4().hex, route="chat", started_at=utcnow(), rollout_id=rollout_id,
                           agent="a", project="alpha", prompt_token_ids=[1, 2, 3],
-                          response={"choices": [{"message": {"content": "y" * response_bytes}}]},
-                          choices=[ChoiceRecord(0, [4, 5], [-0.5, -0.25], "stop")]) for _ in range(count)]
+                          response={"choices": [{"index": 0, "message": message(number)}]},
+                          choices=[ChoiceRecord(0, [4, 5], [-0.5, -0.25], "stop")]) for number in range(count)]
 
     async def write() -> None:
         engine = create_engine(database_url)
@@ -383,3 +391,21 @@ def test_a_page_outside_the_bounds_is_a_422_naming_the_parameter(proxy: Proxy, q
                             headers=proxy.headers(proxy.alpha), timeout=30)
     assert response.status_code == 422, response.text
     assert response.json()["error"]["param"] == param
+
+
+def test_a_tool_span_finds_the_call_that_asked_for_it_in_a_long_rollout(proxy: Proxy):
+    """The rollout's responses are read newest first, a batch at a time, until the tool call is found: the
+    third of 300 calls is still found."""
+    rollout_id = proxy.rollout()
+    call_ids = add_calls(proxy.database_url, rollout_id, 300, 1_000, tool_calls={2: "call_early"})
+    request = ExportTraceServiceRequest()
+    span = request.resource_spans.add().scope_spans.add().spans.add(
+        trace_id=uuid.uuid4().bytes, span_id=b"\x07" * 8, parent_span_id=b"\x01" * 8, name="execute_tool calculate")
+    for key, value in (("rlproxy.rollout_id", rollout_id), ("gen_ai.operation.name", "execute_tool"),
+                       ("gen_ai.tool.call.id", "call_early")):
+        span.attributes.add(key=key).value.string_value = value
+    span.status.code = 2  # ERROR
+    response = post_export(proxy, request.SerializeToString())
+    assert response.status_code == 200, response.text
+    [air] = [r for r in proxy.read(rollout_id).json()["rewards"] if r["kind"] == "air"]
+    assert (air["call_id"], air["reason"]) == (call_ids[2], "tool_error")
