@@ -17,6 +17,7 @@ from proxy.dialects.messages_objects import error_body as anthropic_error_body
 from proxy.endpoints import register
 from proxy.errors import ConflictError, NotFoundError, ProxyError, json_response
 from proxy.metrics import ProxyMetrics
+from proxy.otlp_decoding import decoders_of
 from proxy.policy import PolicyRouter
 from proxy.routes import all_endpoints, documented_endpoints, messages, passthrough
 from proxy.routes.docs import DOCUMENTED
@@ -71,6 +72,7 @@ def build_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> w
     passthrough.add_routes(app)  # the engine's read-only routes, relayed (proxy/engine_routes.py)
     install_security(app, settings)
     app.cleanup_ctx.append(_lifecycle(settings, metrics or ProxyMetrics()))
+    app.cleanup_ctx.append(decoders_of(settings.ingest))  # OTLP exports are decoded in worker processes
     app.on_shutdown.append(_draining(settings))
     return app
 

@@ -127,6 +127,8 @@ class Rollout(Body):
     policy: int | None
     calls: list[CallRecord]
     rewards: list[RewardRecord]
+    next: int | None = Field(None, description="The `after` of the following page of calls (`?after=`), or null "
+                                               "when this page holds the last call.")
 
 
 class ExportPartialSuccess(Body):

@@ -37,6 +37,7 @@ from core.chat_view import chat_view
 from core.errors import RlproxyError
 from proxy.context import is_valid_id
 from proxy.limits import MAX_JSON_DEPTH, too_deep
+from proxy.otlp_wire import Exceeded, count_export
 
 PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
 JSON_TYPE = "application/json"
@@ -59,6 +60,44 @@ class OtlpFormatError(RlproxyError, ValueError):
     def __init__(self, message: str, code: str = "invalid_otlp") -> None:
         super().__init__(message)
         self.code = code  # the error code the route answers with
+
+
+class OtlpTooLarge(OtlpFormatError):
+    """The export holds more spans or attributes than the proxy takes in one export (a 413)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExportBudget:
+    """How much one export may hold. Spans count with their events and links (each is a message the proxy would
+    read), attributes wherever they are: on resources, scopes, spans, span events and links."""
+
+    max_spans: int
+    max_attributes: int
+
+    @property
+    def max_fields(self) -> int:
+        """Fields of any kind (JSON: values) an export within the budget needs at most: a span's own fields
+        and an attribute's key, value and the value's kind are far fewer than these per span and attribute."""
+        return 16 * self.max_spans + 4 * self.max_attributes
+
+    def refuse(self, what: str) -> OtlpTooLarge:
+        if what == "spans":
+            return OtlpTooLarge(f"the export holds more than {self.max_spans} spans, span events and links "
+                                f"(--otlp-max-spans); send it in smaller batches", code="too_many_spans")
+        if what == "attributes":
+            return OtlpTooLarge(f"the export holds more than {self.max_attributes} attributes "
+                                f"(--otlp-max-attributes); send it in smaller batches", code="too_many_attributes")
+        return OtlpTooLarge(f"the export holds more than {self.max_fields} fields, more than "
+                            f"{self.max_spans} spans with {self.max_attributes} attributes need "
+                            f"(--otlp-max-spans, --otlp-max-attributes)", code="too_many_fields")
+
+    def spans_exceeded(self, spans: int) -> None:
+        if spans > self.max_spans:
+            raise self.refuse("spans")
+
+    def attributes_exceeded(self, attributes: int) -> None:
+        if attributes > self.max_attributes:
+            raise self.refuse("attributes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,15 +133,24 @@ class SpanFacts:
         return self.is_root and not self.is_tool and self.call_id is None and self.tool_call_id is None
 
 
-def decode_request(body: bytes, content_type: str) -> ExportTraceServiceRequest:
-    """The export request in `body`; OtlpFormatError when it is not one."""
+def decode_request(body: bytes, content_type: str, budget: ExportBudget) -> ExportTraceServiceRequest:
+    """The export request in `body`; OtlpFormatError when it is not one, OtlpTooLarge when it holds more than
+    `budget`, decided before the body is parsed: protobuf is counted on the wire (proxy/otlp_wire.py); JSON's
+    values are bounded by its commas and brackets, then its spans and attributes counted on the parsed document
+    before protobuf's JSON mapping reads it."""
     message = ExportTraceServiceRequest()
     if content_type in PROTOBUF_TYPES:
+        try:
+            count_export(body, budget.max_spans, budget.max_attributes, budget.max_fields)
+        except Exceeded as exc:
+            raise budget.refuse(exc.what) from None
         try:
             message.ParseFromString(body)
         except DecodeError as exc:
             raise OtlpFormatError(f"body is not a protobuf ExportTraceServiceRequest: {exc}") from None
         return message
+    if body.count(b",") + body.count(b"{") + body.count(b"[") > budget.max_fields:  # each value follows one
+        raise budget.refuse("fields")
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -112,11 +160,46 @@ def decode_request(body: bytes, content_type: str) -> ExportTraceServiceRequest:
     if too_deep(document, body):
         raise OtlpFormatError(f"body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep",
                               code="json_too_deep")
+    _count_document(document, budget)
     try:
         json_format.ParseDict(_ids_as_base64(document), message, ignore_unknown_fields=True)
     except (json_format.ParseError, TypeError, ValueError) as exc:
         raise OtlpFormatError(f"body is not an OTLP ExportTraceServiceRequest: {exc}") from None
     return message
+
+
+def _count_document(document: dict[str, Any], budget: ExportBudget) -> None:
+    """Raise OtlpTooLarge as soon as the parsed JSON export is seen to hold more than `budget` (what is not a
+    list counts as empty: the protobuf mapping refuses it afterwards)."""
+    spans, attributes = _length(document.get("resourceSpans")), 0
+    budget.spans_exceeded(spans)
+    for resource_spans in _objects(document.get("resourceSpans")):
+        spans += _length(resource_spans.get("scopeSpans"))
+        budget.spans_exceeded(spans)
+        scopes = _objects(resource_spans.get("scopeSpans"))
+        attributes += _length(_object(resource_spans.get("resource")).get("attributes"))
+        for scope_spans in scopes:
+            spans += _length(scope_spans.get("spans"))
+            attributes += _length(_object(scope_spans.get("scope")).get("attributes"))
+        budget.spans_exceeded(spans)
+        budget.attributes_exceeded(attributes)
+    for resource_spans in _objects(document.get("resourceSpans")):
+        for scope_spans in _objects(resource_spans.get("scopeSpans")):
+            for span in _objects(scope_spans.get("spans")):
+                events, links = _objects(span.get("events")), _objects(span.get("links"))
+                spans += len(events) + len(links)
+                attributes += _length(span.get("attributes")) + sum(_length(item.get("attributes"))
+                                                                    for item in events + links)
+            budget.spans_exceeded(spans)
+            budget.attributes_exceeded(attributes)
+
+
+def _length(value: Any) -> int:
+    return len(value) if isinstance(value, list) else 0
+
+
+def _object(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def export_response(rejected: int, error_message: str) -> ExportTraceServiceResponse:
@@ -231,5 +314,6 @@ def _objects(value: Any) -> list[dict[str, Any]]:
     return [item for item in value if isinstance(item, dict)] if isinstance(value, list) else []
 
 
-__all__ = ["JSON_TYPE", "PROTOBUF_TYPES", "OtlpFormatError", "SpanFacts", "decode_request",
+__all__ = ["JSON_TYPE", "PROTOBUF_TYPES", "ExportBudget", "OtlpFormatError", "OtlpTooLarge", "SpanFacts",
+           "decode_request",
            "export_response", "requested_tool_call_ids", "span_facts"]

@@ -9,6 +9,7 @@ the lock), and the same final reward again changes nothing, while a different on
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -17,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from core.settings import ProxySettings
 from proxy.otlp import SpanFacts, requested_tool_call_ids
+from proxy.reward_budget import over_budget_message
 from rewards.air import TOOL_ERROR, TOOL_SUCCESS
 from store import calls as store_calls
 from store import rewards as reward_rows
@@ -73,25 +75,43 @@ class SpanResult:
 @dataclass(frozen=True, slots=True)
 class _RecordedCall:
     id: str
+    seq: int
     started_at: datetime
     policy_version: int | None
-    tool_call_ids: frozenset[str]
 
 
 class _RolloutCalls:
-    """The rollout's recorded calls, read once they are needed, and which of them a span refers to."""
+    """The rollout's recorded calls, read once they are needed, and which of them a span refers to. Responses
+    (to find the call that asked for a tool) are read newest first, `RESPONSES_AT_ONCE` at a time, and only
+    until the tool call is found: a rollout of thousands of calls is never read whole into the event loop."""
+
+    RESPONSES_AT_ONCE = 64
 
     def __init__(self, session: AsyncSession, rollout_id: str) -> None:
         self.session, self.rollout_id = session, rollout_id
         self._calls: list[_RecordedCall] | None = None
+        self._asked: dict[str, str] = {}  # tool call id -> the call that asked for it, of the responses read
+        self._read_below: int | None = None  # responses of calls with a lower seq are not read yet (None: none)
+        self._all_read = False
 
     async def all(self) -> list[_RecordedCall]:
         if self._calls is None:
-            rows = await store_calls.rollout_call_responses(self.session, self.rollout_id)
-            self._calls = [_RecordedCall(row.id, _utc(row.started_at), row.policy_version,
-                                         frozenset(requested_tool_call_ids(row.route, row.response)))
-                           for row in rows]
+            rows = await store_calls.rollout_call_times(self.session, self.rollout_id)
+            self._calls = [_RecordedCall(row.id, row.seq, _utc(row.started_at), row.policy_version) for row in rows]
         return self._calls
+
+    async def _asked_for(self, tool_call_id: str) -> str | None:
+        """The id of the latest call whose response asked for the tool call."""
+        while tool_call_id not in self._asked and not self._all_read:
+            rows = await store_calls.call_responses_newest_first(self.session, self.rollout_id,
+                                                                 below_seq=self._read_below,
+                                                                 limit=self.RESPONSES_AT_ONCE)
+            for row in rows:  # newest first: an id asked for twice names the latest call
+                for asked in requested_tool_call_ids(row.route, row.response):
+                    self._asked.setdefault(asked, row.id)
+            self._all_read = len(rows) < self.RESPONSES_AT_ONCE
+            self._read_below = rows[-1].seq if rows else self._read_below
+        return self._asked.get(tool_call_id)
 
     async def target(self, span: SpanFacts, explicit: bool) -> _RecordedCall:
         """The call a span's reward is for: the one `rlproxy.call_id` names (when `explicit`), else the one whose
@@ -103,9 +123,9 @@ class _RolloutCalls:
                 if call.id == span.call_id:
                     return call
             raise NotFound(f"call {span.call_id[:128]!r} is not part of rollout {self.rollout_id!r}")
-        if span.tool_call_id is not None:
-            for call in reversed(calls):
-                if span.tool_call_id in call.tool_call_ids:
+        if span.tool_call_id is not None and (asking := await self._asked_for(span.tool_call_id)) is not None:
+            for call in calls:
+                if call.id == asking:
                     return call
         earlier = [c for c in calls if span.start is None or c.started_at <= span.start]
         if not earlier:
@@ -114,23 +134,33 @@ class _RolloutCalls:
         return earlier[-1]
 
 
+@dataclass(slots=True)
+class _CallRewards:
+    """The per-call rewards the rollout holds: which spans gave them (replays) and how many each call has."""
+
+    spans: set[tuple[str, str]]
+    per_call: Counter[str]
+    limit: int  # --max-rewards-per-call
+
+
 async def store_span_rewards(session: AsyncSession, rollout_id: str, spans: Sequence[SpanFacts],
-                             project: str | None, weights: ToolWeights) -> list[SpanResult]:
+                             project: str | None, weights: ToolWeights, max_per_call: int) -> list[SpanResult]:
     """Store the rewards of one rollout's spans (inside the caller's transaction); one result per span, in no
-    particular order. A rollout that does not exist, belongs to another project or has expired refuses all."""
+    particular order. A rollout that does not exist, belongs to another project or has expired refuses all; a
+    per-call reward for a call holding `max_per_call` of them already is refused."""
     try:
         await store_rollouts.rollout_taking_rewards(session, rollout_id, project)
     except (NotFound, Conflict) as exc:
         return [SpanResult(REJECTED, f"span {span.span_id}: {exc}") for span in spans]
     calls = _RolloutCalls(session, rollout_id)
-    stored_spans = await reward_rows.otlp_spans_with_call_rewards(session, rollout_id)
+    held = await _call_rewards(session, rollout_id, max_per_call)
     # Per-call rewards first: a final reward closes the rollout, and the trainer may take it from then on.
     ordered = sorted(spans, key=lambda span: span.reward is not None and span.is_final)
-    return [await _store_span(session, rollout_id, span, project, weights, calls, stored_spans) for span in ordered]
+    return [await _store_span(session, rollout_id, span, project, weights, calls, held) for span in ordered]
 
 
 async def _store_span(session: AsyncSession, rollout_id: str, span: SpanFacts, project: str | None,
-                      weights: ToolWeights, calls: _RolloutCalls, stored_spans: set[tuple[str, str]]) -> SpanResult:
+                      weights: ToolWeights, calls: _RolloutCalls, held: _CallRewards) -> SpanResult:
     result = SpanResult(DUPLICATE)
     errors = []
     air = weights.for_span(span)
@@ -149,11 +179,14 @@ async def _store_span(session: AsyncSession, rollout_id: str, span: SpanFacts, p
                 final = await store_rollouts.post_reward(session, rollout_id, span.reward, metadata=span.key,
                                                          project=project)
                 result.final = final if final.created else None
-            elif (span.trace_id, span.span_id) not in stored_spans:
+            elif (span.trace_id, span.span_id) not in held.spans:
                 call = await calls.target(span, explicit=True)
+                if held.per_call[call.id] >= held.limit:
+                    raise Conflict(over_budget_message(call.id, held.limit))
                 reward_rows.add_call_reward(session, rollout_id, call.id, span.reward,
                                             {**span.key, "name": span.name})
-                stored_spans.add((span.trace_id, span.span_id))
+                held.spans.add((span.trace_id, span.span_id))
+                held.per_call[call.id] += 1
                 result.call_rewards.append(store_rollouts.RewardResult(rollout_id, span.reward, call.id, True))
         except (NotFound, Conflict) as exc:
             errors.append(str(exc))
@@ -174,6 +207,11 @@ async def _insert_air(session: AsyncSession, rollout_id: str, call_id: str, span
     traffic itself or an earlier export of this span)."""
     metadata = {"tool_call_id": span.tool_call_id, "tool": span.tool_name, **span.key}
     return await reward_rows.add_air_once(session, reward_rows.air_row(rollout_id, call_id, value, reason, metadata))
+
+
+async def _call_rewards(session: AsyncSession, rollout_id: str, limit: int) -> _CallRewards:
+    spans, per_call = await reward_rows.call_rewards_held(session, rollout_id)
+    return _CallRewards(spans, per_call, limit)
 
 
 def _utc(moment: datetime) -> datetime:

@@ -18,8 +18,8 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from core.errors import RlproxyError
-from store.models import Call, CallChoice, Reward, Rollout
-from store.rollouts import call_json
+from store.models import Rollout
+from store.rollout_view import get_rollout
 
 # Sort orders: name -> (column expression, descending). Null rewards sort as the lowest reward.
 LOWEST = -1e308
@@ -138,32 +138,14 @@ async def visible_rollout(session: AsyncSession, scope: str | None, rollout_id: 
 
 async def rollout_page(session: AsyncSession, scope: str | None, rollout_id: str, *, after: int = -1,
                        limit: int = 50) -> dict[str, Any] | None:
-    """The rollout's summary, its rewards, and one page of its calls (seq > `after`); None if not visible."""
+    """The rollout's summary and one page of its calls (seq > `after`) with their rewards and the rollout's own
+    (store/rollout_view.py, as `GET /rollouts/{id}` pages them); None if the caller may not see it."""
     rollout = await visible_rollout(session, scope, rollout_id)
     if rollout is None:
         return None
-    limit = max(1, min(limit, MAX_PAGE))
-    calls = list((await session.execute(
-        select(Call).where(Call.rollout_id == rollout_id, Call.seq > after).order_by(Call.seq)
-        .limit(limit + 1))).scalars())
-    more = len(calls) > limit
-    calls = calls[:limit]
-    choices: dict[str, list[CallChoice]] = {c.id: [] for c in calls}
-    if calls:
-        rows = await session.execute(
-            select(CallChoice).where(CallChoice.call_id.in_(list(choices))).order_by(CallChoice.index))
-        for choice in rows.scalars():
-            choices[choice.call_id].append(choice)
-    rewards = (await session.execute(
-        select(Reward).where(Reward.rollout_id == rollout_id).order_by(Reward.id).limit(1000))).scalars()
-    return {
-        "rollout": _row(rollout) | {"metadata": rollout.metadata_},
-        "rewards": [{"call_id": r.call_id, "kind": r.kind, "value": r.value, "reason": r.reason,
-                     "metadata": r.metadata_, "created_at": r.created_at.isoformat() if r.created_at else None}
-                    for r in rewards],
-        "calls": [call_json(c, choices[c.id]) for c in calls],
-        "next": calls[-1].seq if more and calls else None,
-    }
+    page = await get_rollout(session, rollout_id, project=scope, limit=max(1, min(limit, MAX_PAGE)), after=after)
+    return {"rollout": _row(rollout) | {"metadata": page["metadata"]}, "rewards": page["rewards"],
+            "calls": page["calls"], "next": page["next"]}
 
 
 async def task_group(session: AsyncSession, scope: str | None, task_id: str) -> list[dict[str, Any]]:

@@ -196,12 +196,22 @@ async def get_call(session: AsyncSession, call_id: str, *, project: str | None =
     return StoredCall(*row) if row else None
 
 
-async def rollout_call_responses(session: AsyncSession, rollout_id: str):
-    """The rollout's calls in order, each with `id`, `started_at`, `policy_version`, `route` and `response`
-    (what a span's reward needs to find the call it is for)."""
+async def rollout_call_times(session: AsyncSession, rollout_id: str):
+    """The rollout's calls in order, each with `id`, `seq`, `started_at` and `policy_version` (what a span's
+    reward needs to find the call it is for)."""
     return (await session.execute(
-        select(Call.id, Call.started_at, Call.policy_version, Call.route, Call.response)
+        select(Call.id, Call.seq, Call.started_at, Call.policy_version)
         .where(Call.rollout_id == rollout_id).order_by(Call.seq))).all()
+
+
+async def call_responses_newest_first(session: AsyncSession, rollout_id: str, *, below_seq: int | None, limit: int):
+    """Up to `limit` of the rollout's calls with a seq below `below_seq` (None: any), newest first, each with `id`,
+    `seq`, `route` and `response`: read a page at a time, so a rollout of thousands is never loaded whole."""
+    query = (select(Call.id, Call.seq, Call.route, Call.response).where(Call.rollout_id == rollout_id)
+             .order_by(Call.seq.desc()).limit(limit))
+    if below_seq is not None:
+        query = query.where(Call.seq < below_seq)
+    return (await session.execute(query)).all()
 
 
 async def completion_responses(session: AsyncSession, rollout_ids: list[str]) -> list[tuple[str, str, dict | None]]:

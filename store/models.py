@@ -235,6 +235,22 @@ class Reward(Base):
     )
 
 
+class RolloutEvent(Base):
+    """An agent event other than a reward (`POST /rollouts/{id}/events`), one row each: appending one writes
+    only it. Before migration 0008 events were kept in the rollout's metadata under "events"; those are still
+    read back (store/events.py) and count towards the rollout's budget."""
+
+    __tablename__ = "rollout_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    rollout_id: Mapped[str] = mapped_column(ForeignKey("rollouts.id", ondelete="CASCADE"))
+    event_type: Mapped[str] = mapped_column(String(128))
+    data: Mapped[Any] = mapped_column(Document, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
+
+    __table_args__ = (Index("ix_rollout_events_rollout_id", "rollout_id", "id"),)
+
+
 class Policy(Base):
     """A trained adapter: one version of a named policy. Versions are numbered across all policies (so a
     version number and its adapter name are unique); version 0 is the base model and has no row."""

@@ -12,10 +12,11 @@ their shape (kind, metadata, the AIR unique index) is kept in one place.
 """
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from store.dialect import insert_ignoring_duplicates
@@ -54,9 +55,17 @@ async def add_air_once(session: AsyncSession, row: dict[str, Any]) -> bool:
     return (await session.execute(statement)).first() is not None
 
 
-async def otlp_spans_with_call_rewards(session: AsyncSession, rollout_id: str) -> set[tuple[str, str]]:
-    """(trace id, span id) of the OTLP spans whose per-call rewards this rollout holds already."""
-    rows = await session.execute(select(Reward.metadata_).where(Reward.rollout_id == rollout_id,
-                                                                Reward.kind == RewardKind.CALL))
-    return {(m["trace_id"], m["span_id"]) for (m,) in rows
-            if isinstance(m, dict) and m.get("source") == "otlp" and "trace_id" in m and "span_id" in m}
+async def call_rewards_held(session: AsyncSession, rollout_id: str) -> tuple[set[tuple[str, str]], Counter[str]]:
+    """The rollout's per-call rewards: (trace id, span id) of the OTLP spans that gave some (replays are not stored
+    twice), and how many each call holds (bounded by --max-rewards-per-call)."""
+    rows = (await session.execute(select(Reward.call_id, Reward.metadata_).where(
+        Reward.rollout_id == rollout_id, Reward.kind == RewardKind.CALL))).all()
+    spans = {(m["trace_id"], m["span_id"]) for _, m in rows
+             if isinstance(m, dict) and m.get("source") == "otlp" and "trace_id" in m and "span_id" in m}
+    return spans, Counter(call_id for call_id, _ in rows)
+
+
+async def call_reward_count(session: AsyncSession, call_id: str) -> int:
+    """How many per-call rewards the call holds, those this transaction added included."""
+    return (await session.execute(select(func.count()).select_from(Reward)
+                                  .where(Reward.call_id == call_id, Reward.kind == RewardKind.CALL))).scalar_one()

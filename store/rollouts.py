@@ -1,4 +1,5 @@
-"""Rollouts and their rewards: creation, the final and intermediate rewards, and the full read-back."""
+"""Rollouts and their rewards: creation, the final and intermediate rewards (the read-back is in
+store/rollout_view.py, re-exported here)."""
 from __future__ import annotations
 
 import math
@@ -12,7 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from store import rewards as reward_rows
 from store.errors import Conflict, NotFound
-from store.models import Call, CallChoice, Reward, RewardKind, Rollout, RolloutStatus, utcnow
+from store.models import Call, Reward, RewardKind, Rollout, RolloutStatus, utcnow
+from store.rollout_view import get_rollout
 
 
 @dataclass(slots=True, frozen=True)
@@ -132,70 +134,5 @@ async def expire_open_rollouts(session: AsyncSession, created_before: datetime, 
     return result.rowcount or 0
 
 
-async def get_rollout(session: AsyncSession, rollout_id: str, *, project: str | None = None) -> dict[str, Any]:
-    """The rollout with its calls (token ids, logprobs) and rewards, in the contract's JSON shape."""
-    rollout = await session.get(Rollout, rollout_id)
-    if rollout is None or (project is not None and rollout.project not in (None, project)):
-        raise NotFound(f"rollout {rollout_id!r} does not exist")
-    calls = (await session.execute(select(Call).where(Call.rollout_id == rollout_id).order_by(Call.seq))).scalars()
-    calls = list(calls)
-    choices: dict[str, list[CallChoice]] = {c.id: [] for c in calls}
-    if calls:
-        rows = await session.execute(
-            select(CallChoice).where(CallChoice.call_id.in_(list(choices))).order_by(CallChoice.index)
-        )
-        for choice in rows.scalars():
-            choices[choice.call_id].append(choice)
-    rewards = (
-        await session.execute(select(Reward).where(Reward.rollout_id == rollout_id).order_by(Reward.id))
-    ).scalars()
-    return {
-        "rollout_id": rollout.id,
-        "task_id": rollout.task_id,
-        "agent": rollout.agent,
-        "status": rollout.status,
-        "reward": rollout.reward,
-        "metadata": rollout.metadata_,
-        "created_at": rollout.created_at.isoformat() if rollout.created_at else None,
-        "finished_at": rollout.finished_at.isoformat() if rollout.finished_at else None,
-        "trained": rollout.trained_at is not None,
-        "eval": rollout.eval,
-        "policy": rollout.policy_version,
-        "calls": [call_json(call, choices[call.id]) for call in calls],
-        "rewards": [
-            {"call_id": r.call_id, "kind": r.kind, "value": r.value, "reason": r.reason, "metadata": r.metadata_,
-             "created_at": r.created_at.isoformat() if r.created_at else None}
-            for r in rewards
-        ],
-    }
-
-
-def call_json(call: Call, choices: list[CallChoice]) -> dict[str, Any]:
-    first = choices[0] if choices else None
-    return {
-        "call_id": call.id,
-        "seq": call.seq,
-        "agent": call.agent,
-        "model": call.model,
-        "policy": call.policy_version,
-        "policy_name": call.policy,
-        "status": call.status,
-        "http_status": call.http_status,
-        "stream": call.stream,
-        "route": call.route,
-        "prompt_token_ids": call.prompt_token_ids,
-        "completion_token_ids": first.token_ids if first else None,
-        "completion_logprobs": first.logprobs if first else None,
-        "finish_reason": first.finish_reason if first else None,
-        "choices": [
-            {"index": c.index, "token_ids": c.token_ids, "logprobs": c.logprobs, "finish_reason": c.finish_reason}
-            for c in choices
-        ],
-        "prefix_kind": call.prefix_kind,
-        "prefix_parent_id": call.prefix_parent_id,
-        "latency_ms": call.latency_ms,
-        "ttft_ms": call.ttft_ms,
-        "request": call.request,
-        "response": call.response,
-        "error": call.error,
-    }
+__all__ = ["RewardResult", "create_rollout", "expire_open_rollouts", "get_rollout", "post_reward",
+           "rollout_taking_rewards"]

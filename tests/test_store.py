@@ -9,11 +9,11 @@ from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import select, text
 
-from store import policies, rollouts
+from store import events, policies, rollouts
 from store.calls import write_calls
 from store.db import create_engine, session_factory
 from store.errors import Conflict, NotFound
-from store.models import Base, Call, Rollout
+from store.models import Base, Call, Rollout, RolloutEvent
 from store.records import CallRecord, ChoiceRecord
 from store.models import utcnow
 
@@ -150,3 +150,75 @@ async def test_concurrent_final_rewards_close_a_rollout_once(sessions, values):
     async with sessions() as session:
         data = await rollouts.get_rollout(session, rollout_id)
     assert (data["reward"], [r["value"] for r in data["rewards"]]) == (stored, [stored])
+
+
+async def test_events_are_rows_within_a_budget_and_events_kept_in_metadata_still_read(sessions):
+    """A rollout from before migration 0008 holds its events in its metadata: they are read back first and count
+    towards the budget; later events are rows, and one past the budget is refused with the earlier kept."""
+    rollout_id = uuid.uuid4().hex
+    old = {"event_type": "log", "data": "from metadata", "at": "2026-11-01T00:00:00+00:00"}
+    async with sessions() as session, session.begin():
+        await rollouts.create_rollout(session, rollout_id, metadata={"events": [old], "task": "t"})
+    for number in range(3):
+        async with sessions() as session, session.begin():
+            await events.add_event(session, rollout_id, "span", {"n": number}, max_events=4)
+    with pytest.raises(events.TooManyEvents, match="holds 4 events"):
+        async with sessions() as session, session.begin():
+            await events.add_event(session, rollout_id, "span", {"n": 3}, max_events=4)
+    async with sessions() as session:
+        data = await rollouts.get_rollout(session, rollout_id)
+        rows = (await session.execute(select(RolloutEvent.data).where(RolloutEvent.rollout_id == rollout_id)))
+        assert sorted(d["n"] for (d,) in rows) == [0, 1, 2]
+    assert data["metadata"]["task"] == "t"
+    assert [(e["event_type"], e["data"]) for e in data["metadata"]["events"]] == [
+        ("log", "from metadata"), ("span", {"n": 0}), ("span", {"n": 1}), ("span", {"n": 2})]
+
+
+async def test_concurrent_events_never_overshoot_the_budget(sessions):
+    """Twelve events at once for a rollout that keeps five: five stored, seven refused, on SQLite too (which
+    ignores the row lock): the count and the insert are one statement."""
+    rollout_id = uuid.uuid4().hex
+    async with sessions() as session, session.begin():
+        await rollouts.create_rollout(session, rollout_id)
+
+    async def add(number: int) -> bool:
+        try:
+            async with sessions() as session, session.begin():
+                await events.add_event(session, rollout_id, "span", {"n": number}, max_events=5)
+            return True
+        except events.TooManyEvents:
+            return False
+
+    outcomes = await asyncio.gather(*(add(number) for number in range(12)))
+    assert sorted(outcomes) == [False] * 7 + [True] * 5
+    async with sessions() as session:
+        assert len((await rollouts.get_rollout(session, rollout_id))["metadata"]["events"]) == 5
+
+
+async def test_a_rollout_reads_back_page_by_page_with_each_call_and_reward_once(sessions):
+    rollout_id = uuid.uuid4().hex
+    batch = [call(rollout_id, [1] * (i + 1), [2]) for i in range(7)]
+    async with sessions() as session, session.begin():
+        await write_calls(session, batch)
+    async with sessions() as session, session.begin():
+        for record in batch:
+            await rollouts.post_reward(session, rollout_id, 0.5, call_id=record.id)
+        await rollouts.post_reward(session, rollout_id, 1.0)
+
+    pages, after = [], None
+    while True:
+        async with sessions() as session:
+            page = await rollouts.get_rollout(session, rollout_id, limit=3, after=after)
+        pages.append(page)
+        if page["next"] is None:
+            break
+        after = page["next"]
+    assert [[c["seq"] for c in page["calls"]] for page in pages] == [[1, 2, 3], [4, 5, 6], [7]]
+    assert [page["next"] for page in pages] == [3, 6, None]
+    for page in pages:  # each page: its calls' rewards and the rollout's final reward
+        assert sorted(r["call_id"] or "final" for r in page["rewards"]) == sorted(
+            [c["call_id"] for c in page["calls"]] + ["final"])
+    async with sessions() as session:
+        whole = await rollouts.get_rollout(session, rollout_id)
+    assert [c["call_id"] for c in whole["calls"]] == [record.id for record in batch]
+    assert whole["next"] is None and len(whole["rewards"]) == 8

@@ -6,6 +6,7 @@ from core.settings.demo import DemoSettings
 from core.settings.engine import EngineSettings
 from core.settings.eval import EvalSettings
 from core.settings.fields import ENV_PREFIX, Setting, env_name, settings_of
+from core.settings.ingest import IngestSettings
 from core.settings.locations import DEFAULT_DATABASE_URL, DEFAULT_PROXY, cache_dir
 from core.settings.maintenance import (ExportSettings, KeysCreateSettings, KeysListSettings, KeysRevokeSettings,
                                        MigrateSettings, ModelPrepareSettings)
@@ -16,8 +17,8 @@ from core.settings.train import TrainerSettings, TrainingSettings
 
 __all__ = [
     "CommandSettings", "Part", "Setting", "ENV_PREFIX", "env_name", "settings_of", "DEFAULT_DATABASE_URL",
-    "DEFAULT_PROXY", "cache_dir", "ProxySettings", "WriterSettings", "AuthSettings", "EngineSettings",
-    "TrainerSettings", "TrainingSettings", "DemoSettings", "RunSettings", "EvalSettings", "PruneSettings",
+    "DEFAULT_PROXY", "cache_dir", "ProxySettings", "WriterSettings", "AuthSettings", "IngestSettings",
+    "EngineSettings", "TrainerSettings", "TrainingSettings", "DemoSettings", "RunSettings", "EvalSettings", "PruneSettings",
     "Pruning", "MigrateSettings", "KeysCreateSettings", "KeysListSettings", "KeysRevokeSettings", "ExportSettings",
     "ModelPrepareSettings",
 ]

@@ -9,6 +9,7 @@ from pydantic import Field, SecretStr, field_validator
 from core.air_rules import DEFAULT_ERROR_PATTERNS, AirRules
 from core.policy_rules import DEFAULT_POLICY, PolicyRules, check_policy_name
 from core.settings.base import CommandSettings, Part
+from core.settings.ingest import IngestSettings
 from core.settings.locations import DEFAULT_DATABASE_URL
 from core.settings.redaction import Redaction
 
@@ -106,6 +107,7 @@ class ProxySettings(CommandSettings):
     writer: WriterSettings = Field(default_factory=WriterSettings)
     auth: AuthSettings = Field(default_factory=AuthSettings)
     redaction: Redaction = Field(default_factory=Redaction)
+    ingest: IngestSettings = Field(default_factory=IngestSettings)
 
     @field_validator("default_policy")
     @classmethod

@@ -2,7 +2,9 @@
 so such an agent runs against the proxy unchanged. Its body is `{"event_type": str, "data": object}`:
 a `reward` event (`data.value`, a finite number) is the rollout's final reward, exactly as `POST /reward`
 without `call_id` (same no-op on a repeat, 409 for a different value); any other event is kept with the
-rollout (its metadata's "events", shown by `GET /rollouts/{id}`). Same keys and tenancy as `POST /reward`."""
+rollout (a row of its own, shown in its metadata's "events" by `GET /rollouts/{id}`). Same keys and tenancy as
+`POST /reward`. Bounded: a body over `--max-event-bytes` is 413 before it is read, and an event past the
+rollout's `--max-rollout-events` is 413 with the earlier ones kept (reward events are not counted)."""
 from __future__ import annotations
 
 import math
@@ -13,7 +15,7 @@ from pydantic import Field, StrictStr, field_validator
 
 from proxy.bodies import Body
 from proxy.endpoints import Answer, Endpoint
-from proxy.errors import NotFoundError, Unprocessable
+from proxy.errors import NotFoundError, PayloadTooLarge, Unprocessable
 from proxy.routes.rollouts import count_reward
 from proxy.schemas import _Stored, parse_json_object, validate
 from proxy.state import state
@@ -52,7 +54,7 @@ class EventResult(Body):
     rollout_id: str
     event_type: str
     reward: float | None = Field(None, description="The final reward stored (reward events only).")
-    stored: bool = Field(description="False when the rollout already holds the most events kept (counted only).")
+    stored: bool = Field(description="Always true: an event that cannot be kept is refused with 413 instead.")
 
 
 def _reward_value(data: Any) -> float:
@@ -66,8 +68,14 @@ async def post_event(request: web.Request) -> web.Response:
     rollout_id = request.match_info["rollout_id"]
     if "\x00" in rollout_id:
         raise NotFoundError(f"rollout {rollout_id!r} does not exist")
-    event = validate(RolloutEvent, parse_json_object(await request.read(), Unprocessable), Unprocessable)
     app = state(request)
+    limit = app.settings.ingest.max_event_bytes
+    if request.content_length is not None and request.content_length > limit:  # refused before it is read
+        raise _too_large(request.content_length, limit)
+    raw = await request.read()
+    if len(raw) > limit:
+        raise _too_large(len(raw), limit)
+    event = validate(RolloutEvent, parse_json_object(raw, Unprocessable), Unprocessable)
     project = request.get("project")
     if event.event_type == REWARD:
         value = _reward_value(event.data)
@@ -78,14 +86,23 @@ async def post_event(request: web.Request) -> web.Response:
         if result.created:
             count_reward(app, result)
         return EventResult(rollout_id=rollout_id, event_type=REWARD, reward=result.reward, stored=True).reply()
-    async with app.sessions() as session, session.begin():
-        stored = await store_events.add_event(session, rollout_id, event.event_type, event.data, project=project)
-    return EventResult(rollout_id=rollout_id, event_type=event.event_type, stored=stored).reply()
+    try:
+        async with app.sessions() as session, session.begin():
+            await store_events.add_event(session, rollout_id, event.event_type, event.data, project=project,
+                                         max_events=app.settings.ingest.max_rollout_events)
+    except store_events.TooManyEvents as exc:
+        raise PayloadTooLarge(f"{exc} (--max-rollout-events)", code="too_many_events") from None
+    return EventResult(rollout_id=rollout_id, event_type=event.event_type, stored=True).reply()
+
+
+def _too_large(size: int, limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"the event is {size} bytes; an event may be at most {limit} (--max-event-bytes)",
+                           code="event_too_large")
 
 
 ENDPOINTS = [
     Endpoint("post", "/rollouts/{rollout_id}/events", post_event,
              "An agent event (Agent Lightning's event URL): a reward event is the final reward, others are kept "
              "with the rollout", {200: Answer("Stored (or the same final reward again).", EventResult)},
-             (404, 409, 422, 503), body=RolloutEvent, path_params={"rollout_id": {"type": "string"}}),
+             (404, 409, 413, 422, 503), body=RolloutEvent, path_params={"rollout_id": {"type": "string"}}),
 ]

@@ -1,16 +1,21 @@
-"""Rollouts and rewards: `POST /rollouts`, `POST /reward`, `GET /rollouts/{rollout_id}`."""
+"""Rollouts and rewards: `POST /rollouts`, `POST /reward`, `GET /rollouts/{rollout_id}` (paged: `?limit=N&after=SEQ`,
+store/rollout_view.py)."""
 from __future__ import annotations
 
+import asyncio
 import uuid
 
+import orjson
 from aiohttp import web
 
 from proxy.bodies import RewardResult, Rollout, RolloutCreated
 from proxy.endpoints import Answer, Endpoint
 from proxy.errors import NotFoundError, Unprocessable
 from proxy.schemas import RewardPost, RolloutCreate, parse_json_object, validate
+from proxy.reward_budget import check_call_rewards
 from proxy.state import ProxyState, state
 from store import rollouts as store_rollouts
+from store.rollout_view import MAX_PAGE
 
 
 async def create_rollout(request: web.Request) -> web.Response:
@@ -38,6 +43,8 @@ async def post_reward(request: web.Request) -> web.Response:
             session, body.rollout_id, body.reward, call_id=body.call_id, task_id=body.task_id,
             metadata=body.metadata, project=request.get("project"),
         )
+        if body.call_id is not None:  # the rollout is locked: refused here, the reward is never committed
+            await check_call_rewards(session, body.call_id, app.settings.ingest.max_rewards_per_call)
     if result.created:
         count_reward(app, result)
     per_call = {"call_id": result.call_id} if result.call_id is not None else {}
@@ -59,20 +66,44 @@ async def get_rollout(request: web.Request) -> web.Response:
     rollout_id = request.match_info["rollout_id"]
     if "\x00" in rollout_id:  # the store cannot hold NUL, so no such rollout exists
         raise NotFoundError(f"rollout {rollout_id!r} does not exist")
+    limit = _query_int(request, "limit", 1, MAX_PAGE)
+    after = _query_int(request, "after", 0, None)
     app = state(request)
     await app.writer.sync()
     async with app.sessions() as session:
-        rollout = await store_rollouts.get_rollout(session, rollout_id, project=request.get("project"))
-    return Rollout.model_validate(rollout).reply()
+        rollout = await store_rollouts.get_rollout(session, rollout_id, project=request.get("project"),
+                                                   limit=limit, after=after)
+    # A page can be tens of MiB of JSON: written in a worker thread, by orjson alone. The store builds the
+    # contract's shape (`Rollout`, which tests/test_openapi.py checks answers against); validating it again here
+    # would hold the interpreter lock, and so the event loop, for a quarter of a second per 1,000 calls.
+    return web.Response(body=await asyncio.to_thread(orjson.dumps, rollout), content_type="application/json")
+
+
+def _query_int(request: web.Request, name: str, least: int, most: int | None) -> int | None:
+    """The query parameter `name` as an integer within [least, most]; None when absent; 422 otherwise."""
+    text = request.query.get(name)
+    if text is None:
+        return None
+    bounds = f"from {least} to {most}" if most is not None else f"of at least {least}"
+    try:
+        value = int(text)
+    except ValueError:
+        raise Unprocessable(f"{name} must be an integer {bounds}, not {text[:64]!r}", param=name) from None
+    if value < least or (most is not None and value > most):
+        raise Unprocessable(f"{name} must be an integer {bounds}, not {value}", param=name)
+    return value
 
 
 ENDPOINTS = [
     Endpoint("post", "/rollouts", create_rollout, "Start a rollout; its base_url records every call made through it",
              {201: Answer("Created.", RolloutCreated)}, (422, 503), body=RolloutCreate, body_required=False),
     Endpoint("post", "/reward", post_reward, "Final reward (closes the rollout) or a reward for one call",
-             {200: Answer("Stored (or the same final reward again).", RewardResult)}, (404, 409, 422, 503),
+             {200: Answer("Stored (or the same final reward again).", RewardResult)}, (404, 409, 413, 422, 503),
              body=RewardPost),
     Endpoint("get", "/rollouts/{rollout_id}", get_rollout,
-             "A rollout with its calls (token ids, logprobs) and rewards", {200: Answer("The rollout.", Rollout)},
-             (404, 503), path_params={"rollout_id": {"type": "string"}}),
+             "A rollout with one page of its calls (token ids, logprobs), their rewards and the rollout's",
+             {200: Answer("The rollout; `next` is the `after` of the following page (null on the last).", Rollout)},
+             (404, 422, 503), path_params={"rollout_id": {"type": "string"}},
+             query_params={"limit": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE},
+                           "after": {"type": "integer", "minimum": 0}}),
 ]

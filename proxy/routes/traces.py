@@ -6,8 +6,12 @@ nothing to score, are taken and ignored, so an agent may export all its spans he
 
 Bodies are binary protobuf or OTLP JSON; `Content-Encoding: gzip` is undone by aiohttp as it reads. The answer
 is an ExportTraceServiceResponse in the request's encoding, whose partial_success counts the refused spans
-(another project's or an unknown rollout, an expired one, a conflicting final reward, a reward for no call)
-and says why. Keys and projects apply as on `POST /reward`."""
+(another project's or an unknown rollout, an expired one, a conflicting final reward, a reward for no call,
+one for a call that holds the most rewards kept) and says why. Keys and projects apply as on `POST /reward`.
+
+Bounded before the work: the body is decoded in a worker process (proxy/otlp_decoding.py), which refuses an
+export past `--otlp-max-spans` or `--otlp-max-attributes` with 413 before reading it span by span; an export
+with more reward-carrying spans than `--max-rewards-per-export` is 413 before anything of it is stored."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -18,8 +22,9 @@ from google.protobuf import json_format
 
 from proxy.bodies import TraceExportResult
 from proxy.endpoints import Answer, Endpoint
-from proxy.errors import InvalidRequest, UnsupportedMediaType
-from proxy.otlp import JSON_TYPE, PROTOBUF_TYPES, OtlpFormatError, decode_request, export_response, span_facts
+from proxy.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from proxy.otlp import JSON_TYPE, PROTOBUF_TYPES, export_response
+from proxy.otlp_decoding import DECODERS
 from proxy.routes.rollouts import count_reward
 from proxy.schemas import TraceExport
 from proxy.span_rewards import (
@@ -46,10 +51,7 @@ async def export_traces(request: web.Request) -> web.Response:
         raw = await request.read()
     except RequestPayloadError as exc:  # e.g. a Content-Encoding: gzip body that is not gzip
         raise InvalidRequest(f"the request body could not be read: {exc}", code="invalid_body") from None
-    try:
-        spans = span_facts(decode_request(raw, content_type))
-    except OtlpFormatError as exc:
-        raise InvalidRequest(str(exc), code=exc.code) from None
+    spans = await request.app[DECODERS].span_facts(raw, content_type)  # in a worker process, within budget
 
     app = state(request)
     weights = ToolWeights.of(app.settings)
@@ -62,11 +64,13 @@ async def export_traces(request: web.Request) -> web.Response:
             results.append(SpanResult(IGNORED_NOTHING_TO_SCORE))
         else:
             by_rollout[span.rollout_id].append(span)
+    _within_reward_budget(sum(map(len, by_rollout.values())), app.settings.ingest.max_rewards_per_export)
     if by_rollout:
         await app.writer.sync()  # the calls these spans refer to may still be on their way to the database
     for rollout_id, rollout_spans in by_rollout.items():
         async with app.sessions() as session, session.begin():
-            stored = await store_span_rewards(session, rollout_id, rollout_spans, request.get("project"), weights)
+            stored = await store_span_rewards(session, rollout_id, rollout_spans, request.get("project"), weights,
+                                              app.settings.ingest.max_rewards_per_call)
         _count_rewards(app, stored)  # once committed
         results += stored
     for result in results:
@@ -82,6 +86,15 @@ async def export_traces(request: web.Request) -> web.Response:
     return TraceExportResult.model_validate(json_format.MessageToDict(response)).reply()
 
 
+def _within_reward_budget(spans_with_rewards: int, limit: int) -> None:
+    """The whole export is refused, before anything of it is stored, when more of its spans carry rewards than
+    one export may store: each is a row, and a partial store would leave the sender guessing what to resend."""
+    if spans_with_rewards > limit:
+        raise PayloadTooLarge(f"{spans_with_rewards} spans of the export carry rewards; one export may carry at "
+                              f"most {limit} (--max-rewards-per-export): send them in smaller batches",
+                              code="too_many_rewards")
+
+
 def _count_rewards(app: ProxyState, results: list[SpanResult]) -> None:
     for result in results:
         for reward in ([result.final] if result.final else []) + result.call_rewards:
@@ -94,5 +107,5 @@ ENDPOINTS = [
     Endpoint("post", "/v1/traces", export_traces,
              "OTLP/HTTP trace export: spans of a rollout become rewards (failed tool spans, rlproxy.reward)",
              {200: Answer("Taken; partialSuccess counts and explains the refused spans.", TraceExportResult)},
-             (400, 415, 503), body=TraceExport, protobuf=True),
+             (400, 413, 415, 503), body=TraceExport, protobuf=True),
 ]
