@@ -23,6 +23,7 @@ from proxy.routes.docs import DOCUMENTED
 from proxy.security import install as install_security
 from proxy.serving import CompletionServing
 from proxy.state import STATE, ProxyState
+from proxy.uploads import SERVER_SETTINGS, close_refused
 from proxy.tenancy import ModelAccess
 from proxy.upstream import UpstreamPool
 from proxy.writer import CaptureWriter
@@ -65,7 +66,8 @@ async def api_errors(request: web.Request, handler):
 
 
 def build_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> web.Application:
-    app = web.Application(middlewares=[api_errors], client_max_size=settings.client_max_size)
+    app = web.Application(middlewares=[close_refused, api_errors], client_max_size=settings.client_max_size,
+                          handler_args=SERVER_SETTINGS)
     register(app, all_endpoints())
     app[DOCUMENTED] = documented_endpoints()
     passthrough.add_routes(app)  # the engine's read-only routes, relayed (proxy/engine_routes.py)
