@@ -6,6 +6,7 @@ import logging
 
 from aiohttp import web
 
+from core.log_redaction import redact_keys_in
 from core.settings import ProxySettings
 from engine import lifecycle
 from engine.adapters import AdapterError
@@ -66,6 +67,7 @@ async def api_errors(request: web.Request, handler):
 
 
 def build_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> web.Application:
+    redact_keys_in()  # aiohttp logs the head of a request it cannot parse, keys included
     app = web.Application(middlewares=[close_refused, api_errors], client_max_size=settings.client_max_size,
                           handler_args=SERVER_SETTINGS)
     register(app, all_endpoints())
