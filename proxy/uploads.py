@@ -5,9 +5,9 @@ is allowed, and no more than the bounds allow after.
   (`continue_upload`, called by the limits middleware). aiohttp would answer it before any middleware runs, so
   every route is registered with `expect_later`, which leaves the answer to that call.
 - A compressed body (`Content-Encoding: gzip` or `deflate`) is inflated here, not by aiohttp (the application is
-  built with `auto_decompress=False`): in steps of `STEP` bytes, refused with 413 as soon as it passes
-  `--max-inflated-size` or `--max-inflation-ratio` times the compressed bytes read, and nothing more of it is read
-  then. Any other encoding is 415. Every later `request.read()`, whichever module calls it, returns the inflated
+  built with `auto_decompress=False`), in a worker thread, in steps of `STEP` bytes: refused with 413 as soon as
+  it passes `--max-inflated-size` or `--max-inflation-ratio` times the compressed bytes read, and nothing more of
+  it is read then. Any other encoding is 415. Every later `request.read()`, whichever module calls it, returns the inflated
   bytes that passed.
 - A request refused before its body was read to the end (401, 403, 413, 415, 429, …) is answered with
   `Connection: close` and the connection is closed, instead of reading and discarding the rest (`close_refused`;
@@ -15,6 +15,7 @@ is allowed, and no more than the bounds allow after.
 """
 from __future__ import annotations
 
+import asyncio
 import zlib
 from dataclasses import dataclass
 
@@ -137,7 +138,7 @@ async def inflate_body(request: web.Request, bounds: InflateBounds, max_compress
     async for chunk in request.content.iter_any():  # at most aiohttp's read buffer at a time
         if inflater.compressed + len(chunk) > max_compressed:
             raise PayloadTooLarge(f"request body is larger than the {max_compressed} bytes this proxy accepts")
-        inflater.feed(chunk)
+        await asyncio.to_thread(inflater.feed, chunk)  # zlib lets go of the GIL: other requests go on meanwhile
     # aiohttp keeps a body it has read in `_read_bytes`, and every later `read()` returns it: setting it makes
     # every reader of this request, in whichever module, read the inflated bytes that passed the bounds.
     request._read_bytes = inflater.finish()

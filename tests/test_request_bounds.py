@@ -8,6 +8,8 @@ import gzip
 import random
 import socket
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -210,21 +212,60 @@ def test_100_continue_is_sent_once_they_pass(proxy: Proxy):
     sock.close()
 
 
+def test_an_expectation_other_than_100_continue_is_417(proxy: Proxy):
+    answer = requests.post(f"{proxy.url}/v1/chat/completions", data=chat_body("hi"), timeout=30,
+                           headers=headers(proxy.key, Expect="the-unexpected"))
+    assert answer.status_code == 417
+    assert answer.json()["error"]["code"] == "expectation_failed"
+
+
 # -- another tenant while the bounds are hit ------------------------------------------------------------------------
+ATTACKER = """
+import gzip, socket, sys
+port, kind, key = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+if kind == "bomb":  # 61 KB of gzip that inflates to a 60 MiB chat call
+    body = gzip.compress(b'{"model": "m", "messages": [{"role": "user", "content": "' + b"a" * (60 << 20) + b'"}]}', 9)
+    head = f"Authorization: Bearer {key}\\r\\nContent-Encoding: gzip\\r\\n"
+else:  # 64 MiB with a wrong key
+    body, head = b"x" * ((64 << 20) - 1), "Authorization: Bearer not-a-key\\r\\n"
+head = (f"POST /v1/chat/completions HTTP/1.1\\r\\nHost: proxy\\r\\nConnection: close\\r\\n{head}"
+        f"Content-Length: {len(body)}\\r\\n\\r\\n").encode()
+request, first = head + body, True
+while True:
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        try:
+            sock.sendall(request)
+        except OSError:
+            pass
+        try:
+            while sock.recv(65536):
+                pass
+        except OSError:
+            pass
+    if first:
+        print("attacking", flush=True)
+        first = False
+"""
+
+
+@contextmanager
+def attackers(proxy: Proxy, kinds: list[str]) -> Iterator[None]:
+    """Each kind of attack in a process of its own (the stand-in engine shares the test's), under way before the
+    block starts."""
+    running = [subprocess.Popen([sys.executable, "-c", ATTACKER, str(proxy.port), kind, proxy.key],
+                                stdout=subprocess.PIPE, text=True) for kind in kinds]
+    try:
+        for process in running:
+            assert process.stdout.readline().strip() == "attacking"
+        yield
+    finally:
+        for process in running:
+            process.kill()
+            process.wait()
+
+
 def test_another_tenants_calls_stay_fast_while_the_bounds_are_hit(proxy: Proxy):
-    bomb = gzip.compress(chat_body("a" * (60 << 20)), 9)
-    stop = threading.Event()
-
-    def attack(kind: int) -> None:
-        while not stop.is_set():
-            if kind % 2:
-                upload(proxy, b"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\n"
-                              b"Authorization: Bearer not-a-key\r\n", MAX_BODY - 1)
-            else:
-                requests.post(f"{proxy.url}/v1/chat/completions", data=bomb, timeout=30,
-                              headers=headers(proxy.key, **{"Content-Encoding": "gzip"}))
-
-    def victim_latencies(n: int) -> list[float]:
+    def victim_p50(n: int) -> float:
         latencies = []
         with requests.Session() as session:
             for _ in range(n):
@@ -233,18 +274,10 @@ def test_another_tenants_calls_stay_fast_while_the_bounds_are_hit(proxy: Proxy):
                                       headers=headers(proxy.victim), timeout=30)
                 latencies.append(time.perf_counter() - began)
                 assert answer.status_code == 200
-        return latencies
+        return statistics.median(latencies)
 
-    quiet = statistics.median(victim_latencies(20))
-    attackers = [threading.Thread(target=attack, args=(i,), daemon=True) for i in range(4)]
-    for thread in attackers:
-        thread.start()
-    try:
-        time.sleep(0.3)
-        attacked = statistics.median(victim_latencies(30))
-    finally:
-        stop.set()
-        for thread in attackers:
-            thread.join(30)
+    quiet = victim_p50(20)
+    with attackers(proxy, ["bomb", "bomb", "upload", "upload"]):
+        attacked = victim_p50(30)
     print(f"victim p50: {quiet * 1000:.1f} ms quiet, {attacked * 1000:.1f} ms under 2 bomb and 2 upload attackers")
-    assert attacked < max(5 * quiet, quiet + 0.02)
+    assert attacked < max(10 * quiet, 0.05)  # before: 5.8 ms quiet, 2.1 s attacked
