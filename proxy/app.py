@@ -24,8 +24,8 @@ from proxy.routes.docs import DOCUMENTED
 from proxy.security import install as install_security
 from proxy.serving import CompletionServing
 from proxy.state import STATE, ProxyState
-from proxy.uploads import SERVER_SETTINGS, close_refused
 from proxy.tenancy import ModelAccess
+from proxy.uploads import SERVER_SETTINGS, close_refused
 from proxy.upstream import UpstreamPool
 from proxy.writer import CaptureWriter
 from store import errors as store_errors

@@ -171,7 +171,8 @@ async def enforce_limits(request: web.Request, handler):
     if checked:
         limits.check_rate(request)
         limits.check_size(request)
-    body_encoding(request)  # an encoding the proxy does not read: 415 before the body is invited
+    if request.body_exists:
+        body_encoding(request)  # an encoding the proxy does not read: 415 before the body is invited
     await continue_upload(request)
     await inflate_body(request, limits.inflate, limits.max_body)
     if checked:

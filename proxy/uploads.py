@@ -131,8 +131,7 @@ def body_encoding(request: web.Request) -> str | None:
 async def inflate_body(request: web.Request, bounds: InflateBounds, max_compressed: int) -> None:
     """Read a compressed body and inflate it within `bounds`, then leave the result where `request.read()` finds
     it. A body without a content coding is left for the route to read."""
-    encoding = body_encoding(request)
-    if encoding is None or not request.body_exists:
+    if not request.body_exists or (encoding := body_encoding(request)) is None:
         return
     inflater = Inflater(encoding, bounds)
     async for chunk in request.content.iter_any():  # at most aiohttp's read buffer at a time
