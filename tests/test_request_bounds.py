@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -98,6 +99,26 @@ def test_a_body_that_compresses_well_but_inflates_past_the_size_bound_is_413(pro
                            headers=headers(proxy.key, **{"Content-Encoding": "gzip"}), timeout=30)
     assert answer.status_code == 413
     assert answer.json()["error"]["code"] == "inflated_body_too_large"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/v1/responses", "/tokenize",
+                                  "/v1/traces", "/reward", "/rollouts"])
+def test_a_bomb_is_413_on_every_route_that_reads_a_body(proxy: Proxy, path: str):
+    before = len(proxy.stub.received)
+    bomb = gzip.compress(chat_body("a" * (60 << 20)), 9)
+    answer = requests.post(f"{proxy.url}{path}", data=bomb, timeout=30,
+                           headers=headers(proxy.key, **{"Content-Encoding": "gzip"}))
+    assert answer.status_code == 413
+    assert len(proxy.stub.received) == before
+
+
+def test_a_bomb_sent_in_chunks_or_as_raw_deflate_is_413_too(proxy: Proxy):
+    deflater = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)  # raw deflate, no zlib header
+    bomb = deflater.compress(chat_body("a" * (60 << 20))) + deflater.flush()
+    chunks = (bomb[i:i + 4096] for i in range(0, len(bomb), 4096))  # Transfer-Encoding: chunked, no length
+    answer = requests.post(f"{proxy.url}/v1/chat/completions", data=chunks, timeout=30,
+                           headers=headers(proxy.key, **{"Content-Encoding": "deflate"}))
+    assert answer.status_code == 413
 
 
 @pytest.mark.parametrize("encoding", ["br", "zstd", "gzip, gzip", "compress"])
