@@ -1,7 +1,8 @@
 """API keys never reach a log line. aiohttp logs a request it cannot parse (bare-LF line endings, a bad header)
 with the raw bytes of its head in the exception's message, `Authorization` header included; `RedactKeys`, a
 filter on aiohttp's loggers (`redact_keys_in`), replaces the value of every key header in a record's message and
-traceback with a marker before any handler sees it."""
+traceback with a marker before any handler sees it, and every bytes literal of a traceback (the raw excerpts a
+parse error quotes: a folded header's second line or an over-long value shows a key without its header's name)."""
 from __future__ import annotations
 
 import logging
@@ -14,8 +15,15 @@ AIOHTTP_LOGGERS = ("aiohttp.server", "aiohttp.web", "aiohttp.access", "aiohttp.i
 _KEY_HEADER = re.compile(r"(?i)((?:proxy-)?authorization|x-api-key)(\s*:\s*)(?:[^\r\n\\'\"]|\\(?![rn]))*")
 
 
+_BYTES_LITERAL = re.compile(r"b'(?:[^'\\\n]|\\.)*'" + r'|b"(?:[^"\\\n]|\\.)*"')
+
+
 def redact_keys(text: str) -> str:
     return _KEY_HEADER.sub(lambda m: f"{m[1]}{m[2]}{MARKER}", text)
+
+
+def redact_traceback(text: str) -> str:
+    return _BYTES_LITERAL.sub(f"b'{MARKER}'", redact_keys(text))
 
 
 class RedactKeys(logging.Filter):
@@ -26,10 +34,10 @@ class RedactKeys(logging.Filter):
             record.msg, record.args = redacted, None
         if record.exc_info:
             # The traceback is written here, redacted, and the exception dropped: no handler can write it whole.
-            record.exc_text = redact_keys(record.exc_text or logging.Formatter().formatException(record.exc_info))
+            record.exc_text = redact_traceback(record.exc_text or logging.Formatter().formatException(record.exc_info))
             record.exc_info = None
         elif record.exc_text:
-            record.exc_text = redact_keys(record.exc_text)
+            record.exc_text = redact_traceback(record.exc_text)
         return True
 
 
