@@ -6,6 +6,7 @@ import logging
 
 from aiohttp import web
 
+from core.log_redaction import redact_keys_in
 from core.settings import ProxySettings
 from engine import lifecycle
 from engine.adapters import AdapterError
@@ -25,6 +26,7 @@ from proxy.security import install as install_security
 from proxy.serving import CompletionServing
 from proxy.state import STATE, ProxyState
 from proxy.tenancy import ModelAccess
+from proxy.uploads import SERVER_SETTINGS, close_refused
 from proxy.upstream import UpstreamPool
 from proxy.writer import CaptureWriter
 from store import errors as store_errors
@@ -66,7 +68,9 @@ async def api_errors(request: web.Request, handler):
 
 
 def build_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> web.Application:
-    app = web.Application(middlewares=[api_errors], client_max_size=settings.client_max_size)
+    redact_keys_in()  # aiohttp logs the head of a request it cannot parse, keys included
+    app = web.Application(middlewares=[close_refused, api_errors], client_max_size=settings.client_max_size,
+                          handler_args=SERVER_SETTINGS)
     register(app, all_endpoints())
     app[DOCUMENTED] = documented_endpoints()
     passthrough.add_routes(app)  # the engine's read-only routes, relayed (proxy/engine_routes.py)

@@ -262,6 +262,18 @@ async def authenticate(request: web.Request, handler):
     return await handler(request)
 
 
+async def admin_caller(request: web.Request) -> bool:
+    """Whether the caller of a public route holds an admin key (every caller does when auth is off): such routes
+    answer everyone, and tell an admin more. A missing, unknown or unreadable key is no admin's, not an error."""
+    auth = request.app[AUTH]
+    if not auth.enabled:
+        return True
+    try:
+        return (await auth.identify(request)).admin
+    except (Unauthorized, StoreUnavailable):
+        return False
+
+
 @web.middleware
 async def scope_rollouts(request: web.Request, handler):
     """Another project's rollout in the path or `X-Rollout-Id` is 404 before the handler runs. Runs after the

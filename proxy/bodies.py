@@ -201,14 +201,19 @@ class SpoolState(Body):
 
 
 class Ready(Body):
+    """The status for every caller; the details (engine URLs, the spool's path, …) only with an admin key, or
+    when auth is off."""
+
+    omit_unset: ClassVar[bool] = True
+
     status: Literal["ready", "unavailable"]
-    database: bool
-    writer: bool = Field(description="The capture writer is running: false while it starts again after a "
-                                     "failure (then the status is unavailable).")
-    engines: dict[str, bool]
-    spooled_calls: int
-    policy: int = Field(description="The policy version serving now.")
-    spool: SpoolState
+    database: bool | None = None
+    writer: bool | None = Field(None, description="The capture writer is running: false while it starts again "
+                                                  "after a failure (then the status is unavailable).")
+    engines: dict[str, bool] | None = None
+    spooled_calls: int | None = None
+    policy: int | None = Field(None, description="The policy version serving now.")
+    spool: SpoolState | None = None
 
 
 class TokenCount(Body):

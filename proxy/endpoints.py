@@ -12,6 +12,8 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel
 
+from proxy.uploads import expect_later
+
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -61,4 +63,5 @@ def mounted(endpoints: Iterable[Endpoint], prefixes: Iterable[str], recorded: st
 
 def register(app: web.Application, endpoints: Iterable[Endpoint]) -> None:
     for endpoint in endpoints:
-        app.router.add_route(endpoint.method.upper(), endpoint.path, endpoint.handler)
+        app.router.add_route(endpoint.method.upper(), endpoint.path, endpoint.handler,
+                             expect_handler=expect_later)  # 100 Continue once the key and size pass

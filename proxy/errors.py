@@ -8,7 +8,8 @@
     ├── Unauthorized        401  no key, or one that is unknown or revoked
     ├── Forbidden           403  a valid key without the rights the route needs (admin)
     ├── PayloadTooLarge     413
-    ├── UnsupportedMediaType 415 a body in a content type the route does not read
+    ├── UnsupportedMediaType 415 a body in a content type (or content coding) the route does not read
+    ├── ExpectationFailed   417 an `Expect` other than 100-continue
     ├── RateLimited         429  with Retry-After
     ├── StoreUnavailable    503  the database did not answer in time
     ├── UpstreamUnavailable 502  no engine reachable (after bounded retries)
@@ -85,6 +86,12 @@ class UnsupportedMediaType(ProxyError):
     status = 415
     type = "invalid_request_error"
     default_code = "unsupported_media_type"
+
+
+class ExpectationFailed(ProxyError):
+    status = 417
+    type = "invalid_request_error"
+    default_code = "expectation_failed"
 
 
 class RateLimited(ProxyError):

@@ -1,6 +1,7 @@
-"""Limits at the edge: requests per second per key (a token bucket in memory), the request body size, how deeply
-a JSON body may nest, and the `max_tokens` / `n` an OpenAI request may ask for. Each answers with an error in the
-route's shape before the request reaches the engine or the recorder."""
+"""Limits at the edge: requests per second per key (a token bucket in memory), the request body size (and what a
+compressed body may inflate to: proxy/uploads.py), how deeply a JSON body may nest, and the `max_tokens` / `n` an
+OpenAI request may ask for. Each answers with an error in the route's shape before the request reaches the engine
+or the recorder."""
 from __future__ import annotations
 
 import math
@@ -15,6 +16,7 @@ from aiohttp import web
 from core.settings import ProxySettings
 from proxy.auth import KEY, Access, access_for, is_openai_route
 from proxy.errors import InvalidRequest, PayloadTooLarge, RateLimited
+from proxy.uploads import InflateBounds, body_encoding, continue_upload, inflate_body
 
 TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")  # chat, Messages; Responses
 
@@ -102,6 +104,8 @@ class Limits:
         self.rate = auth.rate_limit
         self.burst = auth.rate_burst
         self.max_body = settings.client_max_size
+        self.inflate = InflateBounds(min(settings.max_inflated_size, settings.client_max_size),
+                                     settings.max_inflation_ratio)
         self.max_tokens = auth.max_tokens
         self.max_n = auth.max_n
         self.limiter = RateLimiter()
@@ -160,9 +164,17 @@ LIMITS = web.AppKey("rlproxy_limits", Limits)
 
 @web.middleware
 async def enforce_limits(request: web.Request, handler):
-    if access_for(request) is not Access.PUBLIC:
-        limits = request.app[LIMITS]
+    """Rate and declared size, then (only then) the body: `100 Continue` if asked for, a compressed body
+    inflated within its bounds, the OpenAI fields checked."""
+    limits = request.app[LIMITS]
+    checked = access_for(request) is not Access.PUBLIC
+    if checked:
         limits.check_rate(request)
         limits.check_size(request)
+    if request.body_exists:
+        body_encoding(request)  # an encoding the proxy does not read: 415 before the body is invited
+    await continue_upload(request)
+    await inflate_body(request, limits.inflate, limits.max_body)
+    if checked:
         await limits.check_body(request)
     return await handler(request)

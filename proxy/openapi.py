@@ -49,8 +49,9 @@ _ERRORS = {
     403: "The route needs an admin key.",
     404: "Unknown rollout, call, policy, model or route; another project's rollout or adapter looks the same.",
     409: "A different final reward for a rollout that already has one.",
-    413: "The request body is larger than the proxy accepts.",
-    415: "A body in a content type the route does not read.",
+    413: "The request body is larger than the proxy accepts, or a compressed one inflates past its bounds "
+         "(`inflated_body_too_large`, `inflation_ratio_too_high`).",
+    415: "A body in a content type, or a Content-Encoding, the route does not read (gzip and deflate are read).",
     422: "Malformed body, a JSON body nested too deeply (`json_too_deep`), or a reward that is not a finite number.",
     429: "Over the key's rate limit; Retry-After says when to try again.",
     502: "No engine reachable, or the engine refused to load the adapter.",
@@ -155,7 +156,7 @@ class _Builder:
                     else _json(_model_schema(endpoint.body)))
             operation["requestBody"] = {"required": endpoint.body_required, "description": _depth_note(endpoint),
                                         **body}
-            responses.update(_errors((413,), shape))
+            responses.update(_errors((413, 415), shape))
         if endpoint.protobuf:  # the same message, binary: in the request and in the answer
             operation["requestBody"]["content"][PROTOBUF] = {"schema": {"type": "string", "format": "binary"}}
             for status in endpoint.answers:

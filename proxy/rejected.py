@@ -47,7 +47,7 @@ class RejectedCalls:
         log.error("call %s cannot be stored (%s); kept in %s", call_id, reason, self.path)
         try:
             line = _line(record, reason)
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
             try:
                 os.write(fd, line)  # one write: a line is whole or absent
             finally:

@@ -208,7 +208,7 @@ class Spool:
         if segment is None:
             number = self.segments[-1].number + 1 if self.segments else 0
             path = self.path if number == 0 else self.path.with_name(f"{self.path.name}.{number}")
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o644)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
             limit = segment_limit(self.segment_bytes, path.parent)
             segment = Segment(path, number, self.next_lsn, fd=fd, new=True, limit=limit)
             self.segments.append(segment)
@@ -346,8 +346,8 @@ class Spool:
 def _lock(path: Path) -> int:
     """Hold `path` locked for this process (POSIX locks are per process: a second Spool on the same path in the
     same process, as tests make, is not refused)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # new folders and files: the owner's only
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -1,8 +1,15 @@
-"""Connecting to the store: one async engine per process, with per-dialect settings."""
+"""Connecting to the store: one async engine per process, with per-dialect settings.
+
+Errors never carry a statement's parameters (`hide_parameters`): they hold what agents sent and keys' digests,
+and an error's text reaches logs, the rejected-calls file and API answers. A SQLite database file is created
+readable by its owner only (its -wal and -shm files take the same mode)."""
 from __future__ import annotations
+
+import os
 
 import orjson
 from sqlalchemy import event, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import (AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker,
                                     create_async_engine)
 
@@ -21,7 +28,8 @@ JSON_CODEC = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}
 def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
     """An async engine for `url`. SQLite gets WAL and a busy timeout so proxy and trainer can share a file."""
     if is_sqlite(url):
-        engine = create_async_engine(url, connect_args={"timeout": 30}, **JSON_CODEC)
+        _create_private(make_url(url).database)
+        engine = create_async_engine(url, connect_args={"timeout": 30}, hide_parameters=True, **JSON_CODEC)
 
         @event.listens_for(engine.sync_engine, "connect")
         def _pragmas(dbapi_conn, _record):  # noqa: ANN001
@@ -33,7 +41,19 @@ def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
             cur.close()
 
         return engine
-    return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, **JSON_CODEC)
+    return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True,
+                               hide_parameters=True, **JSON_CODEC)
+
+
+def _create_private(path: str | None) -> None:
+    """Create the SQLite file `path` with mode 0600 if it does not exist yet (SQLite would make it 0644 under the
+    usual umask); a folder that does not exist is left for SQLite to report."""
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    except FileNotFoundError:
+        pass
 
 
 def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

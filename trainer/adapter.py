@@ -61,10 +61,11 @@ def save_adapter_atomically(
     """Write the adapter of peft `model` (+ optimizer state) to `target_dir`, all or nothing. `weights`: the
     adapter's tensors when already gathered (trainer/sharding.py's `lora_weights`); by default taken from `model`."""
     target = Path(target_dir).absolute()
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # mkdtemp makes the folder 0700, and each file is made 0600: a trained adapter is the owner's only (the
+    # engines that load it run as the same user: the Docker image and the Helm chart run everything as one).
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the serving process may run as another user
         weights = lora_weights(model) if weights is None else weights
         _write_json(tmp / ADAPTER_CONFIG, adapter_config(model, base_model_name_or_path))
         _write_weights(weights, tmp / ADAPTER_WEIGHTS)
@@ -72,6 +73,7 @@ def save_adapter_atomically(
             torch.save(dict(optimizer_state), tmp / OPTIMIZER_STATE)
         _write_json(tmp / TRAINER_STATE, dict(trainer_state or {}))
         for path in tmp.iterdir():
+            path.chmod(0o600)
             _fsync(path)
         _fsync(tmp)
         _move_into_place(tmp, target)

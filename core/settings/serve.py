@@ -68,6 +68,15 @@ class ProxySettings(CommandSettings):
     )
     migrate: bool = Field(True, description="Apply migrations on start.")
     client_max_size: int = Field(64 * 1024 * 1024, description="Largest request body accepted, in bytes.")
+    max_inflated_size: int = Field(
+        16 * 1024 * 1024, gt=0,
+        description="Largest size, in bytes, a compressed request body (Content-Encoding gzip or deflate) may "
+                    "inflate to; never more than --client-max-size. Inflating stops, and the request is 413, as "
+                    "soon as it is passed.")
+    max_inflation_ratio: float = Field(
+        100.0, gt=1,
+        description="Most times its compressed size a compressed request body may inflate to (checked once it "
+                    "passes 1 MiB): a compression bomb is 413 after a few milliseconds of work.")
     upstream_timeout: float = Field(600.0, description="Seconds an upstream request may take in total.")
     upstream_connect_attempts: int = Field(3, description="Connection attempts per request before the first byte.")
     policy_refresh_interval: float = Field(1.0, description="Seconds between reads of the active policy.")

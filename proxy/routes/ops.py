@@ -1,6 +1,6 @@
 """Operations: `GET /healthz` (process up), `GET /readyz` (an engine reachable and calls recorded: the capture
 writer running, the spool writable when calls pass through it, and the database answering or the spool writable
-while it is down), `GET /metrics`."""
+while it is down; what it looked at only for admin keys), `GET /metrics`."""
 from __future__ import annotations
 
 import asyncio
@@ -8,6 +8,7 @@ import asyncio
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from proxy.auth import admin_caller
 from proxy.bodies import Health, Ready, SpoolState
 from proxy.endpoints import Answer, Endpoint
 from proxy.state import state
@@ -35,13 +36,16 @@ async def readyz(request: web.Request) -> web.Response:
     # `spool` or `sync` durability every call passes through the spool: one it cannot keep is answered 503.
     recording = spool_problem is None if writer.durable else (database or spool_problem is None)
     ready = recording and writer.running and any(engines.values())
+    status = 200 if ready else 503
+    if not await admin_caller(request):  # where the engines and the spool are is not every caller's business
+        return Ready(status="ready" if ready else "unavailable").reply(status=status)
     answer = Ready(status="ready" if ready else "unavailable", database=database, writer=writer.running,
                    engines=engines,
                    spooled_calls=writer.awaiting_replay, policy=app.router.active.version,
                    spool=SpoolState(pending=writer.awaiting_replay, spooling=writer.spooling,
                                     durability=writer.settings.durability, path=str(writer.spool.path),
                                     writable=spool_problem is None, problem=spool_problem))
-    return answer.reply(status=200 if ready else 503)
+    return answer.reply(status=status)
 
 
 async def metrics(request: web.Request) -> web.Response:

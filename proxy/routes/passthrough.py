@@ -33,7 +33,8 @@ from proxy.state import state
 
 # Hop-by-hop headers (RFC 9110 §7.6.1) and what the proxy sets itself are not copied across.
 DROPPED = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
-           "transfer-encoding", "upgrade", "host", "content-length", "authorization", "x-api-key"}
+           "transfer-encoding", "upgrade", "host", "content-length", "authorization", "x-api-key",
+           "content-encoding"}  # the proxy sends the body inflated (proxy/uploads.py)
 
 
 def engine_path(request: web.Request) -> str:

@@ -4,9 +4,9 @@ execution is the `tool_error` AIR of the call that asked for the tool, and `rlpr
 per-call reward (docs/contract.md says which attributes mean what). Spans that name no rollout, or carry
 nothing to score, are taken and ignored, so an agent may export all its spans here.
 
-Bodies are binary protobuf or OTLP JSON; `Content-Encoding: gzip` is undone by aiohttp as it reads. The answer
-is an ExportTraceServiceResponse in the request's encoding, whose partial_success counts the refused spans
-(another project's or an unknown rollout, an expired one, a conflicting final reward, a reward for no call,
+Bodies are binary protobuf or OTLP JSON; `Content-Encoding: gzip` is undone by the proxy as it reads, within
+its bounds (proxy/uploads.py). The answer is an ExportTraceServiceResponse in the request's encoding, whose
+partial_success counts the refused spans (another project's or an unknown rollout, an expired one, a conflicting final reward, a reward for no call,
 one for a call that holds the most rewards kept) and says why. Keys and projects apply as on `POST /reward`.
 
 Bounded before the work: the body is decoded in a worker process (proxy/otlp_decoding.py), which refuses an
