@@ -1,6 +1,9 @@
 """Connecting to the store: one async engine per process, with per-dialect settings."""
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import orjson
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import (AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker,
@@ -38,6 +41,17 @@ def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
 
 def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+@contextlib.asynccontextmanager
+async def short_session(url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+    """Sessions on a one-connection engine of their own, disposed on leaving: for what touches the store
+    rarely and briefly (a gate's verdict, `rlproxy eval`, a test's setup) rather than holding a pool open."""
+    engine = create_engine(url, pool_size=1)
+    try:
+        yield session_factory(engine)
+    finally:
+        await engine.dispose()
 
 
 async def ping(connection: AsyncSession | AsyncConnection) -> None:
