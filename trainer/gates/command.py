@@ -18,8 +18,9 @@ killed), a non-zero exit, or no JSON line with a finite score. The gate then doe
 A parent that cannot be scored (not servable, or its run fails) leaves nothing to compare with, so every
 candidate would be retired: that is an alert (an ERROR line starting "ALERT command gate", the counter
 `rlproxy_trainer_gate_parent_unscored_total{why}`) saying what the gate needs, and the stored reason says it too.
-The parent's score on the same command and split is measured once and kept (on the parent's row, or for the
-base model on its children's), so each candidate costs one run.
+The parent's score on the same command and split is measured once and kept as a verdict (its own, or for the
+base model, which has no row, on the child's; store/verdicts.py `parent_score` finds it), so each candidate
+costs one run.
 """
 from __future__ import annotations
 
