@@ -1,16 +1,14 @@
 """The demo task's measurement (`rlproxy eval`, the demo, and through demo/score.py `rlproxy train --gate
 heldout`): one episode of the demo agent per task of a split of the demo task family, against any
 OpenAI-compatible base URL (the proxy, or the engine directly), its success with a 95% Wilson interval, and
-the held-out result kept on the policy row's `evaluation` JSON.
+the held-out result kept as the version's `heldout` verdict (store/verdicts.py).
 
-The gates decide with the promotion rule of trainer/gates/command.py (`passes`): 48 tasks at a success near 30%
-give an interval about ±13 points wide, so a strict "at least as good" would reject half of the candidates that
-are exactly as good as their parent.
+The gates decide with the one promotion rule, core/promotion.py (why it allows a margin is said there).
 """
 from __future__ import annotations
 
-import contextlib
 import hashlib
+from datetime import datetime
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,8 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from demo.agent import evaluate_detailed
 from demo.tasks import Task, heldout_tasks
-from store import policies
-from store.db import create_engine, session_factory
+from store import policies, verdicts
+from store.db import short_session
 from store.evaluation import wilson
 from store.models import utcnow
 from trainer.gates.evaluate import EvalError, resolve
@@ -49,11 +47,6 @@ class HeldoutResult:
     def successes(self) -> float:
         return self.success * self.tasks
 
-    def as_evaluation(self) -> dict[str, Any]:
-        return {"heldout_success": self.success, "heldout_tasks": self.tasks,
-                "heldout_ci95": [self.low, self.high], "heldout_errors": self.errors,
-                "heldout_task_set": self.task_set, "heldout_seconds": round(self.seconds, 2), "when": self.when}
-
     def describe(self) -> str:
         return (f"{self.success:.1%} ({self.successes:g}/{self.tasks}), 95% CI {self.low:.1%}–{self.high:.1%}"
                 + (f", {self.errors} episodes failed" if self.errors else ""))
@@ -78,25 +71,15 @@ async def evaluate_heldout(base_url: str, model: str, tasks: list[Task], *, conc
 # --- the store ---------------------------------------------------------------------------------------
 
 
-@contextlib.asynccontextmanager
-async def transaction(database_url: str):
-    """A session in one transaction on its own short-lived connection pool (gates run rarely)."""
-    engine = create_engine(database_url, pool_size=1)
-    try:
-        async with session_factory(engine)() as session, session.begin():
-            yield session
-    finally:
-        await engine.dispose()
-
-
 async def record(session: AsyncSession, version: int, result: HeldoutResult, **extra: Any) -> bool:
-    """Merge the result (and `extra`, e.g. parent and verdict) into the policy's evaluation. The base model
+    """Keep the result (and `extra`, e.g. parent and verdict) as the version's `heldout` verdict. The base model
     (version 0) has no row: nothing is stored and False is returned."""
     if version == policies.BASE_VERSION:
         return False
-    policy = await policies.get_policy(session, version)
-    # a new dict (JSON changes in place are not tracked), keeping what else is there (e.g. a canary record)
-    policy.evaluation = {**(policy.evaluation or {}), **result.as_evaluation(), **extra}
+    await verdicts.add(session, version, verdicts.HELDOUT, score=result.success, measured=result.task_set,
+                       created_at=datetime.fromisoformat(result.when), evidence={
+                           "heldout_tasks": result.tasks, "heldout_ci95": [result.low, result.high],
+                           "heldout_errors": result.errors, "heldout_seconds": round(result.seconds, 2), **extra})
     return True
 
 
@@ -120,5 +103,5 @@ async def evaluate_policy(version: int, database_url: str, *, proxy: str | None 
         raise EvalError(f"every episode failed ({target.model} at {target.url}): {result.first_error}")
     if target.row is None:
         return result, False
-    async with transaction(database_url) as session:
+    async with short_session(database_url) as sessions, sessions() as session, session.begin():
         return result, await record(session, version, result)

@@ -32,7 +32,7 @@ from core.hardware import fast_bf16
 from core.settings import EngineSettings, ProxySettings, RunSettings, TrainerSettings, WriterSettings
 from core.settings.demo import AGENT, PROBE_AGENT, DemoSettings
 from demo.agent import AIR_TEXT_ACTION, AIR_TEXT_ERROR, run_episode
-from demo.evaluate import HeldoutResult, evaluate_heldout, transaction
+from demo.evaluate import HeldoutResult, evaluate_heldout
 from demo.report import Report
 from demo.score import command
 from demo.startup import ENGINE_EXPECTED_SECONDS, engine_alive, engine_phases, preflight
@@ -45,8 +45,8 @@ from runner.attempt import Attempt, Outcome
 from runner.run import Runner
 from runner.tasks import EVAL, TRAIN
 from runner.tasks import Task as RunnerTask
-from store import policies
-from trainer.gates.command import KEY as GATE_RECORD
+from store import policies, verdicts
+from store.db import short_session
 from trainer.gates.command import CommandGate
 from trainer.worker import TrainerWorker
 
@@ -323,8 +323,8 @@ class Demo:
             evaluation.cancel()
             return None
         promoted = evaluation.result()
-        async with transaction(self.settings.database_url) as session:
-            verdict = ((await policies.get_policy(session, version)).evaluation or {}).get(GATE_RECORD, {})
+        async with short_session(self.settings.database_url) as sessions, sessions() as session:
+            verdict = await verdicts.record(session, version, verdicts.COMMAND_GATE) or {}
         if verdict.get("score") is not None:
             self.progress.gate[version] = verdict["score"]
         if verdict.get("parent_score") is not None:

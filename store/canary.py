@@ -3,8 +3,8 @@ retires it.
 
 Which rollouts it answers is a pure function of the rollout id (a SHA-256 bucket), so every call of a
 rollout goes to the same version without any per-rollout state, and every proxy sharing the database agrees.
-The canary itself is the policy row with status `canary`; its fraction and start time live in that row's
-`evaluation` JSON under "canary", which the proxies read on their policy refresh. The proxy and the trainer
+The canary itself is the policy row with status `canary`; its fraction and start time live in its newest
+`canary` verdict (store/verdicts.py), which the proxies read on their policy refresh. The proxy and the trainer
 both use this module: the proxy to route, the trainer to start the canary, gather the evidence and end it.
 
 Each named policy has at most one canary; it answers that policy's calls only, and is judged against that
@@ -27,11 +27,10 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from core.policy_rules import DEFAULT_POLICY
-from store import policies
+from store import policies, verdicts
 from store.errors import Conflict
 from store.models import Call, Policy, PolicyStatus, Rollout, RolloutStatus, utcnow
 
-KEY = "canary"  # where a policy's canary record lives in its evaluation JSON
 ALL, EVAL = "all", "eval"  # the canary's scope: every new rollout, or evaluation rollouts only
 
 
@@ -58,9 +57,10 @@ def serves(canary: Canary, rollout_id: str) -> bool:
     return int.from_bytes(digest[:8], "big") < canary.fraction * 2**64
 
 
-def _parse(version: int, name: str, evaluation: dict[str, Any] | None,
+def _parse(version: int, name: str, record: dict[str, Any] | None,
            policy: str = DEFAULT_POLICY) -> Canary | None:
-    record = (evaluation or {}).get(KEY) or {}
+    """The canary a `canary` verdict record describes (store/verdicts.py as_record)."""
+    record = record or {}
     try:
         fraction = float(record["fraction"])
         started = datetime.fromisoformat(record["started_at"])
@@ -82,16 +82,19 @@ async def serving_all(session: AsyncSession) -> dict[str, Line]:
     """Every named policy with an active version or a canary, in one read (a policy not in it is served by
     the base model)."""
     rows = (await session.execute(
-        select(Policy.version, Policy.name, Policy.path, Policy.status, Policy.evaluation, Policy.policy)
+        select(Policy.version, Policy.name, Policy.path, Policy.status, Policy.policy)
         .where(Policy.status.in_((PolicyStatus.ACTIVE, PolicyStatus.CANARY))).order_by(Policy.version)
     )).all()
+    started = await verdicts.newest(session, [row.version for row in rows if row.status == PolicyStatus.CANARY],
+                                    verdicts.CANARY)
     lines: dict[str, Line] = {}
-    for version, name, path, status, evaluation, policy in rows:
+    for version, name, path, status, policy in rows:
         line = lines.get(policy) or Line(policies.base_of(policy))
         if status == PolicyStatus.ACTIVE:
             line = Line(policies.ActivePolicy(version, name, path, policy), line.canary)
         else:  # the newest readable canary
-            line = Line(line.active, _parse(version, name, evaluation, policy) or line.canary)
+            record = verdicts.as_record(started[version]) if version in started else None
+            line = Line(line.active, _parse(version, name, record, policy) or line.canary)
         lines[policy] = line
     return lines
 
@@ -124,12 +127,11 @@ async def start(session: AsyncSession, version: int, fraction: float, *, traffic
     if policy.status not in (PolicyStatus.CANDIDATE, PolicyStatus.CANARY):
         raise Conflict(f"policy v{version} is {policy.status}; only a candidate can go in canary")
     active = await policies.active_policy(session, policy.policy)
-    record = {"fraction": fraction, "started_at": utcnow().isoformat(), "parent": active.version,
-              "traffic": traffic, "eval_agents": list(eval_agents)}
-    policy.evaluation = {**(policy.evaluation or {}), KEY: record}  # a new dict: JSON changes are not tracked
-    policy.status = PolicyStatus.CANARY
-    await session.flush()
-    return _parse(version, policy.name, policy.evaluation, policy.policy)
+    row = await verdicts.add(session, version, verdicts.CANARY, parent_version=active.version, evidence={
+        "fraction": fraction, "started_at": utcnow().isoformat(), "traffic": traffic,
+        "eval_agents": list(eval_agents)})
+    await policies.set_status(session, version, PolicyStatus.CANARY)
+    return _parse(version, policy.name, verdicts.as_record(row), policy.policy)
 
 
 @dataclass(slots=True, frozen=True)
@@ -165,13 +167,16 @@ async def evidence(session: AsyncSession, canary: Canary, versions: tuple[int, .
     return arms
 
 
-async def end(session: AsyncSession, canary: Canary, promoted: bool, verdict: dict[str, Any]) -> None:
-    """Promote (make it the active policy) or retire the canary, keeping the verdict in its evaluation."""
-    policy = await policies.get_policy(session, canary.version)
-    record = {**(policy.evaluation or {}).get(KEY, {}), **verdict, "promoted": promoted,
-              "ended_at": utcnow().isoformat()}
-    policy.evaluation = {**(policy.evaluation or {}), KEY: record}
-    await session.flush()
+async def end(session: AsyncSession, canary: Canary, promoted: bool, *, mine: Arm, theirs: Arm,
+              margin: float) -> None:
+    """Promote (make it the active policy) or retire the canary, recording the verdict: its arm against the
+    active version's `theirs`, with the margin the rule allowed."""
+    await verdicts.add(
+        session, canary.version, verdicts.CANARY, score=mine.mean_reward, parent_version=canary.parent,
+        parent_score=theirs.mean_reward, promoted=promoted, evidence={
+            "fraction": canary.fraction, "started_at": canary.started_at.isoformat(), "traffic": canary.traffic,
+            "eval_agents": list(canary.eval_agents), "rollouts": mine.rollouts, "active_version": theirs.version,
+            "active_rollouts": theirs.rollouts, "margin": margin, "ended_at": utcnow().isoformat()})
     if promoted:
         await policies.activate(session, canary.version)
     else:

@@ -5,7 +5,9 @@ and an error's text reaches logs, the rejected-calls file and API answers. A SQL
 readable by its owner only (its -wal and -shm files take the same mode)."""
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import AsyncIterator
 
 import orjson
 from sqlalchemy import event, text
@@ -58,6 +60,17 @@ def _create_private(path: str | None) -> None:
 
 def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, expire_on_commit=False)
+
+
+@contextlib.asynccontextmanager
+async def short_session(url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+    """Sessions on a one-connection engine of their own, disposed on leaving: for what touches the store
+    rarely and briefly (a gate's verdict, `rlproxy eval`, a test's setup) rather than holding a pool open."""
+    engine = create_engine(url, pool_size=1)
+    try:
+        yield session_factory(engine)
+    finally:
+        await engine.dispose()
 
 
 async def ping(connection: AsyncSession | AsyncConnection) -> None:

@@ -265,6 +265,7 @@ class Policy(Base):
     path: Mapped[str | None] = mapped_column(Text)
     base_model: Mapped[str | None] = mapped_column(Text)
     metrics: Mapped[dict[str, Any] | None] = mapped_column(Document)
+    # what is not a verdict (the fleet's reference answer, store/replicas.py); verdicts are PolicyVerdict rows
     evaluation: Mapped[dict[str, Any] | None] = mapped_column(Document)
     created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
     activated_at: Mapped[datetime | None] = mapped_column(Timestamp)
@@ -299,6 +300,31 @@ class PolicyReplica(Base):
     reason: Mapped[str | None] = mapped_column(Text)  # why it is withheld
     failures: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))  # failed tries in a row
     updated_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
+
+
+class PolicyVerdict(Base):
+    """One measurement or decision about a policy version (store/verdicts.py): a canary's start and its end, a
+    command gate's score (and verdict), an `rlproxy eval` score. Rows are only added, never changed, so writers
+    from several processes never read-modify-write; the newest row of a kind (and split) is the current one."""
+
+    __tablename__ = "policy_verdicts"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    version: Mapped[int] = mapped_column(ForeignKey("policies.version", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(32))  # canary, command_gate, command_eval, heldout
+    split: Mapped[str | None] = mapped_column(String(32))  # the evaluation command's split, where it has one
+    measured: Mapped[str | None] = mapped_column(String(80))  # a digest of what was measured (command and split, tasks)
+    score: Mapped[float | None] = mapped_column(Float)
+    parent_version: Mapped[int | None] = mapped_column(Integer)  # what it was compared with (0: the base model)
+    parent_score: Mapped[float | None] = mapped_column(Float)
+    promoted: Mapped[bool | None] = mapped_column(Boolean)  # None: no decision (a canary running, a score alone)
+    evidence: Mapped[dict[str, Any] | None] = mapped_column(Document)  # the rest, as each kind records it
+    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
+
+    __table_args__ = (
+        Index("ix_policy_verdicts_version_kind", "version", "kind"),
+        Index("ix_policy_verdicts_parent_version", "parent_version"),
+    )
 
 
 class TrainStep(Base):

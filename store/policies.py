@@ -12,7 +12,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from core.policy_rules import BASE_POLICY, DEFAULT_POLICY
-from store import evaluation
+from store import evaluation, verdicts
 from store.errors import NotFound
 from store.models import Policy, PolicyStatus, utcnow
 
@@ -73,14 +73,6 @@ async def unpublished_versions(session: AsyncSession, policy: str, after_version
         .order_by(Policy.version))).scalars().all())
 
 
-async def children_evaluations(session: AsyncSession, parent_version: int) -> list[dict[str, Any]]:
-    """The evaluation records of `parent_version`'s children, newest first (empty records as {}): where a gate
-    kept what it measured of the parent."""
-    return [evaluation or {} for evaluation in (await session.execute(
-        select(Policy.evaluation).where(Policy.parent_version == parent_version)
-        .order_by(Policy.version.desc()))).scalars()]
-
-
 async def get_policy(session: AsyncSession, version: int) -> Policy:
     policy = await session.get(Policy, version)
     if policy is None:
@@ -96,6 +88,7 @@ async def list_policies(session: AsyncSession, *, project: str | None = None,
     policies = (await session.execute(
         select(Policy).where(Policy.policy == policy).order_by(Policy.version))).scalars().all()
     traffic = await evaluation.traffic_by_version(session, project=project)
+    judged = await verdicts.evaluations(session, [p.version for p in policies])
     none = evaluation.summarize(0, 0.0, 0.0, False)
     active = any(p.status == PolicyStatus.ACTIVE for p in policies)
     base = {"version": BASE_VERSION, "policy": policy, "name": None,
@@ -105,12 +98,24 @@ async def list_policies(session: AsyncSession, *, project: str | None = None,
     return [base] + [
         {"version": p.version, "policy": p.policy, "name": p.name, "status": p.status,
          "parent_version": p.parent_version,
-         "path": p.path, "metrics": p.metrics, "evaluation": p.evaluation,
+         "path": p.path, "metrics": p.metrics, "evaluation": _evaluation(p, judged.get(p.version)),
          "evaluation_traffic": traffic.get(p.version, none),
          "created_at": p.created_at.isoformat() if p.created_at else None,
          "activated_at": p.activated_at.isoformat() if p.activated_at else None}
         for p in policies
     ]
+
+
+def _evaluation(policy: Policy, judged: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A version's `evaluation` as `GET /policies` has always shown it: its verdicts (store/verdicts.py) beside
+    what else its row keeps there (the fleet's reference answer); None when there is neither."""
+    return {**(policy.evaluation or {}), **(judged or {})} or None
+
+
+async def evaluation_of(session: AsyncSession, version: int) -> dict[str, Any] | None:
+    """One version's `evaluation`, as `list_policies` shows it."""
+    policy = await get_policy(session, version)
+    return _evaluation(policy, (await verdicts.evaluations(session, [version])).get(version))
 
 
 async def names(session: AsyncSession) -> list[str]:

@@ -53,15 +53,12 @@ async def pump(src, dst, observe=None) -> None:
 
 
 @asynccontextmanager
-async def _transaction(database_url: str):
-    from store.db import create_engine, session_factory
+async def transaction(database_url: str):
+    """A session in one transaction on the test database, as the gates open one."""
+    from store.db import short_session
 
-    engine = create_engine(database_url, pool_size=1)
-    try:
-        async with session_factory(engine)() as session, session.begin():
-            yield session
-    finally:
-        await engine.dispose()
+    async with short_session(database_url) as sessions, sessions() as session, session.begin():
+        yield session
 
 
 def adapter_folder(root: Path, version: int) -> str:
@@ -79,7 +76,7 @@ async def add_policies(database_url: str, root: Path, versions: list[int], *, ac
     stub engine."""
     from store import policies
 
-    async with _transaction(database_url) as session:
+    async with transaction(database_url) as session:
         for version in versions:
             await policies.add_candidate(session, version, adapter_folder(root, version), parent_version=version - 1,
                                          base_model=base_model, policy=policy)
@@ -95,8 +92,16 @@ async def add_policies(database_url: str, root: Path, versions: list[int], *, ac
 async def policy_row(database_url: str, version: int):
     from store import policies
 
-    async with _transaction(database_url) as session:
+    async with transaction(database_url) as session:
         return await policies.get_policy(session, version)
+
+
+async def policy_evaluation(database_url: str, version: int) -> dict | None:
+    """A version's `evaluation` as `GET /policies` shows it (its verdicts, assembled)."""
+    from store import policies
+
+    async with transaction(database_url) as session:
+        return await policies.evaluation_of(session, version)
 
 
 def make_key(database_url: str, project: str, **options) -> str:
@@ -104,7 +109,7 @@ def make_key(database_url: str, project: str, **options) -> str:
     from store.keys import create_key
 
     async def go() -> str:
-        async with _transaction(database_url) as session:
+        async with transaction(database_url) as session:
             return (await create_key(session, project, **options))[0]
 
     return asyncio.run(go())

@@ -2,7 +2,7 @@
 (each only the floors below it, as LAYERS lists them: core at the bottom, the command line `rlproxy` on top), no
 import circles between modules, no import hidden inside a function except of an optional heavy dependency, every
 top-level package of the repository placed in the plan, and the write side: SQL only in store/ and migrations/,
-and reward rows written only by store/rewards.py.
+reward rows written only by store/rewards.py, and a policy's state (`evaluation`, its verdicts) set only there.
 
 When this fails, either the change works against the plan (move the shared piece down a floor, the statement
 into store/) or the plan changed (change docs/architecture.md and LAYERS together)."""
@@ -306,6 +306,22 @@ def reward_rows_written(path: Path) -> list[tuple[int, str]]:
     return found
 
 
+# A policy's state (its verdicts, what else its row keeps in `evaluation`, its lineage and activation) changes
+# only through store/ functions: set on a loaded row elsewhere, it is a read-modify-write nobody else sees.
+POLICY_STATE = {"evaluation", "evidence", "promoted", "parent_score", "parent_version", "activated_at"}
+
+
+def policy_state_written(path: Path) -> list[tuple[int, str]]:
+    """(line, what) for each attribute of a policy's state the module sets on an object."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets = (node.targets if isinstance(node, ast.Assign)
+                   else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        found += [(node.lineno, f".{target.attr} =") for target in targets
+                  if isinstance(target, ast.Attribute) and target.attr in POLICY_STATE]
+    return found
+
+
 def writes_outside_the_store(root: Path = ROOT) -> list[str]:
     """Every SQL statement outside store/ and migrations/ (but the allowed ones) and every reward row written
     outside store/rewards.py, as `path:line what`."""
@@ -314,6 +330,8 @@ def writes_outside_the_store(root: Path = ROOT) -> list[str]:
         relative = path.relative_to(root).as_posix()
         if relative.split("/")[0] not in SQL_OWNERS and relative not in SQL_ALLOWED:
             wrong += [f"{relative}:{line} {what}" for line, what in sql_statements(path)]
+            wrong += [f"{relative}:{line} {what} (policy state: a store/ function)"
+                      for line, what in policy_state_written(path)]
         if relative != REWARD_WRITER and relative.split("/")[0] != "migrations":
             wrong += [f"{relative}:{line} {what} (reward rows: store/rewards.py)"
                       for line, what in reward_rows_written(path)]
@@ -335,6 +353,8 @@ def test_the_write_rule_sees_a_statement_or_a_row_planted_outside_the_store(tmp_
         "store/policies.py": "from store.models import Reward\ndef f(session):\n    return Reward(value=1.0)\n",
         "store/rewards.py": "from store.models import Reward\ndef f():\n    return Reward(value=1.0)\n",
         "runner/harmless.py": "def f(items, choice):\n    items.add(choice)\n    return 'select the best one'\n",
+        "trainer/verdict.py": "def f(row, record):\n    row.evaluation = {**row.evaluation, 'gate': record}\n",
+        "store/verdicts.py": "def f(row):\n    row.promoted = True\n",
     }
     for name, source in planted.items():
         (tmp_path / name).parent.mkdir(exist_ok=True)
@@ -346,4 +366,5 @@ def test_the_write_rule_sees_a_statement_or_a_row_planted_outside_the_store(tmp_
         "proxy/sneaky.py:2 sqlalchemy pick()",
         "store/policies.py:3 Reward(...) (reward rows: store/rewards.py)",
         "trainer/rows.py:2 session.add()",
+        "trainer/verdict.py:2 .evaluation = (policy state: a store/ function)",
     ]

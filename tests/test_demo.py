@@ -51,20 +51,23 @@ def assert_every_candidate_was_gated(database: str, after_version: int, said: li
     """With --gate heldout: each version made after `after_version` was scored by the command gate on the gate
     split (never the held-out tasks) before it could serve, and no probe ran."""
     with sqlite3.connect(database) as db:
-        versions = db.execute("SELECT version, status, evaluation FROM policies WHERE version > ? "
+        versions = db.execute("SELECT version, status FROM policies WHERE version > ? "
                               "ORDER BY version", (after_version,)).fetchall()
+        verdicts = {version: (json.loads(evidence), promoted) for version, evidence, promoted in db.execute(
+            "SELECT version, evidence, promoted FROM policy_verdicts WHERE kind = 'command_gate' "
+            "AND promoted IS NOT NULL AND version > ? ORDER BY id", (after_version,))}
     assert versions, "no adapter version was produced"
     first = f"scoring candidate v{versions[0][0]} on 8 tasks of the gate split"
     assert any(line.startswith(first) for line in said), said
     *gated, last = versions
-    for version, status, evaluation in gated:  # scored by the command gate on the gate split, never held-out
-        verdict = json.loads(evaluation)["command_gate"]
-        assert status in ("active", "retired") and (verdict["n"], verdict["set"]) == (8, "gate")
-        assert verdict["promoted"] or status == "retired"
+    for version, status in gated:  # scored by the command gate on the gate split, never held-out
+        evidence, promoted = verdicts[version]
+        assert status in ("active", "retired") and (evidence["n"], evidence["set"]) == (8, "gate")
+        assert promoted or status == "retired"
     # the deadline may interrupt the last candidate's evaluation: it then waits, ungated, for the next run
     assert last[1] in ("active", "retired", "candidate")
     if last[1] != "candidate":
-        assert json.loads(last[2])["command_gate"]["n"] == 8
+        assert verdicts[last[0]][0]["n"] == 8
 
 
 def assert_a_probed_demo_trained_served_and_measured(database: str, stdout: str) -> None:

@@ -17,8 +17,9 @@ import pytest
 import requests
 from sqlalchemy import select
 
+from core.promotion import promotes
 from core.settings import TrainerSettings
-from demo.evaluate import task_set, transaction
+from demo.evaluate import task_set
 from demo.tasks import heldout_tasks
 from proxy.policy import PolicyRouter, Route
 from store import canary as canaries
@@ -30,9 +31,8 @@ from store.errors import Conflict
 from store.evaluation import wilson
 from store.models import Call, Rollout, utcnow
 from store.records import CallRecord, ChoiceRecord
-from tests.support import ROOT, add_policies, policy_row, running_proxy
+from tests.support import ROOT, add_policies, policy_evaluation, policy_row, running_proxy, transaction
 from trainer.gates import CanaryGate, CommandGate, build_gate
-from trainer.gates.command import passes
 
 BASE = "stub-model"
 HELLO = [{"role": "user", "content": "hello"}]
@@ -203,7 +203,7 @@ async def test_the_judge_promotes_a_better_canary_and_retires_a_worse_one(own_da
         assert promoted is True
         v1, v2 = await policy_row(own_database_url, 1), await policy_row(own_database_url, 2)
         assert (v1.status, v2.status) == ("retired", "active")
-        verdict = v2.evaluation["canary"]
+        verdict = (await policy_evaluation(own_database_url, 2))["canary"]
         assert verdict["promoted"] is True and verdict["fraction"] == 0.5 and verdict["parent"] == 1
         # exactly the rollouts answered since the canary began, each by one version
         assert (verdict["rollouts"], verdict["mean_reward"]) == (8, 1.0)
@@ -215,14 +215,17 @@ async def test_the_judge_promotes_a_better_canary_and_retires_a_worse_one(own_da
         assert retired is False
         v2, v3 = await policy_row(own_database_url, 2), await policy_row(own_database_url, 3)
         assert (v2.status, v3.status) == ("active", "retired")
-        assert v3.evaluation["canary"]["promoted"] is False
-        assert v3.evaluation["canary"]["mean_reward"] == pytest.approx(0.6)
-        assert v3.evaluation["canary"]["active_mean_reward"] == pytest.approx(0.8)
+        retired_record = (await policy_evaluation(own_database_url, 3))["canary"]
+        assert retired_record["promoted"] is False
+        assert retired_record["mean_reward"] == pytest.approx(0.6)
+        assert retired_record["active_mean_reward"] == pytest.approx(0.8)
         await asyncio.sleep(1.5)  # the proxy's next policy refresh
         listed = requests.get(f"{proxy}/policies").json()
         assert listed["active"] == 2
         assert {p["version"]: p["status"] for p in listed["data"]} == {0: "retired", 1: "retired", 2: "active",
                                                                        3: "retired"}
+        # the verdicts are typed rows; GET /policies shows them as the `evaluation` object it always has
+        assert [p["evaluation"] for p in listed["data"] if p["version"] == 3] == [{"canary": retired_record}]
         client = openai.OpenAI(base_url=f"{proxy}/v1", api_key="unused")
         for i in range(8):
             raw = client.chat.completions.with_raw_response.create(
@@ -262,8 +265,8 @@ def test_the_95_percent_interval_and_the_promotion_rule():
     assert wilson(20, 64) == pytest.approx((0.2123, 0.4339), abs=1e-4)  # docs/demo-tasks.md: 31.2%, 21–43%
     low, high = wilson(24, 48)
     assert low < 0.5 < high and 0.5 - low == pytest.approx(high - 0.5)
-    assert passes(0.30, 0.35, margin=0.1) and passes(0.25, 0.35, margin=0.1)
-    assert not passes(0.24, 0.35, margin=0.1)
+    assert promotes(0.30, 0.35, margin=0.1) and promotes(0.25, 0.35, margin=0.1)
+    assert not promotes(0.24, 0.35, margin=0.1)
 
 
 def rlproxy_eval(*args: str) -> subprocess.CompletedProcess:
@@ -280,7 +283,7 @@ def test_rlproxy_eval_measures_a_policy_on_held_out_tasks_and_stores_it(own_data
     # the stub answers fixed words, never an ANSWER line: success 0 of 8, and the interval is Wilson's
     assert "held-out success 0.0% (0/8), 95% CI 0.0%–32.4% on 8 tasks" in done.stdout
     assert "stored on policy v1" in done.stderr
-    evaluation = asyncio.run(policy_row(own_database_url, 1)).evaluation
+    evaluation = asyncio.run(policy_evaluation(own_database_url, 1))
     assert evaluation["heldout_success"] == 0.0 and evaluation["heldout_tasks"] == 8
     assert evaluation["heldout_ci95"] == pytest.approx([0.0, wilson(0, 8)[1]])
     assert evaluation["heldout_errors"] == 0
@@ -292,7 +295,7 @@ def test_rlproxy_eval_measures_a_policy_on_held_out_tasks_and_stores_it(own_data
     with running_proxy([stub_url], own_database_url, tmp_path) as proxy:
         done = rlproxy_eval("--policy", "1", "--proxy", proxy, "--tasks", "4", "--database-url", own_database_url)
         assert done.returncode == 0, done.stderr[-3000:]
-        assert asyncio.run(policy_row(own_database_url, 1)).evaluation["heldout_tasks"] == 4
+        assert asyncio.run(policy_evaluation(own_database_url, 1))["heldout_tasks"] == 4
         base = rlproxy_eval("--policy", "v0", "--proxy", proxy, "--tasks", "2", "--database-url", own_database_url)
         assert base.returncode == 0 and "(stub-model)" in base.stdout and "not stored" in base.stderr
         requests.post(f"{stub_url}/v1/unload_lora_adapter", json={"lora_name": "rlproxy-v2"})
@@ -301,13 +304,14 @@ def test_rlproxy_eval_measures_a_policy_on_held_out_tasks_and_stores_it(own_data
         assert unloaded.returncode == 1 and "--upstream" in unloaded.stderr
     missing = rlproxy_eval("--policy", "v9", "--upstream", stub_url, "--database-url", own_database_url)
     assert missing.returncode == 1 and "does not exist" in missing.stderr
-    assert asyncio.run(policy_row(own_database_url, 2)).evaluation is None
+    assert asyncio.run(policy_evaluation(own_database_url, 2)) is None
 
 
 async def test_the_demo_gate_is_the_command_gate_scoring_the_gate_split_never_the_held_out_tasks(
         own_database_url, stub_url, tmp_path):
     from demo.score import command
-    from trainer.gates.command import KEY, digest, known_score
+    from store.verdicts import parent_score
+    from trainer.gates.command import KEY, digest
 
     await add_policies(own_database_url, tmp_path, [1], engine_url=stub_url)
     # built in code, as `rlproxy train --gate heldout --heldout-tasks 4` builds it from its flags
@@ -318,14 +322,14 @@ async def test_the_demo_gate_is_the_command_gate_scoring_the_gate_split_never_th
     gate = build_gate(settings)
     assert isinstance(gate, CommandGate)
     assert await gate(1) is True  # 0% vs the base model's 0%: not worse by more than the margin
-    verdict = (await policy_row(own_database_url, 1)).evaluation[KEY]
+    verdict = (await policy_evaluation(own_database_url, 1))[KEY]
     assert (verdict["score"], verdict["n"], verdict["set"], verdict["split"]) == (0.0, 4, "gate", "gate")
     assert (verdict["parent"], verdict["parent_score"], verdict["margin"], verdict["promoted"]) == (0, 0.0, 0.1, True)
     assert verdict["model"] == "rlproxy-v1" and verdict["verdict"] == "ok"
     async with transaction(own_database_url) as session:  # the base model's score is reused next time
-        assert await known_score(session, 0, digest(template, "gate")) == 0.0
-        assert await known_score(session, 0, digest(template, "heldout")) is None
-        assert await known_score(session, 1, digest(template, "gate")) == 0.0
+        assert await parent_score(session, 0, digest(template, "gate")) == 0.0
+        assert await parent_score(session, 0, digest(template, "heldout")) is None
+        assert await parent_score(session, 1, digest(template, "gate")) == 0.0
     assert build_gate(TrainerSettings(metrics_port=None)) is None
     assert json.dumps(verdict)  # plain JSON all the way down
 

@@ -22,7 +22,7 @@ import pytest
 
 from core.settings import TrainerSettings, TrainingSettings
 from store import canary as canaries
-from tests.support import PYTHON, ROOT, add_policies, policy_row, running_proxy
+from tests.support import PYTHON, ROOT, add_policies, policy_evaluation, policy_row, running_proxy
 from trainer.gates import CanaryGate, CommandGate, build_gate
 from trainer.gates.command import KEY, EvalCommandError
 
@@ -54,13 +54,13 @@ async def test_the_command_gate_promotes_on_the_users_score_and_retires_a_worse_
     gate = command_gate(own_database_url, stub_url, user_script())
 
     assert await gate(1) is True  # 0.55 vs the base model's 0.5
-    verdict = (await policy_row(own_database_url, 1)).evaluation[KEY]
+    verdict = (await policy_evaluation(own_database_url, 1))[KEY]
     assert (verdict["score"], verdict["n"], verdict["parent"], verdict["parent_score"]) == (0.55, 20, 0, 0.5)
     assert verdict["set"] == "gate" and verdict["promoted"] is True
     assert runs(runs_file) == [f"{BASE} gate", "rlproxy-v1 gate"]  # each asked on the URL the gate gave
 
     assert await gate(2) is False  # 0.3 vs its parent v1's 0.55: worse by more than the margin
-    verdict = (await policy_row(own_database_url, 2)).evaluation[KEY]
+    verdict = (await policy_evaluation(own_database_url, 2))[KEY]
     assert (verdict["score"], verdict["parent"], verdict["parent_score"], verdict["promoted"]) == (0.3, 1, 0.55, False)
     assert runs(runs_file)[2:] == ["rlproxy-v2 gate"]  # v1's score was kept: one run per candidate
 
@@ -79,7 +79,7 @@ async def test_a_failing_evaluation_script_is_a_clear_verdict_never_a_promotion(
     began = time.monotonic()
     assert await gate(1) is False
     assert time.monotonic() - began < 40  # a hung script is killed at its time limit
-    kept = (await policy_row(own_database_url, 1)).evaluation[KEY]
+    kept = (await policy_evaluation(own_database_url, 1))[KEY]
     assert kept["verdict"] == verdict and kept["score"] is None and kept["promoted"] is False
     assert detail in kept["detail"] and detail in kept["reason"]
 
@@ -98,7 +98,7 @@ async def test_a_parent_the_gate_cannot_score_is_an_alert_that_says_what_the_gat
                                       gate="command", eval_command=user_script("exit", only=BASE)), metrics=metrics)
     with caplog.at_level("ERROR", logger="rlproxy.gates"):
         assert await gate(1) is False  # 0.9, but against nothing
-    reason = (await policy_row(own_database_url, 1)).evaluation[KEY]["reason"]
+    reason = (await policy_evaluation(own_database_url, 1))[KEY]["reason"]
     assert reason.startswith("the parent v0 could not be scored (exited with status 3: could not reach the grader)")
     assert "the command gate needs a score of the parent v0" in reason and f"as '{BASE}'" in reason
     [alert] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ALERT command gate")]
@@ -132,7 +132,7 @@ def test_rlproxy_eval_runs_the_users_command_and_says_which_set_the_number_is_fr
     again = rlproxy_eval("--policy", "v1", "--command", user_script(), "--split", "gate", "--upstream", stub_url,
                          "--database-url", own_database_url, env=env)
     assert "on the gate's decision set (split=gate)" in again.stdout
-    kept = asyncio.run(policy_row(own_database_url, 1)).evaluation["command_eval"]
+    kept = asyncio.run(policy_evaluation(own_database_url, 1))["command_eval"]
     assert kept["heldout"]["score"] == 0.25 and kept["gate"]["n"] == 20
     assert runs(tmp_path / "runs.txt") == ["rlproxy-v1 heldout", "rlproxy-v1 gate"]
     failing = rlproxy_eval("--policy", "v1", "--command", user_script("exit"), "--upstream", stub_url,
@@ -196,7 +196,7 @@ async def test_the_eval_traffic_gate_proves_a_candidate_on_evaluation_rollouts_o
     # every way of marking evaluation traffic reached the candidate; production traffic never did
     assert seen["create"] == seen["header"] == seen["grader"] == {1, 2}
     assert seen["production"] == {1}
-    record = (await policy_row(own_database_url, 2)).evaluation["canary"]
+    record = (await policy_evaluation(own_database_url, 2))["canary"]
     assert record["traffic"] == "eval" and record["fraction"] == 0.5 and record["eval_agents"] == ["grader"]
     assert record["rollouts"] >= 16 and record["mean_reward"] == 1.0 and record["active_mean_reward"] == 0.25
     assert (await policy_row(own_database_url, 2)).status == "active"
@@ -210,11 +210,11 @@ async def test_the_eval_traffic_gate_proves_a_candidate_on_evaluation_rollouts_o
 
 
 def test_a_canary_scope_is_read_back_as_written():
-    canary = canaries._parse(3, "rlproxy-v3", {"canary": {
+    canary = canaries._parse(3, "rlproxy-v3", {
         "fraction": 0.5, "started_at": "2026-01-01T00:00:00+00:00", "parent": 2, "traffic": "eval",
-        "eval_agents": ["grader"]}})
+        "eval_agents": ["grader"]})
     assert canary.traffic == canaries.EVAL and canary.eval_agents == ("grader",)
     rollout = next(f"r{i}" for i in range(100) if canaries.serves(canary, f"r{i}"))
     assert canary.answers(rollout, evaluation=True) and not canary.answers(rollout, evaluation=False)
-    old = canaries._parse(3, "rlproxy-v3", {"canary": {"fraction": 0.5, "started_at": "2026-01-01T00:00:00"}})
+    old = canaries._parse(3, "rlproxy-v3", {"fraction": 0.5, "started_at": "2026-01-01T00:00:00"})
     assert old.traffic == canaries.ALL and old.answers(rollout, evaluation=False)

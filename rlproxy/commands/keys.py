@@ -9,7 +9,7 @@ import click
 from core.settings.maintenance import KeysCreateSettings, KeysListSettings, KeysRevokeSettings
 from migrations.apply import upgrade
 from rlproxy.commands.flags import Flags
-from store.db import create_engine, session_factory
+from store.db import short_session
 from store.errors import NotFound
 from store.keys import create_key, list_keys, revoke_key
 
@@ -25,12 +25,8 @@ def _run_with_session(database_url: str, work):
     upgrade(database_url)
 
     async def go():
-        engine = create_engine(database_url)
-        try:
-            async with session_factory(engine)() as session, session.begin():
-                return await work(session)
-        finally:
-            await engine.dispose()
+        async with short_session(database_url) as sessions, sessions() as session, session.begin():
+            return await work(session)
 
     return asyncio.run(go())
 

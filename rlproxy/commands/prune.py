@@ -9,7 +9,7 @@ import click
 from core.settings.prune import PruneSettings
 from rlproxy.commands.flags import Flags
 from rlproxy.commands.options import redact
-from store.db import create_engine, session_factory
+from store.db import short_session
 from store.models import utcnow
 from store.retention import prune as prune_all
 
@@ -27,12 +27,9 @@ def prune(**params) -> None:
     cutoff = utcnow() - timedelta(seconds=pruning.older_than)
 
     async def run():
-        engine = create_engine(settings.database_url)
-        try:
-            return await prune_all(session_factory(engine), cutoff, what=pruning.what,
+        async with short_session(settings.database_url) as sessions:
+            return await prune_all(sessions, cutoff, what=pruning.what,
                                    keep_trained_ids=pruning.keep_trained_ids, batch=settings.batch)
-        finally:
-            await engine.dispose()
 
     done = asyncio.run(run())
     click.echo(f"pruned {redact(settings.database_url)} (created before {cutoff:%Y-%m-%d %H:%M:%S} UTC): "

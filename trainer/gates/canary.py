@@ -12,12 +12,13 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
+from core.promotion import promotes
 from core.settings import TrainerSettings
 from engine import lifecycle
 from engine.adapters import EngineAdapters
 from store import canary as canaries
 from store import policies, training
-from store.db import create_engine, session_factory
+from store.db import short_session
 from store.models import PolicyStatus
 
 log = logging.getLogger("rlproxy.gates")
@@ -44,10 +45,8 @@ async def judge(session, *, min_rollouts: int, margin: float,
     mine, theirs = arms[canary.version], arms[active.version]
     if mine.rollouts < min_rollouts or theirs.rollouts < min_rollouts:
         return None
-    promoted = mine.mean_reward >= theirs.mean_reward - margin
-    await canaries.end(session, canary, promoted, {
-        "rollouts": mine.rollouts, "mean_reward": mine.mean_reward, "active_version": active.version,
-        "active_rollouts": theirs.rollouts, "active_mean_reward": theirs.mean_reward, "margin": margin})
+    promoted = promotes(mine.mean_reward, theirs.mean_reward, margin)
+    await canaries.end(session, canary, promoted, mine=mine, theirs=theirs, margin=margin)
     return Verdict(canary.version, promoted, mine, theirs)
 
 
@@ -66,10 +65,8 @@ class CanaryGate:
 
     async def __call__(self, version: int) -> bool | None:
         s = self.settings
-        engine = create_engine(s.database_url, pool_size=1)
-        sessions = session_factory(engine)
         what = "evaluation rollouts" if self.traffic == canaries.EVAL else "rollouts"
-        try:
+        async with short_session(s.database_url) as sessions:
             key = s.upstream_api_key
             adapters = EngineAdapters(s.upstreams, api_key=key.get_secret_value() if key else None)
             started = await lifecycle.start_canary(sessions, adapters, version, self.fraction, traffic=self.traffic,
@@ -102,5 +99,3 @@ class CanaryGate:
                 except asyncio.TimeoutError:
                     pass
             return None  # stopped: the canary keeps running and is judged when the trainer is back
-        finally:
-            await engine.dispose()

@@ -18,8 +18,9 @@ killed), a non-zero exit, or no JSON line with a finite score. The gate then doe
 A parent that cannot be scored (not servable, or its run fails) leaves nothing to compare with, so every
 candidate would be retired: that is an alert (an ERROR line starting "ALERT command gate", the counter
 `rlproxy_trainer_gate_parent_unscored_total{why}`) saying what the gate needs, and the stored reason says it too.
-The parent's score on the same command and split is measured once and kept (on the parent's row, or for the
-base model on its children's), so each candidate costs one run.
+The parent's score on the same command and split is measured once and kept as a verdict (its own, or for the
+base model, which has no row, on the child's; store/verdicts.py `parent_score` finds it), so each candidate
+costs one run.
 """
 from __future__ import annotations
 
@@ -34,25 +35,26 @@ import shlex
 import signal
 import string
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from core.errors import RlproxyError
+from core.promotion import promotes
 from core.settings import TrainerSettings
 from engine import lifecycle
 from engine.adapters import AdapterError, EngineAdapters
 from engine.model_list import ModelListError, base_model
-from store import policies
-from store.db import create_engine, session_factory
-from store.models import Policy, utcnow
+from store import policies, verdicts
+from store.db import short_session
+from store.models import Policy
 
 log = logging.getLogger("rlproxy.gates")
 
 PLACEHOLDERS = ("base_url", "model", "version", "split")
 GATE, HELDOUT = "gate", "heldout"  # the two splits: what a gate decides on, what `rlproxy eval` reports
-KEY = "command_gate"  # where a gate's verdict lives in a policy's evaluation JSON
+KEY = verdicts.COMMAND_GATE  # the kind of a gate's verdicts, and its record's name in a policy's `evaluation`
 KILL_GRACE_S = 5.0  # after SIGTERM, before SIGKILL
 
 
@@ -188,11 +190,6 @@ async def _kill(process: asyncio.subprocess.Process) -> None:
             continue
 
 
-def passes(score: float, parent_score: float, margin: float) -> bool:
-    """The promotion rule of every comparing gate: not worse than the parent by more than `margin`."""
-    return score >= parent_score - margin
-
-
 def parent_needs(parent: int, model: str | None, base_url: str) -> str:
     """What the gate needs to score a parent, said where it cannot (stored reason, alert line, docs/gates.md)."""
     if parent == policies.BASE_VERSION:
@@ -254,14 +251,12 @@ class CommandGate:
         return reason
 
     async def __call__(self, version: int) -> bool:
-        engine = create_engine(self.settings.database_url, pool_size=1)
-        sessions = session_factory(engine)
-        try:
+        async with short_session(self.settings.database_url) as sessions:
             async with sessions() as session:
                 candidate = await policies.get_policy(session, version)
                 parent = candidate.parent_version or policies.BASE_VERSION
                 parent_row = None if parent == policies.BASE_VERSION else await policies.get_policy(session, parent)
-                parent_score = await known_score(session, parent, self.digest)
+                parent_score = await verdicts.parent_score(session, parent, self.digest)
             problem = ""
             if parent_score is None:
                 parent_score, problem = await self._score_parent(sessions, parent, parent_row)
@@ -272,7 +267,7 @@ class CommandGate:
             elif not result.ok:
                 promoted, reason = False, result.detail
             else:
-                promoted = passes(result.score, parent_score, self.settings.gate_margin)
+                promoted = promotes(result.score, parent_score, self.settings.gate_margin)
                 reason = (f"{result.score:.4g} vs parent v{parent} {parent_score:.4g}, "
                           f"margin {self.settings.gate_margin:g}")
             async with sessions() as session, session.begin():
@@ -280,26 +275,13 @@ class CommandGate:
                              margin=self.settings.gate_margin, promoted=promoted, reason=reason)
             log.info("command gate v%d -> %s (%s)", version, "promoted" if promoted else "not promoted", reason)
             return promoted
-        finally:
-            await engine.dispose()
 
 
-async def known_score(session, version: int, measured: str) -> float | None:
-    """A kept score of `version` for the command and split `measured` names: its own row's, or for the base
-    model the parent score a gate kept on one of its children."""
-    if version != policies.BASE_VERSION:
-        row = await session.get(Policy, version)
-        kept = ((row.evaluation or {}).get(KEY) or {}) if row is not None else {}
-        return kept.get("score") if kept.get("digest") == measured else None
-    for evaluation in await policies.children_evaluations(session, version):
-        kept = evaluation.get(KEY) or {}
-        if kept.get("digest") == measured and kept.get("parent_score") is not None:
-            return kept["parent_score"]
-    return None
-
-
-async def _store(session, version: int, result: CommandScore, measured: str, **verdict: Any) -> None:
-    row = await policies.get_policy(session, version)
-    record = {**asdict(result), "digest": measured, "set": result.split, "when": utcnow().isoformat(), **verdict}
-    record["seconds"] = round(record["seconds"], 2)
-    row.evaluation = {**(row.evaluation or {}), KEY: record}  # a new dict: JSON changes in place are not tracked
+async def _store(session, version: int, result: CommandScore, measured: str, *, parent: int | None = None,
+                 parent_score: float | None = None, promoted: bool | None = None, **evidence: Any) -> None:
+    """Record a score of `version` (with `promoted`, the gate's verdict on it against `parent`)."""
+    await verdicts.add(session, version, KEY, split=result.split, measured=measured, score=result.score,
+                       parent_version=parent, parent_score=parent_score, promoted=promoted, evidence={
+                           "version": result.version, "model": result.model, "n": result.n,
+                           "verdict": result.verdict, "detail": result.detail, "seconds": round(result.seconds, 2),
+                           "returncode": result.returncode, "set": result.split, **evidence})

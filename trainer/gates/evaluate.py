@@ -24,10 +24,10 @@ from core.errors import RlproxyError
 from engine import lifecycle
 from engine.adapters import AdapterError, EngineAdapters
 from engine.model_list import base_model_name
-from store import policies
-from store.db import create_engine, session_factory
+from store import policies, verdicts
+from store.db import short_session
 from store.evaluation import traffic_by_version
-from store.models import Policy, utcnow
+from store.models import Policy
 from trainer.gates.command import digest, run_command
 
 
@@ -40,11 +40,6 @@ class Target:
     url: str  # base URL without /v1
     model: str  # the name to ask for there
     row: Policy | None  # None: the base model
-
-
-async def _session(database_url: str):
-    engine = create_engine(database_url, pool_size=1)
-    return engine, session_factory(engine)
 
 
 async def _get_json(url: str, api_key: str | None) -> Any:
@@ -67,16 +62,13 @@ async def resolve(version: int, database_url: str, *, proxy: str | None, upstrea
     row = None
     url = (upstream or proxy).rstrip("/")
     if version != policies.BASE_VERSION:
-        engine, sessions = await _session(database_url)
-        try:
+        async with short_session(database_url) as sessions:
             async with sessions() as session:
                 row = await session.get(Policy, version)
             if row is None:
                 raise EvalError(f"policy v{version} does not exist in {hide_password(database_url)}")
             if upstream is not None:
                 await load(sessions, url, version, api_key)
-        finally:
-            await engine.dispose()
     models = {m["id"]: m for m in (await _get_json(f"{url}/v1/models", api_key))["data"]}
     if upstream is not None:
         if row is not None:
@@ -112,7 +104,7 @@ def _base(models: dict[str, dict], url: str) -> str:
 
 async def by_command(version: int, template: str, split: str, database_url: str, *, proxy: str | None,
                      upstream: str | None, api_key: str | None, timeout: float):
-    """Run the evaluation command for `version`; keep its score on the row (under `command_eval`, by split)."""
+    """Run the evaluation command for `version`; keep its score (a `command_eval` verdict of that split)."""
     target = await resolve(version, database_url, proxy=proxy, upstream=upstream, api_key=api_key)
     result = await run_command(template, base_url=f"{target.url}/v1", model=target.model, version=version,
                                split=split, timeout=timeout, api_key=api_key)
@@ -120,35 +112,23 @@ async def by_command(version: int, template: str, split: str, database_url: str,
         raise EvalError(result.describe())
     if target.row is None:
         return result, False
-    engine, sessions = await _session(database_url)
-    try:
-        async with sessions() as session, session.begin():
-            row = await policies.get_policy(session, version)
-            kept = dict((row.evaluation or {}).get("command_eval") or {})
-            kept[split] = {"score": result.score, "n": result.n, "digest": digest(template, split),
-                           "seconds": round(result.seconds, 2), "when": utcnow().isoformat()}
-            row.evaluation = {**(row.evaluation or {}), "command_eval": kept}
-    finally:
-        await engine.dispose()
+    async with short_session(database_url) as sessions, sessions() as session, session.begin():
+        await verdicts.add(session, version, verdicts.COMMAND_EVAL, split=split, measured=digest(template, split),
+                           score=result.score, evidence={"n": result.n, "seconds": round(result.seconds, 2)})
     return result, True
 
 
 async def by_traffic(version: int, database_url: str) -> list[str]:
     """Lines describing the evaluation traffic `version` served, beside the active version's."""
-    engine, sessions = await _session(database_url)
-    try:
-        async with sessions() as session:
-            return await _traffic_lines(session, version)
-    finally:
-        await engine.dispose()
+    async with short_session(database_url) as sessions, sessions() as session:
+        return await _traffic_lines(session, version)
 
 
 async def _traffic_lines(session: AsyncSession, version: int) -> list[str]:
     """The version's evaluation traffic; beside it the version an eval-traffic gate compared it with, or else
     the active one; then what that gate decided on (a subset: the rollouts since its canary started)."""
     traffic = await traffic_by_version(session)
-    row = await session.get(Policy, version) if version != policies.BASE_VERSION else None
-    canary = ((row.evaluation or {}).get("canary") or {}) if row is not None else {}
+    canary = await verdicts.record(session, version, verdicts.CANARY) or {}
     judged = canary.get("traffic") == "eval" and "rollouts" in canary
     other = canary["active_version"] if judged else (await policies.active_policy(session)).version
     lines = [_describe_traffic(version, traffic.get(version))]
