@@ -1,15 +1,15 @@
-"""Request models. The OpenAI ones only check what the proxy relies on; everything else in the body passes
-through untouched (the proxy forwards the agent's own JSON, never a re-serialized model)."""
+"""Request models. The OpenAI ones only check what the proxy relies on; the other fields a route takes
+(proxy/dialects/fields.py) pass through as the agent sent them (the proxy forwards the checked JSON object, never
+a re-serialized model)."""
 from __future__ import annotations
 
 import math
 from typing import Any
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator, model_validator
 
 from proxy.errors import InvalidRequest, ProxyError, Unprocessable
-from proxy.limits import MAX_JSON_DEPTH, too_deep
+from proxy.strict_json import read_json_object
 
 
 class _OpenAIRequest(BaseModel):
@@ -38,8 +38,9 @@ class TraceExport(BaseModel):
 
 
 class EngineRequest(BaseModel):
-    """The body of a relayed engine route (proxy/engine_routes.py): the engine's to read and to refuse. The proxy
-    reads only its `model` (one the key may call) and how deeply it nests."""
+    """The body of a relayed engine route (proxy/engine_routes.py): a JSON object read by the request boundary's
+    rules (proxy/boundary.py), with no steering field and a `model` the key may call; the rest is the engine's
+    to read and to refuse."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -94,18 +95,10 @@ class RewardPost(_Stored):
 
 
 def parse_json_object(raw: bytes, error: type[ProxyError] = InvalidRequest) -> dict[str, Any]:
-    """A request body that must be a JSON object. orjson refuses invalid UTF-8 and lone surrogates (`"\\ud800"`)
-    here, so every string in the body can be written out again; nesting is bounded for the same reason."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise error(f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise error("request body must be a JSON object", code="invalid_json")
-    if too_deep(body, raw):
-        raise error(f"request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep",
-                    code="json_too_deep")
-    return body
+    """A request body that must be a JSON object, read by the one set of rules every body is read by
+    (proxy/strict_json.py): so every string in it can be written out again, and no reader downstream can read it
+    another way."""
+    return read_json_object(raw, error)
 
 
 def validate(model: type[BaseModel], body: dict[str, Any], error: type[ProxyError] = InvalidRequest) -> BaseModel:

@@ -24,6 +24,7 @@ from pathlib import Path
 import psycopg
 
 from migrations.apply import upgrade
+from testkit.stub_engine import STUB_CONTROLS
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -106,9 +107,13 @@ def stub_command(port: int) -> list[str]:
 
 
 def proxy_command(port: int, upstreams: list[str], database_url: str, *extra: str) -> list[str]:
+    """`rlproxy serve` in front of `upstreams`, taking the stand-in engine's controls as request fields (a real
+    engine ignores them)."""
     args = rlproxy_command("serve", "--port", str(port), "--database-url", database_url)
     for upstream in upstreams:
         args += ["--upstream", upstream]
+    for control in STUB_CONTROLS:
+        args += ["--allow-request-field", control]
     return args + list(extra)
 
 

@@ -1,6 +1,7 @@
 """OpenAI Chat Completions (`POST /v1/chat/completions`) and legacy Completions (`POST /v1/completions`): the
 engine's own wire formats, so these dialects translate nothing. The request goes to the engine as the agent sent
-it (plus the capture fields, proxy/capture.py), and the answer comes back as the engine sent it, byte for byte,
+it, once its fields are ones the route takes (proxy/dialects/fields.py), plus the capture fields
+(proxy/capture.py) and the budget (proxy/boundary.py); and the answer comes back as the engine sent it, byte for byte,
 less what the proxy asked for on its own: token ids and logprobs the agent did not ask for are nulled, and the
 model name is put back where a policy's adapter answered (`relay_bytes`).
 
@@ -17,6 +18,9 @@ from pydantic import BaseModel
 
 from proxy.capture import CHAT, COMPLETIONS, Additions, only_for_capture, relay_bytes, strip_additions
 from proxy.dialects.base import openai_engine_error
+from proxy.dialects.fields import CHAT as CHAT_FIELDS
+from proxy.dialects.fields import COMPLETIONS as COMPLETIONS_FIELDS
+from proxy.dialects.fields import refuse_unknown_openai
 from proxy.errors import error_body, sse_error_event
 from proxy.schemas import ChatCompletionRequest, CompletionRequest, validate
 from proxy.sse import Event
@@ -59,13 +63,15 @@ class Passthrough:
 class OpenAIDialect:
     """Chat Completions or Completions, relayed."""
 
-    def __init__(self, route: str, path: str, schema: type[BaseModel]) -> None:
+    def __init__(self, route: str, path: str, schema: type[BaseModel], fields: frozenset[str]) -> None:
         self.route = self.engine_route = route
         self.path = self.engine_path = path
         self.schema = schema
+        self.fields = fields
         self.drops_capture_chunks = route == CHAT
 
-    def validate(self, body: dict[str, Any]) -> None:
+    def validate(self, body: dict[str, Any], allowed: frozenset[str] = frozenset()) -> None:
+        refuse_unknown_openai(body, self.fields | allowed)
         validate(self.schema, body)
 
     def to_chat(self, body: dict[str, Any], history: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -78,5 +84,5 @@ class OpenAIDialect:
         return openai_engine_error(status, raw)
 
 
-CHAT_COMPLETIONS = OpenAIDialect(CHAT, "/v1/chat/completions", ChatCompletionRequest)
-TEXT_COMPLETIONS = OpenAIDialect(COMPLETIONS, "/v1/completions", CompletionRequest)
+CHAT_COMPLETIONS = OpenAIDialect(CHAT, "/v1/chat/completions", ChatCompletionRequest, CHAT_FIELDS)
+TEXT_COMPLETIONS = OpenAIDialect(COMPLETIONS, "/v1/completions", CompletionRequest, COMPLETIONS_FIELDS)

@@ -30,7 +30,8 @@ from proxy.schemas import validate
 
 # Sampling fields the Responses API shares with chat, and vLLM's own extensions, passed on as they are.
 SAMPLING = ("temperature", "top_p", "user", "parallel_tool_calls", "seed", "top_k", "min_p", "repetition_penalty",
-            "presence_penalty", "frequency_penalty", "stop", "service_tier", "top_logprobs")
+            "presence_penalty", "frequency_penalty", "stop", "service_tier", "top_logprobs", "chat_template_kwargs",
+            "logit_bias", "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "ignore_eos")
 
 
 class ResponsesRequest(BaseModel):
@@ -63,10 +64,10 @@ class ResponsesDialect:
     engine_route = CHAT
     engine_path = "/v1/chat/completions"
 
-    def validate(self, body: dict[str, Any]) -> None:
+    def validate(self, body: dict[str, Any], allowed: frozenset[str] = frozenset()) -> None:
         if not plainly_valid_responses(body):
             validate(ResponsesRequest, body)
-        refuse_unknown_openai(body, KNOWN_FIELDS)
+        refuse_unknown_openai(body, KNOWN_FIELDS | allowed)
         if body.get("background"):
             raise InvalidRequest("background responses are not supported: the proxy answers while it records",
                                  param="background", code="unsupported_parameter")
