@@ -12,6 +12,19 @@ from proxy.errors import InvalidRequest, ProxyError, Unprocessable
 from proxy.strict_json import read_json_object
 
 
+def only_fields(names: str):
+    """A request model's `json_schema_extra`: its route's other fields (`proxy.dialects.fields.<names>`) as
+    properties of any value, and no field besides, as the route answers (400 naming the field)."""
+    def close(schema: dict[str, Any]) -> None:
+        from proxy.dialects import fields  # read when a schema is made: the dialect modules import this one
+
+        properties = schema.setdefault("properties", {})
+        for name in sorted(getattr(fields, names) - properties.keys()):
+            properties[name] = {}
+        schema["additionalProperties"] = False
+    return close
+
+
 class _OpenAIRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -21,10 +34,14 @@ class _OpenAIRequest(BaseModel):
 
 
 class ChatCompletionRequest(_OpenAIRequest):
+    model_config = ConfigDict(extra="allow", json_schema_extra=only_fields("CHAT"))
+
     messages: list[dict[str, Any]] = Field(min_length=1)
 
 
 class CompletionRequest(_OpenAIRequest):
+    model_config = ConfigDict(extra="allow", json_schema_extra=only_fields("COMPLETIONS"))
+
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
 
 

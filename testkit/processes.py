@@ -106,13 +106,14 @@ def stub_command(port: int) -> list[str]:
     return [PYTHON, "-m", "testkit.stub_engine", "--port", str(port)]
 
 
-def proxy_command(port: int, upstreams: list[str], database_url: str, *extra: str) -> list[str]:
-    """`rlproxy serve` in front of `upstreams`, taking the stand-in engine's controls as request fields (a real
-    engine ignores them)."""
+def proxy_command(port: int, upstreams: list[str], database_url: str, *extra: str,
+                  stub_controls: bool = True) -> list[str]:
+    """`rlproxy serve` in front of `upstreams`, taking the stand-in engine's controls as request fields unless
+    told not to (a real engine ignores them)."""
     args = rlproxy_command("serve", "--port", str(port), "--database-url", database_url)
     for upstream in upstreams:
         args += ["--upstream", upstream]
-    for control in STUB_CONTROLS:
+    for control in STUB_CONTROLS if stub_controls else ():
         args += ["--allow-request-field", control]
     return args + list(extra)
 

@@ -93,7 +93,7 @@ def api(stub_url, postgres_server, run_dir) -> Api:
         key = make_key(database_url, "schema")
         limits = ["--max-tokens", str(SETTINGS.auth.max_tokens), "--max-n", str(SETTINGS.auth.max_n)]
         with running_proxy([stub_url], database_url, run_dir, "proxy-openapi", "--admin-key", ADMIN_KEY,
-                           *limits) as url:
+                           *limits, stub_controls=False) as url:  # the fields documented: the routes' own
             yield Api(url, key)
 
 

@@ -26,14 +26,14 @@ from proxy.dialects.fields import MESSAGES as KNOWN_FIELDS
 from proxy.dialects.messages_objects import error_body
 from proxy.dialects.messages_stream import MessagesStream
 from proxy.errors import InvalidRequest
-from proxy.schemas import validate
+from proxy.schemas import only_fields, validate
 
 
 class MessagesRequest(BaseModel):
     """What the proxy checks; the other fields the API knows (proxy/dialects/fields.py) are the agent's own and
     are recorded as sent, and any other is refused (400 naming it)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=only_fields("MESSAGES"))
 
     model: StrictStr = Field(min_length=1)
     max_tokens: StrictInt = Field(ge=1)
@@ -42,10 +42,11 @@ class MessagesRequest(BaseModel):
     stream: StrictBool | None = None
     stop_sequences: list[StrictStr] | None = None
     tools: list[dict[str, Any]] | None = None
+    metadata: dict[str, Any] | None = None  # read by the translation: its `user_id`
 
 
 class CountTokensRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=only_fields("COUNT_TOKENS"))
 
     model: StrictStr = Field(min_length=1)
     messages: list[dict[str, Any]] = Field(min_length=1)
