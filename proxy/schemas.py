@@ -1,6 +1,6 @@
-"""Request models. The OpenAI ones only check what the proxy relies on; the other fields a route takes
-(proxy/dialects/fields.py) pass through as the agent sent them (the proxy forwards the checked JSON object, never
-a re-serialized model)."""
+"""Request models of the proxy's own routes and what the API routes' models share (the API routes' own are in
+proxy/dialects/: they check only what the proxy relies on; the other fields a route takes pass through as the
+agent sent them, and the proxy forwards the checked JSON object, never a re-serialized model)."""
 from __future__ import annotations
 
 import math
@@ -12,37 +12,15 @@ from proxy.errors import InvalidRequest, ProxyError, Unprocessable
 from proxy.strict_json import read_json_object
 
 
-def only_fields(names: str):
-    """A request model's `json_schema_extra`: its route's other fields (`proxy.dialects.fields.<names>`) as
-    properties of any value, and no field besides, as the route answers (400 naming the field)."""
+def only_fields(fields: frozenset[str]):
+    """A request model's `json_schema_extra`: its route's other fields (proxy/dialects/fields.py) as properties
+    of any value, and no field besides, as the route answers (400 naming the field)."""
     def close(schema: dict[str, Any]) -> None:
-        from proxy.dialects import fields  # read when a schema is made: the dialect modules import this one
-
         properties = schema.setdefault("properties", {})
-        for name in sorted(getattr(fields, names) - properties.keys()):
+        for name in sorted(fields - properties.keys()):
             properties[name] = {}
         schema["additionalProperties"] = False
     return close
-
-
-class _OpenAIRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    model: StrictStr = Field(min_length=1)
-    stream: StrictBool | None = None
-    n: StrictInt | None = Field(None, ge=1)
-
-
-class ChatCompletionRequest(_OpenAIRequest):
-    model_config = ConfigDict(extra="allow", json_schema_extra=only_fields("CHAT"))
-
-    messages: list[dict[str, Any]] = Field(min_length=1)
-
-
-class CompletionRequest(_OpenAIRequest):
-    model_config = ConfigDict(extra="allow", json_schema_extra=only_fields("COMPLETIONS"))
-
-    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
 
 
 class TraceExport(BaseModel):
@@ -128,5 +106,5 @@ def validate(model: type[BaseModel], body: dict[str, Any], error: type[ProxyErro
         raise error(f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
 
 
-__all__ = ["ChatCompletionRequest", "CompletionRequest", "EngineRequest", "RolloutCreate", "RewardPost",
+__all__ = ["EngineRequest", "RolloutCreate", "RewardPost",
            "TraceExport", "parse_json_object", "validate", "Unprocessable"]

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import orjson
 
 from proxy.errors import InvalidRequest, ProxyError
-from proxy.limits import MAX_JSON_DEPTH, too_deep
+from proxy.limits import MAX_JSON_DEPTH
 
 
 def read_json_object(raw: bytes, error: type[ProxyError] = InvalidRequest) -> dict[str, Any]:
@@ -23,9 +24,10 @@ def read_json_object(raw: bytes, error: type[ProxyError] = InvalidRequest) -> di
         raise error(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise error("request body must be a JSON object", code="invalid_json")
-    if too_deep(body, raw):
+    depth, keys, colons = _shape(body)
+    if depth > MAX_JSON_DEPTH:
         raise _too_deep(error)
-    key = repeated_key(body, raw)
+    key = repeated_key(raw, keys, colons)
     if key is not None:
         raise error(f"request body is not valid JSON: the key {key[:256]!r} appears twice in one object",
                     code="invalid_json")
@@ -37,13 +39,16 @@ def _too_deep(error: type[ProxyError]) -> ProxyError:
                  code="json_too_deep")
 
 
-def repeated_key(body: dict[str, Any], raw: bytes) -> str | None:
-    """A key that appears twice in one object of `raw` (parsed as `body`, which kept one of them), or None.
+def repeated_key(raw: bytes, keys: int, colons: int) -> str | None:
+    """A key that appears twice in one object of `raw`, whose parsed objects hold `keys` keys and whose parsed
+    strings (keys included) hold `colons` colons; or None.
 
-    Most bodies are cleared by counting: every key in the raw text is followed by a colon, and a colon appears
-    elsewhere only inside strings, so when the raw text holds no more colons than the parsed objects hold keys,
-    no key was lost. Otherwise the text is read again with Python's parser, which shows every pair."""
-    if raw.count(b":") == _key_count(body):
+    Counted, not parsed again: in JSON text a colon is either the separator after a key (one per key) or a
+    character inside a string (a colon byte never occurs inside another UTF-8 character), and a string can
+    spell a colon otherwise only as the escape `\\u003a`. So for text without that escape, the text's colons less
+    the colons in the parsed strings are its keys, and when they are as many as the parsed objects hold, no
+    key was lost. Any other text is read again with Python's parser, which shows every pair (and names the key)."""
+    if raw.count(b":") - colons == keys and (b"\\u003" not in raw or not re.search(rb"\\u003[aA]", raw)):
         return None
     repeated: list[str] = []
 
@@ -60,16 +65,31 @@ def repeated_key(body: dict[str, Any], raw: bytes) -> str | None:
     return repeated[0] if repeated else None
 
 
-def _key_count(value: Any) -> int:
-    count, pending = 0, [value]
-    while pending:
-        item = pending.pop()
-        if type(item) is dict:
-            count += len(item)
-            pending.extend(child for child in item.values() if type(child) is dict or type(child) is list)
-        elif type(item) is list:
-            pending.extend(child for child in item if type(child) is dict or type(child) is list)
-    return count
+def _shape(body: dict[str, Any]) -> tuple[int, int, int]:
+    """How deeply `body` nests (itself: level 1; counted up to one past `MAX_JSON_DEPTH`), how many keys its
+    objects hold, and how many colons its strings (keys included) hold: one walk, level by level (no recursion
+    to run out of)."""
+    depth = keys = colons = 0
+    level: list[Any] = [body]
+    while level and depth <= MAX_JSON_DEPTH:
+        depth += 1
+        below: list[Any] = []
+        for item in level:
+            if type(item) is dict:
+                keys += len(item)
+                for key in item:
+                    colons += key.count(":")
+                children = item.values()
+            else:
+                children = item
+            for child in children:
+                kind = type(child)
+                if kind is str:
+                    colons += child.count(":")
+                elif kind is dict or kind is list:
+                    below.append(child)
+        level = below
+    return depth, keys, colons
 
 
 def engine_bytes(body: dict[str, Any]) -> bytes:

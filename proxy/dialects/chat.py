@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from proxy.capture import CHAT, COMPLETIONS, Additions, only_for_capture, relay_bytes, strip_additions
 from proxy.dialects.base import openai_engine_error
@@ -22,8 +22,28 @@ from proxy.dialects.fields import CHAT as CHAT_FIELDS
 from proxy.dialects.fields import COMPLETIONS as COMPLETIONS_FIELDS
 from proxy.dialects.fields import refuse_unknown_openai
 from proxy.errors import error_body, sse_error_event
-from proxy.schemas import ChatCompletionRequest, CompletionRequest, validate
+from proxy.schemas import only_fields, validate
 from proxy.sse import Event
+
+
+class _OpenAIRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: StrictStr = Field(min_length=1)
+    stream: StrictBool | None = None
+    n: StrictInt | None = Field(None, ge=1)
+
+
+class ChatCompletionRequest(_OpenAIRequest):
+    model_config = ConfigDict(extra="allow", json_schema_extra=only_fields(CHAT_FIELDS))
+
+    messages: list[dict[str, Any]] = Field(min_length=1)
+
+
+class CompletionRequest(_OpenAIRequest):
+    model_config = ConfigDict(extra="allow", json_schema_extra=only_fields(COMPLETIONS_FIELDS))
+
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
 
 
 class Passthrough:

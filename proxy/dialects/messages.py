@@ -33,7 +33,7 @@ class MessagesRequest(BaseModel):
     """What the proxy checks; the other fields the API knows (proxy/dialects/fields.py) are the agent's own and
     are recorded as sent, and any other is refused (400 naming it)."""
 
-    model_config = ConfigDict(extra="allow", json_schema_extra=only_fields("MESSAGES"))
+    model_config = ConfigDict(extra="allow", json_schema_extra=only_fields(KNOWN_FIELDS))
 
     model: StrictStr = Field(min_length=1)
     max_tokens: StrictInt = Field(ge=1)
@@ -46,7 +46,7 @@ class MessagesRequest(BaseModel):
 
 
 class CountTokensRequest(BaseModel):
-    model_config = ConfigDict(extra="allow", json_schema_extra=only_fields("COUNT_TOKENS"))
+    model_config = ConfigDict(extra="allow", json_schema_extra=only_fields(COUNT_TOKENS))
 
     model: StrictStr = Field(min_length=1)
     messages: list[dict[str, Any]] = Field(min_length=1)

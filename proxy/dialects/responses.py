@@ -38,7 +38,7 @@ class ResponsesRequest(BaseModel):
     """What the proxy checks; the other fields the API knows (proxy/dialects/fields.py) are the agent's own and
     are recorded as sent, and any other is refused (400 naming it)."""
 
-    model_config = ConfigDict(extra="allow", json_schema_extra=only_fields("RESPONSES"))
+    model_config = ConfigDict(extra="allow", json_schema_extra=only_fields(KNOWN_FIELDS))
 
     model: StrictStr = Field(min_length=1)
     input: Any
