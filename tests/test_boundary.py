@@ -57,6 +57,8 @@ REFUSED = {
     "lone low surrogate": lambda t: t.replace(f'"{BETAS}"', f'"{BETAS}\\udc00"').encode(),
     "model twice, beta's last": lambda t: with_field(t.replace(BETAS, ALPHAS), f'"model": "{BETAS}"').encode(),
     "model twice, beta's first": lambda t: with_field(t, f'"model": "{ALPHAS}"').encode(),
+    "model twice, once escaped": lambda t: with_field(t.replace(BETAS, ALPHAS),
+                                                      f'"mod\\u0065l": "{BETAS}"').encode(),
     "a nested key twice": lambda t: with_field(t, '"x": {"a": 1, "a": 2}').encode(),
     "deep nesting": lambda t: with_field(t, '"x": ' + "[" * 100 + "]" * 100).encode(),
 }
