@@ -4,8 +4,9 @@ completions, Responses, Messages, count_tokens and the relayed engine routes of 
     parse     the body's bytes, once, by one set of rules (`read_json_object`): UTF-8 JSON as RFC 8259 has it,
               one object, nothing else: no NaN or Infinity, no byte order mark, no other encoding (UTF-16/32),
               no lone surrogate escapes, no key twice in one object, no nesting past `MAX_JSON_DEPTH`
-    check     the parsed object: the fields the route takes (proxy/dialects/fields.py, plus what the operator
-              allows), the models the key may call (proxy/tenancy.py), the token budget (`Budget`)
+    check     the parsed object: the fields the route takes (proxy/dialects/fields.py; the relayed routes'
+              proxy/engine_routes.py `FIELDS`; plus what the operator allows), no field that steers the engine,
+              the models the key may call (proxy/tenancy.py), the token budget (`Budget`)
     forward   the bytes serialised from that checked object (`engine_bytes`), never the client's own
 
 The engine reads JSON more leniently than these rules (vLLM parses with Python's `json`, which takes NaN, a BOM,
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from proxy.dialects.fields import STEERING, refuse_steering
+from proxy.dialects.fields import STEERING, refuse_steering, refuse_unknown_openai
 from proxy.errors import InvalidRequest
 from proxy.strict_json import engine_bytes, read_json_object
 
@@ -111,11 +112,13 @@ class RequestBoundary:
             if name in body and name not in engine_body:
                 engine_body[name] = body[name]
 
-    def relayed(self, raw: bytes) -> dict[str, Any]:
-        """A relayed engine route's body, read and checked (the `model` is checked by the caller, with the key's
+    def relayed(self, raw: bytes, known: frozenset[str]) -> dict[str, Any]:
+        """A relayed engine route's body, read and checked: its fields among `known` (the route's, proxy/
+        engine_routes.py `FIELDS`) and the operator's (the `model` is checked by the caller, with the key's
         project)."""
         body = read_json_object(raw)
         self.check_common(body)
+        refuse_unknown_openai(body, self.fields(known))
         model = body.get("model")
         if model is not None and not isinstance(model, str):
             raise InvalidRequest("model must be a string", param="model", code="invalid_type")

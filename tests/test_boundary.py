@@ -15,7 +15,7 @@ import requests
 from proxy.engine_routes import RELAYED
 from testkit.stub_engine import BASE_MODEL, Stub
 from tests.support import fresh_database, running_proxy
-from tests.tenants import ADAPTERS, engine_in_thread
+from tests.tenants import ADAPTERS, RELAYED_BODIES, engine_in_thread
 
 ALPHAS, BETAS = ADAPTERS["alpha"], ADAPTERS["beta"]
 USER = [{"role": "user", "content": "What is 6*7?"}]
@@ -27,8 +27,7 @@ ROUTES = {
     "/v1/responses": {"input": "What is 6*7?"},
     "/v1/messages": {"max_tokens": 8, "messages": USER},
     "/v1/messages/count_tokens": {"messages": USER},
-    **{path: {"prompt": "6*7=", "input": "6*7="} for path, methods in RELAYED.items()
-       if "POST" in methods and path != "/ping"},
+    **RELAYED_BODIES,
 }
 
 
@@ -86,6 +85,7 @@ def refusal(response: requests.Response, path: str) -> str:
 
 
 def test_no_form_the_rules_refuse_reaches_the_engine_on_any_route(tenants):
+    assert {path for path, methods in RELAYED.items() if "POST" in methods} - ROUTES.keys() == {"/ping"}  # no body
     tenants.stub.bodies.clear()
     for path in ROUTES:
         text = body_text(path, BETAS)
@@ -142,9 +142,11 @@ def test_fields_that_steer_the_engine_are_refused_naming_them(tenants):
     hidden = requests.post(f"{tenants.url}/v1/chat/completions", headers=tenants.headers("alpha"), json={
         **chat, "chat_template_kwargs": {"chat_template": "{{ 'x' }}"}})
     assert hidden.status_code == 400 and hidden.json()["error"]["param"] == "chat_template"
-    unknown = requests.post(f"{tenants.url}/v1/completions", headers=tenants.headers("alpha"),
-                            json={"model": BASE_MODEL, "prompt": "x", "no_such_field": 1})
-    assert unknown.status_code == 400 and unknown.json()["error"]["code"] == "unknown_parameter"
+    for path, body in (("/v1/completions", {"model": BASE_MODEL, "prompt": "x"}), ("/tokenize", {"prompt": "x"}),
+                       ("/v1/chat/completions", chat)):
+        unknown = requests.post(tenants.url + path, headers=tenants.headers("alpha"), json={**body, "no_such": 1})
+        assert unknown.status_code == 400 and unknown.json()["error"]["code"] == "unknown_parameter", path
+        assert unknown.json()["error"]["param"] == "no_such"
     with pytest.raises(anthropic.BadRequestError) as messages:
         tenants.anthropic("alpha").messages.create(model=BASE_MODEL, max_tokens=8, messages=USER,
                                                     extra_body={"priority": -10})

@@ -187,7 +187,8 @@ def test_every_json_body_is_bounded_in_depth_as_documented(api: Api):
             checked.append(path)
     assert {"/v1/chat/completions", "/v1/messages", "/v1/responses", "/rollouts", "/reward", "/v1/traces",
             "/tokenize", "/v1/embeddings", "/rollouts/{rollout_id}/agents/{agent}/v1/completions"} <= set(checked)
-    deepest = {"model": "stub-model", "prompt": "six times seven", "x": nested(MAX_JSON_DEPTH - 1)}
+    deepest = {"model": "stub-model", "prompt": "six times seven",
+               "chat_template_kwargs": {"x": nested(MAX_JSON_DEPTH - 2)}}
     tokenized = requests.post(f"{api.url}/tokenize", json=deepest, headers=agent, timeout=30)
     assert tokenized.status_code == 200 and tokenized.json()["count"] == 3, tokenized.text
     # A relayed body past what orjson writes (254) or reads (1,024) is refused the same; many shallow lists pass.

@@ -82,3 +82,35 @@ def test_every_field_the_engine_takes_is_decided(module, name, known):
 def test_steering_fields_are_no_field_a_route_takes():
     for known in (fields.CHAT, fields.COMPLETIONS, fields.RESPONSES, fields.MESSAGES, fields.COUNT_TOKENS):
         assert known & fields.STEERING.keys() == set()
+
+
+TOKENIZE = "vllm.entrypoints.serve.tokenize.protocol"
+EMBED = "vllm.entrypoints.pooling.embed.protocol"
+POOLING = "vllm.entrypoints.pooling.pooling.protocol"
+CLASSIFY = "vllm.entrypoints.pooling.classify.protocol"
+SCORING = "vllm.entrypoints.pooling.scoring.protocol"
+SCORE = [(SCORING, name) for name in ("ScoreDataRequest", "ScoreQueriesDocumentsRequest", "ScoreQueriesItemsRequest",
+                                      "ScoreTextRequest")]
+RELAYED_REQUESTS = {  # the request types vLLM 0.32 reads each relayed route's body as
+    "/tokenize": [(TOKENIZE, "TokenizeCompletionRequest"), (TOKENIZE, "TokenizeChatRequest")],
+    "/detokenize": [(TOKENIZE, "DetokenizeRequest")],
+    "/v1/embeddings": [(EMBED, name) for name in ("EmbeddingCompletionRequest", "EmbeddingChatRequest",
+                                                  "EmbeddingBatchChatRequest", "EmbeddingChatInputRequest")],
+    "/v2/embed": [(EMBED, "CohereEmbedRequest")],
+    "/pooling": [(POOLING, name) for name in ("PoolingCompletionRequest", "PoolingChatRequest",
+                                              "IOProcessorRequest")],
+    "/classify": [(CLASSIFY, "ClassificationCompletionRequest"), (CLASSIFY, "ClassificationChatRequest")],
+    "/score": SCORE, "/v1/score": SCORE,
+    "/rerank": [(SCORING, "RerankRequest")], "/v1/rerank": [(SCORING, "RerankRequest")],
+    "/v2/rerank": [(SCORING, "RerankRequest")],
+}
+
+
+@pytest.mark.parametrize("path", sorted(RELAYED_REQUESTS))
+def test_a_relayed_route_takes_the_engines_fields_but_the_steering_ones(path):
+    from proxy.engine_routes import FIELDS
+
+    engine = set()
+    for module, name in RELAYED_REQUESTS[path]:
+        engine |= set(getattr(pytest.importorskip(module), name).model_fields)
+    assert FIELDS[path] == engine - fields.STEERING.keys()

@@ -3,8 +3,8 @@ classify, health, …) are relayed to the rollout's engine replica, also under t
 prefixes. Such calls are counted in metrics (`rlproxy_passthrough_requests_total`), never recorded or trained on;
 they carry the key's tenant scope (another project's rollout in the prefix is 404, by the auth middleware) and the
 request limits. Their body crosses the request boundary like every other (proxy/boundary.py): read once by its
-rules (a body they refuse is 400 and never relayed), checked (no steering field, a `model` the key may call,
-proxy/tenancy.py), and sent as the bytes serialised from what was checked, under the proxy's own headers (a
+rules (a body they refuse is 400 and never relayed), checked (only the route's fields, proxy/engine_routes.py
+`FIELDS`; a `model` the key may call, proxy/tenancy.py), and sent as the bytes serialised from what was checked, under the proxy's own headers (a
 client's headers are not passed on: vLLM reads a request id from `X-Request-Id`). The engine's answer comes back
 byte for byte, streamed. Any other path is not routed at all: 404 (405 for a listed path with another method), in
 the proxy's own error shape.
@@ -28,7 +28,7 @@ from proxy.bodies import EngineObject
 from proxy.boundary import engine_bytes
 from proxy.context import call_context
 from proxy.endpoints import Answer, Endpoint, mounted, register
-from proxy.engine_routes import RELAYED
+from proxy.engine_routes import FIELDS, RELAYED
 from proxy.errors import NotFoundError, UpstreamTimeout, UpstreamUnavailable
 from proxy.routes.openai import PREFIXES
 from proxy.schemas import EngineRequest
@@ -59,7 +59,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     app = state(request)
     data, headers = None, None
     if request.method == "POST" and path not in NO_BODY:
-        body = app.boundary.relayed(await request.read())
+        body = app.boundary.relayed(await request.read(), FIELDS[path])
         if isinstance(body.get("model"), str):
             await app.access.check(body["model"], context.project)
         data, headers = engine_bytes(body), JSON_BODY
