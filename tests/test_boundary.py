@@ -116,6 +116,13 @@ def test_the_engine_receives_the_bytes_serialised_from_the_checked_body(tenants)
     assert engine_bodies(tenants.stub) == [("/tokenize", orjson.dumps(orjson.loads(raw)))]
     assert engine_bodies(tenants.stub)[0][1] == f'{{"model":"{ALPHAS}","prompt":"café one two"}}'.encode()
 
+    # Every relayed route (the engine's answer aside: a generative model's engine has no pooling routes).
+    for path, body in RELAYED_BODIES.items():
+        raw = json.dumps({"model": ALPHAS, **body}, indent=2).encode()  # laid out as the proxy never writes
+        tenants.stub.bodies.clear()
+        assert post(tenants, "alpha", path, raw).status_code in (200, 404)
+        assert engine_bodies(tenants.stub) == [(path, orjson.dumps(json.loads(raw)))], path
+
     # A recorded route: the checked body, plus only what the proxy adds to capture the call and route it.
     raw = b'{"model": "stub-model",  "messages": [{"role": "user", "content": "\\u0036*7?"}], "seed": 7}'
     tenants.stub.bodies.clear()
