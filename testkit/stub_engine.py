@@ -103,8 +103,9 @@ class Stub:
         self.last_body: dict | None = None
         # (method, path and query exactly as they arrived) of the latest requests, routed or not
         self.received: deque[tuple[str, str]] = deque(maxlen=10_000)
-        # (path and query, body bytes exactly as they arrived) of the same requests
+        # (path and query, body bytes exactly as they arrived) of the same requests, and their header names
         self.bodies: deque[tuple[str, bytes]] = deque(maxlen=1_000)
+        self.header_names: deque[set[str]] = deque(maxlen=1_000)
 
     def known(self, model: str) -> bool:
         return model == self.base_model or model in self.adapters
@@ -340,12 +341,13 @@ def require_key(api_key: str):
 
 
 def recording(stub: Stub):
-    """Keeps the raw request target of every request in `stub.received`, and its body's bytes in `stub.bodies`,
-    before any routing (the handlers read the same bytes again)."""
+    """Keeps the raw request target of every request in `stub.received`, its body's bytes in `stub.bodies` and
+    its header names in `stub.header_names`, before any routing (the handlers read the same bytes again)."""
     @web.middleware
     async def record(request: web.Request, handler):
         stub.received.append((request.method, request.raw_path))
         stub.bodies.append((request.raw_path, await request.read()))
+        stub.header_names.append({name.lower() for name in request.headers})
         return await handler(request)
     return record
 

@@ -111,9 +111,13 @@ def test_the_engine_receives_the_bytes_serialised_from_the_checked_body(tenants)
     # A relayed route: the client's spacing and escapes are gone, the object is the one checked.
     raw = b'{ "model" : "%s" ,\n "prompt": "caf\\u00e9 one two" }' % ALPHAS.encode()
     tenants.stub.bodies.clear()
-    response = post(tenants, "alpha", "/tokenize", raw, **{"X-Request-Id": "chosen-by-the-client"})
+    response = post(tenants, "alpha", "/tokenize", raw, **{"X-Request-Id": "chosen-by-the-client",
+                                                            "Content-Encoding": "identity", "X-Other": "x"})
     assert response.status_code == 200, response.text
     assert engine_bodies(tenants.stub) == [("/tokenize", orjson.dumps(orjson.loads(raw)))]
+    [names] = [names for (path, _), names in zip(tenants.stub.bodies, tenants.stub.header_names)
+               if path == "/tokenize"]
+    assert {"x-request-id", "content-encoding", "x-other"} & names == set()  # the client's headers stay here
     assert engine_bodies(tenants.stub)[0][1] == f'{{"model":"{ALPHAS}","prompt":"café one two"}}'.encode()
 
     # Every relayed route (the engine's answer aside: a generative model's engine has no pooling routes).
