@@ -13,6 +13,7 @@ from engine.adapters import AdapterError
 from engine.fleet import Rejoiner
 from migrations.apply import upgrade_async
 from proxy.air import air_rules, automatic_rewards
+from proxy.boundary import RequestBoundary
 from proxy.dialects import DIALECTS
 from proxy.dialects.messages_objects import error_body as anthropic_error_body
 from proxy.endpoints import register
@@ -98,10 +99,12 @@ def _lifecycle(settings: ProxySettings, metrics: ProxyMetrics):
         router = PolicyRouter(sessions, settings.served_model, settings.routing(), upstreams)
         await writer.start()
         access = ModelAccess(router, upstreams)
-        serving = {route: CompletionServing(dialect, upstreams, router, writer, metrics, access,
+        boundary = RequestBoundary(settings.allow_request_fields, settings.auth.max_tokens, settings.auth.max_n)
+        serving = {route: CompletionServing(dialect, upstreams, router, writer, metrics, access, boundary,
                                             redact=settings.redaction.redact_content)
                    for route, dialect in DIALECTS.items()}
-        app[STATE] = ProxyState(settings, engine, sessions, metrics, upstreams, router, writer, serving, access)
+        app[STATE] = ProxyState(settings, engine, sessions, metrics, upstreams, router, writer, serving, access,
+                                boundary)
         await router.start(settings.policy_refresh_interval)
         health = asyncio.create_task(_watch_engines(app[STATE]), name="engine-health")
         rejoiner = Rejoiner(sessions, upstreams.adapters, metrics=metrics.fleet)

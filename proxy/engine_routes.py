@@ -12,6 +12,11 @@ Each path is registered with the proxy's router as it is written here, so a requ
 slashes) as vLLM's router would; the engine is sent the path from this table, never one derived from the
 request, so no spelling of a path (dot segments, encoded slashes) can reach another route. Pure data: the
 routes module relays, the auth and limits middlewares treat these like the other OpenAI routes.
+
+`FIELDS` are the top-level body fields each relayed route takes: vLLM 0.32's request fields for that route less
+the ones refused everywhere (proxy/dialects/fields.py `STEERING`: `chat_template`, `priority`, `request_id`,
+`mm_processor_kwargs`, `media_io_kwargs`); any other is 400 naming it (tests/test_request_fields.py checks the
+lists against the installed vLLM).
 """
 from __future__ import annotations
 
@@ -34,3 +39,28 @@ RELAYED: dict[str, tuple[str, ...]] = {
     "/ping": ("GET", "POST"),
     "/version": GET,
 }
+
+_MODEL = {"model"}
+_TEMPLATE = {"messages", "add_special_tokens", "add_generation_prompt", "continue_final_message", "chat_template_kwargs"}
+_POOLING = _MODEL | _TEMPLATE | {"input", "user", "truncate_prompt_tokens", "truncation_side", "padding",
+                                 "use_activation", "cache_salt"}
+_EMBEDDING = _POOLING | {"dimensions", "encoding_format", "embed_dtype", "endianness"}
+_SCORING = _MODEL | {"chat_template_kwargs", "instruction", "max_tokens_per_doc", "max_tokens_per_query",
+                     "truncate_prompt_tokens", "truncation_side", "padding", "use_activation", "user", "cache_salt"}
+_SCORE = _SCORING | {"text_1", "text_2", "data_1", "data_2", "queries", "documents", "items"}
+_RERANK = _SCORING | {"query", "documents", "top_n"}
+
+FIELDS: dict[str, frozenset[str]] = {path: frozenset(fields) for path, fields in {
+    "/tokenize": _MODEL | _TEMPLATE | {"prompt", "return_token_strs", "tools"},
+    "/detokenize": _MODEL | {"tokens"},
+    "/v1/embeddings": _EMBEDDING,
+    "/v2/embed": _MODEL | {"texts", "images", "inputs", "input_type", "embedding_types", "output_dimension",
+                           "truncate", "max_tokens"},
+    "/pooling": _EMBEDDING | {"task", "data"},
+    "/classify": _POOLING,
+    "/score": _SCORE,
+    "/v1/score": _SCORE,
+    "/rerank": _RERANK,
+    "/v1/rerank": _RERANK,
+    "/v2/rerank": _RERANK,
+}.items()}

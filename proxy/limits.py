@@ -1,7 +1,7 @@
 """Limits at the edge: requests per second per key (a token bucket in memory), the request body size (and what a
-compressed body may inflate to: proxy/uploads.py), how deeply a JSON body may nest, and the `max_tokens` / `n` an
-OpenAI request may ask for. Each answers with an error in the route's shape before the request reaches the engine
-or the recorder."""
+compressed body may inflate to: proxy/uploads.py), and how deeply a JSON body may nest. Each answers with an error
+in the route's shape before the request reaches the engine or the recorder. The token budget (`--max-tokens`,
+`--max-n`) is checked on the parsed body, at the request boundary (proxy/boundary.py)."""
 from __future__ import annotations
 
 import math
@@ -10,15 +10,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from core.settings import ProxySettings
-from proxy.auth import KEY, Access, access_for, is_openai_route
-from proxy.errors import InvalidRequest, PayloadTooLarge, RateLimited
+from proxy.auth import KEY, Access, access_for
+from proxy.errors import PayloadTooLarge, RateLimited
 from proxy.uploads import InflateBounds, body_encoding, continue_upload, inflate_body
-
-TOKEN_FIELDS = ("max_tokens", "max_completion_tokens", "max_output_tokens")  # chat, Messages; Responses
 
 MAX_JSON_DEPTH = 64
 """The deepest nesting of arrays and objects accepted in a JSON body (the body itself is level 1). orjson reads
@@ -44,21 +41,6 @@ def too_deep(value: Any, raw: bytes | None = None, limit: int = MAX_JSON_DEPTH) 
                     below.append(child)
         level = below
     return False
-
-
-def refuse_deep_json(raw: bytes) -> None:
-    """A relayed engine body that is JSON nested too deeply: 400 `json_too_deep`, as on the proxy's own routes. The
-    proxy parses these bodies too (the `model` a key may call), and the engine is spared a body no agent sends.
-    A body that is not JSON is the engine's to refuse."""
-    if raw.count(b"[") + raw.count(b"{") <= MAX_JSON_DEPTH:  # nearly every body: no parsing here
-        return
-    try:
-        deep = too_deep(orjson.loads(raw))
-    except orjson.JSONDecodeError as exc:
-        deep = "depth limit" in str(exc)  # past orjson's own 1,024 levels: still JSON, just deeper still
-    if deep:
-        raise InvalidRequest(f"request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep",
-                             code="json_too_deep")
 
 
 @dataclass(slots=True)
@@ -106,8 +88,6 @@ class Limits:
         self.max_body = settings.client_max_size
         self.inflate = InflateBounds(min(settings.max_inflated_size, settings.client_max_size),
                                      settings.max_inflation_ratio)
-        self.max_tokens = auth.max_tokens
-        self.max_n = auth.max_n
         self.limiter = RateLimiter()
 
     def check_rate(self, request: web.Request) -> None:
@@ -130,34 +110,6 @@ class Limits:
             raise PayloadTooLarge(f"request body of {request.content_length} bytes is larger than the "
                                   f"{self.max_body} bytes this proxy accepts")
 
-    async def check_body(self, request: web.Request) -> None:
-        """`max_tokens` and `n` of an OpenAI request. Anything unreadable is left to the route, which
-        answers malformed bodies itself."""
-        if request.method != "POST" or not (self.max_tokens or self.max_n) or not is_openai_route(request):
-            return
-        try:
-            body = orjson.loads(await request.read())  # aiohttp keeps the bytes for the route's own read()
-        except orjson.JSONDecodeError:
-            return
-        if not isinstance(body, dict):
-            return
-        if self.max_tokens:
-            for name in TOKEN_FIELDS:
-                _check_count(body, name, self.max_tokens)
-        if self.max_n:
-            _check_count(body, "n", self.max_n)
-
-
-def _check_count(body: dict, name: str, limit: int) -> None:
-    value = body.get(name)
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequest(f"{name} must be an integer", param=name, code="invalid_type")
-    if value > limit:
-        raise InvalidRequest(f"{name} is {value}, above this proxy's limit of {limit}", param=name,
-                             code=f"{name}_too_large")
-
 
 LIMITS = web.AppKey("rlproxy_limits", Limits)
 
@@ -165,7 +117,7 @@ LIMITS = web.AppKey("rlproxy_limits", Limits)
 @web.middleware
 async def enforce_limits(request: web.Request, handler):
     """Rate and declared size, then (only then) the body: `100 Continue` if asked for, a compressed body
-    inflated within its bounds, the OpenAI fields checked."""
+    inflated within its bounds."""
     limits = request.app[LIMITS]
     checked = access_for(request) is not Access.PUBLIC
     if checked:
@@ -175,6 +127,4 @@ async def enforce_limits(request: web.Request, handler):
         body_encoding(request)  # an encoding the proxy does not read: 415 before the body is invited
     await continue_upload(request)
     await inflate_body(request, limits.inflate, limits.max_body)
-    if checked:
-        await limits.check_body(request)
     return await handler(request)

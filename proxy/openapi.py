@@ -170,15 +170,19 @@ class _Builder:
     def api_body(self, model: type[BaseModel], example: dict[str, Any]) -> dict[str, Any]:
         """An OpenAI/Anthropic request body, with this server's limits written into its schema."""
         schema = copy.deepcopy(_model_schema(model))
+        for name in self.settings.allow_request_fields:  # the operator's (--allow-request-field)
+            schema["properties"].setdefault(name, {})
         limits = self.settings.auth
         if limits.max_tokens:
             for name in ("max_tokens", "max_completion_tokens", "max_output_tokens"):
+                if name not in schema["properties"]:
+                    continue
                 if model.__name__ in ("ChatCompletionRequest", "CompletionRequest"):
                     schema["properties"][name] = {"type": ["integer", "null"], "maximum": limits.max_tokens}
-                elif name in schema["properties"]:
+                else:
                     schema["properties"][name] = {"type": ["integer", "null"], "minimum": 1,
                                                   "maximum": limits.max_tokens}
-        if limits.max_n:
+        if limits.max_n and "n" in schema["properties"]:
             schema["properties"]["n"] = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": limits.max_n},
                                                    {"type": "null"}]}
         return {"content": {"application/json": {"schema": schema, "example": example}}}

@@ -1,31 +1,26 @@
-"""Request models. The OpenAI ones only check what the proxy relies on; everything else in the body passes
-through untouched (the proxy forwards the agent's own JSON, never a re-serialized model)."""
+"""Request models of the proxy's own routes and what the API routes' models share (the API routes' own are in
+proxy/dialects/: they check only what the proxy relies on; the other fields a route takes pass through as the
+agent sent them, and the proxy forwards the checked JSON object, never a re-serialized model)."""
 from __future__ import annotations
 
 import math
 from typing import Any
 
-import orjson
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator, model_validator
 
 from proxy.errors import InvalidRequest, ProxyError, Unprocessable
-from proxy.limits import MAX_JSON_DEPTH, too_deep
+from proxy.strict_json import read_json_object
 
 
-class _OpenAIRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    model: StrictStr = Field(min_length=1)
-    stream: StrictBool | None = None
-    n: StrictInt | None = Field(None, ge=1)
-
-
-class ChatCompletionRequest(_OpenAIRequest):
-    messages: list[dict[str, Any]] = Field(min_length=1)
-
-
-class CompletionRequest(_OpenAIRequest):
-    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+def only_fields(fields: frozenset[str]):
+    """A request model's `json_schema_extra`: its route's other fields (proxy/dialects/fields.py) as properties
+    of any value, and no field besides, as the route answers (400 naming the field)."""
+    def close(schema: dict[str, Any]) -> None:
+        properties = schema.setdefault("properties", {})
+        for name in sorted(fields - properties.keys()):
+            properties[name] = {}
+        schema["additionalProperties"] = False
+    return close
 
 
 class TraceExport(BaseModel):
@@ -38,8 +33,9 @@ class TraceExport(BaseModel):
 
 
 class EngineRequest(BaseModel):
-    """The body of a relayed engine route (proxy/engine_routes.py): the engine's to read and to refuse. The proxy
-    reads only its `model` (one the key may call) and how deeply it nests."""
+    """The body of a relayed engine route (proxy/engine_routes.py): a JSON object read by the request boundary's
+    rules (proxy/boundary.py), with only the route's fields (`FIELDS` there; docs/contract.md lists them) and a
+    `model` the key may call; their values are the engine's to read and to refuse."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -94,18 +90,10 @@ class RewardPost(_Stored):
 
 
 def parse_json_object(raw: bytes, error: type[ProxyError] = InvalidRequest) -> dict[str, Any]:
-    """A request body that must be a JSON object. orjson refuses invalid UTF-8 and lone surrogates (`"\\ud800"`)
-    here, so every string in the body can be written out again; nesting is bounded for the same reason."""
-    try:
-        body = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise error(f"request body is not valid JSON: {exc}", code="invalid_json") from None
-    if not isinstance(body, dict):
-        raise error("request body must be a JSON object", code="invalid_json")
-    if too_deep(body, raw):
-        raise error(f"request body nests arrays and objects more than {MAX_JSON_DEPTH} levels deep",
-                    code="json_too_deep")
-    return body
+    """A request body that must be a JSON object, read by the one set of rules every body is read by
+    (proxy/strict_json.py): so every string in it can be written out again, and no reader downstream can read it
+    another way."""
+    return read_json_object(raw, error)
 
 
 def validate(model: type[BaseModel], body: dict[str, Any], error: type[ProxyError] = InvalidRequest) -> BaseModel:
@@ -118,5 +106,5 @@ def validate(model: type[BaseModel], body: dict[str, Any], error: type[ProxyErro
         raise error(f"{param}: {first['msg']}" if param else first["msg"], param=param) from None
 
 
-__all__ = ["ChatCompletionRequest", "CompletionRequest", "EngineRequest", "RolloutCreate", "RewardPost",
+__all__ = ["EngineRequest", "RolloutCreate", "RewardPost",
            "TraceExport", "parse_json_object", "validate", "Unprocessable"]

@@ -16,6 +16,7 @@ import orjson
 from aiohttp import web
 
 from proxy.auth import claim_for_call
+from proxy.boundary import RequestBoundary, engine_bytes
 from proxy.capture import Additions, StreamAssembler, capture_response, prepare_upstream_body
 from proxy.context import CallContext, call_context
 from proxy.dialects.base import ENDED_EARLY, Dialect, Translator
@@ -44,27 +45,35 @@ class CompletionServing:
     happens. Which format it is makes no difference here: that is the dialect's (proxy/dialects/)."""
 
     def __init__(self, dialect: Dialect, upstreams: UpstreamPool, router: PolicyRouter, writer: CaptureWriter,
-                 metrics: ProxyMetrics, access: ModelAccess, *, redact: bool = False) -> None:
+                 metrics: ProxyMetrics, access: ModelAccess, boundary: RequestBoundary, *,
+                 redact: bool = False) -> None:
         self.dialect = dialect
         self.upstreams = upstreams
         self.access = access
+        self.boundary = boundary
         self.router = router
         self.writer = writer
         self.metrics = metrics
         self.redact = redact  # store text as a marker (proxy/redact.py)
 
     async def handle(self, request: web.Request, history: HistoryLoader | None = None) -> web.StreamResponse:
-        """Serve one policy call: the agent's body is checked and translated to the engine's request, and the
-        engine's answer back (`history`: earlier turns the proxy keeps, for Responses)."""
+        """Serve one policy call: the agent's body is read and checked at the request boundary
+        (proxy/boundary.py) and translated to the engine's request, and the engine's answer back (`history`:
+        earlier turns the proxy keeps, for Responses)."""
         began = time.perf_counter()
         body = parse_json_object(await request.read())
         context = call_context(request)
-        dialect = self.dialect
-        dialect.validate(body)
+        dialect, boundary = self.dialect, self.boundary
+        boundary.check_common(body)
+        boundary.budget.check(body)
+        dialect.validate(body, boundary.allowed)
         await self.access.check(body["model"], context.project)  # another project's adapter: as if none existed
         engine_body = dialect.to_chat(body, await history(body, context) if history is not None else ())
+        if engine_body is not body:  # translated: what the operator allows besides is carried over
+            boundary.carry_allowed(body, engine_body)
         target = await self.router.route_call(body["model"], context)
         upstream_body, additions = prepare_upstream_body(engine_body, dialect.engine_route, target.upstream_model)
+        boundary.budget.bound(upstream_body, dialect.engine_route)
         await claim_for_call(request, context)  # checked, to be recorded: only now may it claim its rollout
         record = CallRecord(
             id=uuid.uuid4().hex, route=dialect.route, started_at=utcnow(),
@@ -121,7 +130,7 @@ class CompletionServing:
 
     async def _forward(self, request: web.Request, record: CallRecord, upstream_body: dict, additions: Additions,
                        headers: dict[str, str], began: float) -> web.StreamResponse:
-        replica, upstream = await self.upstreams.open(self.dialect.engine_path, orjson.dumps(upstream_body),
+        replica, upstream = await self.upstreams.open(self.dialect.engine_path, engine_bytes(upstream_body),
                                                       key=record.rollout_id, model=record.upstream_model)
         record.upstream = replica.url
         record.http_status = upstream.status

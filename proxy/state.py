@@ -7,6 +7,7 @@ from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from core.settings import ProxySettings
+from proxy.boundary import RequestBoundary
 from proxy.metrics import ProxyMetrics
 from proxy.policy import PolicyRouter
 from proxy.serving import CompletionServing
@@ -26,6 +27,7 @@ class ProxyState:
     writer: CaptureWriter
     serving: dict[str, CompletionServing]  # by route: one per wire format (proxy/dialects/)
     access: ModelAccess  # which models a key's project may call
+    boundary: RequestBoundary  # the checks every body crosses before the engine (proxy/boundary.py)
 
 
 STATE = web.AppKey("rlproxy_state", ProxyState)

@@ -12,7 +12,6 @@ import asyncio
 import logging
 from typing import Any
 
-import orjson
 from sqlalchemy.exc import SQLAlchemyError
 
 from proxy.errors import NotFoundError, StoreUnavailable
@@ -66,18 +65,6 @@ class ModelAccess:
     async def check(self, model: str, project: str | None) -> None:
         if project is not None and model not in await self.allowed([model], project):
             raise ModelNotFound(model)
-
-    async def check_body(self, body: bytes, project: str | None) -> None:
-        """The `model` a relayed engine request names, if its body is a JSON object that names one."""
-        if project is None or not body.lstrip().startswith(b"{"):
-            return
-        try:
-            parsed = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            return  # the engine answers malformed bodies itself
-        model = parsed.get("model") if isinstance(parsed, dict) else None
-        if isinstance(model, str):
-            await self.check(model, project)
 
     async def visible(self, listing: dict[str, Any], project: str | None) -> dict[str, Any]:
         """The engine's model list with only the models a key of `project` may call."""

@@ -24,6 +24,7 @@ from pathlib import Path
 import psycopg
 
 from migrations.apply import upgrade
+from testkit.stub_engine import STUB_CONTROLS
 
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
@@ -105,10 +106,15 @@ def stub_command(port: int) -> list[str]:
     return [PYTHON, "-m", "testkit.stub_engine", "--port", str(port)]
 
 
-def proxy_command(port: int, upstreams: list[str], database_url: str, *extra: str) -> list[str]:
+def proxy_command(port: int, upstreams: list[str], database_url: str, *extra: str,
+                  stub_controls: bool = True) -> list[str]:
+    """`rlproxy serve` in front of `upstreams`, taking the stand-in engine's controls as request fields unless
+    told not to (a real engine ignores them)."""
     args = rlproxy_command("serve", "--port", str(port), "--database-url", database_url)
     for upstream in upstreams:
         args += ["--upstream", upstream]
+    for control in STUB_CONTROLS if stub_controls else ():
+        args += ["--allow-request-field", control]
     return args + list(extra)
 
 

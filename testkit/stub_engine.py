@@ -15,6 +15,8 @@ Test controls, read from the request body (unknown fields pass through the proxy
                deterministic words, e.g. a text-protocol tool call such as "CALC: 1 / 0";
   "stub_tool_arguments": the arguments text of the tool call the stub makes (with `tools`, when the last
                message says "use tool"), e.g. malformed or deeply nested JSON as a model may write it.
+These are no fields of any API, so a proxy refuses them unless told to allow them: `STUB_CONTROLS`, which
+testkit/processes.py `proxy_command` passes as `--allow-request-field`.
 Two controls of the process, for several replicas that disagree (engine/fleet.py's checks):
   `--refuse-adapter NAME`: answer 500 to a LoRA load from a folder named NAME, as vLLM does for an adapter it
                cannot take (e.g. a rank above --max-lora-rank);
@@ -43,6 +45,8 @@ from engine.adapters import LOAD_ROUTE, UNLOAD_ROUTE
 from testkit import stub_pooling
 from testkit.stub_faults import EndStream, stream_fault
 
+STUB_CONTROLS = ("stub_delay", "stub_die_after", "stub_status", "stub_spaced", "stub_plain_json", "stub_reply",
+                 "stub_tool_arguments")
 BASE_MODEL = "stub-model"
 VOCAB = ["The", "answer", "is", "42", "and", "that", "settles", "it", ".", "Sure", "here", "you", "go", "!"]
 
@@ -101,6 +105,9 @@ class Stub:
         self.last_body: dict | None = None
         # (method, path and query exactly as they arrived) of the latest requests, routed or not
         self.received: deque[tuple[str, str]] = deque(maxlen=10_000)
+        # (path and query, body bytes exactly as they arrived) of the same requests, and their header names
+        self.bodies: deque[tuple[str, bytes]] = deque(maxlen=1_000)
+        self.header_names: deque[set[str]] = deque(maxlen=1_000)
 
     def known(self, model: str) -> bool:
         return model == self.base_model or model in self.adapters
@@ -343,10 +350,13 @@ def require_key(api_key: str):
 
 
 def recording(stub: Stub):
-    """Keeps the raw request target of every request in `stub.received`, before any routing."""
+    """Keeps the raw request target of every request in `stub.received`, its body's bytes in `stub.bodies` and
+    its header names in `stub.header_names`, before any routing (the handlers read the same bytes again)."""
     @web.middleware
     async def record(request: web.Request, handler):
         stub.received.append((request.method, request.raw_path))
+        stub.bodies.append((request.raw_path, await request.read()))
+        stub.header_names.append({name.lower() for name in request.headers})
         return await handler(request)
     return record
 

@@ -26,6 +26,14 @@ from tests.support import add_policies, fresh_database, make_key, running_proxy
 OPERATOR = "operator-" + uuid.uuid4().hex
 MAX_BODY = 64 * 1024
 ADAPTERS = {"alpha": "rlproxy-v1", "beta": "rlproxy-v2"}
+# A body each relayed engine route takes (proxy/engine_routes.py FIELDS), naming no model.
+RELAYED_BODIES = {
+    "/tokenize": {"prompt": "one two"}, "/detokenize": {"tokens": [1, 2]}, "/v1/embeddings": {"input": "one two"},
+    "/v2/embed": {"texts": ["one two"]}, "/pooling": {"input": "one two"}, "/classify": {"input": "one two"},
+    "/score": {"text_1": "one", "text_2": "two"}, "/v1/score": {"text_1": "one", "text_2": "two"},
+    "/rerank": {"query": "one", "documents": ["two"]}, "/v1/rerank": {"query": "one", "documents": ["two"]},
+    "/v2/rerank": {"query": "one", "documents": ["two"]},
+}
 
 
 @dataclass

@@ -165,3 +165,44 @@ def test_what_the_proxy_added_is_removed_from_the_answer(route_body, upstream_mo
     if not additions.logprobs:  # the engine's own bytes are edited, not re-serialized: floats survive as sent
         assert relayed == own
     assert strip_additions(orjson.loads(raw), additions) == orjson.loads(own)
+
+
+# --- the request boundary's JSON rules (proxy/strict_json.py) ------------------------------------------------
+
+# Text with the characters that matter to a JSON reader: colons (the repeated-key check counts them), quotes,
+# backslashes, and any other character but lone surrogates.
+json_text = st.text(st.characters(blacklist_categories=("Cs",)) | st.sampled_from(':"\\'), max_size=8)
+json_value = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2 ** 63), 2 ** 63 - 1) | st.floats(allow_nan=False, allow_infinity=False)
+    | json_text,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(json_text, inner, max_size=4), max_leaves=24)
+json_object = st.dictionaries(json_text, json_value, max_size=6)
+
+
+@FUZZ
+@given(json_object, st.booleans())
+def test_every_json_object_is_read_as_written_and_sent_as_read(body, ascii_only):
+    from proxy.strict_json import engine_bytes, read_json_object
+
+    raw = json.dumps(body, ensure_ascii=ascii_only).encode()  # spaced, escaped or not, as Python writes it
+    read = read_json_object(raw)
+    assert read == orjson.loads(raw)
+    assert orjson.loads(engine_bytes(read)) == read
+
+
+@FUZZ
+@given(json_object, json_text, json_value, st.integers(0, 3))
+def test_a_key_written_twice_in_any_object_is_refused(body, key, value, depth):
+    from proxy.errors import InvalidRequest
+    from proxy.strict_json import read_json_object
+
+    twice = "{" + json.dumps(key) + ": " + json.dumps(value) + ", " + json.dumps({key: "again", **body})[1:]
+    raw = twice
+    for level in range(depth):  # inside other objects and lists
+        raw = '{"a": [' + raw + "]}" if level % 2 else '{"b": ' + raw + "}"
+    try:
+        read_json_object(raw.encode())
+    except InvalidRequest as refused:
+        assert refused.code == "invalid_json" and "twice" in refused.message
+    else:
+        raise AssertionError(f"read {raw!r}")

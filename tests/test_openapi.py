@@ -93,7 +93,7 @@ def api(stub_url, postgres_server, run_dir) -> Api:
         key = make_key(database_url, "schema")
         limits = ["--max-tokens", str(SETTINGS.auth.max_tokens), "--max-n", str(SETTINGS.auth.max_n)]
         with running_proxy([stub_url], database_url, run_dir, "proxy-openapi", "--admin-key", ADMIN_KEY,
-                           *limits) as url:
+                           *limits, stub_controls=False) as url:  # the fields documented: the routes' own
             yield Api(url, key)
 
 
@@ -187,7 +187,8 @@ def test_every_json_body_is_bounded_in_depth_as_documented(api: Api):
             checked.append(path)
     assert {"/v1/chat/completions", "/v1/messages", "/v1/responses", "/rollouts", "/reward", "/v1/traces",
             "/tokenize", "/v1/embeddings", "/rollouts/{rollout_id}/agents/{agent}/v1/completions"} <= set(checked)
-    deepest = {"model": "stub-model", "prompt": "six times seven", "x": nested(MAX_JSON_DEPTH - 1)}
+    deepest = {"model": "stub-model", "prompt": "six times seven",
+               "chat_template_kwargs": {"x": nested(MAX_JSON_DEPTH - 2)}}
     tokenized = requests.post(f"{api.url}/tokenize", json=deepest, headers=agent, timeout=30)
     assert tokenized.status_code == 200 and tokenized.json()["count"] == 3, tokenized.text
     # A relayed body past what orjson writes (254) or reads (1,024) is refused the same; many shallow lists pass.

@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from proxy.engine_routes import RELAYED
-from tests.tenants import MAX_BODY
+from tests.tenants import MAX_BODY, RELAYED_BODIES
 
 PROBE = ("GET", "/v1/models")  # the proxy's own engine health checks, at any moment
 
@@ -96,12 +96,13 @@ def test_listed_routes_reach_the_engine_as_exactly_the_listed_path(tenants):
     rid = tenants.rollout("alpha")["rollout_id"]
     for method, target, expected in RELAYED_AS:
         tenants.stub.received.clear()
-        status, body = send(tenants.url, method, target.format(rid=rid), tenants.keys["alpha"])
-        assert received(tenants) == [(method, expected)], (target, status, body)
+        body = json.dumps(RELAYED_BODIES.get(expected.split("?")[0], {})).encode()
+        status, answer = send(tenants.url, method, target.format(rid=rid), tenants.keys["alpha"], body)
+        assert received(tenants) == [(method, expected)], (target, status, answer)
     # what the engine answers comes back as it is (its missing pooling routes: the proxy's own 404)
     direct = requests.post(f"{tenants.stub_url}/tokenize", json={"prompt": "one two"}).content
     assert send(tenants.url, "POST", f"/rollouts/{rid}/tokenize", tenants.keys["alpha"]) == (200, direct)
-    status, body = send(tenants.url, "POST", "/v1/embeddings", tenants.keys["alpha"])
+    status, body = send(tenants.url, "POST", "/v1/embeddings", tenants.keys["alpha"], b'{"input": "one two"}')
     assert status == 404 and b"no route POST /v1/embeddings" in body
     assert tenants.calls("alpha", rid) == []  # relayed, never recorded
 

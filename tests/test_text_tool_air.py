@@ -174,13 +174,19 @@ def test_the_demo_markers_ignore_answers_results_and_reminders():
     assert score("I think so", exchange("I think so", reminder), DEMO_RULES) == []
 
 
-def test_the_demos_proxy_scores_a_failed_calc_of_the_demo_agent(stub_url, database_url, tmp_path):
-    """The proxy exactly as `rlproxy demo` starts it (Demo._start_proxy), in front of the stub engine."""
+def test_the_demos_proxy_scores_a_failed_calc_of_the_demo_agent(stub_url, database_url, tmp_path, monkeypatch):
+    """The proxy exactly as `rlproxy demo` starts it (Demo._start_proxy), in front of the stub engine, but for
+    taking the stub's controls as request fields."""
     import asyncio
+    import functools
 
     import aiohttp
 
+    from demo import run
     from demo.run import AGENT, Demo, DemoSettings
+    from testkit.stub_engine import STUB_CONTROLS
+
+    monkeypatch.setattr(run, "ProxySettings", functools.partial(ProxySettings, allow_request_fields=STUB_CONTROLS))
 
     async def episode() -> tuple[dict, str]:
         demo = Demo(DemoSettings(database_url=database_url, workdir=tmp_path, proxy_port=free_port()))

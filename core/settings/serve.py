@@ -51,7 +51,10 @@ class AuthSettings(Part):
         30.0, description="Seconds a key lookup (found or not) is cached; also how long a revoked key may work.")
     rate_limit: float | None = Field(None, description="Requests per second per key (None: unlimited).")
     rate_burst: int | None = Field(None, description="Requests a key may send at once (default: the rate).")
-    max_tokens: int | None = Field(None, description="Largest max_tokens / max_completion_tokens accepted.")
+    max_tokens: int | None = Field(
+        None, description="Largest max_tokens / max_completion_tokens / max_output_tokens accepted; a call "
+                          "without one is sent with max_tokens set to this (completions: to the lower of this "
+                          "and 16), and min_tokens above it is refused.")
     max_n: int | None = Field(None, description="Largest n (completions per request) accepted.")
     upstream_api_key: SecretStr | None = Field(None, description="Bearer key the proxy sends to the engines.")
 
@@ -77,6 +80,11 @@ class ProxySettings(CommandSettings):
         100.0, gt=1,
         description="Most times its compressed size a compressed request body may inflate to (checked once it "
                     "passes 1 MiB): a compression bomb is 413 after a few milliseconds of work.")
+    allow_request_fields: tuple[str, ...] = Field(
+        (), description="A request field to pass to the engine on every route besides those each route takes "
+                        "(docs/contract.md), e.g. one of vLLM's refused on purpose (priority, request_id, "
+                        "kv_transfer_params, chat_template, ...) where every key is trusted with it; repeat the "
+                        "flag for each.", json_schema_extra={"flag": "allow-request-field"})
     upstream_timeout: float = Field(600.0, description="Seconds an upstream request may take in total.")
     upstream_connect_attempts: int = Field(3, description="Connection attempts per request before the first byte.")
     policy_refresh_interval: float = Field(1.0, description="Seconds between reads of the active policy.")

@@ -78,8 +78,9 @@ class Dialect(Protocol):
     engine_route: str  # how the engine is asked and its answer read: chat or completions (proxy/capture.py)
     engine_path: str  # where the engine is asked
 
-    def validate(self, body: dict[str, Any]) -> None:
-        """Raise `InvalidRequest` naming the parameter for a body the dialect cannot serve."""
+    def validate(self, body: dict[str, Any], allowed: frozenset[str] = frozenset()) -> None:
+        """Raise `InvalidRequest` naming the parameter for a body the dialect cannot serve: one with a field
+        the route does not take (`allowed`: the fields the operator allows besides), or one it cannot read."""
 
     def to_chat(self, body: dict[str, Any], history: Sequence[dict[str, Any]]) -> dict[str, Any]:
         """The request for the engine's route; `history` is earlier chat messages the proxy keeps (Responses)."""

@@ -1,6 +1,7 @@
 """OpenAI Chat Completions (`POST /v1/chat/completions`) and legacy Completions (`POST /v1/completions`): the
 engine's own wire formats, so these dialects translate nothing. The request goes to the engine as the agent sent
-it (plus the capture fields, proxy/capture.py), and the answer comes back as the engine sent it, byte for byte,
+it, once its fields are ones the route takes (proxy/dialects/fields.py), plus the capture fields
+(proxy/capture.py) and the budget (proxy/boundary.py); and the answer comes back as the engine sent it, byte for byte,
 less what the proxy asked for on its own: token ids and logprobs the agent did not ask for are nulled, and the
 model name is put back where a policy's adapter answered (`relay_bytes`).
 
@@ -13,13 +14,36 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
 from proxy.capture import CHAT, COMPLETIONS, Additions, only_for_capture, relay_bytes, strip_additions
 from proxy.dialects.base import ENDED_EARLY, openai_engine_error
+from proxy.dialects.fields import CHAT as CHAT_FIELDS
+from proxy.dialects.fields import COMPLETIONS as COMPLETIONS_FIELDS
+from proxy.dialects.fields import refuse_unknown_openai
 from proxy.errors import InvalidRequest, error_body, sse_error_event
-from proxy.schemas import ChatCompletionRequest, CompletionRequest, validate
+from proxy.schemas import only_fields, validate
 from proxy.sse import Event
+
+
+class _OpenAIRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    model: StrictStr = Field(min_length=1)
+    stream: StrictBool | None = None
+    n: StrictInt | None = Field(None, ge=1)
+
+
+class ChatCompletionRequest(_OpenAIRequest):
+    model_config = ConfigDict(extra="allow", json_schema_extra=only_fields(CHAT_FIELDS))
+
+    messages: list[dict[str, Any]] = Field(min_length=1)
+
+
+class CompletionRequest(_OpenAIRequest):
+    model_config = ConfigDict(extra="allow", json_schema_extra=only_fields(COMPLETIONS_FIELDS))
+
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
 
 
 class Passthrough:
@@ -71,13 +95,15 @@ def one_prompt(prompt: Any) -> None:
 class OpenAIDialect:
     """Chat Completions or Completions, relayed."""
 
-    def __init__(self, route: str, path: str, schema: type[BaseModel]) -> None:
+    def __init__(self, route: str, path: str, schema: type[BaseModel], fields: frozenset[str]) -> None:
         self.route = self.engine_route = route
         self.path = self.engine_path = path
         self.schema = schema
+        self.fields = fields
         self.drops_capture_chunks = route == CHAT
 
-    def validate(self, body: dict[str, Any]) -> None:
+    def validate(self, body: dict[str, Any], allowed: frozenset[str] = frozenset()) -> None:
+        refuse_unknown_openai(body, self.fields | allowed)
         validate(self.schema, body)
         if self.route == COMPLETIONS:
             one_prompt(body["prompt"])
@@ -92,5 +118,5 @@ class OpenAIDialect:
         return openai_engine_error(status, raw)
 
 
-CHAT_COMPLETIONS = OpenAIDialect(CHAT, "/v1/chat/completions", ChatCompletionRequest)
-TEXT_COMPLETIONS = OpenAIDialect(COMPLETIONS, "/v1/completions", CompletionRequest)
+CHAT_COMPLETIONS = OpenAIDialect(CHAT, "/v1/chat/completions", ChatCompletionRequest, CHAT_FIELDS)
+TEXT_COMPLETIONS = OpenAIDialect(COMPLETIONS, "/v1/completions", CompletionRequest, COMPLETIONS_FIELDS)

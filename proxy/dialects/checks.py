@@ -26,6 +26,7 @@ def plainly_valid_responses(body: dict[str, Any]) -> bool:
             and absent_or(get("instructions"), str) and absent_or(get("previous_response_id"), str)
             and absent_or(get("stream"), bool) and absent_or(get("store"), bool)
             and absent_or(get("background"), bool) and (tokens is None or (type(tokens) is int and tokens >= 1))
+            and absent_or(get("text"), dict) and absent_or(get("include"), list)
             and (tools is None or (type(tools) is list and all(type(tool) is dict for tool in tools))))
 
 
@@ -36,6 +37,6 @@ def plainly_valid_messages(body: dict[str, Any]) -> bool:
                                              get("stop_sequences"), get("tools"))
     return (type(model) is str and model != "" and type(tokens) is int and tokens >= 1
             and type(messages) is list and messages != [] and all(type(m) is dict for m in messages)
-            and absent_or(get("stream"), bool)
+            and absent_or(get("stream"), bool) and absent_or(get("metadata"), dict)
             and (stops is None or (type(stops) is list and all(type(stop) is str for stop in stops)))
             and (tools is None or (type(tools) is list and all(type(tool) is dict for tool in tools))))

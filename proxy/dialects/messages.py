@@ -3,7 +3,8 @@ engine's chat route.
 
 The translation follows vLLM's own `/v1/messages` (which is itself a translation to chat inside the engine), so
 the prompt is the one the engine would have rendered: the system text and messages as core/messages_chat.py makes
-them chat messages; `tools` as functions, `tool_choice` `any` as `required`, `stop_sequences` as `stop`. The answer
+them chat messages; `tools` as functions, `tool_choice` `any` as `required`, `stop_sequences` as `stop`;
+vLLM's `chat_template_kwargs` (e.g. `{"enable_thinking": false}`) as it is. The answer
 is made by proxy/dialects/messages_stream.py, whole or as the event stream.
 
 Errors on these routes use Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`.
@@ -25,14 +26,14 @@ from proxy.dialects.fields import MESSAGES as KNOWN_FIELDS
 from proxy.dialects.messages_objects import error_body
 from proxy.dialects.messages_stream import MessagesStream
 from proxy.errors import InvalidRequest
-from proxy.schemas import validate
+from proxy.schemas import only_fields, validate
 
 
 class MessagesRequest(BaseModel):
     """What the proxy checks; the other fields the API knows (proxy/dialects/fields.py) are the agent's own and
     are recorded as sent, and any other is refused (400 naming it)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=only_fields(KNOWN_FIELDS))
 
     model: StrictStr = Field(min_length=1)
     max_tokens: StrictInt = Field(ge=1)
@@ -41,10 +42,11 @@ class MessagesRequest(BaseModel):
     stream: StrictBool | None = None
     stop_sequences: list[StrictStr] | None = None
     tools: list[dict[str, Any]] | None = None
+    metadata: dict[str, Any] | None = None  # read by the translation: its `user_id`
 
 
 class CountTokensRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=only_fields(COUNT_TOKENS))
 
     model: StrictStr = Field(min_length=1)
     messages: list[dict[str, Any]] = Field(min_length=1)
@@ -58,10 +60,11 @@ class MessagesDialect:
     engine_route = CHAT
     engine_path = "/v1/chat/completions"
 
-    def validate(self, body: dict[str, Any], model: type[BaseModel] = MessagesRequest) -> None:
+    def validate(self, body: dict[str, Any], allowed: frozenset[str] = frozenset(),
+                 model: type[BaseModel] = MessagesRequest) -> None:
         if model is not MessagesRequest or not plainly_valid_messages(body):
             validate(model, body)
-        refuse_unknown_anthropic(body, KNOWN_FIELDS if model is MessagesRequest else COUNT_TOKENS)
+        refuse_unknown_anthropic(body, (KNOWN_FIELDS if model is MessagesRequest else COUNT_TOKENS) | allowed)
         system = body.get("system")
         if system is not None and not isinstance(system, str) and not (
                 isinstance(system, list) and all(isinstance(b, dict) and b.get("type") == "text" for b in system)):
@@ -95,7 +98,7 @@ class MessagesDialect:
                                 "max_tokens": body["max_tokens"]}
         if body.get("stop_sequences"):
             chat["stop"] = body["stop_sequences"]
-        for name in ("temperature", "top_p", "top_k"):
+        for name in ("temperature", "top_p", "top_k", "chat_template_kwargs"):
             if body.get(name) is not None:
                 chat[name] = body[name]
         user = (body.get("metadata") or {}).get("user_id")

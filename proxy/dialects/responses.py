@@ -26,18 +26,19 @@ from proxy.dialects.fields import refuse_unknown_openai
 from proxy.dialects.responses_objects import wants_logprobs
 from proxy.dialects.responses_stream import ResponsesStream
 from proxy.errors import InvalidRequest
-from proxy.schemas import validate
+from proxy.schemas import only_fields, validate
 
 # Sampling fields the Responses API shares with chat, and vLLM's own extensions, passed on as they are.
 SAMPLING = ("temperature", "top_p", "user", "parallel_tool_calls", "seed", "top_k", "min_p", "repetition_penalty",
-            "presence_penalty", "frequency_penalty", "stop", "service_tier", "top_logprobs")
+            "presence_penalty", "frequency_penalty", "stop", "service_tier", "top_logprobs", "chat_template_kwargs",
+            "logit_bias", "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "ignore_eos")
 
 
 class ResponsesRequest(BaseModel):
     """What the proxy checks; the other fields the API knows (proxy/dialects/fields.py) are the agent's own and
     are recorded as sent, and any other is refused (400 naming it)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=only_fields(KNOWN_FIELDS))
 
     model: StrictStr = Field(min_length=1)
     input: Any
@@ -48,6 +49,8 @@ class ResponsesRequest(BaseModel):
     previous_response_id: StrictStr | None = None
     tools: list[dict[str, Any]] | None = None
     max_output_tokens: StrictInt | None = Field(None, ge=1)
+    text: dict[str, Any] | None = None  # read by the translation: its `format`
+    include: list[Any] | None = None
 
     @field_validator("input")
     @classmethod
@@ -63,10 +66,10 @@ class ResponsesDialect:
     engine_route = CHAT
     engine_path = "/v1/chat/completions"
 
-    def validate(self, body: dict[str, Any]) -> None:
+    def validate(self, body: dict[str, Any], allowed: frozenset[str] = frozenset()) -> None:
         if not plainly_valid_responses(body):
             validate(ResponsesRequest, body)
-        refuse_unknown_openai(body, KNOWN_FIELDS)
+        refuse_unknown_openai(body, KNOWN_FIELDS | allowed)
         if body.get("background"):
             raise InvalidRequest("background responses are not supported: the proxy answers while it records",
                                  param="background", code="unsupported_parameter")

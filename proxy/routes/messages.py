@@ -7,6 +7,7 @@ import orjson
 from aiohttp import web
 
 from proxy.bodies import Message, TokenCount
+from proxy.boundary import engine_bytes
 from core.messages_chat import chat_messages
 from proxy.context import call_context
 from proxy.dialects.messages import MESSAGES, CountTokensRequest, MessagesRequest
@@ -26,15 +27,18 @@ async def create_message(request: web.Request) -> web.StreamResponse:
 async def count_tokens(request: web.Request) -> web.Response:
     """The prompt's length as the engine tokenizes the same chat rendering it would serve (`/tokenize`)."""
     body = parse_json_object(await request.read())
-    MESSAGES.validate(body, CountTokensRequest)
     context = call_context(request)
     app = state(request)
+    app.boundary.check_common(body)
+    MESSAGES.validate(body, app.boundary.allowed, CountTokensRequest)
     await app.access.check(body["model"], context.project)
     target = await app.router.route_call(body["model"], context)
     tokenize = {"model": target.upstream_model, "messages": chat_messages(body), "add_generation_prompt": True}
+    if body.get("chat_template_kwargs") is not None:
+        tokenize["chat_template_kwargs"] = body["chat_template_kwargs"]
     if body.get("tools"):
         tokenize["tools"] = MESSAGES.to_chat({**body, "max_tokens": 1}, [])["tools"]
-    replica, upstream = await app.upstreams.open("/tokenize", orjson.dumps(tokenize), key=context.rollout_id)
+    replica, upstream = await app.upstreams.open("/tokenize", engine_bytes(tokenize), key=context.rollout_id)
     try:
         raw = await upstream.read()
     except aiohttp.ClientError as exc:

@@ -9,9 +9,9 @@ from aiohttp import web
 from proxy.bodies import EngineObject
 from proxy.capture import CHAT, COMPLETIONS
 from proxy.context import call_context
+from proxy.dialects.chat import ChatCompletionRequest, CompletionRequest
 from proxy.endpoints import Answer, Endpoint, mounted
 from proxy.errors import UpstreamUnavailable, json_response
-from proxy.schemas import ChatCompletionRequest, CompletionRequest
 from proxy.state import state
 
 PREFIXES = ("", "/rollouts/{rollout_id}", "/rollouts/{rollout_id}/agents/{agent}")

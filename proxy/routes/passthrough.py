@@ -1,10 +1,13 @@
 """The engine routes of the allow-list (proxy/engine_routes.py: tokenize, embeddings, pooling, score, rerank,
-classify, health, …) are relayed to the rollout's engine replica byte for byte, streamed bodies included, also
-under the `/rollouts/{id}[/agents/{agent}]` prefixes. Such calls are counted in metrics
-(`rlproxy_passthrough_requests_total`), never recorded or trained on; they carry the key's tenant scope (another
-project's rollout in the prefix is 404, by the auth middleware) and the request limits, and a `model` in their
-body must be one the key may call (proxy/tenancy.py). Any other path is not routed at all: 404 (405 for a
-listed path with another method), in the proxy's own error shape.
+classify, health, …) are relayed to the rollout's engine replica, also under the `/rollouts/{id}[/agents/{agent}]`
+prefixes. Such calls are counted in metrics (`rlproxy_passthrough_requests_total`), never recorded or trained on;
+they carry the key's tenant scope (another project's rollout in the prefix is 404, by the auth middleware) and the
+request limits. Their body crosses the request boundary like every other (proxy/boundary.py): read once by its
+rules (a body they refuse is 400 and never relayed), checked (only the route's fields, proxy/engine_routes.py
+`FIELDS`; a `model` the key may call, proxy/tenancy.py), and sent as the bytes serialised from what was checked, under the proxy's own headers (a
+client's headers are not passed on: vLLM reads a request id from `X-Request-Id`). The engine's answer comes back
+byte for byte, streamed. Any other path is not routed at all: 404 (405 for a listed path with another method), in
+the proxy's own error shape.
 
 The engine path is the table's, not the request's: whatever spelling matched, the engine gets the listed path
 and the request's query string, sent as they are (`encoded=True`: yarl would otherwise resolve dot segments).
@@ -22,19 +25,20 @@ from aiohttp import web
 from yarl import URL
 
 from proxy.bodies import EngineObject
+from proxy.boundary import engine_bytes
 from proxy.context import call_context
 from proxy.endpoints import Answer, Endpoint, mounted, register
-from proxy.engine_routes import RELAYED
+from proxy.engine_routes import FIELDS, RELAYED
 from proxy.errors import NotFoundError, UpstreamTimeout, UpstreamUnavailable
-from proxy.limits import refuse_deep_json
 from proxy.routes.openai import PREFIXES
 from proxy.schemas import EngineRequest
 from proxy.state import state
 
-# Hop-by-hop headers (RFC 9110 §7.6.1) and what the proxy sets itself are not copied across.
+# Of the engine's answer, hop-by-hop headers (RFC 9110 §7.6.1) and what the proxy sets itself are not copied.
 DROPPED = {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
            "transfer-encoding", "upgrade", "host", "content-length", "authorization", "x-api-key",
-           "content-encoding"}  # the proxy sends the body inflated (proxy/uploads.py)
+           "content-encoding"}  # the engine's answer arrives decoded by the client session
+JSON_BODY = {"Content-Type": "application/json"}  # a relayed body's only header: the proxy's, not the client's
 
 
 def engine_path(request: web.Request) -> str:
@@ -54,14 +58,16 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     path = engine_path(request)
     context = call_context(request)  # validates the ids in a prefixed path
     app = state(request)
-    body = await request.read()
-    refuse_deep_json(body)
-    await app.access.check_body(body, context.project)
+    data, headers = None, None
+    if request.method == "POST" and path not in NO_BODY:
+        body = app.boundary.relayed(await request.read(), FIELDS[path])
+        if isinstance(body.get("model"), str):
+            await app.access.check(body["model"], context.project)
+        data, headers = engine_bytes(body), JSON_BODY
     replica = app.upstreams.choose(context.rollout_id)
-    headers = {k: v for k, v in request.headers.items() if k.lower() not in DROPPED}
     try:
         upstream = await app.upstreams.session.request(
-            request.method, upstream_url(replica.url, path, request.rel_url.raw_query_string), data=body,
+            request.method, upstream_url(replica.url, path, request.rel_url.raw_query_string), data=data,
             headers=headers, allow_redirects=False)
     except asyncio.TimeoutError:
         raise UpstreamTimeout("engine did not answer in time") from None
