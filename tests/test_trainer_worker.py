@@ -134,6 +134,38 @@ def test_ready_rollouts_takes_whole_groups_and_waits_for_a_fuller_batch(own_data
     assert len(asyncio.run(ready(limit=16, group_timeout_s=0, batch_timeout_s=0))) == 11  # late group as it is
 
 
+def test_complete_groups_are_found_among_many_interleaved_tasks(own_database_url):
+    """Live traffic interleaves tasks: twelve tasks' attempts arrive in turn, so the oldest rollouts hold three
+    attempts of every task and no complete group. Once two tasks have their fourth attempt, a batch of two
+    complete groups is ready at once, wherever they are in the queue (no group timeout waited for)."""
+    from store import training
+
+    async def attempt(task: int) -> str:
+        [rollout_id] = await record_episodes(own_database_url, groups=1, group_size=1, task_prefix=f"t{task}",
+                                             calls=1)
+        return rollout_id
+
+    async def ready() -> list[str]:
+        engine = create_engine(own_database_url)
+        async with session_factory(engine)() as session:
+            chosen = await training.ready_rollouts(session, limit=8, group_size=4, group_timeout_s=300)
+        await engine.dispose()
+        return chosen
+
+    attempts: dict[int, list[str]] = {task: [] for task in range(12)}
+    for _ in range(3):
+        for task in range(12):
+            attempts[task].append(asyncio.run(attempt(task)))
+    assert asyncio.run(ready()) == []  # 36 rollouts waiting, no group complete: nothing to train yet
+    attempts[7].append(asyncio.run(attempt(7)))
+    assert asyncio.run(ready()) == attempts[7]  # one complete group is a step (batch_timeout_s is 0)
+    attempts[3].append(asyncio.run(attempt(3)))
+    attempts[5].append(asyncio.run(attempt(5)))
+    # at most 8: two whole groups, those whose first attempt came first (task 7's waits for the next step)
+    chosen = asyncio.run(ready())
+    assert len(chosen) == 8 and set(chosen) == set(attempts[3]) | set(attempts[5])
+
+
 def test_rollouts_created_for_an_agent_that_is_not_trained_are_never_claimed(own_database_url):
     """An evaluation agent's rollouts (the demo's held-out probes, say) share the store but are not training data."""
     from sqlalchemy import update
