@@ -272,7 +272,7 @@ def test_stale_calls_are_weighted_and_clipped_not_taken_as_the_ratio(tiny_model)
     """Calls an older policy sampled (its log-probs 1.5 below the trainer's on every token). Against the engine's
     log-probs (proximal_policy=behaviour) the ratio starts at e^1.5 = 4.5 and the clip drops every positive
     advantage's gradient; decoupled, the ratio starts at 1 and the staleness is an importance weight, clipped to 2
-    (is_correction_threshold 0.5,2)."""
+    (is_correction_low 0.5, is_correction_high 2)."""
     results = {}
     for proximal in ("recomputed", "behaviour"):
         trainer = make_trainer(tiny_model, mini_batches=2, kl_coef=0.0, proximal_policy=proximal)
@@ -308,10 +308,10 @@ def test_agreement_is_measured_on_the_calls_the_held_version_sampled(tiny_model)
 
 def test_correction_settings_that_cannot_work_together_are_refused():
     for bad in ({"is_correction_level": "seq"}, {"is_correction_gating": "tv", "is_correction_mode": "mask"},
-                {"dual_clip": 0.5}, {"is_correction_threshold": (2.0, 0.5)}):
+                {"dual_clip": 0.5}, {"is_correction_low": 2.0, "is_correction_high": 0.5}):
         with pytest.raises(ValueError):
             TrainingSettings(**bad)
-    TrainingSettings(is_correction_gating="tv", is_correction_mode="mask", is_correction_threshold=(0.0, 0.2))
+    TrainingSettings(is_correction_gating="tv", is_correction_mode="mask", is_correction_low=0.0, is_correction_high=0.2)
     TrainingSettings(is_correction_level="seq", proximal_policy="behaviour")  # unused then: no complaint
 
 

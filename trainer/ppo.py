@@ -104,7 +104,7 @@ class PolicyTrainer:
             # against the engine's own log-probs there is nothing left to weigh
             is_correction_level=config.is_correction_level if self.decoupled else "off",
             is_correction_mode=config.is_correction_mode, is_correction_gating=config.is_correction_gating,
-            is_correction_threshold=tuple(config.is_correction_threshold),
+            is_correction_threshold=(config.is_correction_low, config.is_correction_high),
         )
         self._approx_kl = parts.compute_approx_kl
         self._masked_mean = parts.masked_mean

@@ -143,7 +143,7 @@ class TrainingSettings:
     )
     is_correction_mode: CorrectionMode = Field(
         "clip",
-        description="clip: the token weight is clamped into is_correction_threshold (truncated IS, TIS); needs "
+        description="clip: the token weight is clamped into is_correction_low..is_correction_high (truncated IS, TIS); needs "
                     "level token and gating ratio. mask: units outside the band are dropped from the loss, the "
                     "others keep their weight (ICEPOP at token level, seq-mask-TIS at seq level).",
     )
@@ -151,15 +151,19 @@ class TrainingSettings:
         "ratio",
         description="What the band bounds: ratio (the weight itself), or binary_kl / tv (the sampled token's "
                     "binary KL or total variation between engine and trainer: a trust region, upper bound only, "
-                    "so is_correction_threshold must then be 0,DELTA).",
+                    "so is_correction_low must then be 0).",
     )
-    is_correction_threshold: tuple[float, float] = Field(
-        (0.5, 2.0),
-        description="The band low,high of the correction. Default 0.5,2: Agent Lightning's recommended TIS cap "
-                    "of 2, and no weight below a half (a token the trainer finds twice less likely than the engine "
-                    "did counts half). Wider bands (OpenRLHF's 0.5,5) let stale calls count more, with more "
-                    "variance.",
-        json_schema_extra={"metavar": "LOW,HIGH"},
+    is_correction_low: float = Field(
+        0.5, ge=0,
+        description="Lower end of the correction's band (is_correction_threshold in OpenRLHF): a token the trainer "
+                    "finds less likely than the engine did counts with at least this weight (clip) or is dropped "
+                    "(mask). Must be 0 with gating binary_kl or tv.",
+    )
+    is_correction_high: float = Field(
+        2.0, gt=0,
+        description="Upper end of the band: the cap on the importance weight (clip) or the largest one kept (mask); "
+                    "the divergence bound with gating binary_kl or tv. 2 is Agent Lightning's recommended TIS cap; "
+                    "wider bands (OpenRLHF's 5) let stale calls count more, with more variance.",
     )
     kl_coef: float = Field(
         0.0, ge=0,
@@ -237,26 +241,20 @@ class TrainingSettings:
             raise ValueError("dual_clip must be above 1 (or 0: off)")
         return value
 
-    @field_validator("is_correction_threshold")
-    @classmethod
-    def _band(cls, band: tuple[float, float]) -> tuple[float, float]:
-        low, high = band
-        if not 0 <= low < high:
-            raise ValueError("is_correction_threshold is LOW,HIGH with 0 <= LOW < HIGH")
-        return band
-
     @model_validator(mode="after")
     def _correction_fits_together(self) -> "TrainingSettings":
         """The combinations OpenRLHF's PolicyLoss refuses, refused here with the settings' names."""
+        if self.is_correction_low >= self.is_correction_high:
+            raise ValueError("is_correction_low must be below is_correction_high")
         if self.is_correction_level == "off" or self.proximal_policy == "behaviour":
             return self
         if self.is_correction_mode == "clip" and (self.is_correction_level != "token"
                                                    or self.is_correction_gating != "ratio"):
             raise ValueError("is_correction_mode=clip needs is_correction_level=token and is_correction_gating=ratio"
                              " (a sequence statistic or a divergence can only mask)")
-        if self.is_correction_gating != "ratio" and self.is_correction_threshold[0] > 0:
+        if self.is_correction_gating != "ratio" and self.is_correction_low > 0:
             raise ValueError(f"is_correction_gating={self.is_correction_gating} takes an upper bound only: "
-                             "set is_correction_threshold to 0,DELTA")
+                             "set is_correction_low to 0 and is_correction_high to the bound")
         return self
 
     @property
