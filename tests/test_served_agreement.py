@@ -129,3 +129,5 @@ def test_a_healthy_run_never_raises_the_alarm(tiny_model, own_database_url, stub
     assert worker.metrics.agreement_alarms.labels("default")._value.get() == 0
     # v4 was trained from v3 and is not measured until it serves; its step record says what v3 looked like
     assert versions[4]["agreement"] is None and versions[4]["metrics"]["served_version"] == 3
+    staleness = versions[4]["metrics"]["staleness"]  # the step record's accounting: every call fresh, none dropped
+    assert staleness["trained_by_lag"] == {"0": GROUPS * GROUP_SIZE} and staleness["dropped_by_lag"] == {}
