@@ -114,6 +114,7 @@ def test_an_engine_serving_the_base_model_for_the_adapter_raises_the_alarm_withi
     assert agreement["alarm"] and agreement["version"] == 3 and agreement["tokens"] == GROUPS * GROUP_SIZE * 6
     assert agreement["kl"] > BOUND and agreement["bound"] == BOUND
     gauge = worker.metrics.served_agreement_kl
+    assert set(gauge._metrics) == {("default", "3")}  # one series per policy: its latest version measured
     assert gauge.labels("default", "3")._value.get() == pytest.approx(agreement["kl"])
     assert worker.metrics.agreement_alarms.labels("default")._value.get() == 1
 
