@@ -6,7 +6,10 @@
     python -m torch.distributed.run --standalone --nproc-per-node 2 bench/step_losses.py   # the base sharded
 
 A change to how a step is organised (not to what it computes) must print the same numbers: run it before and
-after and compare. The batch exercises every path of a step: several mini-batches and epochs, several
+after and compare. (Decoupled PPO, issue 36, changed what a step computes: since then the ratio is taken against
+the trainer's own proximal log-probs and the engine's enter as a clipped importance weight, so the numbers printed
+before it differ by design; `--set proximal_policy=behaviour`-style runs of the old computation are possible with
+TrainingSettings(proximal_policy="behaviour").) The batch exercises every path of a step: several mini-batches and epochs, several
 micro-batches per mini-batch, the reference (KL) pass, a transition longer than the micro-batch budget
 (activation checkpointing), and context tokens (loss mask 0) inside completions.
 """
@@ -26,8 +29,9 @@ import torch  # noqa: E402
 from core.settings import TrainingSettings as TrainConfig  # noqa: E402
 from trainer.transitions import Transition  # noqa: E402
 
-FIELDS = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean", "ratio_max", "behaviour_kl", "entropy",
-          "grad_norm", "tokens", "trained_tokens", "micro_batches", "updates")
+FIELDS = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean", "ratio_max", "behaviour_kl", "off_policy_kl",
+          "is_weight_max", "is_filtered", "entropy", "grad_norm", "tokens", "trained_tokens", "micro_batches",
+          "updates")
 
 
 def tiny_llama() -> str:

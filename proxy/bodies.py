@@ -157,6 +157,17 @@ class EvaluationTraffic(Body):
     interval: Literal["wilson", "t"] | None
 
 
+class ServedAgreement(Body):
+    """The engines against the trainer on the tokens a version sampled (trainer/agreement.py)."""
+
+    version: int
+    kl: float = Field(description="KL(engine || trainer) per token (k3 estimate).")
+    mean_abs: float = Field(description="Mean absolute difference of the log-probs per token.")
+    tokens: int
+    bound: float = Field(description="agreement_alarm_kl of the trainer that measured it (0: no alarm).")
+    alarm: bool = Field(description="Whether kl passed the bound: the engines do not serve the trained adapter.")
+
+
 class Policy(Body):
     version: int
     policy: str = Field(description="The named policy the version belongs to.")
@@ -167,6 +178,10 @@ class Policy(Body):
     metrics: dict[str, Any] | None
     evaluation: dict[str, Any] | None
     evaluation_traffic: EvaluationTraffic
+    agreement: ServedAgreement | None = Field(
+        None, description="How well the engines' log-probs of the calls this version served agreed with the "
+                          "trainer's of it, measured by the step that trained from it; null until then (and for "
+                          "the base model: see the step records).")
     created_at: str | None
     activated_at: str | None
 

@@ -94,12 +94,14 @@ async def list_policies(session: AsyncSession, *, project: str | None = None,
     base = {"version": BASE_VERSION, "policy": policy, "name": None,
             "status": "retired" if active else PolicyStatus.ACTIVE,
             "parent_version": None, "path": None, "metrics": None, "evaluation": None,
-            "evaluation_traffic": traffic.get(BASE_VERSION, none), "created_at": None, "activated_at": None}
+            "evaluation_traffic": traffic.get(BASE_VERSION, none), "agreement": None, "created_at": None,
+            "activated_at": None}
     return [base] + [
         {"version": p.version, "policy": p.policy, "name": p.name, "status": p.status,
          "parent_version": p.parent_version,
          "path": p.path, "metrics": p.metrics, "evaluation": _evaluation(p, judged.get(p.version)),
          "evaluation_traffic": traffic.get(p.version, none),
+         "agreement": (p.metrics or {}).get("served_agreement"),
          "created_at": p.created_at.isoformat() if p.created_at else None,
          "activated_at": p.activated_at.isoformat() if p.activated_at else None}
         for p in policies
@@ -144,6 +146,15 @@ async def add_candidate(
     session.add(row)
     await session.flush()
     return row
+
+
+async def record_agreement(session: AsyncSession, version: int, agreement: dict[str, Any]) -> None:
+    """Keep how well the engines' log-probs of the calls `version` served agreed with the trainer's of it
+    (trainer/agreement.py) in the version's metrics, where `GET /policies` shows it as `agreement`. The base
+    model (0) has no row: its agreement is in the step records only."""
+    row = await session.get(Policy, version)
+    if row is not None:
+        row.metrics = {**(row.metrics or {}), "served_agreement": agreement}
 
 
 async def set_status(session: AsyncSession, version: int, status: str, **fields: Any) -> None:

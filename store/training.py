@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, update
+from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from store.judging import judge_had_its_say
@@ -37,6 +37,7 @@ class CallData:
     choices: list[tuple[list[int] | None, list[float] | None]]  # (token ids, logprobs) per choice
     rewards: list[float] = field(default_factory=list)  # intermediate rewards (posted and automatic)
     policy: str | None = None  # the named policy that answered it
+    started_at: datetime | None = None  # when the proxy sent it to the engine: its age counts as staleness
 
 
 @dataclass(slots=True)
@@ -80,36 +81,55 @@ async def mark_eval_agents(session: AsyncSession, agents: Sequence[str]) -> list
 
 async def ready_rollouts(session: AsyncSession, *, limit: int, group_size: int, group_timeout_s: float,
                          batch_timeout_s: float = 0.0, agents: Sequence[str] = (), judged: bool = False) -> list[str]:
-    """Finished, untrained, unleased rollouts whose task group is complete (or waited long enough), oldest
-    first, whole groups only, at most about `limit`; fewer than `limit` only once the oldest of them has
-    waited `batch_timeout_s`. `judged`: only rollouts the judge has had its say on (judge+posted)."""
+    """Finished, untrained, unleased rollouts whose task group is complete (or waited long enough), whole groups
+    only, at most about `limit`, the groups whose oldest member finished first first; fewer than `limit` only
+    once the oldest of them has waited `batch_timeout_s`. `judged`: only rollouts the judge has had its say on
+    (judge+posted).
+
+    Groups are counted over every waiting rollout, not over a window of the oldest: traffic that interleaves many
+    tasks completes its groups anywhere in the queue, and a complete group never waits for a timeout because
+    older partial groups lie ahead of it. Rollouts without a task are always ready."""
     now = utcnow()
-    rows = (await session.execute(
-        select(Rollout.id, Rollout.task_id, Rollout.finished_at)
-        .where(_trainable(agents, judged), _unleased(now)).order_by(Rollout.finished_at).limit(limit * 8)
+    waiting = and_(_trainable(agents, judged), _unleased(now))
+    oldest = func.min(Rollout.finished_at)
+    ready = or_(Rollout.task_id.is_(None), func.count() >= group_size,
+                oldest <= now - timedelta(seconds=group_timeout_s))
+    # every group but the first holds at least one rollout that fits, so `limit` groups are always enough
+    groups = (await session.execute(
+        select(Rollout.task_id, func.count(), oldest).where(waiting).group_by(Rollout.task_id).having(ready)
+        .order_by(oldest, Rollout.task_id).limit(limit)
     )).all()
-    groups: dict[str | None, list[tuple[str, datetime]]] = defaultdict(list)
-    for rollout_id, task_id, finished_at in rows:
-        groups[task_id].append((rollout_id, finished_at))
-    chosen: list[str] = []
+    wanted: dict[str | None, int] = {}
     finished: list[datetime] = []
-    for task_id, members in sorted(groups.items(), key=lambda kv: kv[1][0][1]):
+    for task_id, count, first in groups:
+        # whole groups of `group_size`; a group that waited long enough goes as it is
+        take = count - count % group_size if task_id is not None and count >= group_size else count
         if task_id is None:
-            picked = members
-        else:
-            full = len(members) >= group_size
-            waited = (now - _aware(members[0][1])).total_seconds() >= group_timeout_s
-            if not (full or waited):
-                continue
-            # whole groups of `group_size`; a late group that waited long enough goes as it is
-            picked = members[: len(members) - len(members) % group_size] if full else members
-        if chosen and len(chosen) + len(picked) > limit:
+            take = min(count, max(1, limit - sum(wanted.values())))
+        if wanted and sum(wanted.values()) + take > limit:
             break
-        chosen.extend(rollout_id for rollout_id, _ in picked)
-        finished.extend(_aware(moment) for _, moment in picked)
-    if chosen and len(chosen) < limit and (now - min(finished)).total_seconds() < batch_timeout_s:
+        wanted[task_id] = take
+        finished.append(_aware(first))
+    if not wanted:
+        return []
+    if sum(wanted.values()) < limit and (now - min(finished)).total_seconds() < batch_timeout_s:
         return []  # a fuller batch is worth the wait
-    return chosen
+    return await _members(session, waiting, wanted)
+
+
+async def _members(session: AsyncSession, waiting, wanted: dict[str | None, int]) -> list[str]:
+    """The oldest `wanted[task]` waiting rollouts of each task, oldest first (no more rows read than that)."""
+    place = func.row_number().over(partition_by=Rollout.task_id, order_by=(Rollout.finished_at, Rollout.id))
+    tasks = {task: n for task, n in wanted.items() if task is not None}
+    chosen = [Rollout.task_id.in_(list(tasks))] if tasks else []
+    if None in wanted:
+        chosen.append(Rollout.task_id.is_(None))
+    ranked = select(Rollout.id, Rollout.task_id, Rollout.finished_at, place.label("place")).where(
+        waiting, or_(*chosen)).subquery()
+    quota = case((ranked.c.task_id.is_(None), wanted.get(None, 0)),
+                 *((ranked.c.task_id == task, n) for task, n in tasks.items()), else_=0)
+    return list((await session.execute(select(ranked.c.id).where(ranked.c.place <= quota)
+                                       .order_by(ranked.c.finished_at, ranked.c.id))).scalars())
 
 
 def _aware(moment: datetime) -> datetime:
@@ -147,16 +167,16 @@ async def load_rollouts(session: AsyncSession, rollout_ids: list[str]) -> list[R
     rollouts = (await session.execute(select(Rollout).where(Rollout.id.in_(rollout_ids)))).scalars().all()
     calls = (await session.execute(
         select(Call.id, Call.rollout_id, Call.seq, Call.agent, Call.policy_version, Call.prompt_token_ids,
-               Call.prefix_kind, Call.policy)
+               Call.prefix_kind, Call.policy, Call.started_at)
         .where(Call.rollout_id.in_(rollout_ids), Call.status == CallStatus.OK).order_by(Call.seq)
     )).all()
     by_call: dict[str, CallData] = {}
     per_rollout: dict[str, list[CallData]] = defaultdict(list)
     rollout_agent = {r.id: r.agent for r in rollouts}
-    for call_id, rollout_id, seq, agent, version, prompt_ids, prefix_kind, policy in calls:
+    for call_id, rollout_id, seq, agent, version, prompt_ids, prefix_kind, policy, started_at in calls:
         # a call made on the rollout's plain base_url (no /agents/{name}/) is the rollout's agent's
         data = CallData(call_id, seq, agent or rollout_agent.get(rollout_id), version, prompt_ids, prefix_kind, [],
-                        policy=policy)
+                        policy=policy, started_at=started_at)
         by_call[call_id] = data
         per_rollout[rollout_id].append(data)
     if by_call:

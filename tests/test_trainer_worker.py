@@ -28,7 +28,7 @@ from tests.conftest import TINY_VOCAB as VOCAB
 
 async def record_episodes(database_url: str, groups: int, group_size: int, *, calls: int = 2,
                           task_prefix: str = "task", call_agent: str | None = "solver",
-                          rollout_agent: str | None = None) -> list[str]:
+                          rollout_agent: str | None = None, version: int = 0) -> list[str]:
     """Episodes as the proxy records them (multi-turn, exact prefix links), each with a final reward."""
     rng = random.Random(0)
     engine = create_engine(database_url)
@@ -47,7 +47,7 @@ async def record_episodes(database_url: str, groups: int, group_size: int, *, ca
                 completion = [rng.randrange(3, VOCAB) for _ in range(5)] + [2]
                 records.append(CallRecord(
                     id=uuid.uuid4().hex, route="chat", started_at=utcnow(), rollout_id=rollout_id, agent=call_agent,
-                    task_id=f"{task_prefix}-{g}", policy_version=0, prompt_token_ids=list(prompt),
+                    task_id=f"{task_prefix}-{g}", policy_version=version, prompt_token_ids=list(prompt),
                     choices=[ChoiceRecord(0, completion, [-1.0] * len(completion), "stop")]))
                 prompt = prompt + completion + [rng.randrange(3, VOCAB) for _ in range(4)]
             async with sessions() as session, session.begin():
@@ -121,6 +121,52 @@ def test_a_step_trains_marks_rollouts_and_the_proxy_serves_the_new_version(
         assert answer.headers["X-Rlproxy-Policy"] == "0"
 
 
+def test_stale_calls_are_trained_up_to_the_bound_and_the_rest_counted_by_lag(
+        tiny_model, own_database_url, stub_url, tmp_path):
+    """v10 serves; traffic that v4 (6 versions behind) and v1 (9 behind) sampled is still waiting. max_staleness 8:
+    v4's calls are trained (with the importance weight), v1's dropped, and the step says so, by lag, in its record
+    and its metrics; a rollout whose calls were all dropped is not counted a second time."""
+    from store import policies as store_policies
+    from trainer.worker import TrainerWorker
+
+    async def versions_served_before():
+        db = create_engine(own_database_url)
+        async with session_factory(db)() as session, session.begin():
+            for version in range(1, 11):  # no adapter folders: the trainer starts v10's line from the base model
+                await store_policies.add_candidate(session, version, "", parent_version=version - 1,
+                                                   base_model=str(tiny_model))
+                await store_policies.activate(session, version)
+        await db.dispose()
+
+    asyncio.run(versions_served_before())
+    asyncio.run(record_episodes(own_database_url, groups=1, group_size=4, task_prefix="old", version=4))
+    asyncio.run(record_episodes(own_database_url, groups=1, group_size=4, task_prefix="older", version=1))
+    settings = TrainerSettings(database_url=own_database_url, upstreams=(stub_url,), adapters_dir=tmp_path,
+                               metrics_port=None, worker_id="stale-trainer",
+                               training=TrainingSettings(batch_rollouts=8, group_size=4, micro_batch_tokens=512))
+
+    async def one_step():
+        worker = TrainerWorker(settings, tiny_model)
+        await worker.start()
+        try:
+            assert await worker.step_once()
+            async with worker.sessions() as session:
+                [step] = (await session.execute(select(TrainStep))).scalars().all()
+            return worker, step
+        finally:
+            await worker.engine.dispose()
+
+    worker, step = asyncio.run(one_step())
+    assert step.policy_version == 11 and step.transition_count == 4  # v4's four two-turn episodes, merged
+    assert step.metrics["skipped"] == {"stale_policy": 8}  # v1's four episodes of two calls, nothing else
+    assert step.metrics["staleness"]["trained_by_lag"] == {"6": 8}
+    assert step.metrics["staleness"]["dropped_by_lag"] == {"9": 8}
+    assert step.metrics["off_policy_kl"] != 0.0  # the engine's log-probs (-1.0) are not the trainer's
+    m = worker.metrics
+    assert m.skipped.labels("stale_policy")._value.get() == 8
+    assert m.dropped_call_lag._sum.get() == 8 * 9 and m.trained_call_lag._sum.get() == 8 * 6
+
+
 def test_ready_rollouts_takes_whole_groups_and_waits_for_a_fuller_batch(own_database_url):
     from store import training
 
@@ -139,6 +185,38 @@ def test_ready_rollouts_takes_whole_groups_and_waits_for_a_fuller_batch(own_data
     assert asyncio.run(ready(limit=16, group_timeout_s=300, batch_timeout_s=60)) == []  # worth waiting for more
     assert len(asyncio.run(ready(limit=8, group_timeout_s=300, batch_timeout_s=60))) == 8  # a full batch goes
     assert len(asyncio.run(ready(limit=16, group_timeout_s=0, batch_timeout_s=0))) == 11  # late group as it is
+
+
+def test_complete_groups_are_found_among_many_interleaved_tasks(own_database_url):
+    """Live traffic interleaves tasks: twelve tasks' attempts arrive in turn, so the oldest rollouts hold three
+    attempts of every task and no complete group. Once two tasks have their fourth attempt, a batch of two
+    complete groups is ready at once, wherever they are in the queue (no group timeout waited for)."""
+    from store import training
+
+    async def attempt(task: int) -> str:
+        [rollout_id] = await record_episodes(own_database_url, groups=1, group_size=1, task_prefix=f"t{task}",
+                                             calls=1)
+        return rollout_id
+
+    async def ready() -> list[str]:
+        engine = create_engine(own_database_url)
+        async with session_factory(engine)() as session:
+            chosen = await training.ready_rollouts(session, limit=8, group_size=4, group_timeout_s=300)
+        await engine.dispose()
+        return chosen
+
+    attempts: dict[int, list[str]] = {task: [] for task in range(12)}
+    for _ in range(3):
+        for task in range(12):
+            attempts[task].append(asyncio.run(attempt(task)))
+    assert asyncio.run(ready()) == []  # 36 rollouts waiting, no group complete: nothing to train yet
+    attempts[7].append(asyncio.run(attempt(7)))
+    assert asyncio.run(ready()) == attempts[7]  # one complete group is a step (batch_timeout_s is 0)
+    attempts[3].append(asyncio.run(attempt(3)))
+    attempts[5].append(asyncio.run(attempt(5)))
+    # at most 8: two whole groups, those whose first attempt came first (task 7's waits for the next step)
+    chosen = asyncio.run(ready())
+    assert len(chosen) == 8 and set(chosen) == set(attempts[3]) | set(attempts[5])
 
 
 def test_rollouts_created_for_an_agent_that_is_not_trained_are_never_claimed(own_database_url):

@@ -6,6 +6,7 @@ from core.settings import TrainingSettings
 from rewards import assign_credit, group_advantages
 from store.models import PrefixKind
 from store.training import RolloutData
+from trainer.staleness import Staleness
 from trainer.transitions import Call, SkipReasons, Transition, merge_trajectory
 
 NOT_TRAINED_AGENT = "agent_not_trained"
@@ -18,10 +19,11 @@ ZERO_ADVANTAGE = "zero_advantage"
 
 def build_transitions(rollouts: list[RolloutData], config: TrainingSettings, active_version: int,
                       skips: SkipReasons, *, keep_zero: bool = False, policy: str | None = None,
-                      lineage: dict[int, int] | None = None) -> list[Transition]:
+                      lineage: dict[int, int] | None = None, staleness: Staleness | None = None) -> list[Transition]:
     """One transition per call and choice (merged along exact prefix links). With `policy`, only the calls that
     named policy answered (another role's calls in the same episode are its own policy's); `lineage` (version ->
-    position in that policy's line, store.policies.lineage) measures staleness in that policy's versions.
+    position in that policy's line, store.policies.lineage) measures staleness in that policy's versions, and
+    `staleness` counts it (trainer/staleness.py).
 
     The advantage of call t in rollout i is  A_i + (G_t - R_i):  the episode's advantage within its task
     group (config.advantage_estimator over final rewards R), plus how the call's own credited return G_t
@@ -30,9 +32,10 @@ def build_transitions(rollouts: list[RolloutData], config: TrainingSettings, act
     episode_advantages = group_advantages([(r.task_id, r.reward) for r in rollouts], config.advantage_estimator)
     transitions: list[Transition] = []
     for rollout, episode_advantage in zip(rollouts, episode_advantages):
-        calls = _trainable_calls(rollout, config, active_version, skips, policy, lineage)
+        calls = _trainable_calls(rollout, config, active_version, skips, policy, lineage, staleness)
         if not calls:
-            skips[NO_CALLS] += 1
+            if not rollout.calls:  # otherwise each of its calls is counted already, under its own reason
+                skips[NO_CALLS] += 1
             continue
         returns = assign_credit(rollout.reward, len(calls), mode=config.credit, gamma=config.gamma,
                                 intermediate=[call.rewards for call in calls])
@@ -56,7 +59,8 @@ def build_transitions(rollouts: list[RolloutData], config: TrainingSettings, act
 
 
 def _trainable_calls(rollout: RolloutData, config: TrainingSettings, active_version: int, skips: SkipReasons,
-                     policy: str | None = None, lineage: dict[int, int] | None = None):
+                     policy: str | None = None, lineage: dict[int, int] | None = None,
+                     staleness: Staleness | None = None):
     def position(version: int) -> int:
         return version if lineage is None else lineage.get(version, 0)
 
@@ -68,8 +72,12 @@ def _trainable_calls(rollout: RolloutData, config: TrainingSettings, active_vers
             skips[NOT_POLICY] += 1  # the agent asked for another model by name
         elif policy is not None and call.policy != policy:
             skips[OTHER_POLICY] += 1
-        elif position(active_version) - position(call.policy_version) > config.max_staleness:
+        elif (lag := position(active_version) - position(call.policy_version)) > config.max_staleness:
             skips[STALE] += 1
+            if staleness is not None:
+                staleness.drop(lag)
         else:
             kept.append(call)
+            if staleness is not None:
+                staleness.kept(lag, call.started_at)
     return kept

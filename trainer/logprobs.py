@@ -53,16 +53,21 @@ class MicroBatch:
     advantages: torch.Tensor  # [B, K]
     tokens: int
     placeholder: bool = False  # nothing to learn from: keeps a rank with less work in step with the others
+    # [B, K] the loss mask of rows sampled by the version the trainer holds (lag 0), or None: where the engine's
+    # log-probs and the trainer's must agree (trainer/agreement.py)
+    served: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> "MicroBatch":
         if device.type == "cpu":
             return self
         move = {name: getattr(self, name).to(device) for name in
                 ("input_ids", "attention_mask", "scored", "loss_mask", "behaviour_logprobs", "advantages")}
-        return MicroBatch(**move, start=self.start, tokens=self.tokens, placeholder=self.placeholder)
+        served = None if self.served is None else self.served.to(device)
+        return MicroBatch(**move, start=self.start, tokens=self.tokens, placeholder=self.placeholder, served=served)
 
 
-def collate(transitions: list[Transition], pad_id: int = 0) -> MicroBatch:
+def collate(transitions: list[Transition], pad_id: int = 0, served_version: int | None = None) -> MicroBatch:
+    """`served_version`: mark the rows that version sampled (their oldest call's version: `MicroBatch.served`)."""
     rows = len(transitions)
     width = max(len(t) for t in transitions)
     start = min(len(t.prompt_ids) for t in transitions) - 1
@@ -79,7 +84,11 @@ def collate(transitions: list[Transition], pad_id: int = 0) -> MicroBatch:
         mask[i, span] = torch.tensor(t.mask(), dtype=torch.float32)
         behaviour[i, span] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
         advantages[i, span] = torch.tensor(t.advantages(), dtype=torch.float32) * mask[i, span]
-    return MicroBatch(ids, attention, start, scored, mask, behaviour, advantages, int(attention.sum()))
+    served = None
+    if served_version is not None:
+        fresh = torch.tensor([float(t.policy_version == served_version) for t in transitions]).unsqueeze(1)
+        served = mask * fresh
+    return MicroBatch(ids, attention, start, scored, mask, behaviour, advantages, int(attention.sum()), served=served)
 
 
 def placeholder_micro_batch() -> MicroBatch:

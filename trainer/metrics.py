@@ -6,6 +6,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from engine.fleet import FleetMetrics
 
 STEP_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
+LAG_BUCKETS = (0, 1, 2, 3, 4, 6, 8, 12, 16, 32, 64)  # versions
+AGE_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 21600)  # seconds
 REWARD_BUCKETS = (-1, -0.5, 0, 0.25, 0.5, 0.75, 1, 2, 5)  # as the proxy's reward histograms
 
 
@@ -60,6 +62,36 @@ class TrainerMetrics:
                                        registry=r)
         self.skipped = Counter("rlproxy_trainer_skipped_calls_total", "Calls not trained on, by reason.",
                                ["reason"], registry=r)
+        self.trained_call_lag = Histogram(
+            "rlproxy_trainer_trained_call_lag_versions",
+            "Calls trained on, by how many versions of their policy's line the trainer had moved on since the version "
+            "that sampled them (0: on-policy).", buckets=LAG_BUCKETS, registry=r)
+        self.dropped_call_lag = Histogram(
+            "rlproxy_trainer_dropped_call_lag_versions",
+            "Calls dropped as stale (more than max_staleness versions behind), by their lag in versions.",
+            buckets=LAG_BUCKETS, registry=r)
+        self.trained_call_age = Histogram(
+            "rlproxy_trainer_trained_call_age_seconds",
+            "Calls trained on, by seconds from their being sent to the engine to the step that trained them.",
+            buckets=AGE_BUCKETS, registry=r)
+        self.off_policy_kl = Gauge(
+            "rlproxy_trainer_off_policy_kl",
+            "Last step: mean(engine log-prob - trainer's proximal log-prob) per trained token: staleness and "
+            "engine/trainer numerics together (proximal_policy=recomputed).", registry=r)
+        self.is_weight_max = Gauge("rlproxy_trainer_is_weight_max",
+                                   "Last step: the largest importance weight proximal / engine, before the "
+                                   "correction clipped or masked it.", registry=r)
+        self.is_filtered = Gauge("rlproxy_trainer_is_filtered_fraction",
+                                 "Last step: share of trained tokens (sequences, level seq) whose importance weight "
+                                 "the correction clipped or masked.", registry=r)
+        self.served_agreement_kl = Gauge(
+            "rlproxy_trainer_served_agreement_kl",
+            "Per policy, for the latest version measured: KL per token between the engines' log-probs of the calls "
+            "that version served (lag 0) and the trainer's of that version. High: the engines do not serve the "
+            "trained adapter (see agreement_alarm_kl).", ["policy", "version"], registry=r)
+        self.agreement_alarms = Counter(
+            "rlproxy_trainer_agreement_alarms_total",
+            "Versions whose served agreement passed agreement_alarm_kl (an ALERT line each).", ["policy"], registry=r)
         self.retokenized_mismatches = Counter(
             "rlproxy_trainer_retokenized_mismatches_total",
             "Sequences whose re-tokenized ids differ from the recorded ones (token_source=retokenized only).",

@@ -1,10 +1,16 @@
 """LoRA PPO on recorded transitions, built on OpenRLHF's Actor and PolicyLoss.
 
 One step = for each micro-batch: (optionally) base-model log-probs with the adapter disabled, policy
-log-probs with it enabled, PPO clipped loss with the importance ratio taken against the behaviour
-log-probs vLLM recorded while sampling, plus an optional KL penalty to the base model; gradients are
+log-probs with it enabled, PPO clipped loss, plus an optional KL penalty to the base model; gradients are
 accumulated over the micro-batches of a mini-batch as a mean over its trained tokens, then one clipped
 AdamW update of the LoRA parameters per mini-batch (`mini_batches` updates per epoch, `ppo_epochs` epochs).
+
+Decoupled PPO (`proximal_policy=recomputed`, docs/learning.md): the PPO ratio is taken against the proximal
+policy, the trainer's own log-probs of the batch before the step's first update (for the first mini-batch the
+detached log-probs of its own forward pass; for the others one no-grad pass before that update), so the clip
+bounds only how far this step moves the policy. The log-probs the engine recorded while sampling enter only
+as an importance weight proximal / behaviour, through OpenRLHF's PolicyLoss correction (`is_correction_*`):
+how stale the call is and how the engine's numerics differ from the trainer's, clipped or masked.
 
 Model: OpenRLHF's Actor loads the base in bfloat16 (its only CPU-usable choice, and what vLLM serves)
 and wraps it with peft LoRA; peft keeps the LoRA weights in float32, so AdamW updates full-precision
@@ -91,8 +97,14 @@ class PolicyTrainer:
         else:
             self.model.to(self.device)
         self.actor.train()
+        self.decoupled = config.proximal_policy == "recomputed"
         self.policy_loss = parts.PolicyLoss(
-            clip_eps_low=config.clip_eps_low, clip_eps_high=config.clip_eps_high, token_level_loss=True
+            clip_eps_low=config.clip_eps_low, clip_eps_high=config.clip_eps_high, token_level_loss=True,
+            dual_clip=config.dual_clip or None, policy_loss_type=config.policy_loss_type,
+            # against the engine's own log-probs there is nothing left to weigh
+            is_correction_level=config.is_correction_level if self.decoupled else "off",
+            is_correction_mode=config.is_correction_mode, is_correction_gating=config.is_correction_gating,
+            is_correction_threshold=(config.is_correction_low, config.is_correction_high),
         )
         self._approx_kl = parts.compute_approx_kl
         self._masked_mean = parts.masked_mean
@@ -112,27 +124,33 @@ class PolicyTrainer:
             log.info("no fast bfloat16 on this machine: training computes in float32")
 
     # --- one training step ------------------------------------------------------------------------
-    def step(self, transitions: list[Transition]) -> StepMetrics:
+    def step(self, transitions: list[Transition], served_version: int | None = None) -> StepMetrics:
         """`ppo_epochs` passes over the batch; each pass one AdamW update per mini-batch, its gradient accumulated
-        over the mini-batch's micro-batches."""
+        over the mini-batch's micro-batches. `served_version`: the version this trainer holds now, which sampled
+        the calls of that version (lag 0): on those the engine's log-probs and the proximal ones are compared
+        (StepMetrics.agreement_kl)."""
         started = time.perf_counter()
         batch, skipped = valid_transitions(transitions, self.config.max_seq_len)
         if not batch:
             return StepMetrics(skipped=skipped, step=self.step_count)
-        minis = self._mini_batches(batch)
+        minis = self._mini_batches(batch, served_version)
         tally = StepTally(trained_tokens=sum(mini.tokens for mini in minis),
                           micro_batches=sum(not mb.placeholder for mini in minis for mb in mini.micro_batches))
-        for _ in range(self.config.ppo_epochs):
+        if self.decoupled:  # before any update: the proximal policy of every mini-batch but the first
+            for mini in minis[1:]:
+                mini.proximal = [self._logprobs(mb) for mb in mini.micro_batches]
+        for epoch in range(self.config.ppo_epochs):
             for mini in minis:
                 for i, mb in enumerate(mini.micro_batches):
-                    self._micro_step(mb, self._reference(mini, i), mini.tokens, tally)
+                    self._micro_step(mb, self._reference(mini, i), mini, i, tally, first_epoch=epoch == 0)
                 tally.update(self._optimizer_step())
         self.step_count += 1
         release_free_memory()
         return tally.finish(self.collective, epochs=self.config.ppo_epochs, transitions=len(batch), skipped=skipped,
-                            step=self.step_count, duration_s=time.perf_counter() - started)
+                            step=self.step_count, duration_s=time.perf_counter() - started,
+                            served_version=served_version)
 
-    def _mini_batches(self, batch: list[Transition]) -> list[MiniBatch]:
+    def _mini_batches(self, batch: list[Transition], served_version: int | None = None) -> list[MiniBatch]:
         """`mini_batches` shares of the batch (one optimizer update each), each packed into micro-batches by token
         budget. With several ranks each computes every other transition of a share; every loss is divided by the
         trained tokens of the whole share, so gradients summed over ranks are the one-process gradient. Every rank
@@ -141,10 +159,10 @@ class PolicyTrainer:
         minis = []
         for share in split_mini_batches(batch, cfg.mini_batches, seed=cfg.seed + self.step_count):
             packed = [pack_micro_batches(share[r::world], cfg.micro_batch_tokens) for r in range(world)]
-            mine = [collate(group) for group in packed[rank]]
+            mine = [collate(group, served_version=served_version) for group in packed[rank]]
             mine += [placeholder_micro_batch() for _ in range(max(map(len, packed)) - len(mine))]
             minis.append(MiniBatch([mb.to(self.device) for mb in mine],
-                                   tokens=float(sum(sum(t.mask()) for t in share))))
+                                   tokens=float(sum(sum(t.mask()) for t in share)), sequences=float(len(share))))
         return minis
 
     def _reference(self, mini: MiniBatch, i: int) -> torch.Tensor | None:
@@ -156,27 +174,35 @@ class PolicyTrainer:
             mini.references.append(self._logprobs(mini.micro_batches[i], adapter=False))
         return mini.references[i]
 
-    def _micro_step(self, mb: MicroBatch, reference: torch.Tensor | None, mini_tokens: float,
-                    tally: StepTally) -> None:
+    def _micro_step(self, mb: MicroBatch, reference: torch.Tensor | None, mini: MiniBatch, i: int,
+                    tally: StepTally, first_epoch: bool) -> None:
         """Forward and backward of one micro-batch: PPO clipped loss (+ KL to the base model), its gradient added
         to the mini-batch's as a share of the token mean over the whole mini-batch."""
         cfg = self.config
         long = mb.input_ids.numel() > cfg.micro_batch_tokens
         with activation_checkpointing(self.model, cfg.activation_checkpointing or long):
             logprobs, entropy = self._forward(mb)
-        policy_loss, clip_fraction, _, _, _ = self.policy_loss(
-            logprobs, mb.behaviour_logprobs, mb.advantages, mb.loss_mask, batch_num_tokens=mini_tokens)
+        proximal = None
+        if self.decoupled:
+            if i == len(mini.proximal):  # the first mini-batch, first epoch: no update yet, this forward is it
+                mini.proximal.append(logprobs.detach())
+            proximal = mini.proximal[i]
+        policy_loss, clip_fraction, _, _, is_filtered = self.policy_loss(
+            logprobs, mb.behaviour_logprobs if proximal is None else proximal, mb.advantages, mb.loss_mask,
+            rollout_log_probs=None if proximal is None else mb.behaviour_logprobs, batch_num_tokens=mini.tokens,
+            global_batch_size=mini.sequences)
         loss, kl_loss = policy_loss, None
         if reference is not None:
             kl = self._approx_kl(logprobs, reference, kl_estimator=cfg.kl_estimator)
-            kl_loss = (kl * mb.loss_mask).sum() / mini_tokens
+            kl_loss = (kl * mb.loss_mask).sum() / mini.tokens
             if cfg.kl_coef > 0:
                 loss = loss + cfg.kl_coef * kl_loss
         loss.backward()
         if mb.placeholder:
             return
         tally.micro_batch(mb, logprobs.detach(), entropy, loss=loss.detach(), policy_loss=policy_loss.detach(),
-                          kl_loss=None if kl_loss is None else kl_loss.detach(), clip_fraction=clip_fraction)
+                          kl_loss=None if kl_loss is None else kl_loss.detach(), clip_fraction=clip_fraction,
+                          proximal=proximal, is_filtered=is_filtered, first_epoch=first_epoch)
 
     def _optimizer_step(self) -> float:
         cfg = self.config
@@ -289,7 +315,9 @@ class MiniBatch:
     """One optimizer update's share of the batch: this rank's micro-batches of it."""
     micro_batches: list[MicroBatch]
     tokens: float  # trained tokens of the whole share (every rank's): each micro-batch's loss divisor
+    sequences: float = 0.0  # transitions of the whole share: the divisor of a loss per sequence (gspo)
     references: list[torch.Tensor] = field(default_factory=list)  # base-model log-probs, per micro-batch
+    proximal: list[torch.Tensor] = field(default_factory=list)  # log-probs before the step's first update
 
 
 def valid_transitions(transitions: list[Transition], max_seq_len: int) -> tuple[list[Transition], dict[str, int]]:

@@ -20,7 +20,8 @@ import torch
 from trainer.logprobs import MicroBatch
 
 SUMMED = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean", "behaviour_kl", "entropy", "tokens",
-          "micro_batches")
+          "micro_batches", "is_weight_mean", "is_filtered", "off_policy_kl", "agreement_kl", "agreement_abs",
+          "agreement_tokens")
 
 
 @dataclass
@@ -29,9 +30,20 @@ class StepMetrics:
     policy_loss: float = 0.0
     kl: float | None = None  # KL(policy || base) per trained token; None when the reference pass is off
     clip_fraction: float = 0.0
-    ratio_mean: float = 1.0  # importance ratio policy / behaviour over trained tokens
+    ratio_mean: float = 1.0  # PPO ratio policy / proximal (proximal_policy=behaviour: / behaviour) over trained tokens
     ratio_max: float = 1.0
     behaviour_kl: float = 0.0  # mean(behaviour logp - policy logp): how off-policy the batch is
+    # Decoupled PPO (proximal_policy=recomputed), over trained tokens:
+    off_policy_kl: float = 0.0  # mean(behaviour logp - proximal logp): staleness and engine numerics together
+    is_weight_mean: float = 1.0  # importance weight proximal / behaviour, before the correction clips or masks it
+    is_weight_max: float = 1.0
+    is_filtered: float = 0.0  # share of trained tokens (or of sequences, level seq) the correction clipped or masked
+    # The engine's log-probs against the trainer's on the calls the version the trainer holds sampled (lag 0),
+    # per token: KL (k3 estimate) and mean |difference|; None when no call of the batch had lag 0.
+    served_version: int | None = None
+    agreement_kl: float | None = None
+    agreement_abs: float | None = None
+    agreement_tokens: int = 0
     entropy: float = 0.0
     grad_norm: float = 0.0
     transitions: int = 0
@@ -53,6 +65,7 @@ class StepTally:
         self.trained_tokens = trained_tokens  # of the whole batch, every rank's share: the token weights' divisor
         self.sums: dict[str, float] = {"micro_batches": float(micro_batches)}
         self.ratio_max = 0.0
+        self.is_weight_max = 0.0
         self.grad_norms: list[float] = []
 
     def add(self, name: str, value: torch.Tensor | float, weight: float = 1.0) -> None:
@@ -60,27 +73,49 @@ class StepTally:
 
     @torch.no_grad()
     def micro_batch(self, mb: MicroBatch, logprobs: torch.Tensor, entropy: torch.Tensor, *, loss: torch.Tensor,
-                    policy_loss: torch.Tensor, kl_loss: torch.Tensor | None, clip_fraction: float) -> None:
+                    policy_loss: torch.Tensor, kl_loss: torch.Tensor | None, clip_fraction: float,
+                    proximal: torch.Tensor | None = None, is_filtered: torch.Tensor | None = None,
+                    first_epoch: bool = True) -> None:
         whole = self.trained_tokens
+        share = float(mb.loss_mask.sum()) / whole
         if kl_loss is not None:
             self.add("kl", kl_loss)
         self.add("loss", loss)
         self.add("policy_loss", policy_loss)
-        self.add("clip_fraction", clip_fraction, float(mb.loss_mask.sum()) / whole)
-        log_ratio = (logprobs - mb.behaviour_logprobs) * mb.loss_mask
+        self.add("clip_fraction", clip_fraction, share)
+        log_ratio = (logprobs - (mb.behaviour_logprobs if proximal is None else proximal)) * mb.loss_mask
         self.add("ratio_mean", (log_ratio.exp() * mb.loss_mask).sum() / whole)
-        self.add("behaviour_kl", -log_ratio.sum() / whole)
-        self.ratio_max = max(self.ratio_max, float(log_ratio.masked_fill(mb.loss_mask == 0, -1e9).exp().max()))
+        self.add("behaviour_kl", -((logprobs - mb.behaviour_logprobs) * mb.loss_mask).sum() / whole)
+        self.ratio_max = max(self.ratio_max, _masked_max(log_ratio, mb.loss_mask))
         self.add("entropy", (entropy * mb.loss_mask).sum() / whole)
         self.add("tokens", mb.tokens)
+        if proximal is not None:
+            weight = (proximal - mb.behaviour_logprobs) * mb.loss_mask  # log(proximal / behaviour)
+            self.add("off_policy_kl", -weight.sum() / whole)
+            self.add("is_weight_mean", (weight.exp() * mb.loss_mask).sum() / whole)
+            self.is_weight_max = max(self.is_weight_max, _masked_max(weight, mb.loss_mask))
+            if is_filtered is not None:
+                self.add("is_filtered", is_filtered, share)
+            if first_epoch and mb.served is not None and float(mb.served.sum()) > 0:
+                self.served(mb.served, proximal, mb.behaviour_logprobs)
+
+    def served(self, mask: torch.Tensor, trainer: torch.Tensor, engine: torch.Tensor) -> None:
+        """Sums for the agreement of engine and trainer on tokens sampled by the version the trainer holds:
+        KL(engine || trainer) per token by the k3 estimator (r - 1 - log r, r = trainer / engine, on tokens the
+        engine sampled: never negative, low variance), and the mean absolute log-prob difference."""
+        log_r = (trainer - engine) * mask
+        self.add("agreement_kl", ((log_r.exp() - 1 - log_r) * mask).sum())
+        self.add("agreement_abs", log_r.abs().sum())
+        self.add("agreement_tokens", mask.sum())
 
     def update(self, grad_norm: float) -> None:
         self.grad_norms.append(grad_norm)
 
     def finish(self, collective, *, epochs: int, transitions: int, skipped: dict[str, int], step: int,
-               duration_s: float) -> StepMetrics:
+               duration_s: float, served_version: int | None = None) -> StepMetrics:
         """The step's metrics, every rank's micro-batches counted (a collective: every rank calls it)."""
         sums = self._sum_over_ranks(collective)
+        agreement_tokens = sums.get("agreement_tokens", 0.0)
         updates = len(self.grad_norms)
         tokens = int(sums["tokens"])
         return StepMetrics(
@@ -91,6 +126,14 @@ class StepTally:
             ratio_mean=sums["ratio_mean"] / epochs,
             ratio_max=collective.max(self.ratio_max),
             behaviour_kl=sums["behaviour_kl"] / epochs,
+            off_policy_kl=sums.get("off_policy_kl", 0.0) / epochs,
+            is_weight_mean=sums["is_weight_mean"] / epochs if "is_weight_mean" in sums else 1.0,
+            is_weight_max=collective.max(self.is_weight_max) if "is_weight_mean" in sums else 1.0,
+            is_filtered=sums.get("is_filtered", 0.0) / epochs,
+            served_version=served_version,
+            agreement_kl=sums["agreement_kl"] / agreement_tokens if agreement_tokens else None,
+            agreement_abs=sums["agreement_abs"] / agreement_tokens if agreement_tokens else None,
+            agreement_tokens=int(agreement_tokens),
             entropy=sums["entropy"] / epochs,
             grad_norm=sum(self.grad_norms) / updates,
             transitions=transitions,
@@ -112,3 +155,8 @@ class StepTally:
                               dtype=torch.float64, device=collective.device)
         collective.sum_(values)
         return {n: float(values[i]) for i, n in enumerate(SUMMED) if values[len(SUMMED) + i] > 0}
+
+
+def _masked_max(log_values: torch.Tensor, mask: torch.Tensor) -> float:
+    """The largest exp(value) where mask is 1."""
+    return float(log_values.masked_fill(mask == 0, -1e9).exp().max())

@@ -30,6 +30,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from core.settings import TrainerSettings
 from store import policies, training
 from store.db import create_engine, session_factory
+from store.models import utcnow
+from trainer.agreement import Agreement, AgreementWatch
 from trainer.batch import build_transitions
 from trainer.housekeeping import Housekeeping
 from trainer.metrics import TrainerMetrics
@@ -37,6 +39,7 @@ from trainer.parallel import Collective, LeaderPolicy
 from trainer.ppo import PolicyTrainer
 from trainer.publish import Publisher
 from trainer.retokenize import retokenize
+from trainer.staleness import Staleness
 from trainer.transitions import SkipReasons, Transition
 
 log = logging.getLogger("rlproxy.trainer")
@@ -58,6 +61,7 @@ class Trained:
     path: Path
     transitions: int
     metrics: dict[str, Any]
+    agreement: Agreement | None = None  # of the version it was trained from, on the calls that version served
 
 
 class TrainerWorker:
@@ -77,6 +81,7 @@ class TrainerWorker:
         self.publisher = Publisher(self.sessions, settings.upstreams, drain_seconds=settings.drain_seconds,
                                    api_key=engine_key, metrics=self.metrics.fleet)
         self.housekeeping = Housekeeping(settings, self.sessions, self.metrics)
+        self.agreement = AgreementWatch(settings.agreement_alarm_kl, self.metrics)
         self.policy = None  # trainer.ppo.PolicyTrainer, built on start (torch is imported lazily)
         self.collective = collective or Collective()  # several ranks: this worker is rank 0 (trainer/parallel.py)
         self.lines = {name: Line(name) for name in settings.policies}
@@ -146,11 +151,14 @@ class TrainerWorker:
         began = time.perf_counter()
         trained: list[Trained] = []
         skipped: dict[str, dict[str, int]] = {}
+        lags = Staleness(now=utcnow())  # every policy's, for a step that trains nothing
         for line in self.lines.values():
-            skips = SkipReasons()
+            skips, staleness = SkipReasons(), Staleness(now=lags.now)
             transitions = build_transitions(rollouts, self.settings.training, line.parent_version, skips,
-                                            policy=line.policy, lineage=lineages[line.policy])
+                                            policy=line.policy, lineage=lineages[line.policy], staleness=staleness)
             skipped[line.policy] = dict(skips)
+            staleness.observe(self.metrics)
+            lags.merge(staleness)
             if not transitions:
                 continue
             await self._switch_to(line)
@@ -158,21 +166,25 @@ class TrainerWorker:
                 await asyncio.to_thread(self._recompute_behaviour, transitions)
             step_began = time.perf_counter()
             async with self.while_computing():
-                step_metrics = (await asyncio.to_thread(self.policy.step, transitions)).as_dict()
+                step_metrics = (await asyncio.to_thread(self.policy.step, transitions, line.parent_version)).as_dict()
             self._observe(step_metrics, transitions, time.perf_counter() - step_began)
+            agreement = self.agreement.check(line.policy, step_metrics)
             version, path = await self._save()
             step_metrics.update(skipped=dict(skips), reward_mean=statistics.fmean(rewards), rollouts=len(rollouts),
-                                policy=line.policy)
-            trained.append(Trained(line, version, path, len(transitions), step_metrics))
-            log.info("step %d, policy %r: %d rollouts, %d transitions, reward %.3f, loss %.4f -> v%d",
-                     self.steps + 1, line.policy, len(rollouts), len(transitions), statistics.fmean(rewards),
-                     step_metrics.get("loss", 0.0), version)
+                                policy=line.policy, staleness=staleness.as_dict())
+            trained.append(Trained(line, version, path, len(transitions), step_metrics, agreement))
+            log.info("step %d, policy %r: %d rollouts, %d transitions, reward %.3f, loss %.4f -> v%d; dropped: %s; "
+                     "%s; IS weights clipped/masked %.1f%%%s", self.steps + 1, line.policy, len(rollouts),
+                     len(transitions), statistics.fmean(rewards), step_metrics.get("loss", 0.0), version,
+                     _reasons(skips), staleness.describe(), 100 * step_metrics.get("is_filtered", 0.0),
+                     "" if agreement is None else f"; v{agreement.version} served as trained: KL {agreement.kl:.4f}")
         for reasons in skipped.values():
             for reason, count in reasons.items():
                 self.metrics.skipped.labels(reason).inc(count)
-        await self._finish(rollout_ids, trained, skipped)
+        await self._finish(rollout_ids, trained, skipped, lags)
         if not trained:
-            log.info("%d rollouts gave nothing to learn from (%s)", len(rollouts), skipped)
+            log.info("%d rollouts gave nothing to learn from (dropped: %s; %s)", len(rollouts),
+                     _reasons(_merged(skipped)), lags.describe())
             return True
         self.steps += 1
         self.metrics.steps.inc()
@@ -242,10 +254,12 @@ class TrainerWorker:
         return version, path
 
     async def _finish(self, rollout_ids: list[str], trained: list[Trained],
-                      skipped: dict[str, dict[str, int]]) -> None:
+                      skipped: dict[str, dict[str, int]], lags: Staleness) -> None:
         """Record each new version and mark the rollouts trained, in one transaction (a step per version)."""
         async with self.sessions() as session, session.begin():
             for new in trained:
+                if new.agreement is not None:
+                    await policies.record_agreement(session, new.agreement.version, new.agreement.as_dict())
                 await policies.add_candidate(session, new.version, str(new.path), policy=new.line.policy,
                                              parent_version=new.line.parent_version,
                                              base_model=str(self.model_path), metrics=new.metrics)
@@ -253,7 +267,8 @@ class TrainerWorker:
                                            transition_count=new.transitions, metrics=new.metrics)
             if not trained:
                 await training.record_step(session, rollout_ids, self.settings.worker_id, policy_version=None,
-                                           transition_count=0, metrics={"skipped": _merged(skipped)})
+                                           transition_count=0,
+                                           metrics={"skipped": _merged(skipped), "staleness": lags.as_dict()})
 
     async def _publish(self, line: Line, version: int, path: Path, step_began: float) -> None:
         published = await self.publisher.publish(version, str(path), activate=self.on_published is None)
@@ -304,7 +319,9 @@ class TrainerWorker:
     def _observe(self, step: dict[str, Any], transitions: list[Transition], seconds: float) -> None:
         m = self.metrics
         for name, gauge in (("loss", m.loss), ("policy_loss", m.policy_loss), ("kl", m.kl),
-                            ("clip_fraction", m.clip_fraction), ("tokens_per_s", m.tokens_per_second)):
+                            ("clip_fraction", m.clip_fraction), ("tokens_per_s", m.tokens_per_second),
+                            ("off_policy_kl", m.off_policy_kl), ("is_weight_max", m.is_weight_max),
+                            ("is_filtered", m.is_filtered)):
             if step.get(name) is not None:
                 gauge.set(step[name])
         advantages = [a for t in transitions for a, keep in zip(t.advantages(), t.mask()) if keep]
@@ -321,3 +338,6 @@ def _merged(skipped: dict[str, dict[str, int]]) -> dict[str, int]:
     return total
 
 
+def _reasons(skipped: dict[str, int]) -> str:
+    """`stale_policy 3, zero_advantage 12` (or `none`), for the log lines."""
+    return ", ".join(f"{reason} {count}" for reason, count in sorted(skipped.items()) if count) or "none"

@@ -32,6 +32,11 @@ DRAIN_SECONDS = 30.0  # TrainerSettings.drain_seconds' default, which a Publishe
 CreditMode = Literal["identical", "discounted"]
 AdvantageEstimator = Literal["grpo", "rloo", "reinforce_baseline", "reinforce"]
 KlEstimator = Literal["k1", "k2", "k3"]
+ProximalPolicy = Literal["recomputed", "behaviour"]
+CorrectionLevel = Literal["off", "token", "seq"]
+CorrectionMode = Literal["mask", "clip"]
+CorrectionGating = Literal["ratio", "binary_kl", "tv"]
+PolicyLossType = Literal["ppo", "gspo"]
 TokenSource = Literal["recorded", "retokenized"]
 
 
@@ -121,6 +126,58 @@ class TrainingSettings:
     # --- loss ---------------------------------------------------------------------------------------
     clip_eps_low: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip below: 1 - eps.")
     clip_eps_high: float = Field(0.2, gt=0, description="PPO ratio clip above: 1 + eps.")
+    dual_clip: float = Field(
+        3.0, ge=0,
+        description="Dual-clip PPO (Ye et al. 2020): the loss of a token with a negative advantage is bounded by "
+                    "dual_clip x |advantage|, however far its ratio has risen; PPO's own clip does not bound that "
+                    "side. Must be above 1; 0 turns it off. 3 is the paper's value (and OpenRLHF's, verl's).",
+    )
+    policy_loss_type: PolicyLossType = Field(
+        "ppo",
+        description="ppo: a ratio per token. gspo: one ratio per sequence, the geometric mean of its tokens' "
+                    "(GSPO), and a loss per sequence; with a correction on, OpenRLHF takes that ratio against the "
+                    "engine's log-probs and applies no importance weight.",
+    )
+    proximal_policy: ProximalPolicy = Field(
+        "recomputed",
+        description="What the PPO ratio is taken against (docs/learning.md, Off-policy correction). recomputed: "
+                    "decoupled PPO, the trainer's own log-probs of the batch before the step's first update (free "
+                    "for the first mini-batch: the same forward pass; one no-grad pass over the other mini-batches), "
+                    "the engine's log-probs used only for the importance weight below. behaviour: the ratio against "
+                    "the engine's log-probs, no importance weight (how steps were computed before; the ratio then "
+                    "mixes staleness, engine numerics and the step's own updates).",
+    )
+    is_correction_level: CorrectionLevel = Field(
+        "token",
+        description="Importance weight trainer/engine (proximal log-probs against the engine's sampling ones, "
+                    "OpenRLHF's PolicyLoss): token (one weight per token, TIS), seq (one gate per sequence: the "
+                    "geometric mean of its ratios), off (no weight: stale calls are trained as if on-policy). "
+                    "Ignored with proximal_policy=behaviour.",
+    )
+    is_correction_mode: CorrectionMode = Field(
+        "clip",
+        description="clip: the token weight is clamped into is_correction_low..is_correction_high (truncated IS, TIS); needs "
+                    "level token and gating ratio. mask: units outside the band are dropped from the loss, the "
+                    "others keep their weight (ICEPOP at token level, seq-mask-TIS at seq level).",
+    )
+    is_correction_gating: CorrectionGating = Field(
+        "ratio",
+        description="What the band bounds: ratio (the weight itself), or binary_kl / tv (the sampled token's "
+                    "binary KL or total variation between engine and trainer: a trust region, upper bound only, "
+                    "so is_correction_low must then be 0).",
+    )
+    is_correction_low: float = Field(
+        0.5, ge=0,
+        description="Lower end of the correction's band (is_correction_threshold in OpenRLHF): a token the trainer "
+                    "finds less likely than the engine did counts with at least this weight (clip) or is dropped "
+                    "(mask). Must be 0 with gating binary_kl or tv.",
+    )
+    is_correction_high: float = Field(
+        2.0, gt=0,
+        description="Upper end of the band: the cap on the importance weight (clip) or the largest one kept (mask); "
+                    "the divergence bound with gating binary_kl or tv. 2 is Agent Lightning's recommended TIS cap; "
+                    "wider bands (OpenRLHF's 5) let stale calls count more, with more variance.",
+    )
     kl_coef: float = Field(
         0.0, ge=0,
         description="Weight of the KL(policy || base model) penalty. 0 skips the reference forward "
@@ -157,8 +214,11 @@ class TrainingSettings:
                     "adapter versions to publish and gate.",
     )
     max_staleness: int = Field(
-        2, ge=0,
-        description="Drop calls sampled by a policy more than this many versions behind the trainer.",
+        8, ge=0,
+        description="Drop calls sampled by a policy more than this many versions behind the trainer. The "
+                    "importance weight (is_correction_level) corrects for the lag, so traffic that ran ahead of the "
+                    "trainer is trained rather than thrown away; the bound keeps the weights of very old calls, "
+                    "mostly clipped anyway, from filling a batch. Dropped calls are counted by lag per step.",
     )
     credit: CreditMode = Field(
         "identical",
@@ -186,6 +246,29 @@ class TrainingSettings:
                     "never trained on; the trainer marks them `eval` once finished, so `GET /policies` "
                     "reports their rewards per policy version.",
     )
+
+    @field_validator("dual_clip")
+    @classmethod
+    def _dual_clip_above_one(cls, value: float) -> float:
+        if value and value <= 1:
+            raise ValueError("dual_clip must be above 1 (or 0: off)")
+        return value
+
+    @model_validator(mode="after")
+    def _correction_fits_together(self) -> "TrainingSettings":
+        """The combinations OpenRLHF's PolicyLoss refuses, refused here with the settings' names."""
+        if self.is_correction_low >= self.is_correction_high:
+            raise ValueError("is_correction_low must be below is_correction_high")
+        if self.is_correction_level == "off" or self.proximal_policy == "behaviour":
+            return self
+        if self.is_correction_mode == "clip" and (self.is_correction_level != "token"
+                                                   or self.is_correction_gating != "ratio"):
+            raise ValueError("is_correction_mode=clip needs is_correction_level=token and is_correction_gating=ratio"
+                             " (a sequence statistic or a divergence can only mask)")
+        if self.is_correction_gating != "ratio" and self.is_correction_low > 0:
+            raise ValueError(f"is_correction_gating={self.is_correction_gating} takes an upper bound only: "
+                             "set is_correction_low to 0 and is_correction_high to the bound")
+        return self
 
     @property
     def needs_reference(self) -> bool:
@@ -294,6 +377,14 @@ class TrainerSettings(CommandSettings):
     judge_max_tokens: int | None = Field(
         None, gt=0, description="max_tokens of each judge request (None: the judge's own limit). A judge that "
                                 "rambles on stops here, and its cut-off reply counts as bad output.")
+    agreement_alarm_kl: float = Field(
+        0.1, ge=0,
+        description="ALERT when the served policy is not the trained one: per version, the KL per token between "
+                    "the engine's log-probs of the calls it served (lag 0) and the trainer's of that version (k3 "
+                    "estimate). Healthy engine/trainer numerics measured 0.003-0.08 per step on CPU vLLM, and those "
+                    "steps included drift from their own updates; an engine serving other weights than the adapter "
+                    "is far above it once a policy has moved. 0: no alarm (the metric is still exported).",
+    )
     training: TrainingSettings = Field(TrainingSettings(), description="What each training step trains with.")
 
     @model_validator(mode="before")
