@@ -46,7 +46,7 @@ from testkit import stub_pooling
 from testkit.stub_faults import EndStream, stream_fault
 
 STUB_CONTROLS = ("stub_delay", "stub_die_after", "stub_status", "stub_spaced", "stub_plain_json", "stub_reply",
-                 "stub_tool_arguments")
+                 "stub_tool_arguments", "stub_end_after", "stub_error_after")  # testkit/stub_faults.py
 BASE_MODEL = "stub-model"
 VOCAB = ["The", "answer", "is", "42", "and", "that", "settles", "it", ".", "Sure", "here", "you", "go", "!"]
 
