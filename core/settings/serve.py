@@ -110,6 +110,16 @@ class ProxySettings(CommandSettings):
                           "call, makes it a tool_error (e.g. 'ERROR:').")
     air_text_success: str | None = Field(
         None, description="A regex that, matched at the start of that turn, makes it a tool_success.")
+    header_timeout: float = Field(
+        60.0, gt=0,
+        description="Seconds a connection may go without sending a whole request head (its request line and "
+                    "headers), counted from when it opened or its last answer ended: then it is closed. This is "
+                    "also how long an idle kept-alive connection is kept; behind a load balancer that reuses "
+                    "connections, set it above the balancer's idle timeout.")
+    body_timeout: float = Field(
+        120.0, gt=0,
+        description="Seconds a request body may take to arrive after its head: past it the request is 408 and its "
+                    "connection closed (a slow sender holds no connection or memory longer).")
     shutdown_timeout: float = Field(
         30.0, description="Seconds in-flight requests and streams may take to finish after SIGTERM."
     )

@@ -1,0 +1,69 @@
+"""What aiohttp's HTTP server does before any route or middleware runs, held to the proxy's rules.
+
+- A request aiohttp cannot parse (a bad request line, bare-LF line endings, an invalid header) is answered by
+  aiohttp itself, with the parse error's message as the body — and that message quotes the raw bytes of the
+  request's head, `Authorization` header included. `GuardedRequestHandler` answers such a request in the
+  OpenAI error shape with only the kind of error, never a byte of the request (and closes the connection, as
+  aiohttp does). What aiohttp logs of it is redacted by core/log_redaction.py.
+- A path the proxy does not route (404) or a method it does not take there (405) gets, from aiohttp's router, its
+  default `Expect` handler, which invites the body (`100 Continue`) before any key is checked. `Router` gives
+  those requests the same `expect_later` as every routed path: the refusal is the answer, and the body is never
+  invited.
+
+aiohttp has no setting for either: the request handler class is what its `Server` builds for each connection
+(`use_guarded_handler`), and the router is the application's (`web.Application(router=Router())`).
+"""
+from __future__ import annotations
+
+from aiohttp import web, web_server
+from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_urldispatcher import MatchInfoError
+
+from proxy.errors import ProxyError
+from proxy.uploads import expect_later
+
+NOT_HTTP = ("the request is not valid HTTP/1.1 ({kind}); it was not read, and the connection is closed: send "
+            "CRLF line endings, header names without spaces, and headers within the proxy's size limits")
+
+
+class GuardedRequestHandler(RequestHandler):
+    """aiohttp's handler of one connection, but its own error answers carry no request bytes."""
+
+    def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if not isinstance(exc, HttpProcessingError):  # a 500 or 504: aiohttp's answer says nothing of the request
+            return super().handle_error(request, status, exc, message)
+        # as aiohttp logs it: redacted there (core/log_redaction.py); not HTTP at all (TLS, a scanner) only at debug
+        log = self.log_debug if isinstance(exc, BadHttpMethod) else self.log_exception
+        log("Error handling request from %s", request.remote, exc_info=exc)
+        if request.writer.output_size > 0:
+            raise ConnectionError("the answer had begun: no error answer can follow")
+        error = ProxyError(NOT_HTTP.format(kind=type(exc).__name__ if exc is not None else status),
+                           code="malformed_http_request")
+        error.status, error.type = status, "invalid_request_error"
+        response = error.response()
+        response.force_close()
+        return response
+
+
+def use_guarded_handler() -> None:
+    """Make aiohttp's `Server` build a `GuardedRequestHandler` for each connection (it names its handler class
+    at module level and takes no argument for it)."""
+    web_server.RequestHandler = GuardedRequestHandler
+
+
+class Unrouted(MatchInfoError):
+    """A request no route takes (404 or 405): as aiohttp's, with the proxy's `Expect` handler."""
+
+    @property
+    def expect_handler(self):
+        return expect_later
+
+
+class Router(web.UrlDispatcher):
+    async def resolve(self, request: web.Request):
+        match = await super().resolve(request)
+        if isinstance(match, MatchInfoError) and not isinstance(match, Unrouted):
+            return Unrouted(match.http_exception)
+        return match
