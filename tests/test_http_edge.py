@@ -14,6 +14,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import base64
+import json
+
 import pytest
 import requests
 from sqlalchemy import func, select
@@ -24,6 +27,7 @@ from tests.support import free_port, fresh_database, make_key, proxy_command, ru
 from tests.tenants import engine_in_thread
 
 TIMEOUT = 2.0  # --header-timeout and --body-timeout of this proxy
+REJECTED_MAX = 64 * 1024  # --rejected-max-bytes
 
 
 @dataclass
@@ -34,6 +38,7 @@ class Proxy:
     victim: str  # an agent key of project beta
     database_url: str
     log: Path
+    spool: Path
 
     def headers(self, **more: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.key}", **more}
@@ -57,9 +62,9 @@ def proxy(postgres_server: str, tmp_path_factory) -> Iterator[Proxy]:
         url = f"http://127.0.0.1:{port}"
         args = proxy_command(port, [engine_url], database_url, "--auth", "on", "--spool-path",
                              str(workdir / "spool.jsonl"), "--header-timeout", str(TIMEOUT),
-                             "--body-timeout", str(TIMEOUT))
+                             "--body-timeout", str(TIMEOUT), "--rejected-max-bytes", str(REJECTED_MAX))
         with running(args, url + "/healthz", log_path=workdir / "proxy.log"):
-            yield Proxy(url, port, *keys, database_url, workdir / "proxy.log")
+            yield Proxy(url, port, *keys, database_url, workdir / "proxy.log", workdir / "spool.jsonl")
 
 
 def exchange(proxy: Proxy, data: bytes, wait: float = 1.0) -> bytes:
@@ -200,3 +205,58 @@ def test_a_final_reward_naming_a_task_id_too_long_is_422_and_the_rollout_stays_o
     assert answer.status_code == 422 and answer.json()["error"]["param"] == "task_id"
     stored = requests.get(f"{proxy.url}/rollouts/{rollout['rollout_id']}", headers=proxy.headers(), timeout=10)
     assert stored.json()["reward"] is None
+
+
+# -- forms beyond those: two keys, a large rollout, the web view's times and cursors, calls the store refuses ------
+@pytest.mark.parametrize("second", ["Authorization: Bearer rlp_not-a-key", "x-api-key: OTHER"])
+def test_a_request_with_two_different_keys_is_401_whichever_comes_first(proxy: Proxy, second: str):
+    second = second.replace("OTHER", proxy.victim).encode()
+    for first, then in ((b"Authorization: Bearer " + proxy.key.encode(), second),
+                        (second, b"Authorization: Bearer " + proxy.key.encode())):
+        answer = exchange(proxy, b"POST /rollouts HTTP/1.1\r\nHost: proxy\r\n" + first + b"\r\n" + then
+                          + b"\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+        assert answer.startswith(b"HTTP/1.1 401") and b'"code":"several_api_keys"' in answer, answer[:300]
+    same = requests.get(f"{proxy.url}/v1/models", timeout=10,
+                        headers={"Authorization": f"Bearer {proxy.key}", "x-api-key": proxy.key})
+    assert same.status_code == 200  # the one key twice, as some clients send it
+
+
+def test_a_rollout_or_reward_body_past_its_bound_is_413_and_nothing_is_stored(proxy: Proxy):
+    before = proxy.rollouts_stored()
+    large = json.dumps({"metadata": {"notes": "x" * (1024 * 1024)}}).encode()  # --max-rollout-body-bytes: 1 MiB
+    declared = requests.post(f"{proxy.url}/rollouts", data=large, headers=proxy.headers(), timeout=10)
+    chunked = requests.post(f"{proxy.url}/rollouts", data=iter([large]), headers=proxy.headers(), timeout=10)
+    reward = requests.post(f"{proxy.url}/reward", data=large, headers=proxy.headers(), timeout=10)
+    for answer in (declared, chunked, reward):
+        assert answer.status_code == 413 and answer.json()["error"]["code"] == "rollout_body_too_large"
+    assert proxy.rollouts_stored() == before
+
+
+def cursor(value, rollout_id: str) -> str:
+    return base64.urlsafe_b64encode(json.dumps([value, rollout_id]).encode()).decode()
+
+
+@pytest.mark.parametrize("query", [
+    "since=0001-01-01T00:00:00%2B14:00", "until=9999-12-31T23:59:59-14:00",  # no UTC time
+    "sort=reward_high&cursor=" + cursor(10 ** 40, "a"),  # past what the driver takes
+    "sort=reward_high&cursor=" + cursor(1.0, "a\u0000"),  # a NUL: no database takes it
+    "sort=newest&cursor=" + cursor({"t": "0001-01-01T00:00:00+14:00"}, "a"),
+], ids=["since", "until", "huge-reward", "nul-id", "time-without-utc"])
+def test_the_web_views_odd_times_and_cursors_are_400(proxy: Proxy, query: str):
+    answer = requests.get(f"{proxy.url}/ui/api/rollouts?{query}", headers=proxy.headers(), timeout=10)
+    assert answer.status_code == 400, answer.text
+
+
+def test_calls_the_store_refuses_fill_the_rejected_file_only_up_to_its_bound(proxy: Proxy):
+    rejected = proxy.spool.with_suffix(".rejected.jsonl")
+    for number in range(8):  # about 16 KiB each: twice the bound in all
+        answer = requests.post(f"{proxy.url}/v1/chat/completions", headers=proxy.headers(), timeout=30, json={
+            "model": BASE_MODEL, "max_tokens": 2,
+            "messages": [{"role": "user", "content": f"{number}\x00" + "n" * 16 * 1024}]})
+        assert answer.status_code == 200  # answered: only its record is refused (Postgres holds no NUL)
+    deadline = time.monotonic() + 30
+    while "(--rejected-max-bytes)" not in proxy.logged() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert "(--rejected-max-bytes)" in proxy.logged()
+    assert 0 < rejected.stat().st_size <= REJECTED_MAX
+    assert all(json.loads(line)["call"]["id"] for line in rejected.read_text().splitlines())

@@ -33,6 +33,10 @@ class WriterSettings(Part):
                     "answer the agent, then record the call (the spool covers database outages); a killed proxy "
                     "loses the calls the database had not taken.",
     )
+    rejected_max_bytes: int = Field(
+        256 << 20, gt=0,
+        description="Largest size, in bytes, of the file of calls the database refused (<spool>.rejected.jsonl); "
+                    "past it such a call is only logged, by id (any key can send one: a NUL in its text).")
     spool_segment_bytes: int = Field(
         4 << 20, description="Size at which the spool starts a new file (an eighth of the free space when less).")
 
