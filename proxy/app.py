@@ -17,7 +17,7 @@ from proxy.dialects import DIALECTS
 from proxy.dialects.messages_objects import error_body as anthropic_error_body
 from proxy.endpoints import register
 from proxy.errors import ConflictError, NotFoundError, ProxyError, json_response
-from proxy.http_server import Router, use_guarded_handler
+from proxy.http_server import Router, use_guarded_handler, valid_host
 from proxy.metrics import ProxyMetrics
 from proxy.otlp_decoding import decoders_of
 from proxy.policy import PolicyRouter
@@ -71,7 +71,8 @@ async def api_errors(request: web.Request, handler):
 def build_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> web.Application:
     redact_keys_in()  # aiohttp logs the head of a request it cannot parse, keys included
     use_guarded_handler()  # and answers it with that head: proxy/http_server.py
-    app = web.Application(middlewares=[close_refused, body_deadline(settings.body_timeout), api_errors],
+    edge = [close_refused, body_deadline(settings.body_timeout), api_errors, valid_host]  # then keys, limits…
+    app = web.Application(middlewares=edge,
                           client_max_size=settings.client_max_size, router=Router(),
                           handler_args={**SERVER_SETTINGS, "keepalive_timeout": settings.header_timeout})
     register(app, all_endpoints())

@@ -10,17 +10,23 @@
   those requests the same `expect_later` as every routed path: the refusal is the answer, and the body is never
   invited.
 
-aiohttp has no setting for either: the request handler class is what its `Server` builds for each connection
+- A `Host` header that is not a host name or address with an optional port is 400 before anything else is done
+  (`valid_host`): the proxy writes it into the `base_url` it gives a new rollout, where `evil.example/x?` or
+  `a@b` would change what the URL points at, and aiohttp fails on some (an empty one, a port past 65535).
+
+aiohttp has no setting for the first two: the request handler class is what its `Server` builds for each connection
 (`use_guarded_handler`), and the router is the application's (`web.Application(router=Router())`).
 """
 from __future__ import annotations
+
+import re
 
 from aiohttp import web, web_server
 from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_urldispatcher import MatchInfoError
 
-from proxy.errors import ProxyError
+from proxy.errors import InvalidRequest, ProxyError
 from proxy.uploads import expect_later
 
 NOT_HTTP = ("the request is not valid HTTP/1.1 ({kind}); it was not read, and the connection is closed: send "
@@ -67,3 +73,17 @@ class Router(web.UrlDispatcher):
         if isinstance(match, MatchInfoError) and not isinstance(match, Unrouted):
             return Unrouted(match.http_exception)
         return match
+
+
+_HOST = re.compile(r"^(?:[A-Za-z0-9_.-]+|\[[0-9A-Fa-f:.]+\])(?::(\d{1,5}))?$")  # a name, IPv4 or [IPv6], :port
+
+
+@web.middleware
+async def valid_host(request: web.Request, handler):
+    """400 for a `Host` header that is not a host and optional port (HTTP/1.0 may send none)."""
+    hosts = request.headers.getall("Host", ())
+    match = _HOST.match(hosts[0]) if len(hosts) == 1 else None
+    if hosts and (match is None or match[1] is not None and int(match[1]) > 65535):
+        raise InvalidRequest("the Host header must be one host name or address, with an optional port",
+                             param="Host", code="invalid_host")
+    return await handler(request)

@@ -221,6 +221,18 @@ def test_a_request_with_two_different_keys_is_401_whichever_comes_first(proxy: P
     assert same.status_code == 200  # the one key twice, as some clients send it
 
 
+@pytest.mark.parametrize("host", [b"evil.example/path?", b"user@evil.example", b"", b"proxy:99999", b"\xff\xfe"])
+def test_a_host_that_is_not_a_host_is_400_and_no_rollout_is_made_for_it(proxy: Proxy, host: bytes):
+    """The Host is written into the base_url a new rollout gets: a path or user part would change where it points."""
+    before = proxy.rollouts_stored()
+    answer = exchange(proxy, b"POST /rollouts HTTP/1.1\r\nHost: " + host + b"\r\nAuthorization: Bearer "
+                      + proxy.key.encode() + b"\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+    assert answer.startswith(b"HTTP/1.1 400") and b'"code":"invalid_host"' in answer, answer[:300]
+    assert proxy.rollouts_stored() == before
+    made = requests.post(f"{proxy.url}/rollouts", json={}, headers=proxy.headers(), timeout=10).json()
+    assert made["base_url"].startswith(f"http://127.0.0.1:{proxy.port}/rollouts/")
+
+
 def test_a_rollout_or_reward_body_past_its_bound_is_413_and_nothing_is_stored(proxy: Proxy):
     before = proxy.rollouts_stored()
     large = json.dumps({"metadata": {"notes": "x" * (1024 * 1024)}}).encode()  # --max-rollout-body-bytes: 1 MiB
