@@ -233,6 +233,17 @@ def test_a_host_that_is_not_a_host_is_400_and_no_rollout_is_made_for_it(proxy: P
     assert made["base_url"].startswith(f"http://127.0.0.1:{proxy.port}/rollouts/")
 
 
+@pytest.mark.parametrize("name, first, second", [
+    ("X-Rollout-Id", "one", "two"), ("X-Agent-Name", "one", "two"), ("X-Task-Id", "one", "two"),
+    ("X-Rlproxy-Eval", "1", "0")])
+def test_a_call_context_header_sent_twice_with_different_values_is_400(proxy: Proxy, name, first, second):
+    body = json.dumps({"model": BASE_MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    answer = exchange(proxy, f"POST /v1/chat/completions HTTP/1.1\r\nHost: proxy\r\nAuthorization: Bearer "
+                             f"{proxy.key}\r\n{name}: {first}\r\n{name}: {second}\r\nContent-Type: application/json"
+                             f"\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n{body}".encode())
+    assert answer.startswith(b"HTTP/1.1 400") and b'"code":"repeated_header"' in answer, answer[:300]
+
+
 def test_a_rollout_or_reward_body_past_its_bound_is_413_and_nothing_is_stored(proxy: Proxy):
     before = proxy.rollouts_stored()
     large = json.dumps({"metadata": {"notes": "x" * (1024 * 1024)}}).encode()  # --max-rollout-body-bytes: 1 MiB
