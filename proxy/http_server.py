@@ -9,7 +9,6 @@
   default `Expect` handler, which invites the body (`100 Continue`) before any key is checked. `Router` gives
   those requests the same `expect_later` as every routed path: the refusal is the answer, and the body is never
   invited.
-
 - A `Host` header that is not a host name or address with an optional port is 400 before anything else is done
   (`valid_host`): the proxy writes it into the `base_url` it gives a new rollout, where `evil.example/x?` or
   `a@b` would change what the URL points at, and aiohttp fails on some (an empty one, a port past 65535).
@@ -68,6 +67,8 @@ class Unrouted(MatchInfoError):
 
 
 class Router(web.UrlDispatcher):
+    """aiohttp's router; what it cannot route is `Unrouted`."""
+
     async def resolve(self, request: web.Request):
         match = await super().resolve(request)
         if isinstance(match, MatchInfoError) and not isinstance(match, Unrouted):
