@@ -18,6 +18,7 @@ from proxy.dialects import DIALECTS
 from proxy.dialects.messages_objects import error_body as anthropic_error_body
 from proxy.endpoints import register
 from proxy.errors import ConflictError, NotFoundError, ProxyError, json_response
+from proxy.http_server import Router, use_guarded_handler, valid_host
 from proxy.metrics import ProxyMetrics
 from proxy.otlp_decoding import decoders_of
 from proxy.policy import PolicyRouter
@@ -27,7 +28,7 @@ from proxy.security import install as install_security
 from proxy.serving import CompletionServing
 from proxy.state import STATE, ProxyState
 from proxy.tenancy import ModelAccess
-from proxy.uploads import SERVER_SETTINGS, close_refused
+from proxy.uploads import SERVER_SETTINGS, body_deadline, close_refused
 from proxy.upstream import UpstreamPool
 from proxy.writer import CaptureWriter
 from store import errors as store_errors
@@ -70,8 +71,11 @@ async def api_errors(request: web.Request, handler):
 
 def build_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> web.Application:
     redact_keys_in()  # aiohttp logs the head of a request it cannot parse, keys included
-    app = web.Application(middlewares=[close_refused, api_errors], client_max_size=settings.client_max_size,
-                          handler_args=SERVER_SETTINGS)
+    use_guarded_handler()  # and answers it with that head: proxy/http_server.py
+    edge = [close_refused, body_deadline(settings.body_timeout), api_errors, valid_host]  # then keys, limits…
+    app = web.Application(middlewares=edge,
+                          client_max_size=settings.client_max_size, router=Router(),
+                          handler_args={**SERVER_SETTINGS, "keepalive_timeout": settings.header_timeout})
     register(app, all_endpoints())
     app[DOCUMENTED] = documented_endpoints()
     passthrough.add_routes(app)  # the engine's read-only routes, relayed (proxy/engine_routes.py)

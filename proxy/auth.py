@@ -148,6 +148,24 @@ async def resolve_auth(settings: AuthSettings, host: str, sessions: async_sessio
     return False
 
 
+def presented_key(request: web.Request) -> str:
+    """The one key a request presents, as `Authorization: Bearer` or `x-api-key` (what Anthropic's clients send).
+    Several different ones (two Authorization headers, or a bearer key and another x-api-key) are refused: which
+    one a gateway in front checked and which one this proxy would read could differ."""
+    tokens = set()
+    for value in request.headers.getall("Authorization", ()):
+        scheme, _, token = value.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            tokens.add(token.strip())
+    tokens.update(value.strip() for value in request.headers.getall("x-api-key", ()) if value.strip())
+    if not tokens:
+        raise Unauthorized("missing API key: send the header 'Authorization: Bearer <key>' (or 'x-api-key')")
+    if len(tokens) > 1:
+        raise Unauthorized("several different API keys in one request: send one, as 'Authorization: Bearer <key>' "
+                           "or 'x-api-key'", code="several_api_keys")
+    return tokens.pop()
+
+
 class Authenticator:
     def __init__(self, settings: AuthSettings) -> None:
         self.settings = settings
@@ -174,11 +192,7 @@ class Authenticator:
                         "the engines, read every rollout and activate policies", host)
 
     async def identify(self, request: web.Request) -> KeyInfo:
-        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        token = token.strip() if scheme.lower() == "bearer" else ""
-        token = token or request.headers.get("x-api-key", "").strip()  # what Anthropic's clients send
-        if not token:
-            raise Unauthorized("missing API key: send the header 'Authorization: Bearer <key>' (or 'x-api-key')")
+        token = presented_key(request)
         try:
             digest = hash_key(token)
         except UnicodeEncodeError:  # header bytes that are not UTF-8 arrive as lone surrogates: no key of ours

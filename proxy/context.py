@@ -44,9 +44,19 @@ def _clean(value: str | None, what: str) -> str | None:
     return value
 
 
+def one_header(request: web.Request, name: str) -> str | None:
+    """The value of a header that says one thing; 400 when it is sent several times with different values (which
+    one a gateway in front read, and which this proxy would, could differ)."""
+    values = request.headers.getall(name, ())
+    if len(set(values)) > 1:
+        raise InvalidRequest(f"{name} is sent {len(values)} times with different values: send it once",
+                             param=name, code="repeated_header")
+    return values[0] if values else None
+
+
 def eval_flag(request: web.Request) -> bool:
     """The `X-Rlproxy-Eval` header: 1/true/yes/on or 0/false/no/off (any case); absent or empty is false."""
-    value = request.headers.get(EVAL_HEADER, "").strip().lower()
+    value = (one_header(request, EVAL_HEADER) or "").strip().lower()
     if value == "":
         return False
     if value not in _FLAGS:
@@ -56,11 +66,11 @@ def eval_flag(request: web.Request) -> bool:
 
 
 def call_context(request: web.Request) -> CallContext:
-    match, headers = request.match_info, request.headers
+    match = request.match_info
     return CallContext(
-        rollout_id=_clean(match.get("rollout_id") or headers.get("X-Rollout-Id"), "rollout"),
-        agent=_clean(match.get("agent") or headers.get("X-Agent-Name"), "agent"),
-        task_id=_clean(headers.get("X-Task-Id"), "task"),
+        rollout_id=_clean(match.get("rollout_id") or one_header(request, "X-Rollout-Id"), "rollout"),
+        agent=_clean(match.get("agent") or one_header(request, "X-Agent-Name"), "agent"),
+        task_id=_clean(one_header(request, "X-Task-Id"), "task"),
         project=request.get("project"),
         eval=eval_flag(request),
     )

@@ -9,6 +9,7 @@
     ├── Forbidden           403  a valid key without the rights the route needs (admin)
     ├── PayloadTooLarge     413
     ├── UnsupportedMediaType 415 a body in a content type (or content coding) the route does not read
+    ├── RequestTimeout      408  the body did not arrive within --body-timeout
     ├── ExpectationFailed   417 an `Expect` other than 100-continue
     ├── RateLimited         429  with Retry-After
     ├── StoreUnavailable    503  the database did not answer in time
@@ -86,6 +87,12 @@ class UnsupportedMediaType(ProxyError):
     status = 415
     type = "invalid_request_error"
     default_code = "unsupported_media_type"
+
+
+class RequestTimeout(ProxyError):
+    status = 408
+    type = "invalid_request_error"
+    default_code = "request_timeout"
 
 
 class ExpectationFailed(ProxyError):

@@ -48,6 +48,8 @@ _ERRORS = {
     401: "No key, or an unknown or revoked one (when auth is on).",
     403: "The route needs an admin key.",
     404: "Unknown rollout, call, policy, model or route; another project's rollout or adapter looks the same.",
+    408: "The body did not arrive within --body-timeout of its request's head (`request_timeout`); the connection "
+         "is closed.",
     409: "A different final reward for a rollout that already has one.",
     413: "The request body is larger than the proxy accepts, or a compressed one inflates past its bounds "
          "(`inflated_body_too_large`, `inflation_ratio_too_high`).",
@@ -156,7 +158,7 @@ class _Builder:
                     else _json(_model_schema(endpoint.body)))
             operation["requestBody"] = {"required": endpoint.body_required, "description": _depth_note(endpoint),
                                         **body}
-            responses.update(_errors((413, 415), shape))
+            responses.update(_errors((408, 413, 415), shape))
         if endpoint.protobuf:  # the same message, binary: in the request and in the answer
             operation["requestBody"]["content"][PROTOBUF] = {"schema": {"type": "string", "format": "binary"}}
             for status in endpoint.answers:

@@ -35,9 +35,12 @@ def encode(record: CallRecord) -> bytes:
 
 
 class RejectedCalls:
-    def __init__(self, path: Path, metrics: ProxyMetrics) -> None:
+    def __init__(self, path: Path, metrics: ProxyMetrics, max_bytes: int | None = None) -> None:
         self.path = path
         self.metrics = metrics
+        # Any key can make a call the database refuses (a NUL in its text): without a bound, one client could
+        # fill the disk the spool and the database share, a 16 MiB call at a time.
+        self.max_bytes = max_bytes
 
     def keep(self, record: CallRecord, reason: str) -> None:
         """Set `record` aside with `reason`; never raises."""
@@ -47,6 +50,10 @@ class RejectedCalls:
         log.error("call %s cannot be stored (%s); kept in %s", call_id, reason, self.path)
         try:
             line = _line(record, reason)
+            if self.max_bytes is not None and _size(self.path) + len(line) > self.max_bytes:
+                log.error("call %s is not kept either: %s would pass its %d bytes (--rejected-max-bytes)", call_id,
+                          self.path, self.max_bytes)
+                return
             fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
             try:
                 os.write(fd, line)  # one write: a line is whole or absent
@@ -55,6 +62,13 @@ class RejectedCalls:
         except Exception as exc:  # noqa: BLE001 — the disk is full or the file unwritable: the log has the id
             log.error("call %s could not be written to %s either (%s: %s): it is lost", call_id, self.path,
                       type(exc).__name__, exc)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
 
 
 def _line(record: CallRecord, reason: str) -> bytes:

@@ -4,10 +4,12 @@ agent sent them, and the proxy forwards the checked JSON object, never a re-seri
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator, model_validator
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
+                      ValidationError, field_validator, model_validator)
 
+from proxy.context import LIMITS, is_valid_id
 from proxy.errors import InvalidRequest, ProxyError, Unprocessable
 from proxy.strict_json import read_json_object
 
@@ -62,11 +64,27 @@ class _Stored(BaseModel):
         return data
 
 
+def _id_rules(what: str):
+    """The rules of the X-Task-Id and X-Agent-Name headers (proxy/context.py): what one call may name, a rollout
+    may too (and the store's columns hold it)."""
+    def check(value: str) -> str:
+        if not is_valid_id(value, what):
+            raise ValueError(f"must be 1-{LIMITS[what]} characters" + (
+                " without control characters" if what == "task" else " of letters, digits and ._:@- (not . or ..)"))
+        return value
+    return AfterValidator(check)
+
+
+TaskId = Annotated[StrictStr, Field(max_length=LIMITS["task"]), _id_rules("task")]
+AgentName = Annotated[StrictStr, Field(max_length=LIMITS["agent"], pattern=r"^[A-Za-z0-9._:@\-]+$"),
+                      _id_rules("agent")]
+
+
 class RolloutCreate(_Stored):
     model_config = ConfigDict(extra="forbid")
 
-    task_id: StrictStr | None = None
-    agent: StrictStr | None = None
+    task_id: TaskId | None = None
+    agent: AgentName | None = None
     metadata: dict[str, Any] | None = None
     eval: StrictBool = Field(False, description="Evaluation traffic: served like any other rollout, never "
                                                 "trained on; its final reward is reported per policy version.")
@@ -78,7 +96,7 @@ class RewardPost(_Stored):
     rollout_id: StrictStr = Field(min_length=1)
     reward: StrictFloat | StrictInt
     call_id: StrictStr | None = None
-    task_id: StrictStr | None = None
+    task_id: TaskId | None = None
     metadata: dict[str, Any] | None = None
 
     @field_validator("reward")

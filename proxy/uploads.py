@@ -9,6 +9,9 @@ is allowed, and no more than the bounds allow after.
   it passes `--max-inflated-size` or `--max-inflation-ratio` times the compressed bytes read, and nothing more of
   it is read then. Any other encoding is 415. Every later `request.read()`, whichever module calls it, returns the inflated
   bytes that passed.
+- A body must arrive within `--body-timeout` seconds of its request's head (`body_deadline`): past it, whatever
+  is reading it gets 408 and the connection is closed, so a slow sender holds neither a connection nor the part
+  of a body it sent. A slow head is bounded by aiohttp (`keepalive_timeout`, the proxy's `--header-timeout`).
 - A request refused before its body was read to the end (401, 403, 413, 415, 429, …) is answered with
   `Connection: close` and the connection is closed, instead of reading and discarding the rest (`close_refused`;
   the application's `lingering_time` is 0, so aiohttp does not drain it either).
@@ -21,7 +24,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from proxy.errors import ExpectationFailed, InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from proxy.errors import (ExpectationFailed, InvalidRequest, PayloadTooLarge, RequestTimeout, Unprocessable,
+                          UnsupportedMediaType)
 
 STEP = 64 * 1024
 """Most bytes one inflate step produces: a bomb is caught within one step of passing a bound."""
@@ -38,6 +42,10 @@ ZLIB = zlib.MAX_WBITS
 RAW_DEFLATE = -zlib.MAX_WBITS
 ENCODINGS = {"gzip": GZIP, "x-gzip": GZIP, "deflate": ZLIB}
 IDENTITY = {"", "identity"}
+
+UNREADABLE_BODY = web.AppKey("rlproxy_unreadable_body_status", dict)
+"""Each route's status for a body that cannot be read (400, or 422 on the routes that answer malformed bodies
+with 422), filled by `proxy.endpoints.register`."""
 
 SERVER_SETTINGS = {"auto_decompress": False, "lingering_time": 0}
 """aiohttp server settings these rules need (`web.Application(handler_args=...)`)."""
@@ -134,19 +142,24 @@ async def inflate_body(request: web.Request, bounds: InflateBounds, max_compress
     if not request.body_exists or (encoding := body_encoding(request)) is None:
         return
     inflater = Inflater(encoding, bounds)
-    async for chunk in request.content.iter_any():  # at most aiohttp's read buffer at a time
-        if inflater.compressed + len(chunk) > max_compressed:
-            raise PayloadTooLarge(f"request body is larger than the {max_compressed} bytes this proxy accepts")
-        await asyncio.to_thread(inflater.feed, chunk)  # zlib lets go of the GIL: other requests go on meanwhile
-    # aiohttp keeps a body it has read in `_read_bytes`, and every later `read()` returns it: setting it makes
-    # every reader of this request, in whichever module, read the inflated bytes that passed the bounds.
-    request._read_bytes = inflater.finish()
+    try:
+        async for chunk in request.content.iter_any():  # at most aiohttp's read buffer at a time
+            if inflater.compressed + len(chunk) > max_compressed:
+                raise PayloadTooLarge(f"request body is larger than the {max_compressed} bytes this proxy accepts")
+            await asyncio.to_thread(inflater.feed, chunk)  # zlib lets go of the GIL: other requests go on meanwhile
+        # aiohttp keeps a body it has read in `_read_bytes`, and every later `read()` returns it: setting it makes
+        # every reader of this request, in whichever module, read the inflated bytes that passed the bounds.
+        request._read_bytes = inflater.finish()
+    except InvalidRequest as exc:  # not what its encoding says: in the route's own status for a malformed body
+        if request.app.get(UNREADABLE_BODY, {}).get(request.match_info.route) == 422:
+            raise Unprocessable(exc.message, code=exc.code) from None
+        raise
 
 
 async def continue_upload(request: web.Request) -> None:
     """Answer `Expect: 100-continue` now that the request may send its body; 417 for any other expectation."""
     expect = request.headers.get("Expect")
-    if expect is None:
+    if expect is None or request.match_info.http_exception is not None:  # no route takes it: its 404/405 answers
         return
     if expect.strip().lower() != "100-continue":
         raise ExpectationFailed(f"unknown expectation {expect!r}: only 100-continue is understood")
@@ -169,3 +182,26 @@ async def close_refused(request: web.Request, handler):
     if response.status >= 400 and request.body_exists and not request.content.is_eof():
         response.force_close()
     return response
+
+
+def body_deadline(seconds: float):
+    """A middleware: the body of each request must have arrived `seconds` after its head did, or its reader gets
+    RequestTimeout (408); `close_refused` then closes the connection."""
+
+    @web.middleware
+    async def deadline(request: web.Request, handler):
+        if not request.body_exists or request.content.is_eof():
+            return await handler(request)
+        timer = asyncio.get_running_loop().call_later(seconds, _overdue, request, seconds)
+        try:
+            return await handler(request)
+        finally:
+            timer.cancel()
+
+    return deadline
+
+
+def _overdue(request: web.Request, seconds: float) -> None:
+    if not request.content.is_eof():  # wakes a reader waiting for more, and fails every later read
+        request.content.set_exception(RequestTimeout(
+            f"the request body did not arrive within {seconds:g} seconds of its head (--body-timeout)"))

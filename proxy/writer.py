@@ -63,7 +63,8 @@ class CaptureWriter:
         self.queue: asyncio.Queue[Item | asyncio.Future | object] = asyncio.Queue(settings.queue_size)
         self.spool = Spool(settings.spool_path, segment_bytes=settings.spool_segment_bytes,
                            retain_active=self.durable, on_fsync=self._observe_fsync)
-        self.rejected = RejectedCalls(settings.spool_path.with_suffix(".rejected.jsonl"), metrics)
+        self.rejected = RejectedCalls(settings.spool_path.with_suffix(".rejected.jsonl"), metrics,
+                                      settings.rejected_max_bytes)
         self.backlog = self.spool.pending > 0  # calls wait in the spool with no copy in memory
         self._dropped = False  # (durable) a spooled call's copy in memory was dropped since the replay began
         self._retry_at = 0.0

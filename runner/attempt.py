@@ -13,7 +13,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 from core.settings import RunSettings
 from runner.agents import AgentResult, ClientConfig
 from runner.client import ProxyClient
-from runner.errors import AttemptError, InfrastructureError, TaskDataError
+from runner.errors import AttemptError, InfrastructureError, RolloutRefused, TaskDataError
 from runner.journal import Journal, Key
 from runner.task_data import env_value, task_id
 from runner.tasks import EVAL, Task
@@ -80,6 +80,9 @@ class AttemptRunner:
         except InfrastructureError as exc:
             self._log("finished", attempt, status="infrastructure", error=str(exc), tries=tries)
             return Outcome(attempt.task.split, "infrastructure", None, None, attempt, error=str(exc), tries=tries)
+        except RolloutRefused as exc:  # what this attempt sent was refused: it fails, the run goes on
+            self._log("finished", attempt, status="failed", error=str(exc), tries=tries)
+            return Outcome(attempt.task.split, "failed", None, None, attempt, error=str(exc), tries=tries)
         raise AssertionError("unreachable")
 
     def _log(self, event: str, attempt: Attempt, **fields: Any) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import aiohttp
 
-from runner.errors import InfrastructureError, ProxyRefused
+from runner.errors import InfrastructureError, ProxyRefused, RolloutRefused
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,13 @@ class ProxyClient:
         if agent:
             body["agent"] = agent
         status, payload = await self._call("POST", "/rollouts", body)
-        if status != 201:
+        if status in (401, 403):  # the runner's key: no attempt can go on
             raise ProxyRefused(f"POST /rollouts: {status} {_message(payload)}")
+        if status == 429:
+            raise InfrastructureError(f"POST /rollouts: {status} {_message(payload)}")
+        if status != 201:  # what this attempt sent (its task id, its agent's name): this attempt fails
+            raise RolloutRefused(f"the proxy refused this attempt's rollout (POST /rollouts: {status}): "
+                                 f"{_message(payload)}")
         return NewRollout(payload["rollout_id"], payload["base_url"])
 
     async def post_reward(self, rollout_id: str, reward: float) -> bool:

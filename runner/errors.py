@@ -24,3 +24,8 @@ class AttemptError(RlproxyError):
 class TaskDataError(AttemptError):
     """One task's data cannot be given to the agent the way it is asked for (a NUL in an environment variable,
     text that is not Unicode, a value too large for the environment): that attempt fails, not the run."""
+
+
+class RolloutRefused(AttemptError):
+    """The proxy refused to start this attempt's rollout for what the attempt sent (its task id, agent name or
+    metadata: a 4xx other than a refused key or the rate limit): that attempt fails with the proxy's reason."""

@@ -10,8 +10,9 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import and_, func, or_, select
@@ -91,9 +92,15 @@ def decode_cursor(cursor: str) -> tuple[Any, str]:
     if isinstance(value, dict) and isinstance(value.get("t"), str):
         try:
             value = datetime.fromisoformat(value["t"])
-        except ValueError:
+            value = value.astimezone(timezone.utc) if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        except (ValueError, OverflowError):  # not a time, or one at the calendar's ends with no UTC time
             raise BadQuery("cursor is not one this server gave out") from None
     if not isinstance(rollout_id, str) or not isinstance(value, (int, float, datetime)) or isinstance(value, bool):
+        raise BadQuery("cursor is not one this server gave out")
+    if isinstance(value, int):  # a reward: the column is a float, and the driver takes no larger int
+        value = float(value) if abs(value) < 2 ** 53 else math.inf
+    # what no stored row holds, and the database would refuse as a parameter: a NUL, an id past the column's size
+    if isinstance(value, float) and not math.isfinite(value) or "\x00" in rollout_id or len(rollout_id) > 128:
         raise BadQuery("cursor is not one this server gave out")
     return value, rollout_id
 

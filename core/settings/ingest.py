@@ -34,6 +34,10 @@ class IngestSettings(Part):
         256, gt=0, description="Most events (POST /rollouts/{id}/events, reward events aside) one rollout keeps; "
                                "an event past it is 413 and the earlier ones stay.",
         json_schema_extra={"flag": "max-rollout-events"})
+    max_rollout_body_bytes: int = Field(
+        1024 * 1024, gt=0, description="Largest body of POST /rollouts and POST /reward (their metadata is kept "
+                                       "with the rollout), in bytes; a larger one is 413.",
+        json_schema_extra={"flag": "max-rollout-body-bytes"})
     max_event_bytes: int = Field(
         64 * 1024, gt=0, description="Largest body of one rollout event, in bytes; a larger one is 413.",
         json_schema_extra={"flag": "max-event-bytes"})

@@ -33,6 +33,10 @@ class WriterSettings(Part):
                     "answer the agent, then record the call (the spool covers database outages); a killed proxy "
                     "loses the calls the database had not taken.",
     )
+    rejected_max_bytes: int = Field(
+        256 << 20, gt=0,
+        description="Largest size, in bytes, of the file of calls the database refused (<spool>.rejected.jsonl); "
+                    "past it such a call is only logged, by id (any key can send one: a NUL in its text).")
     spool_segment_bytes: int = Field(
         4 << 20, description="Size at which the spool starts a new file (an eighth of the free space when less).")
 
@@ -118,6 +122,16 @@ class ProxySettings(CommandSettings):
                           "call, makes it a tool_error (e.g. 'ERROR:').")
     air_text_success: str | None = Field(
         None, description="A regex that, matched at the start of that turn, makes it a tool_success.")
+    header_timeout: float = Field(
+        60.0, gt=0,
+        description="Seconds a connection may go without sending a whole request head (its request line and "
+                    "headers), counted from when it opened or its last answer ended: then it is closed. This is "
+                    "also how long an idle kept-alive connection is kept; behind a load balancer that reuses "
+                    "connections, set it above the balancer's idle timeout.")
+    body_timeout: float = Field(
+        120.0, gt=0,
+        description="Seconds a request body may take to arrive after its head: past it the request is 408 and its "
+                    "connection closed (a slow sender holds no connection or memory longer).")
     shutdown_timeout: float = Field(
         30.0, description="Seconds in-flight requests and streams may take to finish after SIGTERM."
     )

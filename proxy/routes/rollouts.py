@@ -10,7 +10,7 @@ from aiohttp import web
 
 from proxy.bodies import RewardResult, Rollout, RolloutCreated
 from proxy.endpoints import Answer, Endpoint
-from proxy.errors import NotFoundError, Unprocessable
+from proxy.errors import NotFoundError, PayloadTooLarge, Unprocessable
 from proxy.schemas import RewardPost, RolloutCreate, parse_json_object, validate
 from proxy.reward_budget import check_call_rewards
 from proxy.state import ProxyState, state
@@ -18,8 +18,22 @@ from store import rollouts as store_rollouts
 from store.rollout_view import MAX_PAGE
 
 
+async def read_bounded(request: web.Request) -> bytes:
+    """The body of POST /rollouts or POST /reward: what it holds is kept with the rollout (its metadata), so it is
+    bounded far below what a chat call may send; a declared length past the bound is refused before reading."""
+    limit = state(request).settings.ingest.max_rollout_body_bytes
+    size = request.content_length
+    if size is None or size <= limit:
+        raw = await request.read()
+        size = len(raw)
+    if size > limit:
+        raise PayloadTooLarge(f"the request body is {size} bytes; this route takes at most {limit} "
+                              f"(--max-rollout-body-bytes)", code="rollout_body_too_large")
+    return raw
+
+
 async def create_rollout(request: web.Request) -> web.Response:
-    raw = await request.read()
+    raw = await read_bounded(request)
     body = validate(RolloutCreate, parse_json_object(raw, Unprocessable) if raw.strip() else {}, Unprocessable)
     app = state(request)
     rollout_id = uuid.uuid4().hex
@@ -35,7 +49,7 @@ async def create_rollout(request: web.Request) -> web.Response:
 
 
 async def post_reward(request: web.Request) -> web.Response:
-    body = validate(RewardPost, parse_json_object(await request.read(), Unprocessable), Unprocessable)
+    body = validate(RewardPost, parse_json_object(await read_bounded(request), Unprocessable), Unprocessable)
     app = state(request)
     await app.writer.sync()  # the calls this reward refers to may still be on their way to the database
     async with app.sessions() as session, session.begin():
@@ -96,7 +110,7 @@ def _query_int(request: web.Request, name: str, least: int, most: int | None) ->
 
 ENDPOINTS = [
     Endpoint("post", "/rollouts", create_rollout, "Start a rollout; its base_url records every call made through it",
-             {201: Answer("Created.", RolloutCreated)}, (422, 503), body=RolloutCreate, body_required=False),
+             {201: Answer("Created.", RolloutCreated)}, (413, 422, 503), body=RolloutCreate, body_required=False),
     Endpoint("post", "/reward", post_reward, "Final reward (closes the rollout) or a reward for one call",
              {200: Answer("Stored (or the same final reward again).", RewardResult)}, (404, 409, 413, 422, 503),
              body=RewardPost),

@@ -87,9 +87,11 @@ def _moment(request: web.Request, name: str) -> datetime | None:
         return None
     try:
         moment = datetime.fromisoformat(value)
-    except ValueError:
+        # in UTC here: a time at the ends of the calendar (year 1 at +14:00) has no UTC time, which the database
+        # would find out as an error
+        return moment.astimezone(timezone.utc) if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    except (ValueError, OverflowError):
         raise InvalidRequest(f"{name} must be an ISO 8601 time like 2026-11-26T17:00:00Z", param=name) from None
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 def _flag(request: web.Request, name: str) -> bool | None:
