@@ -398,11 +398,15 @@ function chart(versions) {  // held-out (evaluation traffic) success by version,
 }
 
 function verdicts(v) {
-  const parts = [];
-  if (v.evaluation && Object.keys(v.evaluation).length) parts.push(el("pre", {class: "json", text: JSON.stringify(v.evaluation, null, 1)}));
-  const agreement = v.metrics && (v.metrics.agreement || v.metrics.engine_agreement || v.metrics.behaviour_kl);
-  if (agreement !== undefined) parts.push(el("div", {text: "engine–trainer: " + JSON.stringify(agreement)}));
-  return parts.length ? parts : "–";
+  if (!v.evaluation || !Object.keys(v.evaluation).length) return "–";
+  return el("pre", {class: "json", text: JSON.stringify(v.evaluation, null, 1)});
+}
+
+function agreementCell(v) {  // the engines against the trainer on the calls this version served (docs/learning.md)
+  const a = v.agreement;
+  if (!a) return "–";
+  return el("span", {class: a.alarm ? "error" : null, title: `mean |Δ log-prob| ${fmt(a.mean_abs, 4)} over ${a.tokens} tokens`},
+    `KL ${fmt(a.kl, 4)}${a.alarm ? " — ALERT: not the trained weights" : ""}`);
 }
 
 async function policiesView() {
@@ -419,12 +423,12 @@ async function policiesView() {
       el("h3", {text: "Versions"}),
       el("table", {"aria-label": "Versions of " + name},
         el("thead", {}, el("tr", {}, ["Version", "Parent", "Status", "Created", "Active since", "Eval traffic",
-          "Gate, canary and held-out verdicts"].map((h) => el("th", {scope: "col", text: h})))),
+          "Served as trained", "Gate, canary and held-out verdicts"].map((h) => el("th", {scope: "col", text: h})))),
         el("tbody", {}, versions.map((v) => el("tr", {},
           el("td", {class: "num", text: "v" + v.version}), el("td", {class: "num", text: fmt(v.parent_version)}),
           el("td", {text: v.status}), el("td", {text: when(v.created_at)}), el("td", {text: when(v.activated_at)}),
           el("td", {text: v.evaluation_traffic && v.evaluation_traffic.n ? `${fmt(v.evaluation_traffic.mean)} (n=${v.evaluation_traffic.n})` : "–"}),
-          el("td", {}, verdicts(v))))))));
+          el("td", {}, agreementCell(v)), el("td", {}, verdicts(v))))))));
   }
   say(`${names.length} polic${names.length === 1 ? "y" : "ies"}`);
 }
