@@ -19,6 +19,7 @@ from proxy.dialects.messages_objects import error_body as anthropic_error_body
 from proxy.endpoints import register
 from proxy.errors import ConflictError, NotFoundError, ProxyError, json_response
 from proxy.http_server import Router, use_guarded_handler, valid_host
+from proxy.ingest import RewardIngest
 from proxy.metrics import ProxyMetrics
 from proxy.otlp_decoding import decoders_of
 from proxy.policy import PolicyRouter
@@ -107,8 +108,9 @@ def _lifecycle(settings: ProxySettings, metrics: ProxyMetrics):
         serving = {route: CompletionServing(dialect, upstreams, router, writer, metrics, access, boundary,
                                             redact=settings.redaction.redact_content)
                    for route, dialect in DIALECTS.items()}
+        ingest = RewardIngest(settings, sessions, writer, metrics, router)
         app[STATE] = ProxyState(settings, engine, sessions, metrics, upstreams, router, writer, serving, access,
-                                boundary)
+                                boundary, ingest)
         await router.start(settings.policy_refresh_interval)
         health = asyncio.create_task(_watch_engines(app[STATE]), name="engine-health")
         rejoiner = Rejoiner(sessions, upstreams.adapters, metrics=metrics.fleet)

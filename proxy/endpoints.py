@@ -16,6 +16,13 @@ from proxy.uploads import UNREADABLE_BODY, expect_later
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
+# Shared by the route modules (which never import each other): where the OpenAI-compatible routes are mounted (at
+# /v1/… and under a rollout's base_url), the errors a recorded API route answers itself, and what a route under a
+# rollout adds to its summary.
+PREFIXES = ("", "/rollouts/{rollout_id}", "/rollouts/{rollout_id}/agents/{agent}")
+API_ERRORS = (400, 404, 502, 503, 504)
+RECORDED = " (recorded into the rollout in the path)"
+
 
 @dataclass(frozen=True)
 class Answer:

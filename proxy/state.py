@@ -8,6 +8,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from core.settings import ProxySettings
 from proxy.boundary import RequestBoundary
+from proxy.ingest import RewardIngest
 from proxy.metrics import ProxyMetrics
 from proxy.policy import PolicyRouter
 from proxy.serving import CompletionServing
@@ -28,6 +29,7 @@ class ProxyState:
     serving: dict[str, CompletionServing]  # by route: one per wire format (proxy/dialects/)
     access: ModelAccess  # which models a key's project may call
     boundary: RequestBoundary  # the checks every body crosses before the engine (proxy/boundary.py)
+    ingest: RewardIngest  # rewards, events and spans the agents report (proxy/ingest.py)
 
 
 STATE = web.AppKey("rlproxy_state", ProxyState)

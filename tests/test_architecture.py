@@ -131,6 +131,16 @@ def test_nothing_imports_the_command_line_or_the_test_helpers():
     assert not wrong, "\n".join(wrong)
 
 
+def test_a_route_module_imports_no_other_route_module():
+    """Routes are thin handlers over serving objects (proxy/serving.py, proxy/ingest.py); what two route modules
+    share lives below them (proxy/endpoints.py), so no route is another's library."""
+    wrong = [f"{path.relative_to(ROOT)}:{line} imports {name}"
+             for module, path in modules().items() if module.startswith("proxy.routes.")
+             for name, _, line in imports(path, module)
+             if name.startswith("proxy.routes.") and name != module and not name.startswith(module + ".")]
+    assert not wrong, "\n".join(wrong)
+
+
 def test_no_module_imports_another_in_a_circle():
     graph: dict[str, set[str]] = {}
     known = modules()

@@ -223,7 +223,7 @@ def test_every_route_the_proxy_serves_is_documented_and_nothing_else():
     beside them (proxy/engine_routes.py) are documented once, without the rollout prefixes they are also
     served under."""
     from proxy.app import build_app
-    from proxy.routes.openai import PREFIXES
+    from proxy.endpoints import PREFIXES
     from proxy.routes.passthrough import passthrough
 
     app = build_app(SETTINGS)

@@ -16,11 +16,8 @@ from pydantic import Field, StrictStr, field_validator
 from proxy.bodies import Body
 from proxy.endpoints import Answer, Endpoint
 from proxy.errors import NotFoundError, PayloadTooLarge, Unprocessable
-from proxy.routes.rollouts import count_reward
 from proxy.schemas import _Stored, parse_json_object, validate
 from proxy.state import state
-from store import events as store_events
-from store import rollouts as store_rollouts
 
 REWARD = "reward"
 MAX_DEPTH = 64  # JSON nesting kept: the store's JSON encoder gives up past 254 levels (a 500 otherwise)
@@ -76,22 +73,12 @@ async def post_event(request: web.Request) -> web.Response:
     if len(raw) > limit:
         raise _too_large(len(raw), limit)
     event = validate(RolloutEvent, parse_json_object(raw, Unprocessable), Unprocessable)
-    project = request.get("project")
-    if event.event_type == REWARD:
-        value = _reward_value(event.data)
-        await app.writer.sync()  # as POST /reward: the rollout's calls are stored before it closes
-        async with app.sessions() as session, session.begin():
-            result = await store_rollouts.post_reward(session, rollout_id, value, project=project,
-                                                      metadata={"event": REWARD})
-        if result.created:
-            count_reward(app, result)
+    project, ingest = request.get("project"), app.ingest
+    if event.event_type == REWARD:  # as POST /reward without call_id
+        result = await ingest.reward(rollout_id, _reward_value(event.data), project=project,
+                                     metadata={"event": REWARD})
         return EventResult(rollout_id=rollout_id, event_type=REWARD, reward=result.reward, stored=True).reply()
-    try:
-        async with app.sessions() as session, session.begin():
-            await store_events.add_event(session, rollout_id, event.event_type, event.data, project=project,
-                                         max_events=app.settings.ingest.max_rollout_events)
-    except store_events.TooManyEvents as exc:
-        raise PayloadTooLarge(f"{exc} (--max-rollout-events)", code="too_many_events") from None
+    await ingest.event(rollout_id, event.event_type, event.data, project=project)
     return EventResult(rollout_id=rollout_id, event_type=event.event_type, stored=True).reply()
 
 

@@ -11,9 +11,8 @@ from proxy.boundary import engine_bytes
 from core.messages_chat import chat_messages
 from proxy.context import call_context
 from proxy.dialects.messages import MESSAGES, CountTokensRequest, MessagesRequest
-from proxy.endpoints import Answer, Endpoint, mounted
+from proxy.endpoints import API_ERRORS, Answer, Endpoint, PREFIXES, mounted
 from proxy.errors import UpstreamUnavailable
-from proxy.routes.openai import API_ERRORS, PREFIXES
 from proxy.schemas import parse_json_object
 from proxy.state import state
 

@@ -10,11 +10,10 @@ from proxy.bodies import EngineObject
 from proxy.capture import CHAT, COMPLETIONS
 from proxy.context import call_context
 from proxy.dialects.chat import ChatCompletionRequest, CompletionRequest
-from proxy.endpoints import Answer, Endpoint, mounted
+from proxy.endpoints import API_ERRORS, Answer, Endpoint, PREFIXES, RECORDED, mounted
 from proxy.errors import UpstreamUnavailable, json_response
 from proxy.state import state
 
-PREFIXES = ("", "/rollouts/{rollout_id}", "/rollouts/{rollout_id}/agents/{agent}")
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -47,8 +46,6 @@ async def models(request: web.Request) -> web.Response:
 
 ENGINE_ANSWER = Answer("The engine's answer, as the engine sent it (SSE when `stream` is true).", EngineObject,
                        stream=True, call_id=True)
-API_ERRORS = (400, 404, 502, 503, 504)
-RECORDED = " (recorded into the rollout in the path)"
 
 ENDPOINTS = mounted([
     Endpoint("post", "/v1/chat/completions", chat_completions, "OpenAI chat completions", {200: ENGINE_ANSWER},

@@ -27,10 +27,9 @@ from yarl import URL
 from proxy.bodies import EngineObject
 from proxy.boundary import engine_bytes
 from proxy.context import call_context
-from proxy.endpoints import Answer, Endpoint, mounted, register
+from proxy.endpoints import Answer, Endpoint, PREFIXES, mounted, register
 from proxy.engine_routes import FIELDS, RELAYED
 from proxy.errors import NotFoundError, UpstreamTimeout, UpstreamUnavailable
-from proxy.routes.openai import PREFIXES
 from proxy.schemas import EngineRequest
 from proxy.state import state
 

@@ -12,8 +12,7 @@ from proxy.bodies import RewardResult, Rollout, RolloutCreated
 from proxy.endpoints import Answer, Endpoint
 from proxy.errors import NotFoundError, PayloadTooLarge, Unprocessable
 from proxy.schemas import RewardPost, RolloutCreate, parse_json_object, validate
-from proxy.reward_budget import check_call_rewards
-from proxy.state import ProxyState, state
+from proxy.state import state
 from store import rollouts as store_rollouts
 from store.rollout_view import MAX_PAGE
 
@@ -50,30 +49,10 @@ async def create_rollout(request: web.Request) -> web.Response:
 
 async def post_reward(request: web.Request) -> web.Response:
     body = validate(RewardPost, parse_json_object(await read_bounded(request), Unprocessable), Unprocessable)
-    app = state(request)
-    await app.writer.sync()  # the calls this reward refers to may still be on their way to the database
-    async with app.sessions() as session, session.begin():
-        result = await store_rollouts.post_reward(
-            session, body.rollout_id, body.reward, call_id=body.call_id, task_id=body.task_id,
-            metadata=body.metadata, project=request.get("project"),
-        )
-        if body.call_id is not None:  # the rollout is locked: refused here, the reward is never committed
-            await check_call_rewards(session, body.call_id, app.settings.ingest.max_rewards_per_call)
-    if result.created:
-        count_reward(app, result)
+    result = await state(request).ingest.reward(body.rollout_id, body.reward, project=request.get("project"),
+                                                call_id=body.call_id, task_id=body.task_id, metadata=body.metadata)
     per_call = {"call_id": result.call_id} if result.call_id is not None else {}
     return RewardResult(rollout_id=result.rollout_id, reward=result.reward, **per_call).reply()
-
-
-def count_reward(app: ProxyState, result: store_rollouts.RewardResult) -> None:
-    """The metrics of a final or per-call reward just stored (by `POST /reward` or an exported span)."""
-    kind = "final" if result.call_id is None else "call"
-    app.metrics.rewards.labels(kind, "", "").inc()
-    if kind == "final":
-        app.metrics.reward_value.labels(str(app.router.version_for(result.rollout_id))).observe(result.reward)
-        if result.eval:  # by the version that served the rollout (`rollouts.policy_version`)
-            version = "" if result.policy_version is None else str(result.policy_version)
-            app.metrics.eval_reward_value.labels(version).observe(result.reward)
 
 
 async def get_rollout(request: web.Request) -> web.Response:

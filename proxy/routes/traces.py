@@ -14,30 +14,18 @@ export past `--otlp-max-spans` or `--otlp-max-attributes` with 413 before readin
 with more reward-carrying spans than `--max-rewards-per-export` is 413 before anything of it is stored."""
 from __future__ import annotations
 
-from collections import defaultdict
-
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 from google.protobuf import json_format
 
 from proxy.bodies import TraceExportResult
 from proxy.endpoints import Answer, Endpoint
-from proxy.errors import InvalidRequest, PayloadTooLarge, UnsupportedMediaType
+from proxy.errors import InvalidRequest, UnsupportedMediaType
 from proxy.otlp import JSON_TYPE, PROTOBUF_TYPES, export_response
 from proxy.otlp_decoding import DECODERS
-from proxy.routes.rollouts import count_reward
 from proxy.schemas import TraceExport
-from proxy.span_rewards import (
-    IGNORED_NO_ROLLOUT,
-    IGNORED_NOTHING_TO_SCORE,
-    REJECTED,
-    SpanResult,
-    ToolWeights,
-    has_rewards,
-    store_span_rewards,
-)
-from proxy.state import ProxyState, state
-from store.models import RewardKind
+from proxy.span_rewards import REJECTED
+from proxy.state import state
 
 MESSAGES_SHOWN = 10  # refused spans explained in error_message; the rest are counted
 
@@ -53,29 +41,7 @@ async def export_traces(request: web.Request) -> web.Response:
         raise InvalidRequest(f"the request body could not be read: {exc}", code="invalid_body") from None
     spans = await request.app[DECODERS].span_facts(raw, content_type)  # in a worker process, within budget
 
-    app = state(request)
-    weights = ToolWeights.of(app.settings)
-    results: list[SpanResult] = []
-    by_rollout = defaultdict(list)
-    for span in spans:
-        if span.rollout_id is None:
-            results.append(SpanResult(IGNORED_NO_ROLLOUT))
-        elif not has_rewards(span, weights):
-            results.append(SpanResult(IGNORED_NOTHING_TO_SCORE))
-        else:
-            by_rollout[span.rollout_id].append(span)
-    _within_reward_budget(sum(map(len, by_rollout.values())), app.settings.ingest.max_rewards_per_export)
-    if by_rollout:
-        await app.writer.sync()  # the calls these spans refer to may still be on their way to the database
-    for rollout_id, rollout_spans in by_rollout.items():
-        async with app.sessions() as session, session.begin():
-            stored = await store_span_rewards(session, rollout_id, rollout_spans, request.get("project"), weights,
-                                              app.settings.ingest.max_rewards_per_call)
-        _count_rewards(app, stored)  # once committed
-        results += stored
-    for result in results:
-        app.metrics.otlp_spans.labels(result.outcome).inc()
-
+    results = await state(request).ingest.spans(spans, project=request.get("project"))
     refused = [result.error or "refused" for result in results if result.outcome == REJECTED]
     message = "; ".join(refused[:MESSAGES_SHOWN])
     if len(refused) > MESSAGES_SHOWN:
@@ -84,23 +50,6 @@ async def export_traces(request: web.Request) -> web.Response:
     if content_type in PROTOBUF_TYPES:  # OTLP answers in the request's encoding
         return web.Response(body=response.SerializeToString(), content_type=content_type)
     return TraceExportResult.model_validate(json_format.MessageToDict(response)).reply()
-
-
-def _within_reward_budget(spans_with_rewards: int, limit: int) -> None:
-    """The whole export is refused, before anything of it is stored, when more of its spans carry rewards than
-    one export may store: each is a row, and a partial store would leave the sender guessing what to resend."""
-    if spans_with_rewards > limit:
-        raise PayloadTooLarge(f"{spans_with_rewards} spans of the export carry rewards; one export may carry at "
-                              f"most {limit} (--max-rewards-per-export): send them in smaller batches",
-                              code="too_many_rewards")
-
-
-def _count_rewards(app: ProxyState, results: list[SpanResult]) -> None:
-    for result in results:
-        for reward in ([result.final] if result.final else []) + result.call_rewards:
-            count_reward(app, reward)
-        for reason, policy in result.air:
-            app.metrics.rewards.labels(RewardKind.AIR, reason, "" if policy is None else str(policy)).inc()
 
 
 ENDPOINTS = [

@@ -1,0 +1,112 @@
+"""What agents report about their rollouts, taken in one place: final and per-call rewards (`POST /reward`, a reward
+event, a span's `rlproxy.reward`), other rollout events, and the rewards in exported spans. The routes
+(proxy/routes/rollouts.py, events.py, traces.py) parse and answer; this object does the rest, as CompletionServing
+does for calls: it waits for the calls a report may refer to (the capture writer), stores in one transaction through
+store/ (store/rewards.py writes every reward row), applies the ingest budgets, and counts what was stored."""
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from core.settings import ProxySettings
+from proxy.errors import PayloadTooLarge
+from proxy.metrics import ProxyMetrics
+from proxy.otlp import SpanFacts
+from proxy.policy import PolicyRouter
+from proxy.reward_budget import check_call_rewards
+from proxy.span_rewards import (
+    IGNORED_NO_ROLLOUT,
+    IGNORED_NOTHING_TO_SCORE,
+    SpanResult,
+    ToolWeights,
+    has_rewards,
+    store_span_rewards,
+)
+from proxy.writer import CaptureWriter
+from store import events as store_events
+from store import rollouts as store_rollouts
+from store.models import RewardKind
+
+
+class RewardIngest:
+    def __init__(self, settings: ProxySettings, sessions: async_sessionmaker[AsyncSession], writer: CaptureWriter,
+                 metrics: ProxyMetrics, router: PolicyRouter) -> None:
+        self.budget = settings.ingest
+        self.weights = ToolWeights.of(settings)
+        self.sessions = sessions
+        self.writer = writer
+        self.metrics = metrics
+        self.router = router
+
+    async def reward(self, rollout_id: str, value: float, *, project: str | None, call_id: str | None = None,
+                     task_id: str | None = None, metadata: dict[str, Any] | None = None
+                     ) -> store_rollouts.RewardResult:
+        """A final reward (no `call_id`: closes the rollout) or one for a call, bounded per call."""
+        await self.writer.sync()  # the calls this reward refers to may still be on their way to the database
+        async with self.sessions() as session, session.begin():
+            result = await store_rollouts.post_reward(session, rollout_id, value, call_id=call_id, task_id=task_id,
+                                                      metadata=metadata, project=project)
+            if call_id is not None:  # the rollout is locked: refused here, the reward is never committed
+                await check_call_rewards(session, call_id, self.budget.max_rewards_per_call)
+        if result.created:
+            self._count(result)
+        return result
+
+    async def event(self, rollout_id: str, event_type: str, data: Any, *, project: str | None) -> None:
+        """An event other than a reward, kept with the rollout within its budget."""
+        try:
+            async with self.sessions() as session, session.begin():
+                await store_events.add_event(session, rollout_id, event_type, data, project=project,
+                                             max_events=self.budget.max_rollout_events)
+        except store_events.TooManyEvents as exc:
+            raise PayloadTooLarge(f"{exc} (--max-rollout-events)", code="too_many_events") from None
+
+    async def spans(self, spans: Iterable[SpanFacts], *, project: str | None) -> list[SpanResult]:
+        """The rewards of an export's spans, one transaction per rollout; what each span came to."""
+        results: list[SpanResult] = []
+        by_rollout: dict[str, list[SpanFacts]] = defaultdict(list)
+        for span in spans:
+            if span.rollout_id is None:
+                results.append(SpanResult(IGNORED_NO_ROLLOUT))
+            elif not has_rewards(span, self.weights):
+                results.append(SpanResult(IGNORED_NOTHING_TO_SCORE))
+            else:
+                by_rollout[span.rollout_id].append(span)
+        self._within_export_budget(sum(map(len, by_rollout.values())))
+        if by_rollout:
+            await self.writer.sync()
+        for rollout_id, rollout_spans in by_rollout.items():
+            async with self.sessions() as session, session.begin():
+                stored = await store_span_rewards(session, rollout_id, rollout_spans, project, self.weights,
+                                                  self.budget.max_rewards_per_call)
+            for result in stored:  # once committed
+                for reward in ([result.final] if result.final else []) + result.call_rewards:
+                    self._count(reward)
+                for reason, policy in result.air:
+                    self.metrics.rewards.labels(RewardKind.AIR, reason, "" if policy is None else str(policy)).inc()
+            results += stored
+        for result in results:
+            self.metrics.otlp_spans.labels(result.outcome).inc()
+        return results
+
+    def _within_export_budget(self, spans_with_rewards: int) -> None:
+        """The whole export is refused, before anything of it is stored, when more of its spans carry rewards than
+        one export may store: each is a row, and a partial store would leave the sender guessing what to resend."""
+        limit = self.budget.max_rewards_per_export
+        if spans_with_rewards > limit:
+            raise PayloadTooLarge(f"{spans_with_rewards} spans of the export carry rewards; one export may carry at "
+                                  f"most {limit} (--max-rewards-per-export): send them in smaller batches",
+                                  code="too_many_rewards")
+
+    def _count(self, result: store_rollouts.RewardResult) -> None:
+        """The metrics of a final or per-call reward just stored."""
+        kind = "final" if result.call_id is None else "call"
+        self.metrics.rewards.labels(kind, "", "").inc()
+        if kind == "final":
+            self.metrics.reward_value.labels(str(self.router.version_for(result.rollout_id))).observe(result.reward)
+            if result.eval:  # by the version that served the rollout (`rollouts.policy_version`)
+                version = "" if result.policy_version is None else str(result.policy_version)
+                self.metrics.eval_reward_value.labels(version).observe(result.reward)
