@@ -43,7 +43,7 @@ from bench.family_agent import TEMPERATURE
 from bench.family_learning import ENGINE_ARGS
 from core.settings import TrainerSettings
 from store import judging
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.evaluation import wilson
 from store.judging import JUDGE_REASON
 from store.models import Reward, utcnow
@@ -102,9 +102,9 @@ async def judge_all(database_url: str, engine_url: str, group: int) -> TrainerMe
     settings = TrainerSettings(database_url=database_url, upstreams=(engine_url,), metrics_port=None, reward="judge",
                                judge_url=f"{engine_url}/v1", judge_idle_s=0.1, judge_attempts=1,
                                judge_max_tokens=JUDGE_MAX_TOKENS)
-    engine = create_engine(database_url)
+    database = open_database(database_url)
     try:
-        job = JudgeJob(settings, session_factory(engine), metrics, group_size=group, group_timeout_s=0)
+        job = JudgeJob(settings, session_factory(database), metrics, group_size=group, group_timeout_s=0)
         await asyncio.sleep(0.5)  # judge_idle_s
         async with job.sessions() as session:
             candidates = await judging.idle_open_rollouts(session, utcnow() - timedelta(seconds=0.1), limit=10_000)
@@ -116,18 +116,18 @@ async def judge_all(database_url: str, engine_url: str, group: int) -> TrainerMe
 
         await asyncio.gather(*(judged(g) for g in ready_groups(candidates, group, 0, utcnow())))
     finally:
-        await engine.dispose()
+        await database.dispose()
     return metrics
 
 
 async def judge_scores(database_url: str) -> dict[str, float]:
-    engine = create_engine(database_url)
+    database = open_database(database_url)
     try:
-        async with session_factory(engine)() as session:
+        async with session_factory(database)() as session:
             rows = await session.execute(select(Reward.rollout_id, Reward.value).where(Reward.reason == JUDGE_REASON))
             return {rollout_id: value for rollout_id, value in rows}
     finally:
-        await engine.dispose()
+        await database.dispose()
 
 
 def pairwise(verdicts: list[Verdict]) -> tuple[float, int]:

@@ -39,12 +39,12 @@ import psycopg
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from store.db import create_engine  # noqa: E402
+from store.db import open_database  # noqa: E402
 from testkit.processes import free_port, fresh_database, proxy_command, rlproxy_command, running, stub_command  # noqa: E402
 
 ADMIN_KEY = "proxy-tier-bench-admin"
 # The pool each proxy process opens (store/db.py): pool_size connections plus as many again in overflow.
-POOL_SIZE = inspect.signature(create_engine).parameters["pool_size"].default
+POOL_SIZE = inspect.signature(open_database).parameters["pool_size"].default
 POOL_MAX = 2 * POOL_SIZE
 CALLS_PER_ROLLOUT = 8  # an agent's rollout: this many calls under one X-Rollout-Id
 

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from core.settings import WriterSettings  # noqa: E402
 from proxy.metrics import ProxyMetrics  # noqa: E402
 from proxy.writer import CaptureWriter  # noqa: E402
-from store.db import create_engine, session_factory  # noqa: E402
+from store.db import open_database, session_factory  # noqa: E402
 from store.models import utcnow  # noqa: E402
 from store.records import CallRecord, ChoiceRecord  # noqa: E402
 
@@ -42,17 +42,17 @@ def call() -> CallRecord:
 
 async def measure(mode: str, calls: int, workdir: Path) -> float:
     """Microseconds per `commit`, `calls` calls one after another (as one agent's would be)."""
-    engine = create_engine(f"sqlite+aiosqlite:///{workdir / 'unused.db'}")
+    database = open_database(f"sqlite+aiosqlite:///{workdir / 'unused.db'}")
     settings = WriterSettings(spool_path=workdir / f"{mode}-{uuid.uuid4().hex[:6]}.jsonl", durability=mode,
                               queue_size=calls + 1)
-    writer = CaptureWriter(session_factory(engine), settings, ProxyMetrics())
+    writer = CaptureWriter(session_factory(database), settings, ProxyMetrics())
     records = [call() for _ in range(calls)]
     began = time.perf_counter()
     for record in records:
         await writer.commit(record)
     seconds = time.perf_counter() - began
     await writer.spool.close()  # what was not stored stays in the file: this folder is thrown away
-    await engine.dispose()
+    await database.dispose()
     return seconds / calls * 1e6
 
 

@@ -1,4 +1,4 @@
-"""Alembic environment: runs migrations through the async engine for Postgres (asyncpg) and SQLite."""
+"""Alembic environment: runs migrations through the store's async connection pool for Postgres (asyncpg) and SQLite."""
 from __future__ import annotations
 
 import asyncio
@@ -6,7 +6,7 @@ import asyncio
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from store.db import create_engine
+from store.db import open_database
 from store.models import Base
 
 config = context.config
@@ -25,13 +25,13 @@ def _run(connection: Connection) -> None:
 
 
 async def _run_async() -> None:
-    engine = create_engine(config.get_main_option("sqlalchemy.url"))
+    database = open_database(config.get_main_option("sqlalchemy.url"))
     try:
-        async with engine.connect() as connection:
+        async with database.connect() as connection:
             await connection.run_sync(_run)
             await connection.commit()
     finally:
-        await engine.dispose()
+        await database.dispose()
 
 
 if context.is_offline_mode():

@@ -33,7 +33,7 @@ from proxy.uploads import SERVER_SETTINGS, body_deadline, close_refused
 from proxy.upstream import UpstreamPool
 from proxy.writer import CaptureWriter
 from store import errors as store_errors
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 
 log = logging.getLogger("rlproxy.proxy")
 
@@ -91,8 +91,8 @@ def _lifecycle(settings: ProxySettings, metrics: ProxyMetrics):
     async def lifecycle(app: web.Application):
         if settings.migrate:
             await upgrade_async(settings.database_url)
-        engine = create_engine(settings.database_url)
-        sessions = session_factory(engine)
+        database = open_database(settings.database_url)
+        sessions = session_factory(database)
         # First: it takes the spool, which another process may hold (then nothing else is left to close).
         writer = CaptureWriter(sessions, settings.writer, metrics,
                                after_write=automatic_rewards(air_rules(settings), metrics))
@@ -109,7 +109,7 @@ def _lifecycle(settings: ProxySettings, metrics: ProxyMetrics):
                                             redact=settings.redaction.redact_content)
                    for route, dialect in DIALECTS.items()}
         ingest = RewardIngest(settings, sessions, writer, metrics, router)
-        app[STATE] = ProxyState(settings, engine, sessions, metrics, upstreams, router, writer, serving, access,
+        app[STATE] = ProxyState(settings, database, sessions, metrics, upstreams, router, writer, serving, access,
                                 boundary, ingest)
         await router.start(settings.policy_refresh_interval)
         health = asyncio.create_task(_watch_engines(app[STATE]), name="engine-health")
@@ -126,7 +126,7 @@ def _lifecycle(settings: ProxySettings, metrics: ProxyMetrics):
             await router.close()
             await writer.close()
             await upstreams.close()
-            await engine.dispose()
+            await database.dispose()
             log.info("stopped")
 
     return lifecycle

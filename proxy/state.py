@@ -20,7 +20,7 @@ from proxy.writer import CaptureWriter
 @dataclass(slots=True)
 class ProxyState:
     settings: ProxySettings
-    engine: AsyncEngine
+    database: AsyncEngine  # the store's connection pool (store/db.py)
     sessions: async_sessionmaker[AsyncSession]
     metrics: ProxyMetrics
     upstreams: UpstreamPool

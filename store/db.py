@@ -1,4 +1,4 @@
-"""Connecting to the store: one async engine per process, with per-dialect settings.
+"""Connecting to the store: one connection pool (SQLAlchemy's AsyncEngine) per process, with per-dialect settings.
 
 Errors never carry a statement's parameters (`hide_parameters`): they hold what agents sent and keys' digests,
 and an error's text reaches logs, the rejected-calls file and API answers. A SQLite database file is created
@@ -27,13 +27,15 @@ def _json_dumps(value) -> str:
 JSON_CODEC = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}  # several times json's speed
 
 
-def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
-    """An async engine for `url`. SQLite gets WAL and a busy timeout so proxy and trainer can share a file."""
+def open_database(url: str, *, pool_size: int = 10) -> AsyncEngine:
+    """The store's connection pool for `url` (SQLAlchemy calls it an AsyncEngine; here `database`, never `engine`,
+    which in this project is the inference engine of engine/). SQLite gets WAL and a busy timeout so proxy and
+    trainer can share a file."""
     if is_sqlite(url):
         _create_private(make_url(url).database)
-        engine = create_async_engine(url, connect_args={"timeout": 30}, hide_parameters=True, **JSON_CODEC)
+        database = create_async_engine(url, connect_args={"timeout": 30}, hide_parameters=True, **JSON_CODEC)
 
-        @event.listens_for(engine.sync_engine, "connect")
+        @event.listens_for(database.sync_engine, "connect")
         def _pragmas(dbapi_conn, _record):  # noqa: ANN001
             cur = dbapi_conn.cursor()
             cur.execute("PRAGMA journal_mode=WAL")
@@ -42,7 +44,7 @@ def create_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
             cur.execute("PRAGMA busy_timeout=30000")
             cur.close()
 
-        return engine
+        return database
     return create_async_engine(url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True,
                                hide_parameters=True, **JSON_CODEC)
 
@@ -58,19 +60,19 @@ def _create_private(path: str | None) -> None:
         pass
 
 
-def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
-    return async_sessionmaker(engine, expire_on_commit=False)
+def session_factory(database: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return async_sessionmaker(database, expire_on_commit=False)
 
 
 @contextlib.asynccontextmanager
 async def short_session(url: str) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
-    """Sessions on a one-connection engine of their own, disposed on leaving: for what touches the store
+    """Sessions on a one-connection pool of their own, disposed on leaving: for what touches the store
     rarely and briefly (a gate's verdict, `rlproxy eval`, a test's setup) rather than holding a pool open."""
-    engine = create_engine(url, pool_size=1)
+    database = open_database(url, pool_size=1)
     try:
-        yield session_factory(engine)
+        yield session_factory(database)
     finally:
-        await engine.dispose()
+        await database.dispose()
 
 
 async def ping(connection: AsyncSession | AsyncConnection) -> None:

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from store import rewards as reward_rows
 from store.errors import Conflict, NotFound
-from store.models import Call, Reward, RewardKind, Rollout, RolloutStatus, utcnow
+from store.models import Call, Rollout, RolloutStatus, utcnow
 from store.rollout_view import get_rollout
 
 

@@ -19,7 +19,7 @@ import openai
 
 from core.settings import TrainingSettings
 from store import policies
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from trainer.ppo import PolicyTrainer
 from trainer.publish import Publisher
 
@@ -96,7 +96,7 @@ async def swap_under_load(proxy: str, engine: str, model: str, database_url: str
     """Publish `adapters` as versions 1..n while `agents` call the proxy; returns what they saw."""
     report = SwapReport()
     seen_at: dict[int, float] = {}
-    store = create_engine(database_url)
+    store = open_database(database_url)
     sessions = session_factory(store)
     publisher = Publisher(sessions, [engine], drain_seconds=drain_seconds)
     stop = asyncio.Event()

@@ -16,7 +16,7 @@ from pathlib import Path
 import requests
 
 from store.calls import write_calls
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.models import utcnow
 from store.records import CallRecord, ChoiceRecord
 from tests.support import free_port, fresh_database, make_key, proxy_command, running
@@ -139,12 +139,12 @@ def add_calls(database_url: str, rollout_id: str, count: int, response_bytes: in
                           choices=[ChoiceRecord(0, [4, 5], [-0.5, -0.25], "stop")]) for number in range(count)]
 
     async def write() -> None:
-        engine = create_engine(database_url)
+        database = open_database(database_url)
         try:
-            async with session_factory(engine)() as session, session.begin():
+            async with session_factory(database)() as session, session.begin():
                 await write_calls(session, records)
         finally:
-            await engine.dispose()
+            await database.dispose()
 
     asyncio.run(write())
     return [record.id for record in records]

@@ -22,7 +22,7 @@ import psycopg
 import pytest
 import requests
 
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.keys import create_key
 from tests.support import PYTHON, ROOT, free_port, fresh_database, running, running_proxy
 
@@ -36,12 +36,12 @@ CHAT = [{"role": "user", "content": "What is 6*7?"}]
 
 def make_key(database_url: str, project: str, **options) -> str:
     async def go() -> str:
-        engine = create_engine(database_url)
+        database = open_database(database_url)
         try:
-            async with session_factory(engine)() as session, session.begin():
+            async with session_factory(database)() as session, session.begin():
                 return (await create_key(session, project, **options))[0]
         finally:
-            await engine.dispose()
+            await database.dispose()
 
     return asyncio.run(go())
 

@@ -18,7 +18,7 @@ from proxy.errors import StoreUnavailable
 from proxy.metrics import ProxyMetrics
 from proxy.spool import Spool, SpoolInUse
 from proxy.writer import CaptureWriter
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.models import Call, Rollout
 from tests.test_writer_spool import count, link, record  # noqa: F401 — `link` is a fixture
 
@@ -38,9 +38,9 @@ async def seqs_in_order(sessions, records) -> list[int]:
 
 @pytest.fixture
 async def sessions(database_url):
-    engine = create_engine(database_url)
-    yield session_factory(engine)
-    await engine.dispose()
+    database = open_database(database_url)
+    yield session_factory(database)
+    await database.dispose()
 
 
 async def test_concurrent_calls_share_fsyncs_and_are_stored_once(sessions, tmp_path):
@@ -125,8 +125,8 @@ async def test_a_spool_left_by_a_crash_is_replayed_exactly_once(sessions, tmp_pa
 async def test_sync_calls_stay_acknowledged_through_a_database_outage(link, database_url, sessions, tmp_path):
     link, via_link = link
     settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", durability="sync", flush_interval=0.01)
-    engine = create_engine(via_link)
-    writer = CaptureWriter(session_factory(engine), settings, ProxyMetrics())
+    database = open_database(via_link)
+    writer = CaptureWriter(session_factory(database), settings, ProxyMetrics())
     await writer.start()
     rollout_id = uuid.uuid4().hex
     before, during, after = ([record(rollout_id) for _ in range(n)] for n in (10, 30, 10))
@@ -148,7 +148,7 @@ async def test_sync_calls_stay_acknowledged_through_a_database_outage(link, data
     assert await count(sessions, rollout_id) == 50 and writer.spool.pending == 0 and not writer.spooling
     assert await seqs_in_order(sessions, before + during + after) == list(range(1, 51))
     await writer.close()
-    await engine.dispose()
+    await database.dispose()
     assert spool_files(settings) == []
 
 

@@ -18,7 +18,7 @@ import requests
 from store import evaluation, policies, training
 from store import rollouts as store_rollouts
 from store.calls import write_calls
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.models import utcnow
 from store.records import CallRecord, ChoiceRecord
 from tests.support import free_port, running, running_proxy, stub_command
@@ -144,7 +144,7 @@ def test_eval_rollouts_are_served_never_claimed_and_reported_per_version(own_dat
 
         # a trained version serves; evaluation rollouts it serves are scored under it
         async def add_v1() -> None:
-            db = create_engine(own_database_url)
+            db = open_database(own_database_url)
             async with session_factory(db)() as session, session.begin():
                 await policies.add_candidate(session, 1, str(adapter_folder(tmp_path / "v1")), parent_version=0,
                                              base_model="stub-model")
@@ -176,7 +176,7 @@ def test_eval_rollouts_are_served_never_claimed_and_reported_per_version(own_dat
                 async with worker.sessions() as session:
                     waiting = await training.waiting_rollouts(session)
             finally:
-                await worker.engine.dispose()
+                await worker.database.dispose()
             return claimed, again, waiting, worker.metrics
 
         claimed, again, waiting, trainer_metrics = asyncio.run(claim())
@@ -207,9 +207,9 @@ def test_eval_rollouts_are_served_never_claimed_and_reported_per_version(own_dat
 @pytest.fixture(params=["postgres", "sqlite"])
 async def sessions(request):
     url = request.getfixturevalue("own_database_url" if request.param == "postgres" else "sqlite_url")
-    engine = create_engine(url)
-    yield session_factory(engine)
-    await engine.dispose()
+    database = open_database(url)
+    yield session_factory(database)
+    await database.dispose()
 
 
 async def _episode(sessions, reward: float, *, version: int | None = 0, eval: bool = False, agent: str | None = None,

@@ -24,7 +24,7 @@ from engine.adapters import EngineAdapters, LoadFailed
 from engine.fleet import agrees, folder_digest, probe
 from proxy.upstream import UpstreamPool, rendezvous
 from store import policies, replicas
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.models import Call
 from tests.support import adapter_folder, free_port, running, running_proxy, stop, stub_command, wait_http
 from trainer.metrics import TrainerMetrics
@@ -130,7 +130,7 @@ async def add_versions(sessions, root: Path, versions: list[int]) -> dict[int, s
 
 
 async def test_a_replica_that_cannot_load_a_version_serves_none_of_it_until_it_can(own_database_url, tmp_path):
-    store = create_engine(own_database_url)
+    store = open_database(own_database_url)
     sessions = session_factory(store)
     metrics = TrainerMetrics()
     rollouts = [uuid.uuid4().hex for _ in range(ROLLOUTS)]
@@ -192,7 +192,7 @@ async def test_a_replica_that_cannot_load_a_version_serves_none_of_it_until_it_c
 
 async def test_a_replica_with_other_weights_is_left_out_and_a_split_fleet_serves_nothing(own_database_url,
                                                                                        tmp_path):
-    store = create_engine(own_database_url)
+    store = open_database(own_database_url)
     sessions = session_factory(store)
     metrics = TrainerMetrics()
     rollouts = [uuid.uuid4().hex for _ in range(ROLLOUTS)]

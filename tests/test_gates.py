@@ -26,7 +26,7 @@ from store import canary as canaries
 from store import policies
 from store import rollouts as store_rollouts
 from store.calls import write_calls
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.errors import Conflict
 from store.evaluation import wilson
 from store.models import Call, Rollout, utcnow
@@ -49,9 +49,9 @@ async def test_the_router_sends_the_canary_its_fraction_of_new_rollouts_and_a_ro
     assert (started.version, started.fraction, started.parent) == (2, 0.1, 1)
     assert (await policy_row(own_database_url, 2)).status == "canary"
 
-    engine = create_engine(own_database_url)
+    database = open_database(own_database_url)
     try:
-        router, other = PolicyRouter(session_factory(engine), BASE), PolicyRouter(session_factory(engine), BASE)
+        router, other = PolicyRouter(session_factory(database), BASE), PolicyRouter(session_factory(database), BASE)
         await router.refresh()
         await other.refresh()
         ids = [uuid.UUID(int=i * 2654435761).hex for i in range(400)]
@@ -79,7 +79,7 @@ async def test_the_router_sends_the_canary_its_fraction_of_new_rollouts_and_a_ro
         assert router.canary is None
         assert {router.route(BASE, rollout_id).policy_version for rollout_id in ids} == {1}
     finally:
-        await engine.dispose()
+        await database.dispose()
 
 
 def test_two_proxies_on_one_database_send_every_call_of_a_rollout_to_the_same_version(

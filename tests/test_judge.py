@@ -25,7 +25,7 @@ from rewards.judge import (
     trajectory_text,
 )
 from store import training
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.judging import IdleRollout
 from store.models import Call, utcnow
 from tests.support import PYTHON, free_port, running, running_proxy
@@ -145,7 +145,7 @@ async def run_judge(database_url: str, judge: str, engine: str, wait: bool = Tru
     if wait:
         await asyncio.sleep(settings["judge_idle_s"] + 0.1)
     metrics = TrainerMetrics()
-    engine_ = create_engine(database_url)
+    engine_ = open_database(database_url)
     try:
         config = TrainerSettings(database_url=database_url, upstreams=(engine,), judge_url=f"{judge}/v1", **settings)
         job = JudgeJob(config, session_factory(engine_), metrics, group_size=3, group_timeout_s=0)
@@ -204,7 +204,7 @@ async def test_a_bad_reply_is_retried_until_a_good_one(stub_url, own_database_ur
     assert rewards == [1.0, 0.0, 1.0]
     assert stats["requests"] == 3 and judged(metrics, "judged") == 1.0
     # every request to the judge is on record, outside any rollout and policy: never claimed, never trained
-    engine_ = create_engine(own_database_url)
+    engine_ = open_database(own_database_url)
     async with session_factory(engine_)() as session:
         kept = (await session.execute(select(Call.agent, Call.rollout_id, Call.policy, Call.policy_version, Call.model)
                                       .where(Call.agent == "rlproxy-judge"))).all()
@@ -273,7 +273,7 @@ async def test_under_judge_plus_posted_the_trainer_never_claims_a_posted_rollout
         try:
             return set(await worker._claim())
         finally:
-            await worker.engine.dispose()
+            await worker.database.dispose()
 
     with running_proxy([stub_url], own_database_url, tmp_path) as proxy, judge_standin(tmp_path) as judge:
         weighed = [episode(proxy, "t6", answer, reward=1.0) for answer in (MARKER, "The answer is 5")]

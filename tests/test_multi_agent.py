@@ -40,7 +40,7 @@ from examples.solver_reviser import (
     revise,
     run_episode,
 )
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.models import Call
 from tests.support import running, running_proxy, trainer_command, wait_http
 from tests.test_auth import make_key
@@ -147,14 +147,14 @@ async def all_serving_newest(http: httpx.AsyncClient, keys: dict[str, str]) -> b
 
 async def served_by(database_url: str) -> dict[tuple[str, str], set[tuple[str, int]]]:
     """(project, agent) -> the (policy, version) pairs that answered its calls."""
-    engine = create_engine(database_url)
+    database = open_database(database_url)
     try:
-        async with session_factory(engine)() as session:
+        async with session_factory(database)() as session:
             rows = (await session.execute(
                 select(Call.project, Call.agent, Call.policy, Call.policy_version, func.count())
                 .group_by(Call.project, Call.agent, Call.policy, Call.policy_version))).all()
     finally:
-        await engine.dispose()
+        await database.dispose()
     answered: dict[tuple[str, str], set[tuple[str, int]]] = {}
     for project, agent, policy, version, _ in rows:
         answered.setdefault((project, agent), set()).add((policy, version))

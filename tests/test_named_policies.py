@@ -16,7 +16,7 @@ from core.policy_rules import PolicyRules, RuleError
 from core.settings import TrainerSettings, TrainingSettings
 from store import rollouts as store_rollouts
 from store.calls import write_calls
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.models import Policy, Rollout, TrainStep, utcnow
 from store.records import CallRecord, ChoiceRecord
 from testkit.processes import rlproxy_command
@@ -103,8 +103,8 @@ def test_each_agent_is_answered_by_its_own_policy_and_rolls_back_alone(own_datab
 async def record_two_role_episodes(database_url: str, groups: int, group_size: int) -> list[str]:
     """Episodes of a solver call then a checker call, each answered by its own policy, one reward each."""
     rng = random.Random(1)
-    engine = create_engine(database_url)
-    sessions = session_factory(engine)
+    database = open_database(database_url)
+    sessions = session_factory(database)
     ids = []
     for g in range(groups):
         for member in range(group_size):
@@ -122,7 +122,7 @@ async def record_two_role_episodes(database_url: str, groups: int, group_size: i
             async with sessions() as session, session.begin():
                 await store_rollouts.post_reward(session, rollout_id, float(member % 2), task_id=f"task-{g}")
             ids.append(rollout_id)
-    await engine.dispose()
+    await database.dispose()
     return ids
 
 
@@ -143,8 +143,8 @@ def test_one_trainer_trains_each_policy_from_its_own_calls_of_the_same_episodes(
         try:
             stepped = await worker.step_once()
         finally:
-            await worker.engine.dispose()
-        async with session_factory(create_engine(own_database_url))() as session:
+            await worker.database.dispose()
+        async with session_factory(open_database(own_database_url))() as session:
             versions = (await session.execute(select(Policy).order_by(Policy.version))).scalars().all()
             steps = (await session.execute(select(TrainStep).order_by(TrainStep.id))).scalars().all()
             marked = (await session.execute(select(Rollout.trained_at).where(Rollout.id.in_(rollout_ids)))).all()

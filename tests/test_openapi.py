@@ -29,7 +29,7 @@ from proxy.engine_routes import RELAYED
 from proxy.limits import MAX_JSON_DEPTH
 from proxy.openapi import openapi_document
 from proxy.routes import documented_endpoints
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.keys import create_key
 from tests.support import fresh_database, running_proxy
 
@@ -77,12 +77,12 @@ class Api:
 
 def make_key(database_url: str, project: str) -> str:
     async def go() -> str:
-        engine = create_engine(database_url)
+        database = open_database(database_url)
         try:
-            async with session_factory(engine)() as session, session.begin():
+            async with session_factory(database)() as session, session.begin():
                 return (await create_key(session, project))[0]
         finally:
-            await engine.dispose()
+            await database.dispose()
 
     return asyncio.run(go())
 

@@ -24,7 +24,7 @@ from opentelemetry.trace import Status, StatusCode
 from sqlalchemy import update
 
 from proxy.otlp import requested_tool_call_ids
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.models import Rollout, RolloutStatus, utcnow
 from tests.support import fresh_database, running_proxy
 from tests.test_auth import make_key
@@ -248,13 +248,13 @@ def test_an_expired_rollout_takes_no_rewards_from_spans(proxy: Proxy):
 
 def expire(database_url: str, rollout_id: str) -> None:
     async def go() -> None:
-        engine = create_engine(database_url)
+        database = open_database(database_url)
         try:
-            async with session_factory(engine)() as session, session.begin():
+            async with session_factory(database)() as session, session.begin():
                 await session.execute(update(Rollout).where(Rollout.id == rollout_id)
                                       .values(status=RolloutStatus.EXPIRED, finished_at=utcnow()))
         finally:
-            await engine.dispose()
+            await database.dispose()
 
     asyncio.run(go())
 

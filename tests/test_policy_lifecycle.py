@@ -13,7 +13,7 @@ import requests
 from engine import lifecycle
 from engine.adapters import AdapterRefused, EngineAdapters, EngineUnavailable, LoadFailed
 from store import policies
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from tests.support import free_port, running_proxy
 
 PROMPT = [{"role": "user", "content": "Name a colour."}]
@@ -60,7 +60,7 @@ async def test_a_rollback_serves_the_versions_own_weights_when_its_name_holds_ot
     weights_a, weights_b = answer(engine_url, "reference-a"), answer(engine_url, "reference-b")
     assert not same(weights_a, weights_b)  # else this test could not tell them apart
 
-    store = create_engine(own_database_url)
+    store = open_database(own_database_url)
     sessions = session_factory(store)
     try:
         async with sessions() as session, session.begin():
@@ -134,7 +134,7 @@ async def test_a_replica_that_refuses_leaves_the_adapter_on_none_with_typed_erro
 async def test_the_drain_unloads_what_stopped_serving_and_what_a_gate_retired(stub_url, own_database_url,
                                                                                tmp_path):
     engine = EngineAdapters([stub_url])
-    store = create_engine(own_database_url)
+    store = open_database(own_database_url)
     sessions = session_factory(store)
     drain = lifecycle.Drain(drain_seconds=0)
     try:

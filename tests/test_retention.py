@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.models import Call, CallChoice, Reward, RewardKind, Rollout, RolloutStatus, utcnow
 from testkit.processes import rlproxy_command
 
@@ -28,9 +28,9 @@ ROLLOUTS = {
 
 
 async def fill(database_url: str) -> None:
-    engine = create_engine(database_url)
+    database = open_database(database_url)
     now = utcnow()
-    async with session_factory(engine)() as session, session.begin():
+    async with session_factory(database)() as session, session.begin():
         for rollout_id, (status, trained, evaluation, age) in ROLLOUTS.items():
             session.add(Rollout(id=rollout_id, status=status, eval=evaluation, created_at=now - age,
                                 trained_at=now if trained else None, reward=1.0 if status == "finished" else None))
@@ -45,19 +45,19 @@ async def fill(database_url: str) -> None:
             session.add(CallChoice(call_id=call_id, index=0, token_ids=[3], logprobs=[-0.1]))
             if rollout_id:
                 session.add(Reward(rollout_id=rollout_id, call_id=call_id, kind=RewardKind.AIR, value=-0.25))
-    await engine.dispose()
+    await database.dispose()
 
 
 async def contents(database_url: str) -> tuple[set[str], dict[str, bool], int, int]:
     """(rollouts left, call id -> still has its bodies, choices left, rewards left)."""
-    engine = create_engine(database_url)
-    async with session_factory(engine)() as session:
+    database = open_database(database_url)
+    async with session_factory(database)() as session:
         rollouts = set((await session.execute(select(Rollout.id))).scalars())
         calls = {call_id: request is not None and response is not None for call_id, request, response in
                  (await session.execute(select(Call.id, Call.request, Call.response))).all()}
         choices = len((await session.execute(select(CallChoice.call_id))).all())
         rewards = len((await session.execute(select(Reward.id))).all())
-    await engine.dispose()
+    await database.dispose()
     return rollouts, calls, choices, rewards
 
 
@@ -124,13 +124,13 @@ def test_the_trainer_prunes_the_same_way_between_steps(own_database_url):
     metrics = TrainerMetrics(CollectorRegistry())
 
     async def housekeeping() -> None:
-        engine = create_engine(own_database_url)
+        database = open_database(own_database_url)
         try:
-            chores = Housekeeping(settings, session_factory(engine), metrics)
+            chores = Housekeeping(settings, session_factory(database), metrics)
             await chores.run_due()
             await chores.run_due()  # not due again so soon: nothing more happens
         finally:
-            await engine.dispose()
+            await database.dispose()
 
     asyncio.run(housekeeping())
     rollouts, calls, _, _ = asyncio.run(contents(own_database_url))

@@ -14,7 +14,7 @@ import openai
 import pytest
 import requests
 
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.models import Rollout, utcnow
 from store.rollouts import create_rollout, expire_open_rollouts, post_reward
 from tests.support import free_port, running, running_proxy, stub_command, trainer_command
@@ -57,8 +57,8 @@ def test_an_unrewarded_rollout_expires_and_a_late_reward_is_refused(tiny_model, 
 @pytest.mark.parametrize("store", ["sqlite", "postgres"])
 def test_expiry_takes_the_oldest_open_rollouts_in_batches(store, sqlite_url, own_database_url):
     async def scenario() -> tuple[list[int], dict[str, str]]:
-        engine = create_engine(sqlite_url if store == "sqlite" else own_database_url)  # both migrated
-        sessions = session_factory(engine)
+        database = open_database(sqlite_url if store == "sqlite" else own_database_url)  # both migrated
+        sessions = session_factory(database)
         long_ago = utcnow() - timedelta(hours=7)
         async with sessions() as session, session.begin():
             for index in range(5):
@@ -75,7 +75,7 @@ def test_expiry_takes_the_oldest_open_rollouts_in_batches(store, sqlite_url, own
                 batches.append(await expire_open_rollouts(session, utcnow() - timedelta(hours=6), limit=2))
         async with sessions() as session:
             statuses = {r.id: r.status for r in (await session.execute(Rollout.__table__.select())).all()}
-        await engine.dispose()
+        await database.dispose()
         return batches, statuses
 
     batches, statuses = asyncio.run(scenario())

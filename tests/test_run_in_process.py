@@ -19,7 +19,7 @@ from runner.attempt import Attempt, Outcome
 from runner.errors import ProxyRefused
 from runner.run import Runner
 from runner.tasks import EVAL, Task
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.models import Rollout, utcnow
 from tests.test_run import TASKS
 
@@ -143,7 +143,7 @@ def test_with_max_untrained_a_training_attempt_waits_until_the_trainer_has_consu
     seen: list[Outcome] = []
 
     async def mark_trained(rollout_ids: list[str]) -> None:
-        store = create_engine(database_url)
+        store = open_database(database_url)
         try:
             async with session_factory(store)() as session, session.begin():
                 await session.execute(update(Rollout).where(Rollout.id.in_(rollout_ids)).values(trained_at=utcnow()))

@@ -23,7 +23,7 @@ from sqlalchemy import select
 
 from engine.model import prepare_model
 from store import policies
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.models import Call, Rollout
 from testkit.swap_load import make_adapter_versions
 from tests.support import free_port, running, running_proxy, stop, stub_command
@@ -138,7 +138,7 @@ def test_two_proxies_share_rollouts_replicas_and_policies(engine_url, engine_mod
 
 async def scenario(proxies, engine_url, model, stub_url, database_url, tmp_path, *, stop_stub,
                    restart_stub) -> str:
-    store = create_engine(database_url)
+    store = open_database(database_url)
     sessions = session_factory(store)
     agents = Agents(proxies, model)
     http = aiohttp.ClientSession()
@@ -326,7 +326,7 @@ def test_a_restarted_replica_serves_the_active_adapter_again(own_database_url, t
     urls = [f"http://127.0.0.1:{port}" for port in ports]
 
     async def publish() -> None:
-        store = create_engine(own_database_url)
+        store = open_database(own_database_url)
         sessions = session_factory(store)
         async with sessions() as session, session.begin():
             await policies.add_candidate(session, 1, str(adapter), parent_version=0, base_model="stub-model",

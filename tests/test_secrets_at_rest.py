@@ -16,7 +16,7 @@ import pytest
 import requests
 from sqlalchemy import text
 
-from store.db import create_engine
+from store.db import open_database
 from testkit.stub_engine import BASE_MODEL, Stub
 from tests.support import free_port, fresh_database, make_key, proxy_command, running
 from tests.tenants import engine_in_thread
@@ -112,14 +112,14 @@ def test_sqlite_database_files_are_the_owners_only(tmp_path: Path):
     url = f"sqlite+aiosqlite:///{tmp_path / 'rlproxy.db'}"
 
     async def modes() -> dict[str, int]:
-        engine = create_engine(url)
+        database = open_database(url)
         try:
-            async with engine.begin() as connection:
+            async with database.begin() as connection:
                 await connection.execute(text("CREATE TABLE t (x TEXT)"))
                 await connection.execute(text("INSERT INTO t VALUES ('a')"))
                 return {path.name: mode(path) for path in tmp_path.iterdir()}  # open: the -wal and -shm too
         finally:
-            await engine.dispose()
+            await database.dispose()
 
     assert asyncio.run(modes()) == {"rlproxy.db": 0o600, "rlproxy.db-shm": 0o600, "rlproxy.db-wal": 0o600}
 

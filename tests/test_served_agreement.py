@@ -17,7 +17,7 @@ from core.settings import TrainerSettings, TrainingSettings
 from store import policies as store_policies
 from store import rollouts as store_rollouts
 from store.calls import write_calls
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.records import CallRecord, ChoiceRecord
 from store.models import utcnow
 
@@ -37,7 +37,7 @@ async def serve_episodes(database_url: str, version: int, engine_logprobs, seed:
     """One task group per group, each attempt one call answered by `version`, with the log-probs
     `engine_logprobs(prompt, completion)` gives, and a final reward (half the attempts succeed)."""
     rng = random.Random(seed)
-    db = create_engine(database_url)
+    db = open_database(database_url)
     sessions = session_factory(db)
     for group in range(GROUPS):
         task = f"task-{seed}-{group}"
@@ -93,7 +93,7 @@ def serve_and_train(database_url: str, stub_url: str, model, adapters, engine_ig
                 listed = await store_policies.list_policies(session)
             return worker, {entry["version"]: entry for entry in listed}
         finally:
-            await worker.engine.dispose()
+            await worker.database.dispose()
 
     return asyncio.run(run())
 

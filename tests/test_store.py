@@ -11,7 +11,7 @@ from sqlalchemy import select, text
 
 from store import events, policies, rollouts
 from store.calls import write_calls
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.errors import Conflict, NotFound
 from store.models import Base, Call, Rollout, RolloutEvent
 from store.records import CallRecord, ChoiceRecord
@@ -21,9 +21,9 @@ from store.models import utcnow
 @pytest.fixture(params=["postgres", "sqlite"])
 async def sessions(request):
     url = request.getfixturevalue("database_url" if request.param == "postgres" else "sqlite_url")
-    engine = create_engine(url)
-    yield session_factory(engine)
-    await engine.dispose()
+    database = open_database(url)
+    yield session_factory(database)
+    await database.dispose()
 
 
 def call(rollout_id: str | None, prompt: list[int], completion: list[int], agent: str | None = "a") -> CallRecord:
@@ -40,13 +40,13 @@ async def test_migrations_match_the_models(sessions):
 
 
 async def test_token_ids_are_typed_arrays_on_postgres(database_url):
-    engine = create_engine(database_url)
-    async with engine.connect() as conn:
+    database = open_database(database_url)
+    async with database.connect() as conn:
         types = dict((await conn.execute(text(
             "SELECT column_name, udt_name FROM information_schema.columns "
             "WHERE table_name IN ('calls', 'call_choices') AND column_name IN "
             "('prompt_token_ids', 'token_ids', 'logprobs')"))).all())
-    await engine.dispose()
+    await database.dispose()
     assert types == {"prompt_token_ids": "_int4", "token_ids": "_int4", "logprobs": "_float4"}
 
 

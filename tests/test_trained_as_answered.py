@@ -20,7 +20,7 @@ import pytest
 import requests
 
 from core.settings import TrainingSettings
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.training import load_rollouts
 from tests.support import PYTHON, free_port, proxy_command, running
 from trainer.batch import build_transitions
@@ -50,12 +50,12 @@ def stored(proxy_url: str, rollout_id: str) -> dict[str, str]:
 def trained_call_ids(database_url: str, rollout_id: str) -> list[str]:
     """The calls the trainer would train on, from its own selection over the stored rollout."""
     async def load():
-        engine = create_engine(database_url)
+        database = open_database(database_url)
         try:
-            async with session_factory(engine)() as session:
+            async with session_factory(database)() as session:
                 return await load_rollouts(session, [rollout_id])
         finally:
-            await engine.dispose()
+            await database.dispose()
 
     config = TrainingSettings(max_seq_len=1 << 20)  # the spool test's calls are long
     transitions = build_transitions(asyncio.run(load()), config, 0, SkipReasons(), keep_zero=True)

@@ -13,7 +13,7 @@ import pytest
 import requests
 from sqlalchemy import func, select
 
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.models import Policy, Rollout, TrainStep
 from tests.support import ROOT, free_port, running, stub_command, trainer_command
 from tests.test_trainer_worker import record_episodes
@@ -25,13 +25,13 @@ SMALL_STEPS = {"batch_rollouts": 4, "group_size": 4, "micro_batch_tokens": 256} 
 
 
 async def snapshot(database_url: str) -> dict:
-    engine = create_engine(database_url)
-    async with session_factory(engine)() as session:
+    database = open_database(database_url)
+    async with session_factory(database)() as session:
         trained = await session.scalar(select(func.count()).where(Rollout.trained_at.is_not(None)))
         leased = await session.scalar(select(func.max(Rollout.lease_expires_at)))  # the newest claim
         stepped = await session.scalar(select(func.coalesce(func.sum(TrainStep.rollout_count), 0)))
         policies = (await session.execute(select(Policy).order_by(Policy.version))).scalars().all()
-    await engine.dispose()
+    await database.dispose()
     return {"trained": trained, "leased": leased, "stepped": stepped,
             "policies": [(p.version, p.status, p.path) for p in policies]}
 

@@ -17,7 +17,7 @@ from sqlalchemy import select
 from core.settings import TrainerSettings, TrainingSettings
 from store import rollouts as store_rollouts
 from store.calls import write_calls
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.models import Policy, Rollout, TrainStep, utcnow
 from store.records import CallRecord, ChoiceRecord
 from tests.support import running_proxy
@@ -31,8 +31,8 @@ async def record_episodes(database_url: str, groups: int, group_size: int, *, ca
                           rollout_agent: str | None = None, version: int = 0) -> list[str]:
     """Episodes as the proxy records them (multi-turn, exact prefix links), each with a final reward."""
     rng = random.Random(0)
-    engine = create_engine(database_url)
-    sessions = session_factory(engine)
+    database = open_database(database_url)
+    sessions = session_factory(database)
     ids = []
     for g in range(groups):
         for member in range(group_size):
@@ -55,7 +55,7 @@ async def record_episodes(database_url: str, groups: int, group_size: int, *, ca
             async with sessions() as session, session.begin():
                 await store_rollouts.post_reward(session, rollout_id, float(member % 2), task_id=f"{task_prefix}-{g}")
             ids.append(rollout_id)
-    await engine.dispose()
+    await database.dispose()
     return ids
 
 
@@ -75,7 +75,7 @@ def test_a_step_trains_marks_rollouts_and_the_proxy_serves_the_new_version(
         try:
             return await worker.step_once(), await worker.step_once(), worker
         finally:
-            await worker.engine.dispose()
+            await worker.database.dispose()
 
     trained, nothing_left, worker = asyncio.run(one_step())
     assert trained and not nothing_left
@@ -87,13 +87,13 @@ def test_a_step_trains_marks_rollouts_and_the_proxy_serves_the_new_version(
     assert throughput.samples[0].value > 0
 
     async def stored():
-        engine = create_engine(own_database_url)
-        async with session_factory(engine)() as session:
+        database = open_database(own_database_url)
+        async with session_factory(database)() as session:
             policies = (await session.execute(select(Policy))).scalars().all()
             marked = (await session.execute(select(Rollout.trained_at).where(Rollout.id.in_(rollout_ids)))).scalars()
             steps = (await session.execute(select(TrainStep))).scalars().all()
             result = policies, list(marked), steps
-        await engine.dispose()
+        await database.dispose()
         return result
 
     policies, marked, steps = asyncio.run(stored())
@@ -130,7 +130,7 @@ def test_stale_calls_are_trained_up_to_the_bound_and_the_rest_counted_by_lag(
     from trainer.worker import TrainerWorker
 
     async def versions_served_before():
-        db = create_engine(own_database_url)
+        db = open_database(own_database_url)
         async with session_factory(db)() as session, session.begin():
             for version in range(1, 11):  # no adapter folders: the trainer starts v10's line from the base model
                 await store_policies.add_candidate(session, version, "", parent_version=version - 1,
@@ -154,7 +154,7 @@ def test_stale_calls_are_trained_up_to_the_bound_and_the_rest_counted_by_lag(
                 [step] = (await session.execute(select(TrainStep))).scalars().all()
             return worker, step
         finally:
-            await worker.engine.dispose()
+            await worker.database.dispose()
 
     worker, step = asyncio.run(one_step())
     assert step.policy_version == 11 and step.transition_count == 4  # v4's four two-turn episodes, merged
@@ -174,10 +174,10 @@ def test_ready_rollouts_takes_whole_groups_and_waits_for_a_fuller_batch(own_data
     asyncio.run(record_episodes(own_database_url, groups=1, group_size=3, task_prefix="late"))  # still filling
 
     async def ready(**kwargs) -> list[str]:
-        engine = create_engine(own_database_url)
-        async with session_factory(engine)() as session:
+        database = open_database(own_database_url)
+        async with session_factory(database)() as session:
             chosen = await training.ready_rollouts(session, group_size=4, **kwargs)
-        await engine.dispose()
+        await database.dispose()
         return chosen
 
     assert len(asyncio.run(ready(limit=16, group_timeout_s=300))) == 8  # two full groups; the third waits
@@ -199,10 +199,10 @@ def test_complete_groups_are_found_among_many_interleaved_tasks(own_database_url
         return rollout_id
 
     async def ready() -> list[str]:
-        engine = create_engine(own_database_url)
-        async with session_factory(engine)() as session:
+        database = open_database(own_database_url)
+        async with session_factory(database)() as session:
             chosen = await training.ready_rollouts(session, limit=8, group_size=4, group_timeout_s=300)
-        await engine.dispose()
+        await database.dispose()
         return chosen
 
     attempts: dict[int, list[str]] = {task: [] for task in range(12)}
@@ -229,15 +229,15 @@ def test_rollouts_created_for_an_agent_that_is_not_trained_are_never_claimed(own
     probes = asyncio.run(record_episodes(own_database_url, groups=1, group_size=4, task_prefix="probe"))
 
     async def work() -> tuple[list[str], list[str], int, int]:
-        engine = create_engine(own_database_url)
-        async with session_factory(engine)() as session, session.begin():
+        database = open_database(own_database_url)
+        async with session_factory(database)() as session, session.begin():
             await session.execute(update(Rollout).where(Rollout.id.in_(probes)).values(agent="evaluator"))
-        async with session_factory(engine)() as session:
+        async with session_factory(database)() as session:
             trained_only = await training.ready_rollouts(session, limit=16, group_size=4, group_timeout_s=300,
                                                          agents=["solver"])
             everything = await training.ready_rollouts(session, limit=16, group_size=4, group_timeout_s=300)
             waiting = (await training.waiting_rollouts(session, ["solver"]), await training.waiting_rollouts(session))
-        await engine.dispose()
+        await database.dispose()
         return trained_only, everything, *waiting
 
     trained_only, everything, waiting_for_solver, waiting_at_all = asyncio.run(work())
@@ -257,12 +257,12 @@ def test_calls_on_a_rollouts_plain_base_url_belong_to_the_rollouts_agent(own_dat
                                       rollout_agent="demo"))
 
     async def load():
-        engine = create_engine(own_database_url)
-        async with session_factory(engine)() as session:
+        database = open_database(own_database_url)
+        async with session_factory(database)() as session:
             ready = await training.ready_rollouts(session, limit=8, group_size=4, group_timeout_s=300,
                                                   agents=["demo"])
             loaded = await load_rollouts(session, ids)
-        await engine.dispose()
+        await database.dispose()
         return ready, loaded
 
     ready, rollouts = asyncio.run(load())
@@ -294,7 +294,7 @@ def test_adapters_reach_an_engine_that_wants_a_key_only_with_the_key(own_databas
     auth = {"Authorization": "Bearer engine-secret"}
 
     async def publish(version: int, key: str | None):
-        db = create_engine(own_database_url)
+        db = open_database(own_database_url)
         sessions = session_factory(db)
         async with sessions() as session, session.begin():
             await policies.add_candidate(session, version, str(ours), parent_version=0, base_model="m", metrics={})

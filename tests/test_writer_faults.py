@@ -13,7 +13,7 @@ import pytest
 from core.settings import WriterSettings
 from proxy.metrics import ProxyMetrics
 from proxy.writer import CaptureWriter
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from tests.test_durability import seqs_in_order, sessions  # noqa: F401 — `sessions` is a fixture
 from tests.test_writer_spool import count, link, record  # noqa: F401 — `link` is a fixture
 
@@ -70,8 +70,8 @@ async def test_the_writer_is_started_again_after_a_failure_and_loses_nothing(lin
     folder.mkdir()
     settings = WriterSettings(spool_path=folder / "spool.jsonl", durability="batch", flush_interval=0.01)
     metrics = ProxyMetrics()
-    engine = create_engine(via_link)
-    writer = CaptureWriter(session_factory(engine), settings, metrics)
+    database = open_database(via_link)
+    writer = CaptureWriter(session_factory(database), settings, metrics)
     await writer.start()
     rollout_id = uuid.uuid4().hex
     calls = [record(rollout_id) for _ in range(5)]
@@ -93,8 +93,8 @@ async def test_the_writer_is_started_again_after_a_failure_and_loses_nothing(lin
     await link.open()
     await writer.sync(timeout=15)  # answered once the calls it had in hand are stored
     assert writer.running and metrics.registry.get_sample_value("rlproxy_capture_writer_running") == 1
-    direct = create_engine(database_url)
+    direct = open_database(database_url)
     assert await seqs_in_order(session_factory(direct), calls) == [1, 2, 3, 4, 5]
     await direct.dispose()
     await writer.close()
-    await engine.dispose()
+    await database.dispose()

@@ -13,7 +13,7 @@ from core.settings import WriterSettings
 from proxy.errors import StoreUnavailable
 from proxy.metrics import ProxyMetrics
 from proxy.writer import CaptureWriter
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.models import Call, utcnow
 from store.records import CallRecord, ChoiceRecord
 from tests.support import pump
@@ -68,10 +68,10 @@ async def test_calls_survive_a_database_outage_and_arrive_once_in_order(link, da
     link, via_link = link
     settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", durability="batch", flush_interval=0.01)
     metrics = ProxyMetrics()
-    engine = create_engine(via_link)
-    writer = CaptureWriter(session_factory(engine), settings, metrics)
+    database = open_database(via_link)
+    writer = CaptureWriter(session_factory(database), settings, metrics)
     await writer.start()
-    direct = create_engine(database_url)
+    direct = open_database(database_url)
     check = session_factory(direct)
     rollout_id = uuid.uuid4().hex
     before = [record(rollout_id) for _ in range(20)]
@@ -98,7 +98,7 @@ async def test_calls_survive_a_database_outage_and_arrive_once_in_order(link, da
     assert metrics.rows_spooled._value.get() == 30
 
     await writer.close()
-    await engine.dispose()
+    await database.dispose()
     await direct.dispose()
 
 
@@ -107,24 +107,24 @@ async def test_a_spool_left_by_a_stopped_proxy_is_replayed_by_the_next(link, dat
     settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", durability="batch", flush_interval=0.01)
     rollout_id = uuid.uuid4().hex
     await link.cut()
-    engine = create_engine(via_link)
-    writer = CaptureWriter(session_factory(engine), settings, ProxyMetrics())
+    database = open_database(via_link)
+    writer = CaptureWriter(session_factory(database), settings, ProxyMetrics())
     await writer.start()
     for _ in range(10):
         writer.submit(record(rollout_id))
     await writer.close(timeout=5)
-    await engine.dispose()
+    await database.dispose()
     assert settings.spool_path.exists()
 
     await link.open()
-    engine = create_engine(via_link)
-    writer = CaptureWriter(session_factory(engine), settings, ProxyMetrics())
+    database = open_database(via_link)
+    writer = CaptureWriter(session_factory(database), settings, ProxyMetrics())
     assert writer.spool.pending == 10
     await writer.start()
     await writer.sync(timeout=15)
     await writer.close()
-    await engine.dispose()
-    direct = create_engine(database_url)
+    await database.dispose()
+    direct = open_database(database_url)
     assert await count(session_factory(direct), rollout_id) == 10
     await direct.dispose()
     assert not settings.spool_path.exists()

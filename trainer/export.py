@@ -10,7 +10,7 @@ import orjson
 
 from core.settings import TrainingSettings
 from core.text import completion_text
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.calls import completion_responses
 from store.training import finished_rollout_ids, load_rollouts
 from trainer.batch import build_transitions
@@ -23,8 +23,8 @@ async def export_transitions(database_url: str, out: IO[bytes], *, config: Train
                              include_trained: bool = True) -> int:
     """Write one JSON object per transition to `out`; returns how many."""
     config = config or TrainingSettings(max_staleness=10**9)
-    engine = create_engine(database_url)
-    sessions = session_factory(engine)
+    database = open_database(database_url)
+    sessions = session_factory(database)
     written = 0
     try:
         offset = 0
@@ -48,7 +48,7 @@ async def export_transitions(database_url: str, out: IO[bytes], *, config: Train
                 }) + b"\n")
                 written += 1
     finally:
-        await engine.dispose()
+        await database.dispose()
 
 
 async def _completion_texts(session, rollout_ids: list[str]) -> dict[str, str | None]:

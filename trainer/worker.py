@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from core.settings import TrainerSettings
 from store import policies, training
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 from store.models import utcnow
 from trainer.agreement import Agreement, AgreementWatch
 from trainer.batch import build_transitions
@@ -75,8 +75,8 @@ class TrainerWorker:
         self.on_published = on_published
         # Entered while a step computes, for a host that shares the machine's cores (the demo pauses its agents).
         self.while_computing = while_computing or contextlib.nullcontext
-        self.engine = create_engine(settings.database_url)
-        self.sessions: async_sessionmaker[AsyncSession] = session_factory(self.engine)
+        self.database = open_database(settings.database_url)
+        self.sessions: async_sessionmaker[AsyncSession] = session_factory(self.database)
         engine_key = settings.upstream_api_key.get_secret_value() if settings.upstream_api_key else None
         self.publisher = Publisher(self.sessions, settings.upstreams, drain_seconds=settings.drain_seconds,
                                    api_key=engine_key, metrics=self.metrics.fleet)
@@ -128,7 +128,7 @@ class TrainerWorker:
             # stops them when this process exits.
             await asyncio.to_thread(self.policy.close)
         finally:
-            await self.engine.dispose()
+            await self.database.dispose()
 
     def build_policy(self, adapter_dir: Path | None):
         return PolicyTrainer(self.model_path, self.settings.training, adapter_dir, self.collective)

@@ -24,7 +24,7 @@ async def readyz(request: web.Request) -> web.Response:
     database = True
     try:
         async with asyncio.timeout(3):
-            async with app.engine.connect() as conn:
+            async with app.database.connect() as conn:
                 await ping(conn)
     except Exception:  # noqa: BLE001 — any failure means not ready
         database = False

@@ -19,7 +19,7 @@ from proxy.spool import SpoolInUse
 from rlproxy.commands.flags import Flags
 from rlproxy.commands.options import redact
 from rlproxy.extras import require
-from store.db import create_engine, session_factory
+from store.db import open_database, session_factory
 
 SERVE_FLAGS = Flags(ProxySettings)
 
@@ -60,11 +60,11 @@ def _refuse_open_network(settings: ProxySettings) -> None:
         return
 
     async def check() -> None:
-        engine = create_engine(settings.database_url)
+        database = open_database(settings.database_url)
         try:
-            await resolve_auth(settings.auth, settings.host, session_factory(engine))
+            await resolve_auth(settings.auth, settings.host, session_factory(database))
         finally:
-            await engine.dispose()
+            await database.dispose()
 
     try:
         asyncio.run(check())
