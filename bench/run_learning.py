@@ -27,6 +27,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -108,7 +109,7 @@ def wait_until_served(proxy: str, rollout_ids: list[str], timeout: float = 1800)
 
 
 def one_mode(mode: str, engine: str, postgres: str, train_count: int, seed: int, max_untrained: int,
-             trainer_set: list[str]) -> list[str]:
+             trainer_set: list[str], keep_logs: Path | None = None) -> list[str]:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"run-learning-{mode}-") as tmp, ExitStack() as stack:
         workdir = Path(tmp)
@@ -132,6 +133,10 @@ def one_mode(mode: str, engine: str, postgres: str, train_count: int, seed: int,
         rewards = [f.get("reward") or 0 for f in trained]
         quarters = [rewards[len(rewards) * i // 4:len(rewards) * (i + 1) // 4] for i in range(4)]  # in finish order
         quarters = [round(sum(q) / len(q), 2) for q in quarters if q]
+        if keep_logs is not None:
+            keep_logs.mkdir(parents=True, exist_ok=True)
+            for name in ("trainer.log", "proxy.log", "train.jsonl"):
+                shutil.copy(workdir / name, keep_logs / f"{mode}-seed{seed}-{name}")
     return [(f"{mode} seed {seed}: held-out success base {before[0]}/{before[1]} -> v{version} {after[0]}/{after[1]} "
              f"({(after[0] / after[1] - before[0] / before[1]) * 100:+.1f} points); {len(trained)} training attempts "
              f"of {train_count} tasks x {ATTEMPTS}, training reward {sum(rewards) / len(rewards):.2f} "
@@ -165,6 +170,7 @@ def main() -> None:
     parser.add_argument("--seeds", default="11", help="training task seeds, comma-separated: one run each")
     parser.add_argument("--correction", choices=("on", "off"), default="on",
                         help="on: the trainer's defaults; off: the computation before issue 36 (OLD_COMPUTATION)")
+    parser.add_argument("--keep-logs", type=Path, help="a folder to copy each run's trainer and proxy logs into")
     parser.add_argument("--trainer-set", action="append", default=[], metavar="NAME=VALUE",
                         help="a training setting for `rlproxy train --set` (repeat; after --correction's)")
     parser.add_argument("--max-untrained", type=int, default=16,
@@ -175,7 +181,8 @@ def main() -> None:
         engine = args.engine_url or start_engine(stack)
         for seed in (int(s) for s in args.seeds.split(",")):
             for mode in args.modes.split(","):
-                lines = one_mode(mode, engine, args.postgres, args.train_tasks, seed, args.max_untrained, trainer_set)
+                lines = one_mode(mode, engine, args.postgres, args.train_tasks, seed, args.max_untrained, trainer_set,
+                                 args.keep_logs)
                 print("\n".join(lines), flush=True)
                 with RESULTS.open("a") as file:  # each run as it ends: a long series stopped halfway keeps its runs
                     file.write(f"## {datetime.date.today()} {cpu_model()}, {os.cpu_count()} cores: "

@@ -42,6 +42,9 @@ class Accounting:
     off_policy_kl: list[float] = field(default_factory=list)
     ratio_max: list[float] = field(default_factory=list)
     age_s_max: list[float] = field(default_factory=list)
+    # rollouts the steps after the first took per minute, first step to last: what a busy trainer consumes
+    # (bench/live_traffic.py sets its rates relative to it)
+    consumed_per_min: float | None = None
 
     @property
     def total(self) -> int:
@@ -65,6 +68,8 @@ class Accounting:
                      f"PPO ratio max {max(self.ratio_max):.2f}")
         if self.age_s_max:
             line += f", call age max {max(self.age_s_max):.0f} s"
+        if self.consumed_per_min is not None:
+            line += f"; the trainer consumed {self.consumed_per_min:.1f} rollouts/min"
         return line
 
 
@@ -73,8 +78,11 @@ def account(database_url: str, rollout_ids: list[str], *, max_staleness: int) ->
     (one bench run's own database: every step in it is the run's)."""
     result = Accounting()
     with psycopg.connect(libpq_url(database_url)) as conn:
-        for metrics, in conn.execute("SELECT metrics FROM train_steps ORDER BY id"):
+        steps = conn.execute("SELECT metrics, rollout_count, created_at FROM train_steps ORDER BY id").fetchall()
+        for metrics, _, _ in steps:
             _add_step(result, metrics or {})
+        if len(steps) >= 2 and (span := (steps[-1][2] - steps[0][2]).total_seconds()) > 0:
+            result.consumed_per_min = 60 * sum(count for _, count, _ in steps[1:]) / span
         # a version's position in its policy's line: versions are numbered across policies (store/policies.py)
         position = {BASE_VERSION: 0}
         parents: dict[int, int] = {}
