@@ -8,7 +8,7 @@ Two views, both from what the trainer recorded:
 - per rollout, each of the run's rollouts classified once, as the trainer's batch builder (trainer/batch.py) would:
   `trained` (at least one call within `max_staleness` of the version its step trained, in a task group whose
   rewards differ), `zero_advantage` (its group's rewards were all equal: no signal whatever the correction),
-  `stale` (every call more than `max_staleness` versions behind), `no_calls` (no call that completed), and
+  `stale` (every call more than `max_staleness` versions behind the version its step trained from), `no_calls` (no call that completed), and
   `unclaimed` (no step took it).
 
     accounting = account(database_url, rollout_ids, max_staleness=8)
@@ -78,11 +78,13 @@ def account(database_url: str, rollout_ids: list[str], *, max_staleness: int) ->
     (one bench run's own database: every step in it is the run's)."""
     result = Accounting()
     with psycopg.connect(libpq_url(database_url)) as conn:
-        steps = conn.execute("SELECT metrics, rollout_count, created_at FROM train_steps ORDER BY id").fetchall()
-        for metrics, _, _ in steps:
+        steps = conn.execute(
+            "SELECT metrics, rollout_count, created_at, id, policy_version FROM train_steps ORDER BY id").fetchall()
+        for metrics, *_ in steps:
             _add_step(result, metrics or {})
         if len(steps) >= 2 and (span := (steps[-1][2] - steps[0][2]).total_seconds()) > 0:
-            result.consumed_per_min = 60 * sum(count for _, count, _ in steps[1:]) / span
+            result.consumed_per_min = 60 * sum(step[1] for step in steps[1:]) / span
+        step_versions = [(step[3], step[4]) for step in steps]
         # a version's position in its policy's line: versions are numbered across policies (store/policies.py)
         position = {BASE_VERSION: 0}
         parents: dict[int, int] = {}
@@ -100,28 +102,32 @@ def account(database_url: str, rollout_ids: list[str], *, max_staleness: int) ->
                 "SELECT rollout_id, policy_version FROM calls WHERE rollout_id = ANY(%s) AND status = 'ok'",
                 (rollout_ids,)):
             calls[rollout_id].append(version)
+    # the version each step trained from: its new version's parent; a step that trained nothing records no new
+    # version, and trained from the one the step before it made (one trainer, one line: versions follow steps)
+    trained_from: dict[int, int] = {}
+    latest = BASE_VERSION
+    for step_id, new_version in step_versions:
+        trained_from[step_id] = parents.get(new_version, latest) if new_version is not None else latest
+        latest = new_version if new_version is not None else latest
     groups: dict[tuple[int, str], set[float]] = defaultdict(set)  # (step, task) -> its rewards
     for _, task, reward, step, _ in rows:
         if step is not None:
             groups[(step, task)].add(float(reward or 0.0))
-    for rollout_id, task, _, step, new_version in rows:
-        result.rollouts[_classify(calls[rollout_id], step, new_version, groups.get((step, task), set()),
-                                  position, parents, max_staleness)] += 1
+    for rollout_id, task, _, step, _ in rows:
+        result.rollouts[_classify(calls[rollout_id], step, trained_from.get(step), groups.get((step, task), set()),
+                                  position, max_staleness)] += 1
     return result
 
 
-def _classify(versions: list[int | None], step: int | None, new_version: int | None, group_rewards: set[float],
-              position: dict[int, int], parents: dict[int, int], max_staleness: int) -> str:
+def _classify(versions: list[int | None], step: int | None, trained_from: int | None, group_rewards: set[float],
+              position: dict[int, int], max_staleness: int) -> str:
     if step is None:
         return "unclaimed"
     if not versions:
         return "no_calls"
-    if new_version is not None:  # the step trained from the version its new one grew from
-        trained_from = position.get(parents.get(new_version, BASE_VERSION), 0)
-        if all(v is not None and trained_from - position.get(v, 0) > max_staleness for v in versions):
-            return "stale"
-    elif all(v is not None for v in versions):
-        return "stale_or_nothing_to_learn"  # a step that trained nothing records no version to measure lag from
+    at = position.get(trained_from if trained_from is not None else BASE_VERSION, 0)
+    if all(v is not None and at - position.get(v, 0) > max_staleness for v in versions):
+        return "stale"
     if len(group_rewards) < 2:
         return "zero_advantage"
     return "trained"
