@@ -1,0 +1,191 @@
+"""Live traffic that never waits for the trainer: the demo's calculator agent (examples/run_calculator.py) started
+at a fixed rate, whatever the trainer is doing, for a fixed wall time, many tasks interleaved, against
+`rlproxy serve` + `rlproxy train` as processes on Postgres; held-out success before and after, and what the
+trainer did with the traffic (bench/training_accounting.py: trained, or dropped and why).
+
+NOT YET RUN. Written for issue 36's item 5; the measurements in docs/learning.md ("Learning from traffic that does
+not wait") are bench/run_learning.py's fixed-budget runs. A run here is about `--wall-s` plus two held-out
+evaluations (~1 min each on a 2-core CPU) per configuration: 3 rates x 2 corrections x 3 seeds of 10 minutes is
+over 3 hours of that machine.
+
+    .venv/bin/python bench/live_traffic.py --engine-url http://127.0.0.1:8000 --multiples 1,3,10 \
+        --corrections on,off --seeds 11,12,13 --wall-s 600
+
+Rates are relative to what a busy trainer consumes (`--consumed-per-min`: rollouts per minute, which
+bench/run_learning.py's accounting line prints for the unpaced run on the same machine): at 1x the traffic
+arrives as fast as the trainer takes it, at 3x and 10x it runs ahead and the trainer sees calls of ever older
+versions. Arrivals are open-loop (one every 60 / rate seconds, never waiting for an earlier one); past
+`--max-in-flight` attempts running at once an arrival is shed and counted, as a saturated service would refuse
+it, rather than delayed. Each task's `ATTEMPTS` attempts are spread through the stream in a shuffled order, so
+groups fill while other tasks' attempts arrive in between (the interleaving of issue 36's item 2).
+
+At the end of the wall time new arrivals stop, attempts still running get `--drain-s` to finish, the trainer is
+stopped (production does not wait for it to catch up: what it has not consumed by then is counted `unclaimed`),
+and the version then serving is evaluated on the 48 held-out tasks. Result lines are appended to
+bench/results/live_traffic.txt.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import math
+import os
+import random
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+import openai
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.learning_runs import cpu_model  # noqa: E402
+from bench.run_learning import (  # noqa: E402
+    ATTEMPTS, OLD_COMPUTATION, get, max_staleness, rlproxy_run, start_engine, success, write_tasks)
+from bench.training_accounting import account  # noqa: E402
+from demo.tasks import heldout_tasks, train_tasks  # noqa: E402
+from engine.model import prepare_model  # noqa: E402
+from examples.run_calculator import solve  # noqa: E402
+from runner.agents import ClientConfig  # noqa: E402
+from runner.client import ProxyClient  # noqa: E402
+from core.errors import RlproxyError  # noqa: E402
+from testkit.processes import create_database, free_port, proxy_command, running, trainer_command  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "live_traffic.txt"
+NO_KEY = "rlproxy"  # the proxy runs with keys off; clients insist on one
+
+
+def stream(tasks, seed: int) -> list[dict]:
+    """Every task's ATTEMPTS attempts, shuffled together: the order the traffic arrives in."""
+    attempts = [{"id": t.task_id, "prompt": t.prompt, "answer": t.answer, "tool": t.tool}
+                for t in tasks for _ in range(ATTEMPTS)]
+    random.Random(seed).shuffle(attempts)
+    return attempts
+
+
+async def one_attempt(client: ProxyClient, task: dict) -> tuple[str | None, float | None]:
+    """One attempt of the agent on its own rollout, the reward posted; (rollout id, reward), None on failure."""
+    try:
+        created = await client.create_rollout(task["id"], agent=None, evaluation=False, metadata={"live": True})
+        config = ClientConfig(openai_base_url=created.base_url, anthropic_base_url=created.base_url.removesuffix("/v1"),
+                              rollout_id=created.rollout_id, reward_url=f"{client.proxy}/reward",
+                              event_url=f"{created.base_url.removesuffix('/v1')}/events", api_key=NO_KEY, model="auto",
+                              task_id=task["id"], eval=False)
+        reward = await solve(task, config)
+        await client.post_reward(created.rollout_id, reward)
+        return created.rollout_id, reward
+    except (RlproxyError, openai.APIError, OSError, ValueError) as exc:  # the agent's own failure (an engine error, a bad reply)
+        print(f"attempt of {task['id']} failed: {exc}", file=sys.stderr)
+        return None, None
+
+
+async def traffic(proxy: str, attempts: list[dict], rate_per_min: float, wall_s: float, max_in_flight: int,
+                  drain_s: float) -> dict:
+    """Open-loop arrivals for `wall_s` seconds; what arrived, ran, was shed, and the finished attempts."""
+    client = ProxyClient(proxy, None)
+    running_now: set[asyncio.Task] = set()
+    finished: list[tuple[str | None, float | None]] = []
+    shed = 0
+    interval = 60.0 / rate_per_min
+    began = time.monotonic()
+    try:
+        for index, task in enumerate(attempts):
+            arrival = began + index * interval
+            if arrival - began >= wall_s:
+                break
+            await asyncio.sleep(max(0.0, arrival - time.monotonic()))
+            if len(running_now) >= max_in_flight:
+                shed += 1
+                continue
+            job = asyncio.create_task(one_attempt(client, task))
+            running_now.add(job)
+            job.add_done_callback(lambda done: ended(done, running_now, finished))
+        else:
+            raise SystemExit("the task stream ran out before the wall time: raise --pool")
+        await asyncio.sleep(max(0.0, began + wall_s - time.monotonic()))
+        if running_now:
+            _, late = await asyncio.wait(set(running_now), timeout=drain_s)
+            for job in late:
+                job.cancel()
+    finally:
+        await client.close()
+    return {"arrived": index, "shed": shed, "finished": finished}
+
+
+def ended(job: asyncio.Task, running_now: set[asyncio.Task], finished: list) -> None:
+    running_now.discard(job)
+    if not job.cancelled():  # one cut off at the end of the drain is not counted as finished
+        finished.append(job.result())
+
+
+def one_run(engine: str, postgres: str, multiple: float, consumed_per_min: float, seed: int, correction: str,
+            wall_s: float, max_in_flight: int, drain_s: float) -> list[str]:
+    started = time.monotonic()
+    trainer_set = list(OLD_COMPUTATION) if correction == "off" else []
+    rate = multiple * consumed_per_min
+    pool = math.ceil(rate * wall_s / 60 / ATTEMPTS) + 2
+    with tempfile.TemporaryDirectory(prefix="live-traffic-") as tmp, ExitStack() as stack:
+        workdir = Path(tmp)
+        database = create_database(postgres, "rlproxy_live_traffic")
+        port = free_port()
+        proxy = f"http://127.0.0.1:{port}"
+        stack.enter_context(running(proxy_command(port, [engine], database, "--spool-path", str(workdir / "spool")),
+                                    f"{proxy}/readyz", timeout=120, log_path=workdir / "proxy.log"))
+        heldout = write_tasks(workdir / "heldout.jsonl", heldout_tasks(48, seed=0))
+        before = success(rlproxy_run(proxy, "agent", workdir, "before", "--eval-tasks", str(heldout)))
+        with ExitStack() as trainer:  # stopped when the wall time ends: the traffic never waited for it
+            sets = [arg for pair in trainer_set for arg in ("--set", pair)]
+            trainer.enter_context(running(trainer_command(database, engine, prepare_model(), workdir / "adapters",
+                                                          *sets), None, log_path=workdir / "trainer.log"))
+            ran = asyncio.run(traffic(proxy, stream(train_tasks(pool, seed=seed), seed), rate, wall_s,
+                                      max_in_flight, drain_s))
+        version = get(f"{proxy}/policies")["active"]
+        rollout_ids = [rollout for rollout, reward in ran["finished"] if rollout and reward is not None]
+        accounting = account(database, rollout_ids, max_staleness=max_staleness(trainer_set))
+        after = success(rlproxy_run(proxy, "agent", workdir, "after", "--eval-tasks", str(heldout)))
+    rewards = [reward for _, reward in ran["finished"] if reward is not None]
+    return [(f"{multiple:g}x ({rate:.1f} rollouts/min) seed {seed} correction {correction}: held-out success base "
+             f"{before[0]}/{before[1]} -> v{version} {after[0]}/{after[1]} "
+             f"({(after[0] / after[1] - before[0] / before[1]) * 100:+.1f} points); {ran['arrived']} arrived in "
+             f"{wall_s:.0f} s, {ran['shed']} shed, {len(rewards)} rewarded (reward "
+             f"{sum(rewards) / max(1, len(rewards)):.2f}); {time.monotonic() - started:.0f} s"),
+            f"  trainer: {accounting.describe()}"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--engine-url", help="an engine already running (default: `rlproxy engine` is started)")
+    parser.add_argument("--postgres", default=os.environ.get("RLPROXY_TEST_POSTGRES",
+                                                             "postgresql://postgres@127.0.0.1:5432/test"))
+    parser.add_argument("--multiples", default="1,3,10", help="traffic rates, as multiples of --consumed-per-min")
+    parser.add_argument("--consumed-per-min", type=float, required=True,
+                        help="rollouts a busy trainer consumes per minute on this machine (bench/run_learning.py "
+                             "prints it for its unpaced run)")
+    parser.add_argument("--corrections", default="on,off", help="on: the trainer's defaults; off: OLD_COMPUTATION")
+    parser.add_argument("--seeds", default="11,12,13")
+    parser.add_argument("--wall-s", type=float, default=600.0, help="seconds of traffic per run")
+    parser.add_argument("--max-in-flight", type=int, default=64, help="attempts running at once; more are shed")
+    parser.add_argument("--drain-s", type=float, default=60.0, help="seconds running attempts get at the end")
+    args = parser.parse_args()
+    with ExitStack() as stack:
+        engine = args.engine_url or start_engine(stack)
+        for seed in (int(s) for s in args.seeds.split(",")):
+            for multiple in (float(m) for m in args.multiples.split(",")):
+                for correction in args.corrections.split(","):
+                    lines = one_run(engine, args.postgres, multiple, args.consumed_per_min, seed, correction,
+                                    args.wall_s, args.max_in_flight, args.drain_s)
+                    print("\n".join(lines), flush=True)
+                    with RESULTS.open("a") as file:
+                        file.write(f"## {datetime.date.today()} {cpu_model()}, {os.cpu_count()} cores: "
+                                   f"bench/live_traffic.py --wall-s {args.wall_s:g} --consumed-per-min "
+                                   f"{args.consumed_per_min:g} (correction {correction}: trainer --set "
+                                   f"{' '.join(OLD_COMPUTATION) if correction == 'off' else 'none, its defaults'})\n"
+                                   + "\n".join(lines) + "\n\n")
+
+
+if __name__ == "__main__":
+    main()
