@@ -27,8 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.learning_runs import cpu_model  # noqa: E402
-from testkit.processes import fresh_database, free_port, running, stub_command  # noqa: E402
-from tests.support import running_proxy  # noqa: E402
+from testkit.processes import fresh_database, free_port, running, running_proxy, stub_command  # noqa: E402
 
 BIG = "big-rollout"
 

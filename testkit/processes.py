@@ -154,3 +154,16 @@ def fresh_database(server: str, prefix: str = "rlproxy_test"):
         yield url
     finally:
         drop_database(server, url)
+
+
+@contextmanager
+def running_proxy(upstreams: list[str], database_url: str, workdir: Path, name: str = "proxy", *extra: str,
+                  stub_controls: bool = True):
+    """`rlproxy serve` as a real process on a free port, its spool and log in `workdir`; yields its URL.
+    `stub_controls`: it takes the stand-in engine's controls as request fields (testkit/processes.py)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    args = proxy_command(port, upstreams, database_url, "--spool-path", str(workdir / f"{name}-spool.jsonl"),
+                         *extra, stub_controls=stub_controls)
+    with running(args, url + "/healthz", log_path=workdir / f"{name}.log"):
+        yield url

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import asyncio
-from contextlib import asynccontextmanager, contextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 # The process helpers are shared with bench/ (testkit/processes.py); re-exported for the tests.
@@ -13,6 +13,7 @@ from testkit.processes import (
     fresh_database,
     proxy_command,
     running,
+    running_proxy,
     stop,
     stub_command,
     trainer_command,
@@ -22,19 +23,6 @@ from testkit.processes import (
 __all__ = ["PYTHON", "ROOT", "add_policies", "adapter_folder", "free_port", "fresh_database", "make_key",
            "policy_row", "proxy_command", "pump", "running", "running_proxy", "stop", "stub_command", "trainer_command",
            "wait_http"]
-
-
-@contextmanager
-def running_proxy(upstreams: list[str], database_url: str, workdir: Path, name: str = "proxy", *extra: str,
-                  stub_controls: bool = True):
-    """`rlproxy serve` as a real process on a free port, its spool and log in `workdir`; yields its URL.
-    `stub_controls`: it takes the stand-in engine's controls as request fields (testkit/processes.py)."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    args = proxy_command(port, upstreams, database_url, "--spool-path", str(workdir / f"{name}-spool.jsonl"),
-                         *extra, stub_controls=stub_controls)
-    with running(args, url + "/healthz", log_path=workdir / f"{name}.log"):
-        yield url
 
 
 async def pump(src, dst, observe=None) -> None:
