@@ -20,7 +20,7 @@ from core.settings.base import assign
 class SettingOption(click.Option):
     """A flag whose `--help` names its environment variable, which the settings model reads (click does not)."""
 
-    def __init__(self, *args: Any, variable: str, required_setting: bool = False, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, variable: tuple[str, ...], required_setting: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.variable = variable
         self.required_setting = required_setting  # not click's `required`: the variable may give it
