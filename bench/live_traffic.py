@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.learning_runs import cpu_model  # noqa: E402
 from bench.run_learning import (  # noqa: E402
-    ATTEMPTS, OLD_COMPUTATION, get, max_staleness, rlproxy_run, start_engine, success, write_tasks)
+    ATTEMPTS, OLD_COMPUTATION, get, max_staleness, rlproxy_run, start_engine, start_proxy, success, write_tasks)
 from bench.training_accounting import account  # noqa: E402
 from demo.tasks import heldout_tasks, train_tasks  # noqa: E402
 from engine.model import prepare_model  # noqa: E402
@@ -53,7 +53,7 @@ from examples.run_calculator import solve  # noqa: E402
 from runner.agents import ClientConfig  # noqa: E402
 from runner.client import ProxyClient  # noqa: E402
 from core.errors import RlproxyError  # noqa: E402
-from testkit.processes import create_database, free_port, proxy_command, running, trainer_command  # noqa: E402
+from testkit.processes import create_database, running, trainer_command  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "live_traffic.txt"
 NO_KEY = "rlproxy"  # the proxy runs with keys off; clients insist on one
@@ -131,10 +131,7 @@ def one_run(engine: str, postgres: str, multiple: float, consumed_per_min: float
     with tempfile.TemporaryDirectory(prefix="live-traffic-") as tmp, ExitStack() as stack:
         workdir = Path(tmp)
         database = create_database(postgres, "rlproxy_live_traffic")
-        port = free_port()
-        proxy = f"http://127.0.0.1:{port}"
-        stack.enter_context(running(proxy_command(port, [engine], database, "--spool-path", str(workdir / "spool")),
-                                    f"{proxy}/readyz", timeout=120, log_path=workdir / "proxy.log"))
+        proxy = start_proxy(stack, engine, database, workdir)
         heldout = write_tasks(workdir / "heldout.jsonl", heldout_tasks(48, seed=0))
         before = success(rlproxy_run(proxy, "agent", workdir, "before", "--eval-tasks", str(heldout)))
         with ExitStack() as trainer:  # stopped when the wall time ends: the traffic never waited for it

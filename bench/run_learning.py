@@ -108,16 +108,22 @@ def wait_until_served(proxy: str, rollout_ids: list[str], timeout: float = 1800)
     raise TimeoutError(f"the trainer did not train and serve everything in time ({len(waiting)} rollouts left)")
 
 
+def start_proxy(stack: ExitStack, engine: str, database: str, workdir: Path) -> str:
+    """`rlproxy serve` in front of `engine` on `database` until `stack` closes, its spool and log in `workdir`."""
+    port = free_port()
+    proxy = f"http://127.0.0.1:{port}"
+    stack.enter_context(running(proxy_command(port, [engine], database, "--spool-path", str(workdir / "spool")),
+                                f"{proxy}/readyz", timeout=120, log_path=workdir / "proxy.log"))
+    return proxy
+
+
 def one_mode(mode: str, engine: str, postgres: str, train_count: int, seed: int, max_untrained: int,
              trainer_set: list[str], keep_logs: Path | None = None) -> list[str]:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"run-learning-{mode}-") as tmp, ExitStack() as stack:
         workdir = Path(tmp)
         database = create_database(postgres, "rlproxy_run_learning")
-        port = free_port()
-        proxy = f"http://127.0.0.1:{port}"
-        stack.enter_context(running(proxy_command(port, [engine], database, "--spool-path", str(workdir / "spool")),
-                                    f"{proxy}/readyz", timeout=120, log_path=workdir / "proxy.log"))
+        proxy = start_proxy(stack, engine, database, workdir)
         sets = [arg for pair in trainer_set for arg in ("--set", pair)]
         stack.enter_context(running(trainer_command(database, engine, prepare_model(), workdir / "adapters", *sets),
                                     None, log_path=workdir / "trainer.log"))
