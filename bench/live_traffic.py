@@ -32,6 +32,7 @@ import datetime
 import math
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -47,7 +48,7 @@ from bench.learning_runs import cpu_model  # noqa: E402
 from bench.run_learning import (  # noqa: E402
     ATTEMPTS, OLD_COMPUTATION, get, max_staleness, rlproxy_run, start_engine, start_proxy, success, write_tasks)
 from bench.training_accounting import account  # noqa: E402
-from demo.tasks import heldout_tasks, train_tasks  # noqa: E402
+from demo.tasks import DEFAULT_FAMILY, FAMILIES, heldout_tasks, pool_size, train_tasks  # noqa: E402
 from engine.model import prepare_model  # noqa: E402
 from examples.run_calculator import solve  # noqa: E402
 from runner.agents import ClientConfig  # noqa: E402
@@ -123,29 +124,35 @@ def ended(job: asyncio.Task, running_now: set[asyncio.Task], finished: list) -> 
 
 
 def one_run(engine: str, postgres: str, multiple: float, consumed_per_min: float, seed: int, correction: str,
-            wall_s: float, max_in_flight: int, drain_s: float) -> list[str]:
+            wall_s: float, max_in_flight: int, drain_s: float, keep_logs: Path | None = None,
+            family: str = DEFAULT_FAMILY, extra_set: tuple[str, ...] = ()) -> list[str]:
     started = time.monotonic()
-    trainer_set = list(OLD_COMPUTATION) if correction == "off" else []
+    trainer_set = (list(OLD_COMPUTATION) if correction == "off" else []) + list(extra_set)
     rate = multiple * consumed_per_min
     pool = math.ceil(rate * wall_s / 60 / ATTEMPTS) + 2
     with tempfile.TemporaryDirectory(prefix="live-traffic-") as tmp, ExitStack() as stack:
         workdir = Path(tmp)
         database = create_database(postgres, "rlproxy_live_traffic")
         proxy = start_proxy(stack, engine, database, workdir)
-        heldout = write_tasks(workdir / "heldout.jsonl", heldout_tasks(48, seed=0))
+        heldout = write_tasks(workdir / "heldout.jsonl", heldout_tasks(min(48, pool_size("heldout", family)),
+                                                                      seed=0, family=family))
         before = success(rlproxy_run(proxy, "agent", workdir, "before", "--eval-tasks", str(heldout)))
         with ExitStack() as trainer:  # stopped when the wall time ends: the traffic never waited for it
             sets = [arg for pair in trainer_set for arg in ("--set", pair)]
             trainer.enter_context(running(trainer_command(database, engine, prepare_model(), workdir / "adapters",
                                                           *sets), None, log_path=workdir / "trainer.log"))
-            ran = asyncio.run(traffic(proxy, stream(train_tasks(pool, seed=seed), seed), rate, wall_s,
+            ran = asyncio.run(traffic(proxy, stream(train_tasks(pool, seed=seed, family=family), seed), rate, wall_s,
                                       max_in_flight, drain_s))
         version = get(f"{proxy}/policies")["active"]
         rollout_ids = [rollout for rollout, reward in ran["finished"] if rollout and reward is not None]
         accounting = account(database, rollout_ids, max_staleness=max_staleness(trainer_set))
         after = success(rlproxy_run(proxy, "agent", workdir, "after", "--eval-tasks", str(heldout)))
+        if keep_logs is not None:
+            keep_logs.mkdir(parents=True, exist_ok=True)
+            for name in ("trainer.log", "proxy.log"):
+                shutil.copy(workdir / name, keep_logs / f"{multiple:g}x-seed{seed}-{correction}-{name}")
     rewards = [reward for _, reward in ran["finished"] if reward is not None]
-    return [(f"{multiple:g}x ({rate:.1f} rollouts/min) seed {seed} correction {correction}: held-out success base "
+    return [(f"{family} {multiple:g}x ({rate:.1f} rollouts/min) seed {seed} correction {correction}: held-out success base "
              f"{before[0]}/{before[1]} -> v{version} {after[0]}/{after[1]} "
              f"({(after[0] / after[1] - before[0] / before[1]) * 100:+.1f} points); {ran['arrived']} arrived in "
              f"{wall_s:.0f} s, {ran['shed']} shed, {len(rewards)} rewarded (reward "
@@ -166,6 +173,11 @@ def main() -> None:
     parser.add_argument("--seeds", default="11,12,13")
     parser.add_argument("--wall-s", type=float, default=600.0, help="seconds of traffic per run")
     parser.add_argument("--max-in-flight", type=int, default=64, help="attempts running at once; more are shed")
+    parser.add_argument("--family", default=DEFAULT_FAMILY,
+                        choices=sorted(FAMILIES), help="demo/tasks.py's task family (the demo's by default)")
+    parser.add_argument("--trainer-set", action="append", default=[], metavar="NAME=VALUE",
+                        help="a training setting for `rlproxy train --set` (repeat; after --corrections')")
+    parser.add_argument("--keep-logs", type=Path, help="a folder to copy each run's trainer and proxy logs into")
     parser.add_argument("--drain-s", type=float, default=60.0, help="seconds running attempts get at the end")
     args = parser.parse_args()
     with ExitStack() as stack:
@@ -174,13 +186,15 @@ def main() -> None:
             for multiple in (float(m) for m in args.multiples.split(",")):
                 for correction in args.corrections.split(","):
                     lines = one_run(engine, args.postgres, multiple, args.consumed_per_min, seed, correction,
-                                    args.wall_s, args.max_in_flight, args.drain_s)
+                                    args.wall_s, args.max_in_flight, args.drain_s, args.keep_logs, args.family,
+                                    tuple(args.trainer_set))
                     print("\n".join(lines), flush=True)
+                    sets = (OLD_COMPUTATION if correction == "off" else ()) + tuple(args.trainer_set)
                     with RESULTS.open("a") as file:
                         file.write(f"## {datetime.date.today()} {cpu_model()}, {os.cpu_count()} cores: "
                                    f"bench/live_traffic.py --wall-s {args.wall_s:g} --consumed-per-min "
-                                   f"{args.consumed_per_min:g} (correction {correction}: trainer --set "
-                                   f"{' '.join(OLD_COMPUTATION) if correction == 'off' else 'none, its defaults'})\n"
+                                   f"{args.consumed_per_min:g} --family {args.family} (correction {correction}: "
+                                   f"trainer --set {' '.join(sets) or 'none, its defaults'})\n"
                                    + "\n".join(lines) + "\n\n")
 
 

@@ -80,16 +80,19 @@ async def mark_eval_agents(session: AsyncSession, agents: Sequence[str]) -> list
 
 
 async def ready_rollouts(session: AsyncSession, *, limit: int, group_size: int, group_timeout_s: float,
-                         batch_timeout_s: float = 0.0, agents: Sequence[str] = (), judged: bool = False) -> list[str]:
+                         batch_timeout_s: float = 0.0, agents: Sequence[str] = (), judged: bool = False,
+                         most: int | None = None) -> list[str]:
     """Finished, untrained, unleased rollouts whose task group is complete (or waited long enough), whole groups
-    only, at most about `limit`, the groups whose oldest member finished first first; fewer than `limit` only
-    once the oldest of them has waited `batch_timeout_s`. `judged`: only rollouts the judge has had its say on
-    (judge+posted).
+    only, at least about `limit` when that many are ready and at most about `most` (default `limit`: a backlog
+    larger than one batch is taken whole up to `most`), the groups whose oldest member finished first first;
+    fewer than `limit` only once the oldest of them has waited `batch_timeout_s`. `judged`: only rollouts the
+    judge has had its say on (judge+posted).
 
     Groups are counted over every waiting rollout, not over a window of the oldest: traffic that interleaves many
     tasks completes its groups anywhere in the queue, and a complete group never waits for a timeout because
     older partial groups lie ahead of it. Rollouts without a task are always ready."""
     now = utcnow()
+    full, limit = limit, max(limit, most or limit)
     waiting = and_(_trainable(agents, judged), _unleased(now))
     oldest = func.min(Rollout.finished_at)
     ready = or_(Rollout.task_id.is_(None), func.count() >= group_size,
@@ -112,7 +115,7 @@ async def ready_rollouts(session: AsyncSession, *, limit: int, group_size: int, 
         finished.append(_aware(first))
     if not wanted:
         return []
-    if sum(wanted.values()) < limit and (now - min(finished)).total_seconds() < batch_timeout_s:
+    if sum(wanted.values()) < full and (now - min(finished)).total_seconds() < batch_timeout_s:
         return []  # a fuller batch is worth the wait
     return await _members(session, waiting, wanted)
 

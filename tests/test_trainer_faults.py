@@ -21,7 +21,7 @@ from tests.test_trainer_worker import record_episodes
 pytest.importorskip("torch")
 
 ROLLOUTS = 24  # six groups of four
-SMALL_STEPS = {"batch_rollouts": 4, "group_size": 4, "micro_batch_tokens": 256}  # a step takes one group
+SMALL_STEPS = {"batch_rollouts": 4, "max_batch_rollouts": 4, "group_size": 4, "micro_batch_tokens": 256}  # a step: one group
 
 
 async def snapshot(database_url: str) -> dict:

@@ -219,6 +219,31 @@ def test_complete_groups_are_found_among_many_interleaved_tasks(own_database_url
     assert len(chosen) == 8 and set(chosen) == set(attempts[3]) | set(attempts[5])
 
 
+def test_a_backlog_of_complete_groups_is_taken_in_one_larger_step(own_database_url):
+    """Traffic ran ahead of the trainer: five complete groups of 4 wait where a batch is 8. A step takes them up to
+    `most` (whole groups), with the updates its batches would have had; `most` equal to the batch keeps steps as
+    they were, and an unfinished group is not pulled in by the larger claim."""
+    from store import training
+
+    asyncio.run(record_episodes(own_database_url, groups=5, group_size=4))
+    asyncio.run(record_episodes(own_database_url, groups=1, group_size=3, task_prefix="late"))  # still filling
+
+    async def ready(**kwargs) -> list[str]:
+        database = open_database(own_database_url)
+        async with session_factory(database)() as session:
+            chosen = await training.ready_rollouts(session, limit=8, group_size=4, group_timeout_s=300, **kwargs)
+        await database.dispose()
+        return chosen
+
+    assert len(asyncio.run(ready())) == 8  # one batch, as before
+    assert len(asyncio.run(ready(most=8))) == 8
+    assert len(asyncio.run(ready(most=12))) == 12  # three whole groups fit under 12
+    assert len(asyncio.run(ready(most=64))) == 20  # the whole backlog; the late group still waits
+    settings = TrainingSettings(batch_rollouts=16, max_batch_rollouts=64, mini_batches=4)
+    assert (settings.updates_for(16), settings.updates_for(20), settings.updates_for(64)) == (4, 8, 16)
+    assert TrainingSettings(batch_rollouts=128).step_rollouts_cap == 128  # never below the batch
+
+
 def test_rollouts_created_for_an_agent_that_is_not_trained_are_never_claimed(own_database_url):
     """An evaluation agent's rollouts (the demo's held-out probes, say) share the store but are not training data."""
     from sqlalchemy import update

@@ -124,16 +124,18 @@ class PolicyTrainer:
             log.info("no fast bfloat16 on this machine: training computes in float32")
 
     # --- one training step ------------------------------------------------------------------------
-    def step(self, transitions: list[Transition], served_version: int | None = None) -> StepMetrics:
+    def step(self, transitions: list[Transition], served_version: int | None = None,
+             updates: int | None = None) -> StepMetrics:
         """`ppo_epochs` passes over the batch; each pass one AdamW update per mini-batch, its gradient accumulated
         over the mini-batch's micro-batches. `served_version`: the version this trainer holds now, which sampled
         the calls of that version (lag 0): on those the engine's log-probs and the proximal ones are compared
-        (StepMetrics.agreement_kl)."""
+        (StepMetrics.agreement_kl). `updates`: mini-batches per epoch when not `mini_batches` (a step over a
+        backlog of several batches makes as many updates as those batches would have)."""
         started = time.perf_counter()
         batch, skipped = valid_transitions(transitions, self.config.max_seq_len)
         if not batch:
             return StepMetrics(skipped=skipped, step=self.step_count)
-        minis = self._mini_batches(batch, served_version)
+        minis = self._mini_batches(batch, served_version, updates or self.config.mini_batches)
         tally = StepTally(trained_tokens=sum(mini.tokens for mini in minis),
                           micro_batches=sum(not mb.placeholder for mini in minis for mb in mini.micro_batches))
         if self.decoupled:  # before any update: the proximal policy of every mini-batch but the first
@@ -150,14 +152,14 @@ class PolicyTrainer:
                             step=self.step_count, duration_s=time.perf_counter() - started,
                             served_version=served_version)
 
-    def _mini_batches(self, batch: list[Transition], served_version: int | None = None) -> list[MiniBatch]:
-        """`mini_batches` shares of the batch (one optimizer update each), each packed into micro-batches by token
+    def _mini_batches(self, batch: list[Transition], served_version: int | None, updates: int) -> list[MiniBatch]:
+        """`updates` shares of the batch (one optimizer update each), each packed into micro-batches by token
         budget. With several ranks each computes every other transition of a share; every loss is divided by the
         trained tokens of the whole share, so gradients summed over ranks are the one-process gradient. Every rank
         runs as many micro-batches as the busiest one (placeholders): each pass gathers the sharded layers."""
         cfg, rank, world = self.config, self.collective.rank, self.collective.world_size
         minis = []
-        for share in split_mini_batches(batch, cfg.mini_batches, seed=cfg.seed + self.step_count):
+        for share in split_mini_batches(batch, updates, seed=cfg.seed + self.step_count):
             packed = [pack_micro_batches(share[r::world], cfg.micro_batch_tokens) for r in range(world)]
             mine = [collate(group, served_version=served_version) for group in packed[rank]]
             mine += [placeholder_micro_batch() for _ in range(max(map(len, packed)) - len(mine))]

@@ -166,16 +166,18 @@ class TrainerWorker:
                 await asyncio.to_thread(self._recompute_behaviour, transitions)
             step_began = time.perf_counter()
             async with self.while_computing():
-                step_metrics = (await asyncio.to_thread(self.policy.step, transitions, line.parent_version)).as_dict()
+                step_metrics = (await asyncio.to_thread(self.policy.step, transitions, line.parent_version,
+                                                        self.settings.training.updates_for(len(rollouts)))).as_dict()
             self._observe(step_metrics, transitions, time.perf_counter() - step_began)
             agreement = self.agreement.check(line.policy, step_metrics)
             version, path = await self._save()
             step_metrics.update(skipped=dict(skips), reward_mean=statistics.fmean(rewards), rollouts=len(rollouts),
                                 policy=line.policy, staleness=staleness.as_dict())
             trained.append(Trained(line, version, path, len(transitions), step_metrics, agreement))
-            log.info("step %d, policy %r: %d rollouts, %d transitions, reward %.3f, loss %.4f -> v%d; dropped: %s; "
-                     "%s; IS weights clipped/masked %.1f%%%s", self.steps + 1, line.policy, len(rollouts),
+            log.info("step %d, policy %r: %d rollouts, %d transitions, reward %.3f, loss %.4f -> v%d in %.1f s; "
+                     "dropped: %s; %s; IS weights clipped/masked %.1f%%%s", self.steps + 1, line.policy, len(rollouts),
                      len(transitions), statistics.fmean(rewards), step_metrics.get("loss", 0.0), version,
+                     time.perf_counter() - step_began,
                      _reasons(skips), staleness.describe(), 100 * step_metrics.get("is_filtered", 0.0),
                      "" if agreement is None else f"; v{agreement.version} served as trained: KL {agreement.kl:.4f}")
         for reasons in skipped.values():
@@ -236,7 +238,7 @@ class TrainerWorker:
                                                   group_size=wanted.group_size,
                                                   group_timeout_s=wanted.group_timeout_s,
                                                   batch_timeout_s=wanted.batch_timeout_s, agents=agents,
-                                                  judged=judged)
+                                                  judged=judged, most=wanted.step_rollouts_cap)
             if not ready:
                 return []
             return await training.lease(session, ready, self.settings.worker_id, self.settings.lease_seconds,

@@ -198,6 +198,14 @@ class TrainingSettings:
     batch_rollouts: int = Field(
         16, ge=1, description="Rewarded rollouts consumed per training step."
     )
+    max_batch_rollouts: int = Field(
+        64, ge=1,
+        description="Most rollouts one step takes when more complete groups than batch_rollouts are waiting (traffic "
+                    "that runs ahead of the trainer): the backlog is trained in one larger step, with as many "
+                    "optimizer updates as its batches would have had (mini_batches per batch_rollouts), rather "
+                    "than left in the queue to grow stale. Never below batch_rollouts; equal to it, every step takes one "
+                    "batch (docs/learning.md, Learning from traffic that does not wait).",
+    )
     group_size: int = Field(
         8, ge=1,
         description="Rollouts of the same task compared to compute advantages (a group of 4 at 30% success "
@@ -269,6 +277,15 @@ class TrainingSettings:
             raise ValueError(f"is_correction_gating={self.is_correction_gating} takes an upper bound only: "
                              "set is_correction_low to 0 and is_correction_high to the bound")
         return self
+
+    @property
+    def step_rollouts_cap(self) -> int:
+        """The most rollouts one step takes (max_batch_rollouts, never below batch_rollouts)."""
+        return max(self.batch_rollouts, self.max_batch_rollouts)
+
+    def updates_for(self, rollouts: int) -> int:
+        """Optimizer updates per epoch for a step over `rollouts`: mini_batches per batch of batch_rollouts begun."""
+        return self.mini_batches * max(1, -(-rollouts // self.batch_rollouts))
 
     @property
     def needs_reference(self) -> bool:
