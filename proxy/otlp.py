@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import math
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -133,6 +134,18 @@ class SpanFacts:
         return self.is_root and not self.is_tool and self.call_id is None and self.tool_call_id is None
 
 
+# A JSON string, escapes and all, as one unambiguous pass (the unrolled form: no backtracking on long strings).
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+
+
+def json_values_bound(body: bytes) -> int:
+    """At least the number of values `body` holds, were it JSON, counted without parsing it: every value but the
+    first follows a comma or an opening bracket outside a string. Those inside strings (a prompt of CSV text in an
+    attribute) are not counted; an unterminated string's are, which only errs towards refusing."""
+    bare = _JSON_STRING.sub(b'""', body)
+    return bare.count(b",") + bare.count(b"{") + bare.count(b"[")
+
+
 def decode_request(body: bytes, content_type: str, budget: ExportBudget) -> ExportTraceServiceRequest:
     """The export request in `body`; OtlpFormatError when it is not one, OtlpTooLarge when it holds more than
     `budget`, decided before the body is parsed: protobuf is counted on the wire (proxy/otlp_wire.py); JSON's
@@ -149,7 +162,7 @@ def decode_request(body: bytes, content_type: str, budget: ExportBudget) -> Expo
         except DecodeError as exc:
             raise OtlpFormatError(f"body is not a protobuf ExportTraceServiceRequest: {exc}") from None
         return message
-    if body.count(b",") + body.count(b"{") + body.count(b"[") > budget.max_fields:  # each value follows one
+    if json_values_bound(body) > budget.max_fields:
         raise budget.refuse("fields")
     try:
         document = orjson.loads(body)

@@ -2,6 +2,7 @@
 project's export, however it is packed, never holds up another project's calls (tests/bounded.py)."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import uuid
@@ -92,6 +93,19 @@ def test_an_otlp_json_export_is_bounded_before_it_is_parsed_and_counted_before_i
     Twenty thousand empty spans can be parsed cheaply, and are counted before protobuf's JSON mapping reads them."""
     error(post_json_export(proxy, json_spans_export(1_000_000)), 413, "too_many_fields")
     error(post_json_export(proxy, json_spans_export(20_000)), 413, "too_many_spans")
+
+
+def test_commas_inside_an_attributes_text_are_not_counted_as_values(proxy: Proxy):
+    """An agent's span may carry a prompt of CSV text: a million commas inside a string are one value, not a
+    million (the count before parsing skips strings), while the same commas outside strings are still refused,
+    and so is a string left open to hide them."""
+    csv = "1," * 900_000 + ",\\\",\"" * 100_000  # CSV text with escaped quotes and backslashes among its commas
+    span = {"traceId": "0" * 32, "spanId": "0" * 16, "name": "prompt",
+            "attributes": [{"key": "gen_ai.prompt", "value": {"stringValue": csv}}]}
+    body = json.dumps({"resourceSpans": [{"scopeSpans": [{"spans": [span]}]}]}).encode()
+    assert body.count(b",") > 960_000  # more than the default budget's values, all inside one string
+    assert post_json_export(proxy, body).status_code == 200
+    error(post_json_export(proxy, b'{"resourceSpans": "' + b"," * 1_000_000), 413, "too_many_fields")
 
 
 def test_what_an_export_holds_is_counted_on_the_wire_before_it_is_parsed(proxy: Proxy):
