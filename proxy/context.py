@@ -1,18 +1,14 @@
 """Who a call belongs to: rollout, agent and task, from the URL path (which wins) or the headers."""
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from aiohttp import web
 
+from core.ids import ID_LIMITS, is_valid_id
 from proxy.errors import InvalidRequest
 
-_ID = re.compile(r"^[A-Za-z0-9._:@\-]+$")  # safe in a URL path segment
-# Task ids are free text (e.g. "gsm8k/train/17"). aiohttp reads header bytes that are not UTF-8 as lone surrogates
-# (surrogateescape), which no JSON writer or database takes: refused here, with control characters.
-_TEXT = re.compile(r"^[^\x00-\x1f\x7f\ud800-\udfff]+$")
-LIMITS = {"rollout": 128, "agent": 128, "task": 256}
+LIMITS = ID_LIMITS
 EVAL_HEADER = "X-Rlproxy-Eval"
 _FLAGS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
@@ -24,14 +20,6 @@ class CallContext:
     task_id: str | None
     project: str | None = None
     eval: bool = False  # `X-Rlproxy-Eval: 1`: the call's rollout is evaluation traffic, never trained on
-
-
-def is_valid_id(value: str, what: str = "rollout") -> bool:
-    """Whether `value` is a rollout, agent or task id the proxy accepts (ids reach URL paths and Postgres text)."""
-    if what != "task" and value in (".", ".."):  # a path segment every URL library resolves away
-        return False
-    pattern = _TEXT if what == "task" else _ID
-    return len(value) <= LIMITS[what] and pattern.match(value) is not None
 
 
 def _clean(value: str | None, what: str) -> str | None:

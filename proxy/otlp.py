@@ -36,7 +36,7 @@ from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
 from core.chat_view import chat_view
 from core.errors import RlproxyError
-from proxy.context import is_valid_id
+from core.ids import is_valid_id
 from proxy.limits import MAX_JSON_DEPTH, too_deep
 from proxy.otlp_wire import Exceeded, count_export
 

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
                       ValidationError, field_validator, model_validator)
 
-from proxy.context import LIMITS, is_valid_id
+from core.ids import ID_LIMITS as LIMITS, is_valid_id
 from proxy.errors import InvalidRequest, ProxyError, Unprocessable
 from proxy.strict_json import read_json_object
 

@@ -14,10 +14,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from core.ids import task_id_problem
 from runner.errors import TaskDataError
 
 ENV_VALUE_MAX = 64 * 1024  # bytes of one environment variable's value
-TASK_ID_MAX = 1024  # bytes of a task id: a rollout's task id is indexed (a 200 KB one got a 500 from the proxy)
 TASK_FILE = "task.json"
 
 
@@ -69,9 +69,9 @@ def task_variables(task: Any, folder: Path) -> dict[str, str]:
 
 
 def task_id(value: str) -> str:
-    """A task id fit for a rollout: Unicode text without a NUL, at most TASK_ID_MAX bytes."""
+    """A task id fit for a rollout: what the proxy takes (core/ids.py), else TaskDataError saying why."""
     text = checked_text(value, "the task id")
-    size = len(text.encode("utf-8"))
-    if size > TASK_ID_MAX:
-        raise TaskDataError(f"the task id is {size} bytes, more than a rollout's task id holds ({TASK_ID_MAX})")
+    problem = task_id_problem(text)
+    if problem is not None:
+        raise TaskDataError(problem)
     return text

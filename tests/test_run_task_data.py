@@ -120,8 +120,9 @@ def test_a_task_whose_data_cannot_be_handed_over_fails_its_own_attempt_and_the_o
         assert stored(proxy_url, entry["rollout_id"])["reward"] == 1.0
 
 
-def test_a_task_id_that_is_not_text_fails_its_attempt(proxy_url, tmp_path):
-    tasks = write_tasks(tmp_path / "tasks.jsonl", {"id": "bad\u0000id"}, {"id": "long" * 50_000}, {"id": "good"})
+def test_a_task_id_the_proxy_would_refuse_fails_its_attempt(proxy_url, tmp_path):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", {"id": "bad\u0000id"}, {"id": "long" * 50_000},
+                        {"id": "longer" * 43}, {"id": "line\nbreak"}, {"id": "good"})
     log = tmp_path / "run.jsonl"
     result = rlproxy_run(proxy_url, log, "--tasks", str(tasks), "--task-id-field", "id", "--attempts", "1",
                          "--command", "echo 1")
@@ -129,8 +130,11 @@ def test_a_task_id_that_is_not_text_fails_its_attempt(proxy_url, tmp_path):
     ends = {e["task_id"][:6]: (e["status"], e["error"], e["tries"]) for e in finished(log)}
     assert ends == {"bad\0id": ("failed", "the task id holds a NUL character at character 3: a program's text "
                                           "cannot carry it", 0),
-                    "longlo": ("failed", "the task id is 200000 bytes, more than a rollout's task id holds (1024)", 0),
-                    "good": ("rewarded", None, 1)}  # never tried as an infrastructure failure
+                    "longlo": ("failed", "the task id is 200000 characters, more than a rollout's task id holds "
+                                         "(256)", 0),
+                    "longer": ("failed", "the task id is 258 characters, more than a rollout's task id holds (256)", 0),
+                    "line\nb": ("failed", "the task id holds a control character ('\\n') at character 4", 0),
+                    "good": ("rewarded", None, 1)}  # never tried as an infrastructure failure: the proxy's own rule
 
 
 @pytest.mark.parametrize("flags, says", [
