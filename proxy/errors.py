@@ -11,6 +11,7 @@
     ├── UnsupportedMediaType 415 a body in a content type (or content coding) the route does not read
     ├── RequestTimeout      408  the body did not arrive within --body-timeout
     ├── ExpectationFailed   417 an `Expect` other than 100-continue
+    ├── NotImplementedCoding 501 a transfer coding other than chunked
     ├── RateLimited         429  with Retry-After
     ├── StoreUnavailable    503  the database did not answer in time
     ├── UpstreamUnavailable 502  no engine reachable (after bounded retries)
@@ -99,6 +100,12 @@ class ExpectationFailed(ProxyError):
     status = 417
     type = "invalid_request_error"
     default_code = "expectation_failed"
+
+
+class NotImplementedCoding(ProxyError):
+    status = 501
+    type = "invalid_request_error"
+    default_code = "unsupported_transfer_encoding"
 
 
 class RateLimited(ProxyError):

@@ -15,7 +15,7 @@ from aiohttp import web
 from core.settings import ProxySettings
 from proxy.auth import KEY, Access, access_for
 from proxy.errors import PayloadTooLarge, RateLimited
-from proxy.uploads import InflateBounds, body_encoding, continue_upload, inflate_body
+from proxy.uploads import InflateBounds, body_encoding, check_transfer_coding, continue_upload, inflate_body
 
 MAX_JSON_DEPTH = 64
 """The deepest nesting of arrays and objects accepted in a JSON body (the body itself is level 1). orjson reads
@@ -119,6 +119,7 @@ async def enforce_limits(request: web.Request, handler):
     """Rate and declared size, then (only then) the body: `100 Continue` if asked for, a compressed body
     inflated within its bounds."""
     limits = request.app[LIMITS]
+    check_transfer_coding(request)
     checked = access_for(request) is not Access.PUBLIC
     if checked:
         limits.check_rate(request)

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from proxy.errors import (ExpectationFailed, InvalidRequest, PayloadTooLarge, RequestTimeout, Unprocessable,
-                          UnsupportedMediaType)
+from proxy.errors import (ExpectationFailed, InvalidRequest, NotImplementedCoding, PayloadTooLarge, RequestTimeout,
+                          Unprocessable, UnsupportedMediaType)
 
 STEP = 64 * 1024
 """Most bytes one inflate step produces: a bomb is caught within one step of passing a bound."""
@@ -136,6 +136,18 @@ def body_encoding(request: web.Request) -> str | None:
     return encoding
 
 
+def check_transfer_coding(request: web.Request) -> None:
+    """501 for a transfer coding other than `chunked` alone (RFC 9112: a server answers one it does not implement
+    with 501). aiohttp reads `gzip, chunked` as if it were `chunked`, so the route would read gzip bytes as the
+    body; a front proxy that decodes them would see another body than this one."""
+    codings = [c.strip().lower() for value in request.headers.getall("Transfer-Encoding", ())
+               for c in value.split(",") if c.strip()]
+    if codings and codings != ["chunked"]:
+        raise NotImplementedCoding(f"Transfer-Encoding {', '.join(codings)!r} is not implemented: send the body "
+                                   "chunked or with a Content-Length, compressed if at all with Content-Encoding "
+                                   f"({', '.join(sorted(ENCODINGS))})")
+
+
 async def inflate_body(request: web.Request, bounds: InflateBounds, max_compressed: int) -> None:
     """Read a compressed body and inflate it within `bounds`, then leave the result where `request.read()` finds
     it. A body without a content coding is left for the route to read."""
@@ -177,9 +189,11 @@ async def expect_later(request: web.Request) -> None:
 @web.middleware
 async def close_refused(request: web.Request, handler):
     """The outermost middleware: an error answered before the body was read closes the connection, so the rest
-    of the body is neither read nor waited for."""
+    of the body is neither read nor waited for; so does a refused transfer coding, whose framing is in doubt
+    (where this request ends is not agreed on, so nothing after it on the connection is read)."""
     response = await handler(request)
-    if response.status >= 400 and request.body_exists and not request.content.is_eof():
+    unread = request.body_exists and not request.content.is_eof()
+    if response.status >= 400 and unread or response.status == NotImplementedCoding.status:
         response.force_close()
     return response
 

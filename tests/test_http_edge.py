@@ -182,6 +182,31 @@ def test_a_bad_gzip_body_gets_the_routes_malformed_body_status(proxy: Proxy):
     assert good.status_code == 201
 
 
+# -- transfer codings ---------------------------------------------------------------------------------------------
+def chunked_post(proxy: Proxy, path: str, coding: bytes, body: bytes) -> bytes:
+    return exchange(proxy, b"POST " + path.encode() + b" HTTP/1.1\r\nHost: proxy\r\nAuthorization: Bearer "
+                    + proxy.key.encode() + b"\r\nContent-Type: application/json\r\nTransfer-Encoding: " + coding
+                    + b"\r\n\r\n" + b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n")
+
+
+@pytest.mark.parametrize("coding", [b"gzip, chunked", b"identity, chunked", b"deflate,chunked"])
+def test_a_transfer_coding_other_than_chunked_is_501_in_the_routes_shape_and_nothing_is_stored(proxy: Proxy, coding):
+    """aiohttp reads `gzip, chunked` as plain chunked: the route would take gzip bytes for the body (and a front
+    proxy that decoded them would have seen another request). Refused, unread, on every kind of route."""
+    before = proxy.rollouts_stored()
+    for path, shape in (("/rollouts", b'"error":{"message"'), ("/v1/chat/completions", b'"error":{"message"'),
+                        ("/v1/messages", b'"type":"error"')):
+        body = b'{"task_id": "coded"}' if path == "/rollouts" else json.dumps(
+            {"model": BASE_MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}).encode()
+        answer = chunked_post(proxy, path, coding, body)
+        assert answer.startswith(b"HTTP/1.1 501 "), answer[:300]
+        assert b"unsupported_transfer_encoding" in answer or b"not implemented" in answer
+        assert shape in answer and b"Connection: close" in answer, answer[-300:]
+    assert proxy.rollouts_stored() == before
+    # chunked alone, in any letter case (codings are case-insensitive), is read as ever
+    assert chunked_post(proxy, "/rollouts", b"Chunked", b'{"task_id": "chunked"}').startswith(b"HTTP/1.1 201 ")
+
+
 # -- ids a rollout or a call names ------------------------------------------------------------------------------
 @pytest.mark.parametrize("body, param", [
     ({"task_id": "t" * 257}, "task_id"),
