@@ -16,8 +16,10 @@ bench/run_learning.py's accounting line prints for the unpaced run on the same m
 arrives as fast as the trainer takes it, at 3x and 10x it runs ahead and the trainer sees calls of ever older
 versions. Arrivals are open-loop (one every 60 / rate seconds, never waiting for an earlier one); past
 `--max-in-flight` attempts running at once an arrival is shed and counted, as a saturated service would refuse
-it, rather than delayed. Each task's `ATTEMPTS` attempts are spread through the stream in a shuffled order, so
-groups fill while other tasks' attempts arrive in between (the interleaving of issue 36's item 2).
+it, rather than delayed. `--interleave` tasks (8) are open at a time, each arrival an attempt of one of them,
+so a task's `ATTEMPTS` attempts (its group) arrive among other tasks' attempts (issue 36's item 2) and within
+about 25-100 arrivals of each other (spread over the whole stream, no group would be complete before the last
+minutes).
 
 At the end of the wall time new arrivals stop, attempts still running get `--drain-s` to finish, the trainer is
 stopped (production does not wait for it to catch up: what it has not consumed by then is counted `unclaimed`),
@@ -60,11 +62,24 @@ RESULTS = ROOT / "bench" / "results" / "live_traffic.txt"
 NO_KEY = "rlproxy"  # the proxy runs with keys off; clients insist on one
 
 
-def stream(tasks, seed: int) -> list[dict]:
-    """Every task's ATTEMPTS attempts, shuffled together: the order the traffic arrives in."""
-    attempts = [{"id": t.task_id, "prompt": t.prompt, "answer": t.answer, "tool": t.tool}
-                for t in tasks for _ in range(ATTEMPTS)]
-    random.Random(seed).shuffle(attempts)
+def stream(tasks, seed: int, interleave: int) -> list[dict]:
+    """The order the traffic arrives in: `interleave` tasks open at a time, each arrival an attempt of one of them
+    drawn at random; a task that has sent its ATTEMPTS attempts makes room for the next. Many tasks interleave,
+    and a task's attempts (its group) arrive within about `interleave` x ATTEMPTS arrivals of each other, as
+    they would from agents that each take a task for a while."""
+    rng = random.Random(seed)
+    waiting = [{"id": t.task_id, "prompt": t.prompt, "answer": t.answer, "tool": t.tool} for t in tasks]
+    opened = [[task, ATTEMPTS] for task in waiting[:interleave]]
+    waiting = waiting[interleave:]
+    attempts = []
+    while opened:
+        place = rng.randrange(len(opened))
+        attempts.append(opened[place][0])
+        opened[place][1] -= 1
+        if opened[place][1] == 0:
+            opened.pop(place)
+            if waiting:
+                opened.append([waiting.pop(0), ATTEMPTS])
     return attempts
 
 
@@ -125,11 +140,11 @@ def ended(job: asyncio.Task, running_now: set[asyncio.Task], finished: list) -> 
 
 def one_run(engine: str, postgres: str, multiple: float, consumed_per_min: float, seed: int, correction: str,
             wall_s: float, max_in_flight: int, drain_s: float, keep_logs: Path | None = None,
-            family: str = DEFAULT_FAMILY, extra_set: tuple[str, ...] = ()) -> list[str]:
+            family: str = DEFAULT_FAMILY, extra_set: tuple[str, ...] = (), interleave: int = 8) -> list[str]:
     started = time.monotonic()
     trainer_set = (list(OLD_COMPUTATION) if correction == "off" else []) + list(extra_set)
     rate = multiple * consumed_per_min
-    pool = math.ceil(rate * wall_s / 60 / ATTEMPTS) + 2
+    pool = math.ceil(rate * wall_s / 60 / ATTEMPTS) + interleave
     with tempfile.TemporaryDirectory(prefix="live-traffic-") as tmp, ExitStack() as stack:
         workdir = Path(tmp)
         database = create_database(postgres, "rlproxy_live_traffic")
@@ -141,7 +156,7 @@ def one_run(engine: str, postgres: str, multiple: float, consumed_per_min: float
             sets = [arg for pair in trainer_set for arg in ("--set", pair)]
             trainer.enter_context(running(trainer_command(database, engine, prepare_model(), workdir / "adapters",
                                                           *sets), None, log_path=workdir / "trainer.log"))
-            ran = asyncio.run(traffic(proxy, stream(train_tasks(pool, seed=seed, family=family), seed), rate, wall_s,
+            ran = asyncio.run(traffic(proxy, stream(train_tasks(pool, seed=seed, family=family), seed, interleave), rate, wall_s,
                                       max_in_flight, drain_s))
         version = get(f"{proxy}/policies")["active"]
         rollout_ids = [rollout for rollout, reward in ran["finished"] if rollout and reward is not None]
@@ -177,6 +192,8 @@ def main() -> None:
                         choices=sorted(FAMILIES), help="demo/tasks.py's task family (the demo's by default)")
     parser.add_argument("--trainer-set", action="append", default=[], metavar="NAME=VALUE",
                         help="a training setting for `rlproxy train --set` (repeat; after --corrections')")
+    parser.add_argument("--interleave", type=int, default=8,
+                        help="tasks whose attempts arrive interleaved at any time (see `stream`)")
     parser.add_argument("--keep-logs", type=Path, help="a folder to copy each run's trainer and proxy logs into")
     parser.add_argument("--drain-s", type=float, default=60.0, help="seconds running attempts get at the end")
     args = parser.parse_args()
@@ -187,7 +204,7 @@ def main() -> None:
                 for correction in args.corrections.split(","):
                     lines = one_run(engine, args.postgres, multiple, args.consumed_per_min, seed, correction,
                                     args.wall_s, args.max_in_flight, args.drain_s, args.keep_logs, args.family,
-                                    tuple(args.trainer_set))
+                                    tuple(args.trainer_set), args.interleave)
                     print("\n".join(lines), flush=True)
                     sets = (OLD_COMPUTATION if correction == "off" else ()) + tuple(args.trainer_set)
                     with RESULTS.open("a") as file:
