@@ -72,7 +72,7 @@ async def api_errors(request: web.Request, handler):
 
 def build_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> web.Application:
     redact_keys_in()  # aiohttp logs the head of a request it cannot parse, keys included
-    use_guarded_handler()  # and answers it with that head: proxy/http_server.py
+    use_guarded_handler(settings.max_connections)  # and answers it with that head: proxy/http_server.py
     edge = [close_refused, body_deadline(settings.body_timeout), api_errors, valid_host]  # then keys, limits…
     app = web.Application(middlewares=edge,
                           client_max_size=settings.client_max_size, router=Router(),

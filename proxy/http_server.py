@@ -14,7 +14,8 @@
   `a@b` would change what the URL points at, and aiohttp fails on some (an empty one, a port past 65535).
 
 aiohttp has no setting for the first two: the request handler class is what its `Server` builds for each connection
-(`use_guarded_handler`), and the router is the application's (`web.Application(router=Router())`).
+(`use_guarded_handler`), and the router is the application's (`web.Application(router=Router())`). Nor has it a
+limit on connections held at once: the same handler answers one past `--max-connections` 503 and closes it.
 """
 from __future__ import annotations
 
@@ -28,12 +29,31 @@ from aiohttp.web_urldispatcher import MatchInfoError
 from proxy.errors import InvalidRequest, ProxyError
 from proxy.uploads import expect_later
 
+
+def too_many_connections(limit: int) -> bytes:
+    """The whole answer to a connection past the limit, in the OpenAI error shape (written before any request)."""
+    body = (b'{"error":{"message":"the proxy holds its most connections at once (%d, --max-connections); retry",'
+            b'"type":"server_error","param":null,"code":"too_many_connections"}}' % limit)
+    return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+
 NOT_HTTP = ("the request is not valid HTTP/1.1 ({kind}); it was not read, and the connection is closed: send "
             "CRLF line endings, header names without spaces, and headers within the proxy's size limits")
 
 
 class GuardedRequestHandler(RequestHandler):
-    """aiohttp's handler of one connection, but its own error answers carry no request bytes."""
+    """aiohttp's handler of one connection, but its own error answers carry no request bytes, and a connection past
+    `max_connections` is answered 503 and closed before anything of it is read."""
+
+    max_connections = 0  # 0: no limit; set by use_guarded_handler
+    busy_answer = b""
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        if self.max_connections and len(self._manager.connections) > self.max_connections:
+            transport.write(self.busy_answer)
+            transport.close()  # what was written is sent first; connection_lost then unregisters this one
 
     def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
@@ -52,9 +72,11 @@ class GuardedRequestHandler(RequestHandler):
         return response
 
 
-def use_guarded_handler() -> None:
+def use_guarded_handler(max_connections: int = 0) -> None:
     """Make aiohttp's `Server` build a `GuardedRequestHandler` for each connection (it names its handler class
-    at module level and takes no argument for it)."""
+    at module level and takes no argument for it), holding at most `max_connections` at once (0: no limit)."""
+    GuardedRequestHandler.max_connections = max_connections
+    GuardedRequestHandler.busy_answer = too_many_connections(max_connections)
     web_server.RequestHandler = GuardedRequestHandler
 
 

@@ -207,6 +207,34 @@ def test_a_transfer_coding_other_than_chunked_is_501_in_the_routes_shape_and_not
     assert chunked_post(proxy, "/rollouts", b"Chunked", b'{"task_id": "chunked"}').startswith(b"HTTP/1.1 201 ")
 
 
+# -- connections held at once -------------------------------------------------------------------------------------
+def test_connections_past_the_limit_are_answered_503_and_closed_and_the_proxy_serves_again_once_they_go(
+        postgres_server: str, tmp_path):
+    """Idle connections cost a file descriptor each: held past --max-connections, the next is told 503 (with
+    Retry-After, in the OpenAI error shape) and closed, unread; once some go, requests are served as before."""
+    with engine_in_thread(Stub(BASE_MODEL)) as engine_url, fresh_database(postgres_server) as database_url:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        with running(proxy_command(port, [engine_url], database_url, "--max-connections", "8", "--spool-path",
+                                   str(tmp_path / "spool.jsonl")), url + "/healthz", log_path=tmp_path / "proxy.log"):
+            idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(8)]
+            time.sleep(0.5)  # all eight accepted
+            with socket.create_connection(("127.0.0.1", port)) as extra:
+                extra.settimeout(5)
+                answer = b""
+                while chunk := extra.recv(65536):
+                    answer += chunk
+            head, body = answer.split(b"\r\n\r\n", 1)
+            assert head.startswith(b"HTTP/1.1 503 ") and b"Retry-After: 1" in head, head
+            assert json.loads(body)["error"]["code"] == "too_many_connections"
+            for sock in idle[:2]:
+                sock.close()
+            time.sleep(0.5)
+            assert requests.post(f"{url}/rollouts", json={}, timeout=10).status_code == 201
+            for sock in idle[2:]:
+                sock.close()
+
+
 # -- ids a rollout or a call names ------------------------------------------------------------------------------
 @pytest.mark.parametrize("body, param", [
     ({"task_id": "t" * 257}, "task_id"),

@@ -132,6 +132,12 @@ class ProxySettings(CommandSettings):
         120.0, gt=0,
         description="Seconds a request body may take to arrive after its head: past it the request is 408 and its "
                     "connection closed (a slow sender holds no connection or memory longer).")
+    max_connections: int = Field(
+        4096, ge=1,
+        description="Most client connections held open at once; one more is answered 503 (`too_many_connections`, "
+                    "Retry-After) and closed. Bounds the file descriptors and memory idle or slow connections can "
+                    "take, so the store, the spool and the engines keep theirs; keep it under the process's open "
+                    "files limit (`ulimit -n`) with room for those.")
     shutdown_timeout: float = Field(
         30.0, description="Seconds in-flight requests and streams may take to finish after SIGTERM."
     )
