@@ -3,10 +3,8 @@ at a fixed rate, whatever the trainer is doing, for a fixed wall time, many task
 `rlproxy serve` + `rlproxy train` as processes on Postgres; held-out success before and after, and what the
 trainer did with the traffic (bench/training_accounting.py: trained, or dropped and why).
 
-NOT YET RUN. Written for issue 36's item 5; the measurements in docs/learning.md ("Learning from traffic that does
-not wait") are bench/run_learning.py's fixed-budget runs. A run here is about `--wall-s` plus two held-out
-evaluations (~1 min each on a 2-core CPU) per configuration: 3 rates x 2 corrections x 3 seeds of 10 minutes is
-over 3 hours of that machine.
+Measured in docs/learning.md ("Live traffic"); every run's lines are in bench/results/live_traffic.txt. A run is
+about `--wall-s` plus two held-out evaluations (~1 min each on a 2-core CPU) and the engine-shared start.
 
     .venv/bin/python bench/live_traffic.py --engine-url http://127.0.0.1:8000 --multiples 1,3,10 \
         --corrections on,off --seeds 11,12,13 --wall-s 600

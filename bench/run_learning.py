@@ -58,11 +58,11 @@ AGENTS = {"agent": ("--agent", "examples.run_calculator:solve"),
 RESULTS = ROOT / "bench" / "results" / "run_learning.txt"
 ATTEMPTS = 8  # a task's attempts: the trainer's group (its default group_size)
 # How a step was computed before issue 36's off-policy correction, as training settings: the ratio against the
-# engine's log-probs with no importance weight, no dual clip, the old staleness bound, and one batch of 16 rollouts a
-# step whatever waits (no larger step over a backlog). (What cannot be turned
-# back: task groups are now found among all waiting rollouts, and dropped calls are counted once.)
+# engine's log-probs with no importance weight, no dual clip, the old staleness bound, one batch of 16 rollouts a
+# step whatever waits (no larger step over a backlog), the full learning rate however little a step trains. (What
+# cannot be turned back: task groups are found among all waiting rollouts, and dropped calls are counted once.)
 OLD_COMPUTATION = ("proximal_policy=behaviour", "is_correction_level=off", "dual_clip=0", "max_staleness=2",
-                   "max_batch_rollouts=16")
+                   "max_batch_rollouts=16", "scale_lr_to_batch=false")
 
 
 def write_tasks(path: Path, tasks) -> Path:

@@ -224,6 +224,22 @@ def test_mini_batches_take_one_update_each_and_learn_more_from_one_batch(tiny_mo
     assert moved[1] > 0 and moved[4] > moved[1]
 
 
+def test_a_step_over_part_of_a_batch_moves_the_adapter_in_proportion(tiny_model):
+    """AdamW's first update is about lr x sign(gradient) whatever the batch holds: a step over one transition where a
+    batch is sixteen would be a full-size step of noise. With lr_scale 1/16 the adapter moves a sixteenth as far."""
+    moved = {}
+    for scale in (1.0, 1 / 16):
+        trainer = make_trainer(tiny_model, kl_coef=0.0)
+        start = [p.detach().clone() for p in trainer.params]
+        trainer.step(on_policy_batch(trainer, n=1), lr_scale=scale)
+        moved[scale] = sum(float((p.detach() - s).norm() ** 2) for p, s in zip(trainer.params, start)) ** 0.5
+    assert moved[1.0] > 0 and moved[1 / 16] / moved[1.0] == pytest.approx(1 / 16, rel=0.05)
+    settings = TrainingSettings(batch_rollouts=16)
+    assert (settings.lr_scale_for(1), settings.lr_scale_for(8), settings.lr_scale_for(16),
+            settings.lr_scale_for(40)) == (1 / 16, 0.5, 1.0, 1.0)
+    assert TrainingSettings(batch_rollouts=16, scale_lr_to_batch=False).lr_scale_for(1) == 1.0
+
+
 # --- adapter -------------------------------------------------------------------------------------------
 
 

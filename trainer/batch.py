@@ -19,11 +19,13 @@ ZERO_ADVANTAGE = "zero_advantage"
 
 def build_transitions(rollouts: list[RolloutData], config: TrainingSettings, active_version: int,
                       skips: SkipReasons, *, keep_zero: bool = False, policy: str | None = None,
-                      lineage: dict[int, int] | None = None, staleness: Staleness | None = None) -> list[Transition]:
+                      lineage: dict[int, int] | None = None, staleness: Staleness | None = None,
+                      usable: set[str] | None = None) -> list[Transition]:
     """One transition per call and choice (merged along exact prefix links). With `policy`, only the calls that
     named policy answered (another role's calls in the same episode are its own policy's); `lineage` (version ->
     position in that policy's line, store.policies.lineage) measures staleness in that policy's versions, and
-    `staleness` counts it (trainer/staleness.py).
+    `staleness` counts it (trainer/staleness.py). `usable` collects the ids of the rollouts with a call this step
+    may train (zero advantage or not): what is left of the batch once stale and foreign calls are dropped.
 
     The advantage of call t in rollout i is  A_i + (G_t - R_i):  the episode's advantage within its task
     group (config.advantage_estimator over final rewards R), plus how the call's own credited return G_t
@@ -37,6 +39,8 @@ def build_transitions(rollouts: list[RolloutData], config: TrainingSettings, act
             if not rollout.calls:  # otherwise each of its calls is counted already, under its own reason
                 skips[NO_CALLS] += 1
             continue
+        if usable is not None:
+            usable.add(rollout.id)
         returns = assign_credit(rollout.reward, len(calls), mode=config.credit, gamma=config.gamma,
                                 intermediate=[call.rewards for call in calls])
         staged: list[Call] = []

@@ -116,8 +116,8 @@ class LeaderPolicy:
         collective.send(("start", (adapter_dir,)))
         return cls(build(adapter_dir), collective)
 
-    def step(self, transitions, served_version=None, updates=None):
-        return self._everywhere("step", transitions, served_version, updates)
+    def step(self, transitions, served_version=None, updates=None, lr_scale=1.0):
+        return self._everywhere("step", transitions, served_version, updates, lr_scale)
 
     def load(self, adapter_dir) -> None:
         self._everywhere("load", adapter_dir)

@@ -125,16 +125,19 @@ class PolicyTrainer:
 
     # --- one training step ------------------------------------------------------------------------
     def step(self, transitions: list[Transition], served_version: int | None = None,
-             updates: int | None = None) -> StepMetrics:
+             updates: int | None = None, lr_scale: float = 1.0) -> StepMetrics:
         """`ppo_epochs` passes over the batch; each pass one AdamW update per mini-batch, its gradient accumulated
         over the mini-batch's micro-batches. `served_version`: the version this trainer holds now, which sampled
         the calls of that version (lag 0): on those the engine's log-probs and the proximal ones are compared
         (StepMetrics.agreement_kl). `updates`: mini-batches per epoch when not `mini_batches` (a step over a
-        backlog of several batches makes as many updates as those batches would have)."""
+        backlog of several batches makes as many updates as those batches would have). `lr_scale`: this step's
+        learning rate as a share of `learning_rate` (a step over less than a batch moves the policy less)."""
         started = time.perf_counter()
         batch, skipped = valid_transitions(transitions, self.config.max_seq_len)
         if not batch:
             return StepMetrics(skipped=skipped, step=self.step_count)
+        for group in self.optimizer.param_groups:  # set every step: a loaded optimizer state keeps its own
+            group["lr"] = self.config.learning_rate * lr_scale
         minis = self._mini_batches(batch, served_version, updates or self.config.mini_batches)
         tally = StepTally(trained_tokens=sum(mini.tokens for mini in minis),
                           micro_batches=sum(not mb.placeholder for mini in minis for mb in mini.micro_batches))

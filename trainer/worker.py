@@ -153,9 +153,10 @@ class TrainerWorker:
         skipped: dict[str, dict[str, int]] = {}
         lags = Staleness(now=utcnow())  # every policy's, for a step that trains nothing
         for line in self.lines.values():
-            skips, staleness = SkipReasons(), Staleness(now=lags.now)
+            skips, staleness, usable = SkipReasons(), Staleness(now=lags.now), set()
             transitions = build_transitions(rollouts, self.settings.training, line.parent_version, skips,
-                                            policy=line.policy, lineage=lineages[line.policy], staleness=staleness)
+                                            policy=line.policy, lineage=lineages[line.policy], staleness=staleness,
+                                            usable=usable)
             skipped[line.policy] = dict(skips)
             staleness.observe(self.metrics)
             lags.merge(staleness)
@@ -164,20 +165,24 @@ class TrainerWorker:
             await self._switch_to(line)
             if self.settings.training.token_source == "retokenized":
                 await asyncio.to_thread(self._recompute_behaviour, transitions)
+            wanted = self.settings.training
+            usable_rollouts = len(usable)  # zero-advantage groups count: they are part of the batch's evidence
+            lr_scale = wanted.lr_scale_for(usable_rollouts)
             step_began = time.perf_counter()
             async with self.while_computing():
                 step_metrics = (await asyncio.to_thread(self.policy.step, transitions, line.parent_version,
-                                                        self.settings.training.updates_for(len(rollouts)))).as_dict()
+                                                        wanted.updates_for(usable_rollouts), lr_scale)).as_dict()
             self._observe(step_metrics, transitions, time.perf_counter() - step_began)
             agreement = self.agreement.check(line.policy, step_metrics)
             version, path = await self._save()
             step_metrics.update(skipped=dict(skips), reward_mean=statistics.fmean(rewards), rollouts=len(rollouts),
+                                usable_rollouts=usable_rollouts, lr_scale=lr_scale,
                                 policy=line.policy, staleness=staleness.as_dict())
             trained.append(Trained(line, version, path, len(transitions), step_metrics, agreement))
-            log.info("step %d, policy %r: %d rollouts, %d transitions, reward %.3f, loss %.4f -> v%d in %.1f s; "
-                     "dropped: %s; %s; IS weights clipped/masked %.1f%%%s", self.steps + 1, line.policy, len(rollouts),
-                     len(transitions), statistics.fmean(rewards), step_metrics.get("loss", 0.0), version,
-                     time.perf_counter() - step_began,
+            log.info("step %d, policy %r: %d rollouts, %d transitions, reward %.3f, loss %.4f, lr x%.2f -> v%d in "
+                     "%.1f s; dropped: %s; %s; IS weights clipped/masked %.1f%%%s", self.steps + 1, line.policy,
+                     len(rollouts), len(transitions), statistics.fmean(rewards), step_metrics.get("loss", 0.0),
+                     lr_scale, version, time.perf_counter() - step_began,
                      _reasons(skips), staleness.describe(), 100 * step_metrics.get("is_filtered", 0.0),
                      "" if agreement is None else f"; v{agreement.version} served as trained: KL {agreement.kl:.4f}")
         for reasons in skipped.values():

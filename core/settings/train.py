@@ -196,7 +196,18 @@ class TrainingSettings:
 
     # --- pipeline (read by the worker) ------------------------------------------------------------
     batch_rollouts: int = Field(
-        16, ge=1, description="Rewarded rollouts consumed per training step."
+        16, ge=1,
+        description="Rewarded rollouts consumed per training step. learning_rate is the rate of a step over this "
+                    "many: a step that trains fewer (what was ready, less the calls dropped as stale) takes the "
+                    "rate in proportion (scale_lr_to_batch).",
+    )
+    scale_lr_to_batch: bool = Field(
+        True,
+        description="A step over fewer than batch_rollouts rollouts (what was ready, less those whose every call "
+                    "was dropped as stale; a group with one reward for all still counts) takes learning_rate x "
+                    "rollouts / batch_rollouts (the linear scaling rule). Off: every step takes the full rate, so a "
+                    "step on a single late group, or what staleness left of a batch, moves the adapter as far as a "
+                    "full one (AdamW's update hardly depends on how much the gradient averaged over).",
     )
     max_batch_rollouts: int = Field(
         64, ge=1,
@@ -286,6 +297,12 @@ class TrainingSettings:
     def updates_for(self, rollouts: int) -> int:
         """Optimizer updates per epoch for a step over `rollouts`: mini_batches per batch of batch_rollouts begun."""
         return self.mini_batches * max(1, -(-rollouts // self.batch_rollouts))
+
+    def lr_scale_for(self, rollouts: int) -> float:
+        """A step over fewer than batch_rollouts trained rollouts takes a learning rate in proportion (the linear
+        scaling rule): AdamW moves the weights about as far on one transition as on a batch, so a step on what a
+        few late groups left after stale calls were dropped would otherwise be a full-size step of noise."""
+        return min(1.0, rollouts / self.batch_rollouts) if self.scale_lr_to_batch else 1.0
 
     @property
     def needs_reference(self) -> bool:
