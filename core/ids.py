@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 
 ID_LIMITS = {"rollout": 128, "agent": 128, "task": 256}  # characters
-_ID = re.compile(r"^[A-Za-z0-9._:@\-]+$")  # safe in a URL path segment
+_ID = re.compile(r"[A-Za-z0-9._:@\-]+")  # safe in a URL path segment
 # Task ids are free text (e.g. "gsm8k/train/17"). aiohttp reads header bytes that are not UTF-8 as lone surrogates
 # (surrogateescape), which no JSON writer or database takes: refused here, with control characters.
-_TEXT = re.compile(r"^[^\x00-\x1f\x7f\ud800-\udfff]+$")
+_TEXT = re.compile(r"[^\x00-\x1f\x7f\ud800-\udfff]+")
 _TEXT_REFUSED = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
 
 
@@ -17,7 +17,7 @@ def is_valid_id(value: str, what: str = "rollout") -> bool:
     if what != "task" and value in (".", ".."):  # a path segment every URL library resolves away
         return False
     pattern = _TEXT if what == "task" else _ID
-    return len(value) <= ID_LIMITS[what] and pattern.match(value) is not None
+    return len(value) <= ID_LIMITS[what] and pattern.fullmatch(value) is not None  # `$` would pass a final "\n"
 
 
 def task_id_problem(value: str) -> str | None:

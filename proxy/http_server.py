@@ -38,6 +38,7 @@ def too_many_connections(limit: int) -> bytes:
             b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
 
 
+LINGER_S = 1.0  # how long a refused connection is read from (and its bytes dropped) before it is closed
 NOT_HTTP = ("the request is not valid HTTP/1.1 ({kind}); it was not read, and the connection is closed: send "
             "CRLF line endings, header names without spaces, and headers within the proxy's size limits")
 
@@ -48,12 +49,21 @@ class GuardedRequestHandler(RequestHandler):
 
     max_connections = 0  # 0: no limit; set by use_guarded_handler
     busy_answer = b""
+    refused = False
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
-        if self.max_connections and len(self._manager.connections) > self.max_connections:
+        if self.max_connections and len(self._manager._connections) > self.max_connections:
+            self.refused = True
             transport.write(self.busy_answer)
-            transport.close()  # what was written is sent first; connection_lost then unregisters this one
+            transport.write_eof()
+            # Closed a moment later, not now: closing a socket with the client's request unread in its buffer
+            # sends a reset, and the client would see that instead of the 503. What it sends meanwhile is dropped.
+            self._loop.call_later(LINGER_S, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.refused:
+            super().data_received(data)
 
     def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:

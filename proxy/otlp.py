@@ -134,16 +134,26 @@ class SpanFacts:
         return self.is_root and not self.is_tool and self.call_id is None and self.tool_call_id is None
 
 
-# A JSON string, escapes and all, as one unambiguous pass (the unrolled form: no backtracking on long strings).
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# A JSON string, escapes and all, or an unterminated one to the end of the body. Every character has one reading, so
+# the first attempt at each opening quote succeeds: linear (a pattern that insisted on the closing quote rescanned
+# to the end from each escaped quote of an unterminated string: quadratic).
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.?[^"\\]*)*(?:(")|\Z)', re.DOTALL)
 
 
 def json_values_bound(body: bytes) -> int:
     """At least the number of values `body` holds, were it JSON, counted without parsing it: every value but the
     first follows a comma or an opening bracket outside a string. Those inside strings (a prompt of CSV text in an
-    attribute) are not counted; an unterminated string's are, which only errs towards refusing."""
-    bare = _JSON_STRING.sub(b'""', body)
-    return bare.count(b",") + bare.count(b"{") + bare.count(b"[")
+    attribute) are not counted; in a body with an unterminated string (not JSON: refused by the parser) all are."""
+    unterminated = False
+
+    def blank(match: re.Match) -> bytes:
+        nonlocal unterminated
+        unterminated = unterminated or match.group(1) is None
+        return b'""'
+
+    bare = _JSON_STRING.sub(blank, body)
+    counted = body if unterminated else bare
+    return counted.count(b",") + counted.count(b"{") + counted.count(b"[")
 
 
 def decode_request(body: bytes, content_type: str, budget: ExportBudget) -> ExportTraceServiceRequest:

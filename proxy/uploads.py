@@ -27,6 +27,7 @@ from aiohttp import web
 from proxy.errors import (ExpectationFailed, InvalidRequest, NotImplementedCoding, PayloadTooLarge, RequestTimeout,
                           Unprocessable, UnsupportedMediaType)
 
+REFUSED_CODING = "rlproxy_refused_transfer_coding"  # set on a request whose transfer coding was refused
 STEP = 64 * 1024
 """Most bytes one inflate step produces: a bomb is caught within one step of passing a bound."""
 
@@ -143,6 +144,7 @@ def check_transfer_coding(request: web.Request) -> None:
     codings = [c.strip().lower() for value in request.headers.getall("Transfer-Encoding", ())
                for c in value.split(",") if c.strip()]
     if codings and codings != ["chunked"]:
+        request[REFUSED_CODING] = True  # close_refused closes the connection
         raise NotImplementedCoding(f"Transfer-Encoding {', '.join(codings)!r} is not implemented: send the body "
                                    "chunked or with a Content-Length, compressed if at all with Content-Encoding "
                                    f"({', '.join(sorted(ENCODINGS))})")
@@ -193,7 +195,7 @@ async def close_refused(request: web.Request, handler):
     (where this request ends is not agreed on, so nothing after it on the connection is read)."""
     response = await handler(request)
     unread = request.body_exists and not request.content.is_eof()
-    if response.status >= 400 and unread or response.status == NotImplementedCoding.status:
+    if response.status >= 400 and unread or request.get(REFUSED_CODING):
         response.force_close()
     return response
 

@@ -107,6 +107,8 @@ async def ready_rollouts(session: AsyncSession, *, limit: int, group_size: int, 
     for task_id, count, first in groups:
         # whole groups of `group_size`; a group that waited long enough goes as it is
         take = count - count % group_size if task_id is not None and count >= group_size else count
+        if task_id is not None and take > limit:  # one task's backlog (an id reused for many attempts): a cap too
+            take = max(group_size, limit - limit % group_size)
         if task_id is None:
             take = min(count, max(1, limit - sum(wanted.values())))
         if wanted and sum(wanted.values()) + take > limit:

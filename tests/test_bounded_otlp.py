@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -106,6 +107,11 @@ def test_commas_inside_an_attributes_text_are_not_counted_as_values(proxy: Proxy
     assert body.count(b",") > 960_000  # more than the default budget's values, all inside one string
     assert post_json_export(proxy, body).status_code == 200
     error(post_json_export(proxy, b'{"resourceSpans": "' + b"," * 1_000_000), 413, "too_many_fields")
+    # the count is one pass however the strings are built: a megabyte of escaped quotes in a string never closed
+    # (each a place a careless pattern would start again) is refused as the invalid JSON it is, at once
+    began = time.monotonic()
+    error(post_json_export(proxy, b'{"resourceSpans": "' + b'\\"' * 500_000), 400, "invalid_otlp")
+    assert time.monotonic() - began < 10
 
 
 def test_what_an_export_holds_is_counted_on_the_wire_before_it_is_parsed(proxy: Proxy):

@@ -219,7 +219,8 @@ def test_connections_past_the_limit_are_answered_503_and_closed_and_the_proxy_se
                                    str(tmp_path / "spool.jsonl")), url + "/healthz", log_path=tmp_path / "proxy.log"):
             idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(8)]
             time.sleep(0.5)  # all eight accepted
-            with socket.create_connection(("127.0.0.1", port)) as extra:
+            with socket.create_connection(("127.0.0.1", port)) as extra:  # a request sent at once, as clients do
+                extra.sendall(b"POST /rollouts HTTP/1.1\r\nHost: proxy\r\nContent-Length: 2\r\n\r\n{}")
                 extra.settimeout(5)
                 answer = b""
                 while chunk := extra.recv(65536):
@@ -242,7 +243,9 @@ def test_connections_past_the_limit_are_answered_503_and_closed_and_the_proxy_se
     ({"agent": "a" * 129}, "agent"),
     ({"agent": "has space"}, "agent"),
     ({"agent": ".."}, "agent"),
-], ids=["long-task", "control-task", "long-agent", "space-agent", "dot-agent"])
+    ({"task_id": "task\n"}, "task_id"),
+    ({"agent": "agent\n"}, "agent"),
+], ids=["long-task", "control-task", "long-agent", "space-agent", "dot-agent", "newline-task", "newline-agent"])
 def test_a_rollout_naming_an_id_the_store_cannot_hold_is_422_and_nothing_is_stored(proxy: Proxy, body, param):
     before = proxy.rollouts_stored()
     answer = requests.post(f"{proxy.url}/rollouts", json=body, headers=proxy.headers(), timeout=10)

@@ -240,8 +240,26 @@ def test_a_backlog_of_complete_groups_is_taken_in_one_larger_step(own_database_u
     assert len(asyncio.run(ready(most=12))) == 12  # three whole groups fit under 12
     assert len(asyncio.run(ready(most=64))) == 20  # the whole backlog; the late group still waits
     settings = TrainingSettings(batch_rollouts=16, max_batch_rollouts=64, mini_batches=4)
-    assert (settings.updates_for(16), settings.updates_for(20), settings.updates_for(64)) == (4, 8, 16)
+    assert [settings.updates_for(n) for n in (8, 16, 20, 30, 64)] == [4, 4, 4, 8, 16]
     assert TrainingSettings(batch_rollouts=128).step_rollouts_cap == 128  # never below the batch
+
+
+def test_one_tasks_backlog_is_capped_too(own_database_url):
+    """A task id reused for many attempts (20 waiting, groups of 4): a step takes whole groups of it up to the cap."""
+    from store import training
+
+    asyncio.run(record_episodes(own_database_url, groups=1, group_size=20))
+
+    async def ready(**kwargs) -> list[str]:
+        database = open_database(own_database_url)
+        async with session_factory(database)() as session:
+            chosen = await training.ready_rollouts(session, limit=8, group_size=4, group_timeout_s=300, **kwargs)
+        await database.dispose()
+        return chosen
+
+    assert len(asyncio.run(ready())) == 8
+    assert len(asyncio.run(ready(most=10))) == 8  # whole groups of 4 under 10
+    assert len(asyncio.run(ready(most=64))) == 20
 
 
 def test_rollouts_created_for_an_agent_that_is_not_trained_are_never_claimed(own_database_url):

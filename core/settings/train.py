@@ -295,8 +295,9 @@ class TrainingSettings:
         return max(self.batch_rollouts, self.max_batch_rollouts)
 
     def updates_for(self, rollouts: int) -> int:
-        """Optimizer updates per epoch for a step over `rollouts`: mini_batches per batch of batch_rollouts begun."""
-        return self.mini_batches * max(1, -(-rollouts // self.batch_rollouts))
+        """Optimizer updates per epoch for a step over `rollouts`: mini_batches per batch of batch_rollouts (to the
+        nearest whole batch, at least one), so a mini-batch stays about the size a regular step's is."""
+        return self.mini_batches * max(1, round(rollouts / self.batch_rollouts))
 
     def lr_scale_for(self, rollouts: int) -> float:
         """A step over fewer than batch_rollouts trained rollouts takes a learning rate in proportion (the linear
