@@ -13,7 +13,6 @@ import argparse
 import asyncio
 import json
 import os
-import sys
 
 from core.settings.train import demo_score_command
 from demo.evaluate import evaluate_heldout
