@@ -219,26 +219,33 @@ def test_complete_groups_are_found_among_many_interleaved_tasks(own_database_url
     assert len(chosen) == 8 and set(chosen) == set(attempts[3]) | set(attempts[5])
 
 
+def claimable(database_url: str, **kwargs) -> list[str]:
+    """What the trainer's claim would take now (store.training.ready_rollouts with these arguments)."""
+    from store import training
+
+    async def ready() -> list[str]:
+        database = open_database(database_url)
+        async with session_factory(database)() as session:
+            chosen = await training.ready_rollouts(session, **kwargs)
+        await database.dispose()
+        return chosen
+    return asyncio.run(ready())
+
+
 def test_a_backlog_of_complete_groups_is_taken_in_one_larger_step(own_database_url):
     """Traffic ran ahead of the trainer: five complete groups of 4 wait where a batch is 8. A step takes them up to
     `most` (whole groups), with the updates its batches would have had; `most` equal to the batch keeps steps as
     they were, and an unfinished group is not pulled in by the larger claim."""
-    from store import training
-
     asyncio.run(record_episodes(own_database_url, groups=5, group_size=4))
     asyncio.run(record_episodes(own_database_url, groups=1, group_size=3, task_prefix="late"))  # still filling
 
-    async def ready(**kwargs) -> list[str]:
-        database = open_database(own_database_url)
-        async with session_factory(database)() as session:
-            chosen = await training.ready_rollouts(session, limit=8, group_size=4, group_timeout_s=300, **kwargs)
-        await database.dispose()
-        return chosen
+    def ready(**kwargs) -> list[str]:
+        return claimable(own_database_url, limit=8, group_size=4, group_timeout_s=300, **kwargs)
 
-    assert len(asyncio.run(ready())) == 8  # one batch, as before
-    assert len(asyncio.run(ready(most=8))) == 8
-    assert len(asyncio.run(ready(most=12))) == 12  # three whole groups fit under 12
-    assert len(asyncio.run(ready(most=64))) == 20  # the whole backlog; the late group still waits
+    assert len(ready()) == 8  # one batch, as before
+    assert len(ready(most=8)) == 8
+    assert len(ready(most=12)) == 12  # three whole groups fit under 12
+    assert len(ready(most=64)) == 20  # the whole backlog; the late group still waits
     settings = TrainingSettings(batch_rollouts=16, max_batch_rollouts=64, mini_batches=4)
     assert [settings.updates_for(n) for n in (8, 16, 20, 30, 64)] == [4, 4, 4, 8, 16]
     assert TrainingSettings(batch_rollouts=128).step_rollouts_cap == 128  # never below the batch
@@ -246,20 +253,14 @@ def test_a_backlog_of_complete_groups_is_taken_in_one_larger_step(own_database_u
 
 def test_one_tasks_backlog_is_capped_too(own_database_url):
     """A task id reused for many attempts (20 waiting, groups of 4): a step takes whole groups of it up to the cap."""
-    from store import training
-
     asyncio.run(record_episodes(own_database_url, groups=1, group_size=20))
 
-    async def ready(**kwargs) -> list[str]:
-        database = open_database(own_database_url)
-        async with session_factory(database)() as session:
-            chosen = await training.ready_rollouts(session, limit=8, group_size=4, group_timeout_s=300, **kwargs)
-        await database.dispose()
-        return chosen
+    def ready(**kwargs) -> list[str]:
+        return claimable(own_database_url, limit=8, group_size=4, group_timeout_s=300, **kwargs)
 
-    assert len(asyncio.run(ready())) == 8
-    assert len(asyncio.run(ready(most=10))) == 8  # whole groups of 4 under 10
-    assert len(asyncio.run(ready(most=64))) == 20
+    assert len(ready()) == 8
+    assert len(ready(most=10)) == 8  # whole groups of 4 under 10
+    assert len(ready(most=64)) == 20
 
 
 def test_rollouts_created_for_an_agent_that_is_not_trained_are_never_claimed(own_database_url):
