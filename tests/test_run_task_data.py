@@ -166,9 +166,9 @@ def test_an_agent_that_cannot_be_started_fails_its_attempt_not_the_run(proxy_url
     assert ends == {"wide": ("failed", "cannot start /bin/sh: Argument list too long"), "narrow": ("rewarded", None)}
 
 
-def test_a_rollout_the_proxy_refuses_fails_its_attempt_with_the_proxys_reason(proxy_url, tmp_path):
-    """300 characters: within what the runner sends (1,024 bytes), over what the proxy stores (256): the proxy's
-    422 fails that attempt, and the run goes on."""
+def test_a_task_id_over_what_the_proxy_stores_fails_its_attempt_before_any_rollout(proxy_url, tmp_path):
+    """300 characters, or a tab: the proxy would refuse either (core/ids.py, its one rule); the runner refuses them
+    first, never tried, with the reason, and the run goes on."""
     tasks = write_tasks(tmp_path / "tasks.jsonl", {"id": "t" * 300}, {"id": "tab\there"}, {"id": "good"})
     log = tmp_path / "run.jsonl"
     result = rlproxy_run(proxy_url, log, "--tasks", str(tasks), "--task-id-field", "id", "--attempts", "1",
@@ -176,6 +176,5 @@ def test_a_rollout_the_proxy_refuses_fails_its_attempt_with_the_proxys_reason(pr
     assert result.exit_code == 0, result.output
     ends = {e["task_id"][:4]: (e["status"], e["error"], e["tries"]) for e in finished(log)}
     assert ends["good"] == ("rewarded", None, 1)
-    assert ends["tttt"] == ("failed", "the proxy refused this attempt's rollout (POST /rollouts: 422): task_id: "
-                                      "String should have at most 256 characters", 1)  # never tried again
-    assert ends["tab\t"][0] == "failed" and "without control characters" in ends["tab\t"][1]
+    assert ends["tttt"] == ("failed", "the task id is 300 characters, more than a rollout's task id holds (256)", 0)
+    assert ends["tab\t"] == ("failed", "the task id holds a control character ('\\t') at character 3", 0)
