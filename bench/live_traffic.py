@@ -21,7 +21,9 @@ minutes).
 
 At the end of the wall time new arrivals stop, attempts still running get `--drain-s` to finish, the trainer is
 stopped (production does not wait for it to catch up: what it has not consumed by then is counted `unclaimed`),
-and the version then serving is evaluated on the 48 held-out tasks. Result lines are appended to
+and the version then serving is evaluated on the 48 held-out tasks. With `--catch-up-s`, the trainer is then
+started again, as after a burst of traffic: it runs until every rewarded rollout is trained or dropped with a
+reason (or that many seconds pass), and the held-out tasks are evaluated again. Result lines are appended to
 bench/results/live_traffic.txt.
 """
 from __future__ import annotations
@@ -138,7 +140,8 @@ def ended(job: asyncio.Task, running_now: set[asyncio.Task], finished: list) -> 
 
 def one_run(engine: str, postgres: str, multiple: float, consumed_per_min: float, seed: int, correction: str,
             wall_s: float, max_in_flight: int, drain_s: float, keep_logs: Path | None = None,
-            family: str = DEFAULT_FAMILY, extra_set: tuple[str, ...] = (), interleave: int = 8) -> list[str]:
+            family: str = DEFAULT_FAMILY, extra_set: tuple[str, ...] = (), interleave: int = 8,
+            catch_up_s: float = 0.0) -> list[str]:
     started = time.monotonic()
     trainer_set = (list(OLD_COMPUTATION) if correction == "off" else []) + list(extra_set)
     rate = multiple * consumed_per_min
@@ -150,8 +153,8 @@ def one_run(engine: str, postgres: str, multiple: float, consumed_per_min: float
         heldout = write_tasks(workdir / "heldout.jsonl", heldout_tasks(min(48, pool_size("heldout", family)),
                                                                       seed=0, family=family))
         before = success(rlproxy_run(proxy, "agent", workdir, "before", "--eval-tasks", str(heldout)))
+        sets = [arg for pair in trainer_set for arg in ("--set", pair)]
         with ExitStack() as trainer:  # stopped when the wall time ends: the traffic never waited for it
-            sets = [arg for pair in trainer_set for arg in ("--set", pair)]
             trainer.enter_context(running(trainer_command(database, engine, prepare_model(), workdir / "adapters",
                                                           *sets), None, log_path=workdir / "trainer.log"))
             ran = asyncio.run(traffic(proxy, stream(train_tasks(pool, seed=seed, family=family), seed, interleave), rate, wall_s,
@@ -160,6 +163,14 @@ def one_run(engine: str, postgres: str, multiple: float, consumed_per_min: float
         rollout_ids = [rollout for rollout, reward in ran["finished"] if rollout and reward is not None]
         accounting = account(database, rollout_ids, max_staleness=max_staleness(trainer_set))
         after = success(rlproxy_run(proxy, "agent", workdir, "after", "--eval-tasks", str(heldout)))
+        caught_up = None
+        if catch_up_s > 0:  # the traffic has eased: a trainer started again takes what it had not consumed
+            with running(trainer_command(database, engine, prepare_model(), workdir / "adapters", *sets), None,
+                         log_path=workdir / "trainer.log"):
+                waited = catch_up(database, rollout_ids, max_staleness(trainer_set), catch_up_s)
+            caught_up = (waited, account(database, rollout_ids, max_staleness=max_staleness(trainer_set)),
+                         get(f"{proxy}/policies")["active"],
+                         success(rlproxy_run(proxy, "agent", workdir, "caught-up", "--eval-tasks", str(heldout))))
         if keep_logs is not None:
             keep_logs.mkdir(parents=True, exist_ok=True)
             for name in ("trainer.log", "proxy.log"):
@@ -170,7 +181,22 @@ def one_run(engine: str, postgres: str, multiple: float, consumed_per_min: float
              f"({(after[0] / after[1] - before[0] / before[1]) * 100:+.1f} points); {ran['arrived']} arrived in "
              f"{wall_s:.0f} s, {ran['shed']} shed, {len(rewards)} rewarded (reward "
              f"{sum(rewards) / max(1, len(rewards)):.2f}); {time.monotonic() - started:.0f} s"),
-            f"  trainer: {accounting.describe()}"]
+            f"  trainer: {accounting.describe()}"] + ([] if caught_up is None else [catch_up_line(before, *caught_up)])
+
+
+def catch_up(database: str, rollout_ids: list[str], staleness: int, most_s: float) -> float:
+    """Seconds until every rewarded rollout is trained or dropped with a reason (none `unclaimed`), or `most_s`."""
+    began = time.monotonic()
+    while time.monotonic() - began < most_s:
+        time.sleep(15)
+        if not account(database, rollout_ids, max_staleness=staleness).rollouts["unclaimed"]:
+            break
+    return time.monotonic() - began
+
+
+def catch_up_line(before: tuple[int, int], waited: float, accounting, version: int, after: tuple[int, int]) -> str:
+    return (f"  after the traffic, the trainer again for {waited:.0f} s: held-out v{version} {after[0]}/{after[1]} "
+            f"({(after[0] / after[1] - before[0] / before[1]) * 100:+.1f} points from base); {accounting.describe()}")
 
 
 def main() -> None:
@@ -194,6 +220,10 @@ def main() -> None:
                         help="tasks whose attempts arrive interleaved at any time (see `stream`)")
     parser.add_argument("--keep-logs", type=Path, help="a folder to copy each run's trainer and proxy logs into")
     parser.add_argument("--drain-s", type=float, default=60.0, help="seconds running attempts get at the end")
+    parser.add_argument("--catch-up-s", type=float, default=0.0,
+                        help="after the held-out evaluation, start the trainer again for at most this long (until "
+                             "no rewarded rollout is left unclaimed), then evaluate again: what the backlog gives "
+                             "once traffic eases. 0: no catch-up")
     args = parser.parse_args()
     with ExitStack() as stack:
         engine = args.engine_url or start_engine(stack)
@@ -202,13 +232,13 @@ def main() -> None:
                 for correction in args.corrections.split(","):
                     lines = one_run(engine, args.postgres, multiple, args.consumed_per_min, seed, correction,
                                     args.wall_s, args.max_in_flight, args.drain_s, args.keep_logs, args.family,
-                                    tuple(args.trainer_set), args.interleave)
+                                    tuple(args.trainer_set), args.interleave, args.catch_up_s)
                     print("\n".join(lines), flush=True)
                     sets = (OLD_COMPUTATION if correction == "off" else ()) + tuple(args.trainer_set)
                     with RESULTS.open("a") as file:
                         file.write(f"## {datetime.date.today()} {cpu_model()}, {os.cpu_count()} cores: "
                                    f"bench/live_traffic.py --wall-s {args.wall_s:g} --consumed-per-min "
-                                   f"{args.consumed_per_min:g} --family {args.family} (correction {correction}: "
+                                   f"{args.consumed_per_min:g} --family {args.family} --catch-up-s {args.catch_up_s:g} (correction {correction}: "
                                    f"trainer --set {' '.join(sets) or 'none, its defaults'})\n"
                                    + "\n".join(lines) + "\n\n")
 

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from core.hardware import fast_bf16
-from core.settings import TrainingSettings as TrainConfig  # the training settings (core/settings/train.py)
+from core.settings import TrainingSettings as TrainConfig  # the training settings (core/settings/training.py)
 from trainer.adapter import load_adapter, save_adapter_atomically
 from trainer.compat import import_openrlhf
 from trainer.logprobs import MicroBatch, Scorer, collate, placeholder_micro_batch
@@ -62,7 +62,7 @@ class PolicyTrainer:
         self.collective = collective or Collective()
         self.device = (torch.device("cuda", self.collective.local_rank) if torch.cuda.is_available()
                        else torch.device("cpu"))
-        if not config.micro_batch_tokens:  # 0: by device (core/settings/train.py)
+        if not config.micro_batch_tokens:  # 0: by device (core/settings/training.py)
             budget = 4096 if self.device.type == "cuda" else 384
             self.config = config = replace(config, micro_batch_tokens=budget)
         tune_allocator()  # before the model loads: trainer/memory.py

@@ -13,7 +13,8 @@ from core.settings.maintenance import (ExportSettings, KeysCreateSettings, KeysL
 from core.settings.prune import PruneSettings, Pruning
 from core.settings.run import RunSettings
 from core.settings.serve import AuthSettings, ProxySettings, WriterSettings
-from core.settings.train import TrainerSettings, TrainingSettings
+from core.settings.train import TrainerSettings
+from core.settings.training import TrainingSettings
 
 __all__ = [
     "CommandSettings", "Part", "Setting", "ENV_PREFIX", "env_name", "settings_of", "DEFAULT_DATABASE_URL",

@@ -9,12 +9,12 @@ from pydantic import Field
 
 from core.settings.base import CommandSettings
 from core.settings.locations import DEFAULT_DATABASE_URL
-from core.settings.train import TrainingSettings
+from core.settings.training import TrainingSettings
 
 AGENT = "demo"  # the agent being trained
 PROBE_AGENT = "demo-heldout"  # held-out probes: evaluation rollouts, never training data
 
-# The trainer's defaults (a high LoRA rate, groups of 8, four updates per batch: core/settings/train.py) with
+# The trainer's defaults (a high LoRA rate, groups of 8, four updates per batch: core/settings/training.py) with
 # what is the demo's own: its agent's episodes alone are trained (never the held-out probes), and since it
 # runs whole groups at a time, a group waits at most a minute and a step at most two for a full batch.
 DEMO_TRAINING = TrainingSettings(group_timeout_s=60.0, batch_timeout_s=120.0, train_agents=[AGENT])
