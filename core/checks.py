@@ -16,6 +16,23 @@ def require_finite(value: float, what: str) -> float:
     return float(value)
 
 
+# The largest reward magnitude taken, by every door a reward comes in through (POST /reward, reward events, OTLP
+# spans, the store's own writer). Group statistics square rewards: 1e300 is finite but overflows there, and one
+# such reward in a batch would stop the trainer for every project. No reward scale in use comes near 1e6.
+REWARD_LIMIT = 1e6
+
+
+def reward_problem(value: object) -> str | None:
+    """Why `value` cannot be a reward (a message for the client), or None when it can."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return f"a reward must be a number, not {type(value).__name__}"
+    if not math.isfinite(value):
+        return "a reward must be a finite number"
+    if abs(value) > REWARD_LIMIT:
+        return f"a reward must be between -{REWARD_LIMIT:g} and {REWARD_LIMIT:g}"
+    return None
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 

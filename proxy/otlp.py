@@ -17,7 +17,6 @@ Attributes read (span attributes win over resource attributes for the rollout id
 from __future__ import annotations
 
 import base64
-import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 
+from core.checks import reward_problem
 from core.chat_view import chat_view
 from core.errors import RlproxyError
 from core.ids import is_valid_id
@@ -276,8 +276,8 @@ def _reward(attributes: Mapping[str, AnyValue]) -> tuple[float | None, str | Non
     if kind not in ("double_value", "int_value"):
         return None, f"{REWARD} must be a number, not {kind or 'empty'}"
     number = float(getattr(value, kind))
-    if not math.isfinite(number):
-        return None, f"{REWARD} must be a finite number"
+    if problem := reward_problem(number):
+        return None, f"{REWARD}: {problem}"
     return number, None
 
 

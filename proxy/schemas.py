@@ -3,12 +3,12 @@ proxy/dialects/: they check only what the proxy relies on; the other fields a ro
 agent sent them, and the proxy forwards the checked JSON object, never a re-serialized model)."""
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
                       ValidationError, field_validator, model_validator)
 
+from core.checks import reward_problem
 from core.ids import ID_LIMITS as LIMITS, is_valid_id
 from proxy.errors import InvalidRequest, ProxyError, Unprocessable
 from proxy.strict_json import read_json_object
@@ -102,8 +102,8 @@ class RewardPost(_Stored):
     @field_validator("reward")
     @classmethod
     def _finite(cls, value: float) -> float:
-        if isinstance(value, bool) or not math.isfinite(value):
-            raise ValueError("reward must be a finite number")
+        if problem := reward_problem(value):
+            raise ValueError(problem)
         return float(value)
 
 

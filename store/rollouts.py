@@ -2,7 +2,6 @@
 store/rollout_view.py, re-exported here)."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -11,6 +10,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from core.checks import reward_problem
 from store import rewards as reward_rows
 from store.errors import Conflict, NotFound
 from store.models import Call, Rollout, RolloutStatus, utcnow
@@ -87,8 +87,8 @@ async def post_reward(
     """A final reward (no `call_id`) closes the rollout; the same value again is a no-op, another is a
     `Conflict`. With `call_id` it is an intermediate reward for that call of the rollout. `reason` names who
     gave a final reward other than the agent (the trainer's judge: "judge")."""
-    if not math.isfinite(value):
-        raise ValueError("reward must be a finite number")
+    if problem := reward_problem(value):  # every door checks first; this is the last line
+        raise ValueError(problem)
     rollout = await rollout_taking_rewards(session, rollout_id, project)
     if call_id is not None:
         owner = (await session.execute(select(Call.rollout_id).where(Call.id == call_id))).scalar_one_or_none()

@@ -61,6 +61,13 @@ def test_reward_errors_follow_the_contract(proxy_url):
     assert_openai_error(requests.post(url, json={"rollout_id": rollout_id, "reward": "high"}), 422)
     assert_openai_error(requests.post(url, json={"rollout_id": rollout_id, "reward": True}), 422)
     assert_openai_error(requests.post(url, data=b'{"rollout_id": "%s", "reward": 1e400}' % rollout_id.encode()), 422)
+    # finite but vast: group statistics square it (1e300 overflowed there and stopped the trainer for everyone)
+    for vast in (1e300, -1e300, 1e6 + 1):
+        error = assert_openai_error(requests.post(url, json={"rollout_id": rollout_id, "reward": vast}), 422)
+        assert "between" in error["message"]
+    error = assert_openai_error(requests.post(f"{proxy_url}/rollouts/{rollout_id}/events",
+                                              json={"event_type": "reward", "data": {"value": 1e300}}), 422)
+    assert error["param"] == "data.value"
     assert_openai_error(requests.post(url, json={"reward": 1}), 422)
     assert_openai_error(requests.post(url, data=b"{oops"), 422)
 

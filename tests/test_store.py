@@ -100,6 +100,9 @@ async def test_final_reward_is_idempotent_and_conflicts_are_refused(sessions):
     with pytest.raises(ValueError):
         async with sessions() as session, session.begin():
             await rollouts.post_reward(session, rollout_id, float("nan"))
+    with pytest.raises(ValueError, match="between"):  # finite, but past what group statistics can square
+        async with sessions() as session, session.begin():
+            await rollouts.post_reward(session, rollout_id, 1e300)
 
 
 async def test_one_active_policy_and_rollback_to_base(sessions):

@@ -102,6 +102,9 @@ def test_merge_trajectory_counts_skips_and_invalid_calls_break_the_chain():
         {"prompt_ids": [1], "completion_ids": [], "logprobs": []},
         {"prompt_ids": [1], "completion_ids": [2, 3], "logprobs": [-1.0]},
         {"prompt_ids": [1], "completion_ids": [2], "logprobs": [float("nan")]},
+        # a NaN logit reaches a stream as "logprob": null; a broken engine could send a null token id
+        {"prompt_ids": [1], "completion_ids": [2, 3], "logprobs": [-1.0, None]},
+        {"prompt_ids": [1], "completion_ids": [None], "logprobs": [-1.0]},
         {"prompt_ids": [1] * 8, "completion_ids": [2] * 3, "logprobs": [-1.0] * 3},
         {"prompt_ids": [1, 2], "completion_ids": [3], "logprobs": [-1.0]},
         {"prompt_ids": [1, 2, 3, 4], "completion_ids": [5], "logprobs": [-1.0], "extends_previous": True},
@@ -112,8 +115,8 @@ def test_merge_trajectory_counts_skips_and_invalid_calls_break_the_chain():
     ]
     out = merge_trajectory(calls, max_seq_len=10, skips=skips)
     assert skips == {
-        SkipReasons.NO_TOKEN_IDS: 1, SkipReasons.EMPTY_COMPLETION: 1, SkipReasons.LOGPROB_COUNT: 1,
-        SkipReasons.NONFINITE_LOGPROB: 1, SkipReasons.TOO_LONG: 2,
+        SkipReasons.NO_TOKEN_IDS: 2, SkipReasons.EMPTY_COMPLETION: 1, SkipReasons.LOGPROB_COUNT: 1,
+        SkipReasons.NONFINITE_LOGPROB: 2, SkipReasons.TOO_LONG: 2,
     }
     assert [(t.prompt_ids, t.loss_mask) for t in out] == [
         ([1, 2], [1, 0, 1]), ([1, 2, 3, 4, 5, 6, 7, 7], None)

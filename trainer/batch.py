@@ -2,6 +2,7 @@
 and multi-turn merging where the proxy recorded an exact prefix link. Pure: no I/O, no torch."""
 from __future__ import annotations
 
+from core.checks import reward_problem
 from core.settings import TrainingSettings
 from rewards import assign_credit, group_advantages
 from store.models import PrefixKind
@@ -15,6 +16,7 @@ OTHER_POLICY = "other_policy"  # a call another named policy answered: that poli
 STALE = "stale_policy"
 NO_CALLS = "rollout_without_calls"
 ZERO_ADVANTAGE = "zero_advantage"
+INVALID_REWARD = "invalid_reward"
 
 
 def build_transitions(rollouts: list[RolloutData], config: TrainingSettings, active_version: int,
@@ -31,14 +33,22 @@ def build_transitions(rollouts: list[RolloutData], config: TrainingSettings, act
     group (config.advantage_estimator over final rewards R), plus how the call's own credited return G_t
     (config.credit, with its intermediate rewards) departs from the episode return.
     """
-    episode_advantages = group_advantages([(r.task_id, r.reward) for r in rollouts], config.advantage_estimator)
-    transitions: list[Transition] = []
-    for rollout, episode_advantage in zip(rollouts, episode_advantages):
-        calls = _trainable_calls(rollout, config, active_version, skips, policy, lineage, staleness)
-        if not calls:
-            if not rollout.calls:  # otherwise each of its calls is counted already, under its own reason
-                skips[NO_CALLS] += 1
+    trainable = []  # (rollout, its calls this step trains)
+    for rollout in rollouts:
+        if reward_problem(rollout.reward) or any(reward_problem(r) for call in rollout.calls for r in call.rewards):
+            skips[INVALID_REWARD] += 1  # stored before the doors bounded rewards: its square would overflow below
             continue
+        calls = _trainable_calls(rollout, config, active_version, skips, policy, lineage, staleness)
+        if calls:
+            trainable.append((rollout, calls))
+        elif not rollout.calls:  # otherwise each of its calls is counted already, under its own reason
+            skips[NO_CALLS] += 1
+    # The group is what this step trains: a rollout whose calls all failed or were dropped (stale, another
+    # policy's) says nothing about this policy, and counted in the baseline it would give identical successes
+    # an advantage (five 1s beside three failed 0s: +0.775 each instead of nothing to learn).
+    episode_advantages = group_advantages([(r.task_id, r.reward) for r, _ in trainable], config.advantage_estimator)
+    transitions: list[Transition] = []
+    for (rollout, calls), episode_advantage in zip(trainable, episode_advantages):
         if usable is not None:
             usable.add(rollout.id)
         returns = assign_credit(rollout.reward, len(calls), mode=config.credit, gamma=config.gamma,

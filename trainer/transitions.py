@@ -77,6 +77,15 @@ def _get(call: Any, name: str, default: Any = None) -> Any:
     return getattr(call, name, default)
 
 
+def _all_finite(values: Sequence[Any]) -> bool:
+    """Every value a finite number: a NaN logit reaches the stream as `"logprob": null`, stored as None."""
+    return all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values)
+
+
+def _all_token_ids(values: Sequence[Any]) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values)
+
+
 def _skip_reason(call: Any, max_seq_len: int) -> str | None:
     prompt, completion, logprobs = (_get(call, k) for k in ("prompt_ids", "completion_ids", "logprobs"))
     if not prompt or completion is None or logprobs is None:
@@ -85,7 +94,9 @@ def _skip_reason(call: Any, max_seq_len: int) -> str | None:
         return SkipReasons.EMPTY_COMPLETION
     if len(logprobs) != len(completion):
         return SkipReasons.LOGPROB_COUNT
-    if not all(math.isfinite(lp) for lp in logprobs):
+    if not _all_token_ids(prompt) or not _all_token_ids(completion):
+        return SkipReasons.NO_TOKEN_IDS
+    if not _all_finite(logprobs):
         return SkipReasons.NONFINITE_LOGPROB
     if len(prompt) + len(completion) > max_seq_len:
         return SkipReasons.TOO_LONG
@@ -193,7 +204,9 @@ def validate_transition(t: Transition, max_seq_len: int) -> str | None:
         return SkipReasons.LOGPROB_COUNT
     if t.token_advantages is not None and len(t.token_advantages) != n:
         return SkipReasons.LOGPROB_COUNT
-    if not all(math.isfinite(lp) for lp in t.behaviour_logprobs):
+    if not _all_token_ids(t.prompt_ids) or not _all_token_ids(t.completion_ids):
+        return SkipReasons.NO_TOKEN_IDS
+    if not _all_finite(t.behaviour_logprobs):
         return SkipReasons.NONFINITE_LOGPROB
     if len(t) > max_seq_len:
         return SkipReasons.TOO_LONG

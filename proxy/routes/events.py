@@ -7,12 +7,12 @@ rollout (a row of its own, shown in its metadata's "events" by `GET /rollouts/{i
 rollout's `--max-rollout-events` is 413 with the earlier ones kept (reward events are not counted)."""
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from aiohttp import web
 from pydantic import Field, StrictStr, field_validator
 
+from core.checks import reward_problem
 from proxy.bodies import Body
 from proxy.endpoints import Answer, Endpoint
 from proxy.errors import NotFoundError, PayloadTooLarge, Unprocessable
@@ -56,8 +56,8 @@ class EventResult(Body):
 
 def _reward_value(data: Any) -> float:
     value = data.get("value") if isinstance(data, dict) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise Unprocessable("a reward event needs data.value, a finite number", param="data.value")
+    if problem := reward_problem(value):
+        raise Unprocessable(f"a reward event needs data.value: {problem}", param="data.value")
     return float(value)
 
 

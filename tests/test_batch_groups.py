@@ -1,0 +1,47 @@
+"""Which rollouts make a task's group: the group is what the step trains. Pure (no torch, no database)."""
+from __future__ import annotations
+
+from store.models import utcnow
+from store.training import CallData, RolloutData
+from core.settings import TrainingSettings
+from trainer.batch import build_transitions
+from trainer.transitions import SkipReasons
+
+NOW = utcnow()
+
+
+def rollout(name: str, reward: float, *, version: int | None = 3, call_rewards: tuple[float, ...] = ()) -> RolloutData:
+    """One rollout of task "t" with one answered call (none when `version` is None: every call failed)."""
+    calls = [] if version is None else [CallData(name, 0, "solver", version, [5, 6, 7], "first",
+                                                 [([8, 9, 2], [-1.0, -1.0, -1.0])], rewards=list(call_rewards),
+                                                 started_at=NOW)]
+    return RolloutData(name, "t", reward, NOW, calls)
+
+
+def test_rollouts_whose_calls_all_failed_do_not_make_identical_successes_look_good():
+    """Five identical successes and three attempts the engine failed (502s; the agent posted 0): the five are
+    compared with each other only, so there is nothing to learn, not +0.775 each."""
+    batch = [rollout(f"ok{i}", 1.0) for i in range(5)] + [rollout(f"failed{i}", 0.0, version=None) for i in range(3)]
+    skips = SkipReasons()
+    assert build_transitions(batch, TrainingSettings(), 3, skips) == []
+    assert skips == {"zero_advantage": 5, "rollout_without_calls": 3}
+
+
+def test_calls_dropped_as_stale_leave_their_rollouts_out_of_the_baseline_too():
+    settings = TrainingSettings(max_staleness=2)
+    batch = [rollout("new-a", 1.0, version=10), rollout("new-b", 0.0, version=10), rollout("old", 0.0, version=1)]
+    skips = SkipReasons()
+    transitions = build_transitions(batch, settings, 10, skips)
+    advantages = {t.call_id: t.advantages()[0] for t in transitions}
+    assert advantages["new-a"] == -advantages["new-b"] > 0  # a group of two: the old rollout's 0 is not in it
+    assert skips == {"stale_policy": 1}
+
+
+def test_a_reward_stored_past_the_bound_is_skipped_not_squared():
+    """1e300 is finite; the group's variance would overflow. Every door refuses it now (core/checks.py); a row
+    stored before that is skipped with its reason, and the rest of the batch trains."""
+    batch = [rollout("vast", 1e300), rollout("a", 1.0), rollout("b", 0.0), rollout("vast-call", 1.0, call_rewards=(-1e300,))]
+    skips = SkipReasons()
+    transitions = build_transitions(batch, TrainingSettings(), 3, skips)
+    assert sorted(t.call_id for t in transitions) == ["a", "b"]
+    assert skips == {"invalid_reward": 2}
