@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
+from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, InterfaceError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from proxy.metrics import ProxyMetrics
@@ -81,8 +81,25 @@ class Batches:
         return True
 
 
+# SQLSTATE classes that mean "this row cannot be stored as it is": data exceptions (a NUL in text, a number out of
+# range), integrity violations, program limits (a row too large). Every other class is the database's state, not
+# the call's: disk full (53), read-only after a failover (25006), statement timeout or cancel (57), deadlock or
+# serialization (40), too many connections (53300). Those calls wait in the spool like in any outage.
+REFUSED_FOR_DATA = frozenset({"22", "23", "54"})
+
+
 def _is_transient(exc: BaseException) -> bool:
-    """Failures of reaching the database (retry later), as opposed to the database refusing the data."""
+    """Failures of reaching or of the state of the database (retry later), as opposed to the database refusing
+    the data. By default a database error is transient: a call acknowledged to its client is set aside only when
+    the database names its data as the reason."""
     if isinstance(exc, (OSError, asyncio.TimeoutError, OperationalError, InterfaceError)):
         return True
-    return isinstance(exc, DBAPIError) and bool(exc.connection_invalidated)
+    if not isinstance(exc, DBAPIError):
+        return False  # raised before the database saw the call: it could not be encoded (JSON, text)
+    if exc.connection_invalidated:
+        return True
+    state = getattr(exc.orig, "sqlstate", None) or getattr(exc.orig, "pgcode", None)
+    if state:
+        return str(state)[:2] not in REFUSED_FOR_DATA
+    # no SQLSTATE (SQLite; an error the driver raised before sending): refused only when it names the data
+    return not isinstance(exc, (IntegrityError, DataError)) and not isinstance(exc.orig, (ValueError, TypeError))

@@ -13,6 +13,8 @@ import pytest
 from core.settings import WriterSettings
 from proxy.metrics import ProxyMetrics
 from proxy.writer import CaptureWriter
+from sqlalchemy import text
+
 from store.db import open_database, session_factory
 from tests.test_durability import seqs_in_order, sessions  # noqa: F401 — `sessions` is a fixture
 from tests.test_writer_spool import count, link, record  # noqa: F401 — `link` is a fixture
@@ -98,3 +100,41 @@ async def test_the_writer_is_started_again_after_a_failure_and_loses_nothing(lin
     await direct.dispose()
     await writer.close()
     await database.dispose()
+
+
+@pytest.mark.parametrize("state", ["disk_full", "read_only_sql_transaction", "query_canceled", "deadlock_detected"])
+async def test_a_database_that_cannot_write_keeps_the_calls_waiting_not_set_aside(sessions, tmp_path, state):
+    """The database answers (SELECT 1 works) but cannot take writes: its disk is full, it became a read-only
+    standby, a statement timed out, a deadlock. Those are its state, not the calls': they wait in the spool and
+    are stored once it can write again; none goes to the rejected file."""
+    settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", durability="batch", flush_interval=0.01)
+    metrics = ProxyMetrics()
+    writer = CaptureWriter(sessions, settings, metrics)
+    await writer.start()
+    rollout_id = uuid.uuid4().hex
+    refuse = f"refuse_{rollout_id}"
+    async with sessions() as session, session.begin():  # this rollout's rows only: other tests write beside it
+        await session.execute(text(f"CREATE FUNCTION {refuse}() RETURNS trigger LANGUAGE plpgsql AS "
+                                   f"$$ BEGIN RAISE EXCEPTION 'cannot write now' USING ERRCODE = '{state}'; END $$"))
+        await session.execute(text(f"CREATE TRIGGER {refuse} BEFORE INSERT ON calls FOR EACH ROW WHEN "
+                                   f"(NEW.rollout_id = '{rollout_id}') EXECUTE FUNCTION {refuse}()"))
+    try:
+        calls = [record(rollout_id) for _ in range(4)]
+        for call in calls:
+            writer.submit(call)
+        for _ in range(100):
+            await asyncio.sleep(0.02)
+            if metrics.registry.get_sample_value("rlproxy_capture_write_errors_total"):
+                break
+        await asyncio.sleep(0.3)  # retries happen meanwhile; none may set a call aside
+        assert metrics.registry.get_sample_value("rlproxy_capture_write_errors_total") >= 1
+        assert not metrics.registry.get_sample_value("rlproxy_capture_calls_rejected_total")
+        assert await seqs_in_order(sessions, calls) == [None] * 4
+    finally:
+        async with sessions() as session, session.begin():
+            await session.execute(text(f"DROP TRIGGER {refuse} ON calls"))
+            await session.execute(text(f"DROP FUNCTION {refuse}()"))
+    await writer.sync(timeout=15)
+    assert await seqs_in_order(sessions, calls) == [1, 2, 3, 4]
+    assert not writer.rejected.path.exists() or not rejected_lines(writer)
+    await writer.close()
