@@ -64,6 +64,17 @@ class RejectedCalls:
                       type(exc).__name__, exc)
 
 
+    def keep_line(self, line: bytes, reason: str) -> None:
+        """Set aside a spool line no call could be read from, as its text; never raises."""
+        self.keep(_Raw(id="?", spool_line=line.decode("utf-8", "replace").rstrip("\n")), reason)
+
+
+@dataclasses.dataclass
+class _Raw:  # what the rejected file holds for a line that was never read as a call
+    id: str
+    spool_line: str
+
+
 def _size(path: Path) -> int:
     try:
         return path.stat().st_size

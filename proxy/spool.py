@@ -130,10 +130,10 @@ class Spool:
                     found.append((int(suffix), candidate))
         return sorted(found)
 
-    def batches(self, size: int, upto: int) -> Iterator[list[tuple[int, CallRecord | None]]]:
-        """The live records numbered below `upto`, oldest first, `size` at a time, as (lsn, record); a line
-        that cannot be read comes as (lsn, None)."""
-        batch: list[tuple[int, CallRecord | None]] = []
+    def batches(self, size: int, upto: int) -> Iterator[list[tuple[int, CallRecord | Unreadable | None]]]:
+        """The live records numbered below `upto`, oldest first, `size` at a time, as (lsn, record); a whole line
+        that cannot be read comes as (lsn, Unreadable), a torn one as (lsn, None)."""
+        batch: list[tuple[int, CallRecord | Unreadable | None]] = []
         for segment in list(self.segments):
             if segment.first >= upto:
                 break
@@ -389,9 +389,19 @@ def _count_lines(path: Path) -> int:
     return count + (last != b"\n")
 
 
-def _parse(line: bytes) -> CallRecord | None:
+@dataclass(frozen=True)
+class Unreadable:
+    """A whole spool line (it ends in a newline: not torn at a crash) that is not a call this proxy can read: one
+    written by another version of it. It is kept in the rejected file, raw, rather than dropped."""
+    line: bytes
+    reason: str
+
+
+def _parse(line: bytes) -> CallRecord | Unreadable | None:
     try:
         return CallRecord.from_json(orjson.loads(line))
-    except (orjson.JSONDecodeError, TypeError, KeyError, ValueError):
-        log.error("skipping an unreadable spool line (a torn write at a crash?)")
+    except (orjson.JSONDecodeError, TypeError, KeyError, ValueError) as exc:
+        if line.endswith(b"\n"):
+            return Unreadable(line, f"a spool line this proxy cannot read: {type(exc).__name__}: {exc}")
+        log.error("skipping a torn spool line (written when the process was killed)")
         return None

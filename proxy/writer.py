@@ -38,7 +38,7 @@ from core.settings import WriterSettings
 from proxy.errors import StoreUnavailable
 from proxy.metrics import ProxyMetrics
 from proxy.rejected import RejectedCalls, encode
-from proxy.spool import Spool
+from proxy.spool import Spool, Unreadable
 from proxy.supervisor import Supervised
 from proxy.transactions import AfterWrite, Batches
 from store.models import CallStatus
@@ -349,7 +349,10 @@ class CaptureWriter:
         stored = 0
         self._dropped = False
         for batch in self.spool.batches(self.settings.batch_size, upto):
-            records = [r for _, r in batch if r is not None]
+            records = [r for _, r in batch if isinstance(r, CallRecord)]
+            for _, unreadable in batch:
+                if isinstance(unreadable, Unreadable):
+                    self.batches.rejected.keep_line(unreadable.line, unreadable.reason)
             if records and not await self.batches.write(records):
                 self._retry_at = time.monotonic() + RETRY_SECONDS
                 return False

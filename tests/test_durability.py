@@ -10,12 +10,14 @@ import subprocess
 import sys
 import uuid
 
+import orjson
 import pytest
 from sqlalchemy import select
 
 from core.settings import WriterSettings
 from proxy.errors import StoreUnavailable
 from proxy.metrics import ProxyMetrics
+from proxy.rejected import encode
 from proxy.spool import Spool, SpoolInUse
 from proxy.writer import CaptureWriter
 from store.db import open_database, session_factory
@@ -120,6 +122,32 @@ async def test_a_spool_left_by_a_crash_is_replayed_exactly_once(sessions, tmp_pa
         assert (await session.get(Rollout, rollout_id)).call_count == 40
     await writer.close()
     assert spool_files(settings) == []
+
+
+async def test_a_whole_spool_line_another_version_wrote_is_set_aside_raw_not_dropped(sessions, tmp_path):
+    """A proxy rolled back to an older version finds calls in its spool with a field it does not know: each is
+    kept, raw, in the rejected file (an operator can replay it with the newer version), and the rest are stored."""
+    settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", durability="spool")
+    rollout_id = uuid.uuid4().hex
+    records = [record(rollout_id) for _ in range(3)]
+    writer = CaptureWriter(sessions, settings, ProxyMetrics())
+    await writer.start()
+    writer._task.cancel()  # killed before anything reached the database
+    await writer.spool.append(records[:2])
+    newer = orjson.loads(encode(records[2]))
+    newer["field_of_a_newer_version"] = 1
+    os.write(writer.spool.segments[-1].fd, orjson.dumps(newer) + b"\n")
+
+    metrics = ProxyMetrics()
+    writer = CaptureWriter(sessions, settings, metrics)
+    await writer.start()
+    await writer.sync(timeout=15)
+    assert await seqs_in_order(sessions, records) == [1, 2, None]
+    [kept] = [orjson.loads(line) for line in writer.rejected.path.read_bytes().splitlines()]
+    assert "field_of_a_newer_version" in kept["reason"]
+    assert orjson.loads(kept["call"]["spool_line"]) == newer
+    assert metrics.registry.get_sample_value("rlproxy_capture_calls_rejected_total") == 1
+    await writer.close()
 
 
 async def test_sync_calls_stay_acknowledged_through_a_database_outage(link, database_url, sessions, tmp_path):
