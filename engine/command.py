@@ -121,6 +121,10 @@ def engine_command(
         str(settings.max_lora_rank),
         "--max-loras",
         str(settings.max_loras),
+        # an absent sampling field means vLLM's neutral default, not the model's generation_config.json (which
+        # would sample at another temperature than the recorded raw log-probs describe: proxy/sampling.py)
+        "--generation-config",
+        "vllm",
         "--enable-auto-tool-choice",
         "--tool-call-parser",
         TOOL_CALL_PARSER,

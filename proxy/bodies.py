@@ -97,6 +97,11 @@ class CallRecord(Body):
     prefix_parent_id: str | None
     latency_ms: float | None
     ttft_ms: float | None
+    sampling: str | None = Field(None, description="The first request field that made the sampled distribution "
+                                                   "differ from the recorded (raw) log-probs, e.g. "
+                                                   "\"temperature=0.7\"; the trainer skips such a call "
+                                                   "(sampling_altered). Null: the log-probs are the sampling "
+                                                   "probabilities.")
     request: dict[str, Any] | None
     response: dict[str, Any] | None
     error: str | None

@@ -24,6 +24,7 @@ from proxy.errors import ProxyError, StoreUnavailable, UpstreamTimeout, Upstream
 from proxy.metrics import ProxyMetrics
 from proxy.policy import PolicyRouter
 from proxy.redact import redact_record
+from proxy.sampling import altered_sampling
 from proxy.schemas import parse_json_object
 from proxy.sse import Event, SSEParser
 from proxy.tenancy import ModelAccess
@@ -80,6 +81,7 @@ class CompletionServing:
             rollout_id=context.rollout_id, agent=context.agent, task_id=context.task_id, project=context.project,
             model=body["model"], upstream_model=target.upstream_model, policy_version=target.policy_version,
             policy=target.policy, stream=bool(body.get("stream")), request=body, eval=context.eval,
+            sampling=altered_sampling(upstream_body),
         )
         headers = {"X-Rlproxy-Call-Id": record.id}
         if target.policy_version is not None:

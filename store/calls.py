@@ -171,6 +171,7 @@ def _call_row(record: CallRecord, seq: int | None, parent: Parent | None, kind: 
         "prefix_kind": kind,
         "latency_ms": record.latency_ms,
         "ttft_ms": record.ttft_ms,
+        "sampling": record.sampling[:64] if record.sampling else None,
         "started_at": record.started_at,
         "finished_at": record.finished_at,
     }

@@ -171,6 +171,8 @@ class Call(Base):
     prefix_kind: Mapped[str | None] = mapped_column(String(16))
     latency_ms: Mapped[float | None] = mapped_column(Float)
     ttft_ms: Mapped[float | None] = mapped_column(Float)
+    # what changed the sampled distribution from the recorded raw log-probs (proxy/sampling.py); None: nothing
+    sampling: Mapped[str | None] = mapped_column(String(64))
     started_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(Timestamp)
 

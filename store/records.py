@@ -41,6 +41,9 @@ class CallRecord:
     finished_at: datetime | None = None
     complete: bool = False  # a stream's end marker reached the agent (a disconnect after it loses nothing)
     eval: bool = False  # sent with `X-Rlproxy-Eval`: its rollout is evaluation traffic, never trained on
+    # the first request field that made the sampled distribution differ from the recorded (raw) log-probs, e.g.
+    # "temperature=0.7" (proxy/sampling.py); None: the log-probs are the sampling probabilities
+    sampling: str | None = None
 
     @property
     def completion_tokens(self) -> int | None:

@@ -107,6 +107,7 @@ def call_json(call: Call, choices: list[CallChoice]) -> dict[str, Any]:
         "prefix_parent_id": call.prefix_parent_id,
         "latency_ms": call.latency_ms,
         "ttft_ms": call.ttft_ms,
+        "sampling": call.sampling,
         "request": call.request,
         "response": call.response,
         "error": call.error,

@@ -38,6 +38,7 @@ class CallData:
     rewards: list[float] = field(default_factory=list)  # intermediate rewards (posted and automatic)
     policy: str | None = None  # the named policy that answered it
     started_at: datetime | None = None  # when the proxy sent it to the engine: its age counts as staleness
+    sampling: str | None = None  # what made its sampling differ from its recorded log-probs (proxy/sampling.py)
 
 
 @dataclass(slots=True)
@@ -172,16 +173,16 @@ async def load_rollouts(session: AsyncSession, rollout_ids: list[str]) -> list[R
     rollouts = (await session.execute(select(Rollout).where(Rollout.id.in_(rollout_ids)))).scalars().all()
     calls = (await session.execute(
         select(Call.id, Call.rollout_id, Call.seq, Call.agent, Call.policy_version, Call.prompt_token_ids,
-               Call.prefix_kind, Call.policy, Call.started_at)
+               Call.prefix_kind, Call.policy, Call.started_at, Call.sampling)
         .where(Call.rollout_id.in_(rollout_ids), Call.status == CallStatus.OK).order_by(Call.seq)
     )).all()
     by_call: dict[str, CallData] = {}
     per_rollout: dict[str, list[CallData]] = defaultdict(list)
     rollout_agent = {r.id: r.agent for r in rollouts}
-    for call_id, rollout_id, seq, agent, version, prompt_ids, prefix_kind, policy, started_at in calls:
+    for call_id, rollout_id, seq, agent, version, prompt_ids, prefix_kind, policy, started_at, sampling in calls:
         # a call made on the rollout's plain base_url (no /agents/{name}/) is the rollout's agent's
         data = CallData(call_id, seq, agent or rollout_agent.get(rollout_id), version, prompt_ids, prefix_kind, [],
-                        policy=policy, started_at=started_at)
+                        policy=policy, started_at=started_at, sampling=sampling)
         by_call[call_id] = data
         per_rollout[rollout_id].append(data)
     if by_call:

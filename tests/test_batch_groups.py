@@ -10,11 +10,12 @@ from trainer.transitions import SkipReasons
 NOW = utcnow()
 
 
-def rollout(name: str, reward: float, *, version: int | None = 3, call_rewards: tuple[float, ...] = ()) -> RolloutData:
+def rollout(name: str, reward: float, *, version: int | None = 3, call_rewards: tuple[float, ...] = (),
+            sampling: str | None = None) -> RolloutData:
     """One rollout of task "t" with one answered call (none when `version` is None: every call failed)."""
     calls = [] if version is None else [CallData(name, 0, "solver", version, [5, 6, 7], "first",
                                                  [([8, 9, 2], [-1.0, -1.0, -1.0])], rewards=list(call_rewards),
-                                                 started_at=NOW)]
+                                                 started_at=NOW, sampling=sampling)]
     return RolloutData(name, "t", reward, NOW, calls)
 
 
@@ -45,3 +46,11 @@ def test_a_reward_stored_past_the_bound_is_skipped_not_squared():
     transitions = build_transitions(batch, TrainingSettings(), 3, skips)
     assert sorted(t.call_id for t in transitions) == ["a", "b"]
     assert skips == {"invalid_reward": 2}
+
+
+def test_a_call_sampled_at_another_temperature_is_not_trained_on_its_raw_log_probs():
+    batch = [rollout("a", 1.0), rollout("b", 0.0), rollout("warm", 1.0, sampling="temperature=0.7")]
+    skips = SkipReasons()
+    transitions = build_transitions(batch, TrainingSettings(), 3, skips)
+    assert sorted(t.call_id for t in transitions) == ["a", "b"]
+    assert skips == {"sampling_altered": 1}

@@ -117,7 +117,7 @@ def test_default_values_render_valid_manifests_for_one_gpu_engine():
     assert engine["image"].startswith("vllm/vllm-openai:")
     args = engine["args"]
     for flag in ("--enable-lora", "--max-lora-rank", "--max-loras", "--enable-auto-tool-choice",
-                 "--tool-call-parser"):
+                 "--tool-call-parser", "--generation-config"):
         assert flag in args
     assert "--tensor-parallel-size" not in args  # one GPU
     assert {"name": "VLLM_ALLOW_RUNTIME_LORA_UPDATING", "value": "True"} in engine["env"]

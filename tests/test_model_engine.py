@@ -124,7 +124,7 @@ def test_engine_command_has_the_lora_and_tool_flags():
     joined = " ".join(cmd)
     for part in ("--model /models/m", "--served-model-name policy", "--host 127.0.0.1", "--port 8123",
                  "--max-model-len 2048", "--enable-lora", "--max-lora-rank 16", "--max-loras 3",
-                 "--enable-auto-tool-choice", "--tool-call-parser hermes", "--dtype float32", "--seed 5",
+                 "--enable-auto-tool-choice", "--tool-call-parser hermes", "--generation-config vllm", "--dtype float32", "--seed 5",
                  "--disable-uvicorn-access-log"):
         assert part in joined, part
     assert cmd[-2:] == ["--max-num-seqs", "8"]  # extra args last, so they can override

@@ -17,6 +17,7 @@ STALE = "stale_policy"
 NO_CALLS = "rollout_without_calls"
 ZERO_ADVANTAGE = "zero_advantage"
 INVALID_REWARD = "invalid_reward"
+SAMPLING_ALTERED = "sampling_altered"  # sampled at another temperature, top-p, ...: its log-probs are not its behaviour
 
 
 def build_transitions(rollouts: list[RolloutData], config: TrainingSettings, active_version: int,
@@ -84,6 +85,8 @@ def _trainable_calls(rollout: RolloutData, config: TrainingSettings, active_vers
             skips[NOT_TRAINED_AGENT] += 1
         elif call.policy_version is None:
             skips[NOT_POLICY] += 1  # the agent asked for another model by name
+        elif call.sampling is not None:
+            skips[SAMPLING_ALTERED] += 1  # proxy/sampling.py: no importance weight can be computed for it
         elif policy is not None and call.policy != policy:
             skips[OTHER_POLICY] += 1
         elif (lag := position(active_version) - position(call.policy_version)) > config.max_staleness:
