@@ -17,6 +17,14 @@ from proxy.auth import KEY, Access, access_for
 from proxy.errors import PayloadTooLarge, RateLimited
 from proxy.uploads import InflateBounds, body_encoding, check_transfer_coding, continue_upload, inflate_body
 
+MAX_JSON_VALUES = 1_000_000
+"""The most values (of any kind) a JSON body may hold, bounded before it is parsed (proxy/strict_json.py). A
+128k-token prompt sent as token ids is 128k values; a million values parse and are walked (proxy/strict_json.py
+`_shape`) in about 0.3 s on a loaded 2-core machine."""
+MAX_JSON_CONTAINERS = 200_000
+"""The most arrays and objects a JSON body may hold, bounded before it is parsed. Containers are what parsing
+pays for (a Python list or dict each): a million empty lists, 3 MB of `[],`, took 0.66 s of the event loop, and
+64 MiB of them would hold it for 10-20 s and take 2 GB, whatever the route later thinks of the body."""
 MAX_JSON_DEPTH = 64
 """The deepest nesting of arrays and objects accepted in a JSON body (the body itself is level 1). orjson reads
 up to 1,024 levels but writes only up to 254, and every call is written again: to the engine, to the spool, to

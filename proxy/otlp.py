@@ -17,7 +17,6 @@ Attributes read (span attributes win over resource attributes for the rollout id
 from __future__ import annotations
 
 import base64
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -39,6 +38,7 @@ from core.errors import RlproxyError
 from core.ids import is_valid_id
 from proxy.limits import MAX_JSON_DEPTH, too_deep
 from proxy.otlp_wire import Exceeded, count_export
+from proxy.strict_json import json_values_bound
 
 PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
 JSON_TYPE = "application/json"
@@ -132,28 +132,6 @@ class SpanFacts:
         if self.final_flag is not None:
             return self.final_flag
         return self.is_root and not self.is_tool and self.call_id is None and self.tool_call_id is None
-
-
-# A JSON string, escapes and all, or an unterminated one to the end of the body. Every character has one reading, so
-# the first attempt at each opening quote succeeds: linear (a pattern that insisted on the closing quote rescanned
-# to the end from each escaped quote of an unterminated string: quadratic).
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.?[^"\\]*)*(?:(")|\Z)', re.DOTALL)
-
-
-def json_values_bound(body: bytes) -> int:
-    """At least the number of values `body` holds, were it JSON, counted without parsing it: every value but the
-    first follows a comma or an opening bracket outside a string. Those inside strings (a prompt of CSV text in an
-    attribute) are not counted; in a body with an unterminated string (not JSON: refused by the parser) all are."""
-    unterminated = False
-
-    def blank(match: re.Match) -> bytes:
-        nonlocal unterminated
-        unterminated = unterminated or match.group(1) is None
-        return b'""'
-
-    bare = _JSON_STRING.sub(blank, body)
-    counted = body if unterminated else bare
-    return counted.count(b",") + counted.count(b"{") + counted.count(b"[")
 
 
 def decode_request(body: bytes, content_type: str, budget: ExportBudget) -> ExportTraceServiceRequest:

@@ -112,6 +112,29 @@ def test_a_bomb_is_413_on_every_route_that_reads_a_body(proxy: Proxy, path: str)
     assert len(proxy.stub.received) == before
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/messages", "/v1/responses", "/tokenize",
+                                  "/reward", "/rollouts"])
+def test_a_body_of_a_million_empty_arrays_is_413_before_it_is_parsed(proxy: Proxy, path: str):
+    """3 MB of `[],` parse into a million Python lists (0.66 s of the event loop; 64 MiB of them, 10-20 s and
+    2 GB): counted on the bytes first, refused at once, whatever the route would think of it afterwards."""
+    before = len(proxy.stub.received)
+    body = b'{"model": "%s", "messages": [' % BASE_MODEL.encode() + b"[]," * 1_000_000 + b"[]]}"
+    began = time.monotonic()
+    answer = requests.post(f"{proxy.url}{path}", data=body, headers=headers(proxy.key), timeout=30)
+    assert answer.status_code == 413, answer.text
+    if path not in ("/reward", "/rollouts"):  # those two refuse a body this size for its size, even sooner
+        assert "more than 1000000 values" in answer.json()["error"]["message"]  # OpenAI's or Anthropic's shape
+    assert time.monotonic() - began < 5
+    assert len(proxy.stub.received) == before
+
+
+def test_brackets_and_commas_inside_strings_are_not_counted_as_values(proxy: Proxy):
+    """A prompt of pasted JSON holds a quarter of a million brackets and commas, all inside one string."""
+    answer = requests.post(f"{proxy.url}/v1/chat/completions", data=chat_body('[{"a": 1}, ' * 50_000),
+                           headers=headers(proxy.key), timeout=60)
+    assert answer.status_code == 200, answer.text
+
+
 def test_a_bomb_sent_in_chunks_or_as_raw_deflate_is_413_too(proxy: Proxy):
     deflater = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)  # raw deflate, no zlib header
     bomb = deflater.compress(chat_body("a" * (60 << 20))) + deflater.flush()
