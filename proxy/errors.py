@@ -19,6 +19,8 @@
 """
 from __future__ import annotations
 
+import logging
+
 from typing import Any
 
 import orjson
@@ -130,6 +132,14 @@ class UpstreamUnavailable(ProxyError):
     status = 502
     type = "upstream_error"
     default_code = "upstream_unavailable"
+
+
+def engine_failure(what: str, exc: BaseException) -> UpstreamUnavailable:
+    """The client's error for an engine that failed: what failed and the kind of failure, never the engine's
+    address (aiohttp's text names its host and port: the operator's topology, which `/readyz` hides from project
+    keys too, and which the call's recorded `error` would show in `GET /rollouts`). The whole text goes to the log."""
+    logging.getLogger("rlproxy.upstream").warning("%s: %s: %s", what, type(exc).__name__, exc)
+    return UpstreamUnavailable(f"{what} ({type(exc).__name__})")
 
 
 class UpstreamTimeout(ProxyError):

@@ -20,7 +20,7 @@ from proxy.boundary import RequestBoundary, engine_bytes
 from proxy.capture import Additions, StreamAssembler, capture_response, prepare_upstream_body
 from proxy.context import CallContext, call_context
 from proxy.dialects.base import ENDED_EARLY, Dialect, Translator
-from proxy.errors import ProxyError, StoreUnavailable, UpstreamTimeout, UpstreamUnavailable
+from proxy.errors import ProxyError, StoreUnavailable, UpstreamTimeout, UpstreamUnavailable, engine_failure
 from proxy.metrics import ProxyMetrics
 from proxy.policy import PolicyRouter
 from proxy.redact import redact_record
@@ -148,7 +148,7 @@ class CompletionServing:
         except asyncio.TimeoutError:
             raise UpstreamTimeout("engine did not finish in time") from None
         except aiohttp.ClientError as exc:
-            raise UpstreamUnavailable(f"engine connection failed: {exc}") from None
+            raise engine_failure("engine connection failed", exc) from None
         finally:
             upstream.close()  # releases an unfinished request so the engine aborts it
 
@@ -200,7 +200,7 @@ class CompletionServing:
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             timed_out = isinstance(exc, asyncio.TimeoutError)
             error = (UpstreamTimeout("engine stream timed out") if timed_out
-                     else UpstreamUnavailable(f"engine connection lost mid-stream: {exc}"))
+                     else engine_failure("engine connection lost mid-stream", exc))
             record.status = CallStatus.TIMEOUT if timed_out else CallStatus.UPSTREAM_ERROR
             record.error = error.message
             self.metrics.upstream_errors.labels(error.default_code).inc()

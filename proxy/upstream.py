@@ -20,7 +20,7 @@ import orjson
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from engine.adapters import EngineAdapters
-from proxy.errors import UpstreamTimeout, UpstreamUnavailable
+from proxy.errors import UpstreamTimeout, engine_failure
 
 log = logging.getLogger("rlproxy.upstream")
 
@@ -126,7 +126,7 @@ class UpstreamPool:
                 raise
             except aiohttp.ClientError as exc:
                 self.mark(replica, ok=False)
-                raise UpstreamUnavailable(f"engine request failed: {exc}") from exc
+                raise engine_failure("engine request failed", exc) from exc
             except asyncio.TimeoutError as exc:
                 raise UpstreamTimeout("engine did not answer in time") from exc
             if response.status >= 500:
@@ -150,7 +150,7 @@ class UpstreamPool:
                 with retry:
                     return await send()
         except RETRYABLE as exc:
-            raise UpstreamUnavailable(f"engine unreachable after {attempt} attempt(s): {exc}") from exc
+            raise engine_failure(f"engine unreachable after {attempt} attempt(s)", exc) from exc
         raise AssertionError("unreachable")
 
     async def get_json(self, replica: Replica, path: str, *, timeout: float = 5.0) -> dict:

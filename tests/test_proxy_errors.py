@@ -136,6 +136,10 @@ def test_unreachable_engine_is_502(database_url, run_dir):
         assert requests.get(url + "/readyz").status_code == 503
         [call] = recorded_calls(url, rollout_id)
         assert call["status"] == "upstream_error" and call["http_status"] == 502
+        port = dead.rsplit(":", 1)[1]  # the engine's address is the operator's: not in the answer, not recorded
+        assert port not in error["message"] and port not in call["error"] and "engine unreachable" in call["error"]
+        relayed = requests.post(f"{url}/tokenize", json={"model": "m", "prompt": "hi"})
+        assert relayed.status_code == 502 and port not in relayed.text
 
 
 def test_slow_engine_is_504(stub_url, database_url, run_dir):

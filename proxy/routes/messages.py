@@ -12,7 +12,7 @@ from core.messages_chat import chat_messages
 from proxy.context import call_context
 from proxy.dialects.messages import MESSAGES, CountTokensRequest, MessagesRequest
 from proxy.endpoints import API_ERRORS, Answer, Endpoint, PREFIXES, mounted
-from proxy.errors import UpstreamUnavailable
+from proxy.errors import engine_failure
 from proxy.schemas import parse_json_object
 from proxy.state import state
 
@@ -41,7 +41,7 @@ async def count_tokens(request: web.Request) -> web.Response:
     try:
         raw = await upstream.read()
     except aiohttp.ClientError as exc:
-        raise UpstreamUnavailable(f"engine connection failed: {exc}") from None
+        raise engine_failure("engine connection failed", exc) from None
     finally:
         upstream.close()
     if upstream.status != 200:

@@ -11,7 +11,7 @@ from proxy.capture import CHAT, COMPLETIONS
 from proxy.context import call_context
 from proxy.dialects.chat import ChatCompletionRequest, CompletionRequest
 from proxy.endpoints import API_ERRORS, Answer, Endpoint, PREFIXES, RECORDED, mounted
-from proxy.errors import UpstreamUnavailable, json_response
+from proxy.errors import UpstreamUnavailable, engine_failure, json_response
 from proxy.state import state
 
 
@@ -33,7 +33,7 @@ async def models(request: web.Request) -> web.Response:
         async with app.upstreams.session.get(replica.url + "/v1/models") as upstream:
             raw, status, content_type = await upstream.read(), upstream.status, upstream.content_type
     except (aiohttp.ClientError, OSError) as exc:
-        raise UpstreamUnavailable(f"engine unreachable: {exc}") from exc
+        raise engine_failure("engine unreachable", exc) from exc
     if context.project is not None and status == 200:
         try:
             listing = orjson.loads(raw)

@@ -29,7 +29,7 @@ from proxy.boundary import engine_bytes
 from proxy.context import call_context
 from proxy.endpoints import Answer, Endpoint, PREFIXES, mounted, register
 from proxy.engine_routes import FIELDS, RELAYED
-from proxy.errors import NotFoundError, UpstreamTimeout, UpstreamUnavailable
+from proxy.errors import NotFoundError, UpstreamTimeout, engine_failure
 from proxy.schemas import EngineRequest
 from proxy.state import state
 
@@ -72,7 +72,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
         raise UpstreamTimeout("engine did not answer in time") from None
     except (aiohttp.ClientError, OSError) as exc:
         app.upstreams.mark(replica, ok=False)
-        raise UpstreamUnavailable(f"engine unreachable: {exc}") from None
+        raise engine_failure("engine unreachable", exc) from None
     if upstream.status in (404, 405) and not await _is_openai_error(upstream):
         upstream.close()
         app.metrics.passthrough.labels(path, str(upstream.status)).inc()
