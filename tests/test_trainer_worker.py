@@ -359,3 +359,49 @@ def test_adapters_reach_an_engine_that_wants_a_key_only_with_the_key(own_databas
     assert refused.error is not None and "401" in refused.error and refused_status == "failed"
     assert loaded.error is None and loaded.activated and loaded_status == "active"
     assert {m["id"]: m["root"] for m in models["data"]}["rlproxy-v2"] == str(ours)  # replaced in place
+
+
+def test_a_batch_the_step_cannot_digest_is_tried_once_more_then_set_aside_and_training_goes_on(
+        tiny_model, own_database_url, tmp_path):
+    """A defect in the step (here: one planted for the first two tries) used to stop `rlproxy train`, and the
+    batch came back after every restart. Now: released once, set aside with its reason the second time, recorded
+    as a step that trained nothing; the next batch trains."""
+    from trainer.worker import TrainerWorker
+
+    first = asyncio.run(record_episodes(own_database_url, groups=2, group_size=4, task_prefix="poison"))
+    settings = TrainerSettings(database_url=own_database_url, upstreams=(), adapters_dir=tmp_path, metrics_port=None,
+                               worker_id="test-trainer", training=TrainingSettings(batch_rollouts=8, group_size=4,
+                                                                                   micro_batch_tokens=512))
+
+    async def run():
+        worker = TrainerWorker(settings, tiny_model)
+        await worker.start()
+        real_step, tries = worker.policy.step, []
+
+        def failing_step(transitions, *args):
+            tries.append(len(transitions))
+            if len(tries) <= 2:
+                raise ValueError("an index past the vocabulary")
+            return real_step(transitions, *args)
+
+        worker.policy.step = failing_step
+        try:
+            outcomes = [await worker.step_once(), await worker.step_once()]
+            async with worker.sessions() as session:
+                rows = (await session.execute(select(Rollout.id, Rollout.trained_at, Rollout.lease_owner)
+                                              .where(Rollout.id.in_(first)))).all()
+                steps = (await session.execute(select(TrainStep).order_by(TrainStep.id))).scalars().all()
+            later = await record_episodes(own_database_url, groups=2, group_size=4, task_prefix="healthy")
+            outcomes.append(await worker.step_once())
+            return outcomes, rows, steps, later, worker, tries
+        finally:
+            await worker.database.dispose()
+
+    outcomes, rows, steps, later, worker, tries = asyncio.run(run())
+    assert outcomes == [True, True, True] and len(tries) == 3
+    assert all(trained is not None and owner is None for _, trained, owner in rows)  # set aside, not leased
+    [failed] = [step for step in steps if step.metrics.get("failed")]
+    assert failed.policy_version is None and failed.rollout_count == 8
+    assert failed.metrics["failed"] == "ValueError: an index past the vocabulary"
+    assert failed.metrics["skipped"] == {"step_failed": 8}
+    assert worker.steps == 1  # the healthy batch trained, from the adapter as it was before the failures

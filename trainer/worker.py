@@ -33,6 +33,7 @@ from store.db import open_database, session_factory
 from store.models import utcnow
 from trainer.agreement import Agreement, AgreementWatch
 from trainer.batch import build_transitions
+from trainer.failures import NOT_THE_BATCH, STEP_FAILED, FailedBatches, describe
 from trainer.housekeeping import Housekeeping
 from trainer.metrics import TrainerMetrics
 from trainer.parallel import Collective, LeaderPolicy
@@ -89,6 +90,7 @@ class TrainerWorker:
         self._last_saved = 0  # the newest version number this worker has saved
         self.steps = 0
         self.tokenizer = None  # only for token_source="retokenized"
+        self.failures = FailedBatches()
 
     async def start(self) -> None:
         async with self.sessions() as session, session.begin():
@@ -139,6 +141,36 @@ class TrainerWorker:
         rollout_ids = await self._claim()
         if not rollout_ids:
             return False
+        if self.collective.world_size > 1:
+            return await self._train(rollout_ids)
+        try:
+            return await self._train(rollout_ids)
+        except NOT_THE_BATCH:
+            raise
+        except Exception as exc:  # noqa: BLE001 — a batch this trainer cannot digest (trainer/failures.py)
+            await self._failed(rollout_ids, exc)
+            return True
+
+    async def _failed(self, rollout_ids: list[str], exc: Exception) -> None:
+        """Release the batch for one more try, or (failed before) set it aside, recorded as a step with its reason."""
+        self.policy.optimizer.zero_grad(set_to_none=True)  # a backward may have run: no gradient carries over
+        self.loaded = None  # the weights may hold part of an update: the next step loads its adapter again
+        again = self.failures.failed_before(rollout_ids)
+        async with self.sessions() as session, session.begin():
+            if not again:
+                await training.release_untrained(session, self.settings.worker_id)
+            else:
+                await training.record_step(session, rollout_ids, self.settings.worker_id, policy_version=None,
+                                           transition_count=0, metrics={"failed": describe(exc),
+                                                                        "skipped": {STEP_FAILED: len(rollout_ids)}})
+        if not again:
+            log.exception("a step over %d rollouts failed; they are tried once more", len(rollout_ids))
+            return
+        self.metrics.skipped.labels(STEP_FAILED).inc(len(rollout_ids))
+        log.error("ALERT: a step over %d rollouts failed again (%s); they are set aside as %s, recorded in the "
+                  "step record, and training goes on", len(rollout_ids), describe(exc), STEP_FAILED)
+
+    async def _train(self, rollout_ids: list[str]) -> bool:
         async with self.sessions() as session:
             rollouts = await training.load_rollouts(session, rollout_ids)
             if self.settings.training.token_source == "retokenized":
