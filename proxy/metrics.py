@@ -29,6 +29,10 @@ class ProxyMetrics:
                                       buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r)
         self.writer_flush = Histogram("rlproxy_capture_flush_duration_seconds", "Duration of one write batch.",
                                       buckets=LATENCY_BUCKETS, registry=r)
+        self.late_calls = Counter(
+            "rlproxy_capture_late_calls_total",
+            "Calls stored after their rollout was trained (a step took the trajectory without them): with several "
+            "proxies, raise the trainer's settle_s.", registry=r)
         self.rows_written = Counter("rlproxy_capture_calls_written_total", "Calls stored in the database.",
                                     registry=r)
         self.rows_spooled = Counter("rlproxy_capture_calls_spooled_total",

@@ -69,6 +69,9 @@ class Batches:
         self.metrics.writer_batch.observe(len(records))
         self.metrics.writer_flush.observe(time.perf_counter() - began)
         self.metrics.rows_written.inc(len(written))
+        if late := sum(item.late for item in written):
+            self.metrics.late_calls.inc(late)
+            log.warning("%d calls stored after their rollout was trained (raise the trainer's settle_s)", late)
         for item in written:
             if item.prefix_kind is not None:
                 self.metrics.prefix_links.labels(item.prefix_kind).inc()

@@ -34,6 +34,7 @@ class WrittenCall:
     seq: int | None
     prefix_kind: str | None
     parent: Parent | None
+    late: bool = False  # its rollout had been trained already: a step took the trajectory without this call
 
 
 def classify_prefix(prompt_ids: list[int] | None, parent: Parent | None) -> str | None:
@@ -94,6 +95,7 @@ async def write_calls(session: AsyncSession, records: list[CallRecord], *,
         )
 
     seqs: dict[str, int] = {}
+    late: set[str] = set()
     for rid, calls in sorted(by_rollout.items()):  # a fixed lock order avoids deadlocks between proxies
         calls.sort(key=lambda r: r.started_at)
         values = {"call_count": Rollout.call_count + len(calls)}
@@ -105,11 +107,14 @@ async def write_calls(session: AsyncSession, records: list[CallRecord], *,
             values["policy_version"] = case(
                 (Rollout.call_count == 0, calls[0].policy_version),
                 else_=func.coalesce(Rollout.policy_version, calls[0].policy_version))
-        end = (
+        end, trained_at = (
             await session.execute(
-                update(Rollout).where(Rollout.id == rid).values(**values).returning(Rollout.call_count)
+                update(Rollout).where(Rollout.id == rid).values(**values)
+                .returning(Rollout.call_count, Rollout.trained_at)
             )
-        ).scalar_one()
+        ).one()
+        if trained_at is not None:
+            late.update(record.id for record in calls)
         for offset, record in enumerate(calls):
             seqs[record.id] = end - len(calls) + offset + 1
 
@@ -133,7 +138,7 @@ async def write_calls(session: AsyncSession, records: list[CallRecord], *,
              "finish_reason": c.finish_reason}
             for c in record.choices
         )
-        written.append(WrittenCall(record, seqs.get(record.id), kind, parent))
+        written.append(WrittenCall(record, seqs.get(record.id), kind, parent, late=record.id in late))
 
     await session.execute(insert_ignoring_duplicates(session, Call.__table__, ["id"]), call_rows)
     if choice_rows:

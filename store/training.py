@@ -82,12 +82,13 @@ async def mark_eval_agents(session: AsyncSession, agents: Sequence[str]) -> list
 
 async def ready_rollouts(session: AsyncSession, *, limit: int, group_size: int, group_timeout_s: float,
                          batch_timeout_s: float = 0.0, agents: Sequence[str] = (), judged: bool = False,
-                         most: int | None = None) -> list[str]:
+                         most: int | None = None, settle_s: float = 0.0) -> list[str]:
     """Finished, untrained, unleased rollouts whose task group is complete (or waited long enough), whole groups
     only, at least about `limit` when that many are ready and at most about `most` (default `limit`: a backlog
     larger than one batch is taken whole up to `most`), the groups whose oldest member finished first first;
     fewer than `limit` only once the oldest of them has waited `batch_timeout_s`. `judged`: only rollouts the
-    judge has had its say on (judge+posted).
+    judge has had its say on (judge+posted). `settle_s`: only rollouts finished at least that long ago (another
+    proxy may still hold their last calls).
 
     Groups are counted over every waiting rollout, not over a window of the oldest: traffic that interleaves many
     tasks completes its groups anywhere in the queue, and a complete group never waits for a timeout because
@@ -95,6 +96,8 @@ async def ready_rollouts(session: AsyncSession, *, limit: int, group_size: int, 
     now = utcnow()
     full, limit = limit, max(limit, most or limit)
     waiting = and_(_trainable(agents, judged), _unleased(now))
+    if settle_s > 0:
+        waiting = and_(waiting, Rollout.finished_at <= now - timedelta(seconds=settle_s))
     oldest = func.min(Rollout.finished_at)
     ready = or_(Rollout.task_id.is_(None), func.count() >= group_size,
                 oldest <= now - timedelta(seconds=group_timeout_s))

@@ -126,7 +126,9 @@ def test_default_values_render_valid_manifests_for_one_gpu_engine():
     # the trainer: one pod running `rlproxy train` on its own, as it always did
     trainer = deployments["prod-rlproxy-trainer"]["spec"]["template"]["spec"]
     assert deployments["prod-rlproxy-trainer"]["spec"]["replicas"] == 1
-    assert "command" not in trainer["containers"][0] and trainer["containers"][0]["args"] == ["train"]
+    # two proxies (the default): a reward may reach one while the other still holds the rollout's last calls
+    assert "command" not in trainer["containers"][0] and trainer["containers"][0]["args"] == [
+        "train", "--set", "settle_s=15"]
     assert "nvidia.com/gpu" not in trainer["containers"][0]["resources"].get("limits", {})
     assert trainer["containers"][0]["livenessProbe"]["tcpSocket"]["port"] == "metrics"
     assert "prod-rlproxy-trainer-ranks" not in by_kind(documents, "Service")
@@ -233,7 +235,7 @@ def test_a_trainer_across_three_nodes_of_eight_gpus(monkeypatch):
     # every rank runs `rlproxy train`, which, launched by torchrun, does not start torchrun again
     for launch in launches:
         assert launch.module and launch.training_script == "rlproxy.cli"
-        assert launch.training_script_args == ["train", "--set", "batch_rollouts=96"]
+        assert launch.training_script_args == ["train", "--set", "settle_s=15", "--set", "batch_rollouts=96"]
     from trainer import parallel
 
     monkeypatch.setenv("WORLD_SIZE", str(3 * 8))
@@ -410,3 +412,12 @@ def test_every_rlproxy_variable_the_chart_sets_is_a_flag_the_command_reads(value
                 assert settings.upstreams == tuple(ours["RLPROXY_UPSTREAM"].split())
                 assert str(settings.adapters_dir) == ours["RLPROXY_ADAPTERS_DIR"]
     assert checked == 3  # proxy, trainer, migrate
+
+
+def test_one_proxy_needs_no_settling_and_an_operators_own_value_wins():
+    def trainer_args(values):
+        return by_kind(render(values), "Deployment")["prod-rlproxy-trainer"]["spec"]["template"]["spec"][
+            "containers"][0]["args"]
+
+    assert trainer_args({"proxy": {"replicas": 1}}) == ["train"]
+    assert trainer_args({"trainer": {"settings": {"settle_s": 30}}}) == ["train", "--set", "settle_s=30"]

@@ -405,3 +405,30 @@ def test_a_batch_the_step_cannot_digest_is_tried_once_more_then_set_aside_and_tr
     assert failed.metrics["failed"] == "ValueError: an index past the vocabulary"
     assert failed.metrics["skipped"] == {"step_failed": 8}
     assert worker.steps == 1  # the healthy batch trained, from the adapter as it was before the failures
+
+
+def test_a_rollout_waits_settle_s_after_its_reward_and_a_call_stored_after_training_is_counted_late(
+        own_database_url):
+    """With several proxies the reward can reach one while another still holds the rollout's last calls: the claim
+    leaves a rollout alone for `settle_s` after it finished, and a call that lands in a trained rollout anyway is
+    reported (WrittenCall.late: the writer counts it in rlproxy_capture_late_calls_total)."""
+    from store import training
+
+    ids = asyncio.run(record_episodes(own_database_url, groups=1, group_size=4, task_prefix="settling"))
+    assert claimable(own_database_url, limit=4, group_size=4, group_timeout_s=300, settle_s=60) == []
+    assert sorted(claimable(own_database_url, limit=4, group_size=4, group_timeout_s=300, settle_s=0)) == sorted(ids)
+
+    async def train_then_write_one_more() -> list[bool]:
+        database = open_database(own_database_url)
+        sessions = session_factory(database)
+        async with sessions() as session, session.begin():
+            await training.record_step(session, ids, "trainer", policy_version=None, transition_count=0, metrics={})
+        straggler = CallRecord(id=uuid.uuid4().hex, route="chat", started_at=utcnow(), rollout_id=ids[0],
+                               agent="solver", task_id="settling-0", policy_version=0, prompt_token_ids=[5, 6],
+                               choices=[ChoiceRecord(0, [7, 2], [-1.0, -1.0], "stop")])
+        async with sessions() as session, session.begin():
+            written = await write_calls(session, [straggler])
+        await database.dispose()
+        return [item.late for item in written]
+
+    assert asyncio.run(train_then_write_one_more()) == [True]

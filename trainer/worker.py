@@ -275,7 +275,8 @@ class TrainerWorker:
                                                   group_size=wanted.group_size,
                                                   group_timeout_s=wanted.group_timeout_s,
                                                   batch_timeout_s=wanted.batch_timeout_s, agents=agents,
-                                                  judged=judged, most=wanted.step_rollouts_cap)
+                                                  judged=judged, most=wanted.step_rollouts_cap,
+                                                  settle_s=wanted.settle_s)
             if not ready:
                 return []
             return await training.lease(session, ready, self.settings.worker_id, self.settings.lease_seconds,

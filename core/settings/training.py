@@ -214,6 +214,15 @@ class TrainingSettings:
                     "smaller step runs (0: train on whatever is ready). Fewer, fuller steps mean fewer "
                     "adapter versions to publish and gate.",
     )
+    settle_s: float = Field(
+        0.0, ge=0,
+        description="Seconds a rollout waits after its final reward before a step may take it. With several "
+                    "proxies the reward can reach one while the rollout's last calls are still in another's "
+                    "writer queue (4-9 s under load, docs/scale.md): taken at once, the trajectory would train "
+                    "without them. One proxy stores its own calls before it acknowledges a reward, so 0 is safe "
+                    "there; the Helm chart sets 15 when proxy.replicas > 1. Calls that arrive after their "
+                    "rollout was trained are counted (rlproxy_capture_late_calls_total).",
+    )
     max_staleness: int = Field(
         8, ge=0,
         description="Drop calls sampled by a policy more than this many versions behind the trainer. The "
