@@ -14,7 +14,7 @@ from aiohttp import web
 
 from core.settings import ProxySettings
 from proxy.auth import KEY, Access, access_for
-from proxy.errors import PayloadTooLarge, RateLimited
+from proxy.errors import InvalidRequest, PayloadTooLarge, RateLimited
 from proxy.uploads import InflateBounds, body_encoding, check_transfer_coding, continue_upload, inflate_body
 
 MAX_JSON_VALUES = 1_000_000
@@ -132,6 +132,8 @@ async def enforce_limits(request: web.Request, handler):
     if checked:
         limits.check_rate(request)
         limits.check_size(request)
+    elif request.body_exists:  # no public route reads a body: none is invited, inflated or read for one
+        raise InvalidRequest("this route takes no request body", code="body_not_allowed")
     if request.body_exists:
         body_encoding(request)  # an encoding the proxy does not read: 415 before the body is invited
     await continue_upload(request)

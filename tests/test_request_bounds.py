@@ -135,6 +135,26 @@ def test_brackets_and_commas_inside_strings_are_not_counted_as_values(proxy: Pro
     assert answer.status_code == 200, answer.text
 
 
+def test_public_routes_take_no_body_and_are_not_worked_harder_by_floods(proxy: Proxy):
+    """/healthz, /readyz, /openapi.json need no key. A gzip body sent to one was invited and inflated (16 MiB a
+    connection); now refused unread. A flood of /readyz shares one look at the database and the engines a
+    second (each look opened a connection and asked every engine); /openapi.json is built once."""
+    bomb = gzip.compress(b"a" * (16 << 20), 9)
+    answer = requests.get(f"{proxy.url}/healthz", data=bomb, timeout=30,
+                          headers={"Content-Encoding": "gzip", "Expect": "100-continue"})
+    assert answer.status_code == 400 and answer.json()["error"]["code"] == "body_not_allowed"
+
+    def engine_probes() -> int:
+        return sum(1 for method, path in proxy.stub.received if path == "/v1/models")
+
+    before, began = engine_probes(), time.monotonic()
+    answers = [requests.get(f"{proxy.url}/readyz", timeout=10).status_code for _ in range(30)]
+    assert answers == [200] * 30
+    assert engine_probes() - before <= 2 + 2 * (time.monotonic() - began)  # one look a second (and the watcher's)
+    documents = [requests.get(f"{proxy.url}/openapi.json", timeout=10) for _ in range(3)]
+    assert len({d.content for d in documents}) == 1 and documents[0].json()["openapi"].startswith("3.1")
+
+
 def test_a_bomb_sent_in_chunks_or_as_raw_deflate_is_413_too(proxy: Proxy):
     deflater = zlib.compressobj(9, zlib.DEFLATED, -zlib.MAX_WBITS)  # raw deflate, no zlib header
     bomb = deflater.compress(chat_body("a" * (60 << 20))) + deflater.flush()

@@ -4,6 +4,9 @@ while it is down; what it looked at only for admin keys), `GET /metrics`."""
 from __future__ import annotations
 
 import asyncio
+import math
+import time
+from dataclasses import dataclass
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -19,8 +22,35 @@ async def healthz(request: web.Request) -> web.Response:
     return Health(status="ok").reply()
 
 
-async def readyz(request: web.Request) -> web.Response:
-    app = state(request)
+@dataclass(frozen=True)
+class Readiness:
+    database: bool
+    engines: dict[str, bool]
+    spool_problem: str | None
+    ready: bool
+
+
+READINESS = web.AppKey("rlproxy_readiness", dict)
+READINESS_TTL_S = 1.0  # probes answered from one look for this long: anyone may call /readyz, as often as they like
+
+
+def fresh_readiness() -> dict:
+    return {"lock": asyncio.Lock(), "at": -math.inf, "value": None}
+
+
+async def readiness(request: web.Request) -> Readiness:
+    """One look at the database, the engines and the spool, shared by every /readyz within READINESS_TTL_S (each
+    look opens a database connection, asks every engine and writes a probe file: a flood of /readyz would
+    otherwise take the pool the writer needs and mark engines unhealthy by timeouts)."""
+    cache = request.app[READINESS]
+    async with cache["lock"]:
+        if time.monotonic() - cache["at"] >= READINESS_TTL_S:
+            cache["value"] = await _look(state(request))
+            cache["at"] = time.monotonic()
+        return cache["value"]
+
+
+async def _look(app) -> Readiness:
     database = True
     try:
         async with asyncio.timeout(3):
@@ -35,7 +65,14 @@ async def readyz(request: web.Request) -> web.Response:
     # Calls keep being served while the database is down: they wait in the spool, so that is still ready. With
     # `spool` or `sync` durability every call passes through the spool: one it cannot keep is answered 503.
     recording = spool_problem is None if writer.durable else (database or spool_problem is None)
-    ready = recording and writer.running and any(engines.values())
+    return Readiness(database, engines, spool_problem, recording and writer.running and any(engines.values()))
+
+
+async def readyz(request: web.Request) -> web.Response:
+    app = state(request)
+    look = await readiness(request)
+    database, engines, spool_problem, ready, writer = (look.database, look.engines, look.spool_problem, look.ready,
+                                                       app.writer)
     status = 200 if ready else 503
     if not await admin_caller(request):  # where the engines and the spool are is not every caller's business
         return Ready(status="ready" if ready else "unavailable").reply(status=status)
