@@ -20,6 +20,7 @@ import asyncio
 import hmac
 import ipaddress
 import logging
+import math
 import time
 from collections import OrderedDict
 from enum import Enum
@@ -34,7 +35,8 @@ from core.errors import RlproxyError
 from core.settings import AuthSettings
 from proxy.context import CallContext, call_context
 from proxy.engine_routes import RELAYED
-from proxy.errors import Forbidden, NotFoundError, StoreUnavailable, Unauthorized
+from proxy.buckets import RateLimiter
+from proxy.errors import Forbidden, NotFoundError, RateLimited, StoreUnavailable, Unauthorized
 from store.keys import (KEY_PREFIX, KeyInfo, claim_rollout, count_active_keys, find_key, hash_key, new_key,
                         rollout_owner)
 
@@ -174,6 +176,9 @@ class Authenticator:
         admin = _admin_key(settings)
         self._admin_digest = hash_key(admin) if admin else None
         self._keys = TTLCache(settings.key_cache_ttl, maxsize=10_000)
+        # Misses apart: made-up keys must not push the real ones out of the cache (and onto the database).
+        self._misses = TTLCache(settings.key_cache_ttl, maxsize=10_000)
+        self._lookups = RateLimiter()  # per client address: look-ups of keys the caches do not hold
         self._owners: OrderedDict[str, str | None] = OrderedDict()  # rollout id → project (never changes)
 
     async def start(self, sessions: async_sessionmaker[AsyncSession], host: str) -> None:
@@ -200,12 +205,17 @@ class Authenticator:
         if self._admin_digest is not None and hmac.compare_digest(digest, self._admin_digest):
             return OPERATOR
         info = self._keys.get(digest)
-        if info is _MISSING:
+        if info is _MISSING and self._misses.get(digest) is _MISSING:
             info = None
             if token.startswith(KEY_PREFIX) and len(token) == _KEY_LENGTH:  # anything else is not one of ours
+                rate = self.settings.key_lookup_rate
+                wait = self._lookups.take(f"addr:{request.remote}", rate, max(1, math.ceil(5 * rate)))
+                if wait:
+                    raise RateLimited(f"too many unknown API keys from this address; retry in {wait:.2f}s",
+                                      retry_after=max(1, math.ceil(wait)))
                 info = await self._query(find_key, digest)
-            self._keys.put(digest, info)
-        if info is None:
+            (self._keys if info is not None else self._misses).put(digest, info)
+        if info is None or info is _MISSING:
             raise Unauthorized("invalid API key (unknown or revoked)")
         return info
 

@@ -397,3 +397,26 @@ def test_a_network_bind_without_keys_refuses_to_start(stub_url, own_database_url
     with running(args + ["--auth", "off"], f"http://127.0.0.1:{port}/healthz", log_path=log) as _:
         assert requests.post(f"http://127.0.0.1:{port}/rollouts", json={}).status_code == 201
     assert "authentication is OFF on 0.0.0.0 (--auth off)" in log.read_text()
+
+
+def test_a_flood_of_made_up_keys_is_turned_away_before_the_database(postgres_server, run_dir):
+    """Each well-shaped key the cache does not know is looked up in the database. Made-up ones from one address
+    are limited (--key-lookup-rate, bursts of five seconds' worth: 429 past it), are cached apart from the real
+    keys (which they used to push out, onto the database), and a key already known keeps working."""
+    from store.keys import new_key
+
+    with fresh_database(postgres_server) as database_url:
+        real = make_key(database_url, "alpha")
+        dead_engine = f"http://127.0.0.1:{free_port()}"
+        with running_proxy([dead_engine], database_url, run_dir, "proxy-key-flood", "--auth", "on",
+                           "--key-lookup-rate", "2") as url:
+            def policies(key: str) -> int:
+                return requests.get(f"{url}/policies", headers={"Authorization": f"Bearer {key}"}).status_code
+
+            assert policies(real) == 200  # its look-up took one of the ten
+            answers = [policies(new_key()) for _ in range(14)]
+            assert answers[:9] == [401] * 9 and set(answers[9:]) == {429}
+            assert policies(real) == 200  # known: no look-up needed
+            assert policies("not-even-shaped-like-a-key") == 401  # never looked up, so never limited
+            time.sleep(1.1)
+            assert policies(new_key()) == 401  # the bucket refills at the rate
