@@ -170,6 +170,22 @@ async def inflate_body(request: web.Request, bounds: InflateBounds, max_compress
         raise
 
 
+async def read_within(request: web.Request, limit: int) -> bytes | None:
+    """The body, or None as soon as it passes `limit` bytes: a chunked body (no declared length) is not read to
+    the proxy's whole --client-max-size before a small route's own bound refuses it; the rest stays unread and
+    the refusal closes the connection (`close_refused`). A body `inflate_body` left is taken as it is."""
+    if request._read_bytes is not None:
+        return request._read_bytes if len(request._read_bytes) <= limit else None
+    chunks, size = [], 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    request._read_bytes = b"".join(chunks)  # where a later `request.read()` finds it
+    return request._read_bytes
+
+
 async def continue_upload(request: web.Request) -> None:
     """Answer `Expect: 100-continue` now that the request may send its body; 417 for any other expectation."""
     expect = request.headers.get("Expect")

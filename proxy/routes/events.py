@@ -18,6 +18,7 @@ from proxy.endpoints import Answer, Endpoint
 from proxy.errors import NotFoundError, PayloadTooLarge, Unprocessable
 from proxy.schemas import _Stored, parse_json_object, validate
 from proxy.state import state
+from proxy.uploads import read_within
 
 REWARD = "reward"
 MAX_DEPTH = 64  # JSON nesting kept: the store's JSON encoder gives up past 254 levels (a 500 otherwise)
@@ -69,9 +70,9 @@ async def post_event(request: web.Request) -> web.Response:
     limit = app.settings.ingest.max_event_bytes
     if request.content_length is not None and request.content_length > limit:  # refused before it is read
         raise _too_large(request.content_length, limit)
-    raw = await request.read()
-    if len(raw) > limit:
-        raise _too_large(len(raw), limit)
+    raw = await read_within(request, limit)  # a chunked body: read only up to the bound
+    if raw is None:
+        raise _too_large(None, limit)
     event = validate(RolloutEvent, parse_json_object(raw, Unprocessable), Unprocessable)
     project, ingest = request.get("project"), app.ingest
     if event.event_type == REWARD:  # as POST /reward without call_id
@@ -82,8 +83,9 @@ async def post_event(request: web.Request) -> web.Response:
     return EventResult(rollout_id=rollout_id, event_type=event.event_type, stored=True).reply()
 
 
-def _too_large(size: int, limit: int) -> PayloadTooLarge:
-    return PayloadTooLarge(f"the event is {size} bytes; an event may be at most {limit} (--max-event-bytes)",
+def _too_large(size: int | None, limit: int) -> PayloadTooLarge:
+    size_text = f"more than {limit}" if size is None else str(size)
+    return PayloadTooLarge(f"the event is {size_text} bytes; an event may be at most {limit} (--max-event-bytes)",
                            code="event_too_large")
 
 

@@ -13,6 +13,7 @@ from proxy.endpoints import Answer, Endpoint
 from proxy.errors import NotFoundError, PayloadTooLarge, Unprocessable
 from proxy.schemas import RewardPost, RolloutCreate, parse_json_object, validate
 from proxy.state import state
+from proxy.uploads import read_within
 from store import rollouts as store_rollouts
 from store.rollout_view import MAX_PAGE
 
@@ -22,12 +23,11 @@ async def read_bounded(request: web.Request) -> bytes:
     bounded far below what a chat call may send; a declared length past the bound is refused before reading."""
     limit = state(request).settings.ingest.max_rollout_body_bytes
     size = request.content_length
-    if size is None or size <= limit:
-        raw = await request.read()
-        size = len(raw)
-    if size > limit:
-        raise PayloadTooLarge(f"the request body is {size} bytes; this route takes at most {limit} "
-                              f"(--max-rollout-body-bytes)", code="rollout_body_too_large")
+    raw = await read_within(request, limit) if size is None or size <= limit else None
+    if raw is None:
+        raise PayloadTooLarge(f"the request body is {'more than ' + str(limit) if size is None else size} bytes; "
+                              f"this route takes at most {limit} (--max-rollout-body-bytes)",
+                              code="rollout_body_too_large")
     return raw
 
 
