@@ -178,3 +178,24 @@ def test_a_task_id_over_what_the_proxy_stores_fails_its_attempt_before_any_rollo
     assert ends["good"] == ("rewarded", None, 1)
     assert ends["tttt"] == ("failed", "the task id is 300 characters, more than a rollout's task id holds (256)", 0)
     assert ends["tab\t"] == ("failed", "the task id holds a control character ('\\t') at character 3", 0)
+
+
+def test_a_rollout_the_proxy_refuses_fails_its_own_attempt_and_the_run_goes_on(stub_url, database_url, run_dir,
+                                                                               tmp_path):
+    """An operator bounds what POST /rollouts may hold (--max-rollout-body-bytes): a task whose id makes the body
+    larger is refused (413). That attempt fails, with the proxy's reason, tried once (it is not the
+    infrastructure's fault, so it is not retried); the other task is rewarded."""
+    from tests.support import running_proxy
+
+    tasks = write_tasks(tmp_path / "tasks.jsonl", {"id": "x" * 250}, {"id": "good"})
+    log = tmp_path / "run.jsonl"
+    with running_proxy([stub_url], database_url, run_dir, "proxy-small-rollouts",
+                       "--max-rollout-body-bytes", "300") as url:
+        result = rlproxy_run(url, log, "--tasks", str(tasks), "--task-id-field", "id", "--attempts", "1",
+                             "--command", "echo 1")
+    assert result.exit_code == 0, result.output
+    ends = {e["task_id"][:4]: (e["status"], e["error"], e["tries"]) for e in finished(log)}
+    assert ends["good"] == ("rewarded", None, 1)
+    status, error, tries = ends["xxxx"]
+    assert status == "failed" and tries == 1
+    assert error.startswith("the proxy refused this attempt's rollout (POST /rollouts: 413)") and "300" in error
