@@ -37,6 +37,15 @@ def add_call_reward(session: AsyncSession, rollout_id: str, call_id: str, value:
                        metadata_=metadata))
 
 
+async def has_call_reward(session: AsyncSession, call_id: str, value: float,
+                          metadata: dict[str, Any] | None) -> bool:
+    """Whether the call holds this very reward already (same value, same metadata): a client retrying a POST whose
+    answer it lost must not make the call's credit count twice."""
+    rows = (await session.execute(select(Reward.value, Reward.metadata_).where(
+        Reward.call_id == call_id, Reward.kind == RewardKind.CALL))).all()
+    return any(held == value and (stored or None) == (metadata or None) for held, stored in rows)
+
+
 def air_row(rollout_id: str, call_id: str, value: float, reason: str, metadata: dict[str, Any]) -> dict[str, Any]:
     """The row of one automatic reward, as `add_air` and `add_air_once` take it."""
     return {"rollout_id": rollout_id, "call_id": call_id, "kind": RewardKind.AIR, "value": value, "reason": reason,

@@ -94,6 +94,8 @@ async def post_reward(
         owner = (await session.execute(select(Call.rollout_id).where(Call.id == call_id))).scalar_one_or_none()
         if owner != rollout_id:
             raise NotFound(f"call {call_id!r} is not part of rollout {rollout_id!r}")
+        if await reward_rows.has_call_reward(session, call_id, value, metadata):  # a retry: already stored
+            return RewardResult(rollout_id, value, call_id, False)
         reward_rows.add_call_reward(session, rollout_id, call_id, value, metadata)
         return RewardResult(rollout_id, value, call_id, True)
 

@@ -87,9 +87,18 @@ def test_intermediate_reward_for_a_call(proxy_url):
     response = requests.post(f"{proxy_url}/reward", json={"rollout_id": rollout_id, "reward": -0.2,
                                                            "call_id": call_id})
     assert response.json() == {"rollout_id": rollout_id, "reward": -0.2, "call_id": call_id}
+    # the client lost the answer and sent it again: the same reward is stored once (credit does not double)
+    again = requests.post(f"{proxy_url}/reward", json={"rollout_id": rollout_id, "reward": -0.2, "call_id": call_id})
+    assert again.status_code == 200
     data = requests.get(f"{proxy_url}/rollouts/{rollout_id}").json()
     assert data["status"] == "open"  # an intermediate reward does not close the rollout
     assert data["rewards"] == [dict(data["rewards"][0], call_id=call_id, kind="call", value=-0.2)]
+    # another value, or the same value with other metadata, is another reward
+    requests.post(f"{proxy_url}/reward", json={"rollout_id": rollout_id, "reward": -0.2, "call_id": call_id,
+                                               "metadata": {"judge": "style"}})
+    requests.post(f"{proxy_url}/reward", json={"rollout_id": rollout_id, "reward": 0.5, "call_id": call_id})
+    values = sorted(r["value"] for r in requests.get(f"{proxy_url}/rollouts/{rollout_id}").json()["rewards"])
+    assert values == [-0.2, -0.2, 0.5]
 
 
 def test_unknown_routes_and_methods_answer_in_openai_shape(proxy_url):
