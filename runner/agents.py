@@ -20,11 +20,13 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from core.checks import reward_problem
 from runner.environment import inherited
 from runner.errors import AttemptError, RunInputError
 from runner.task_data import task_json, task_variables
 
 NUMBER_TAIL = 2000  # bytes of a program's output kept for its last line and the log
+PIPE_GRACE_S = 5.0  # after a program ended, how long its output may take to be read to its end
 
 
 @dataclass(frozen=True)
@@ -95,8 +97,8 @@ def in_thread(function: Callable, *args: Any) -> asyncio.Future:
 
 
 def _reward(value: Any, source: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{source} returned {type(value).__name__}, not a number or None")
+    if problem := reward_problem(value):  # the proxy's own rule: NaN or 1e300 fails this attempt, not the run
+        raise ValueError(f"{source} returned {value!r}: {problem}")
     return float(value)
 
 
@@ -131,11 +133,16 @@ class FunctionAgent:
 
 
 def last_number(output: bytes) -> float | None:
+    """The number on the last line of a program's output; None when there is none. A number the proxy would not
+    take as a reward (nan, inf, 1e309, 5e6) is AttemptError: that attempt fails with the reason."""
     lines = output.decode(errors="replace").strip().splitlines()
     try:
-        return float(lines[-1].strip()) if lines else None
+        value = float(lines[-1].strip()) if lines else None
     except ValueError:
         return None
+    if value is not None and (problem := reward_problem(value)):
+        raise AttemptError(f"the program's last line, {lines[-1].strip()[:40]!r}, is not a reward: {problem}")
+    return value
 
 
 async def run_process(argv: list[str] | str, env: dict[str, str], *, cwd: str | None = None,
@@ -155,16 +162,54 @@ async def run_process(argv: list[str] | str, env: dict[str, str], *, cwd: str | 
         raise AttemptError(f"cannot start {program}: {exc.strerror}") from None
     except ValueError as exc:  # a NUL or unencodable text in an argument or the environment
         raise AttemptError(f"cannot start {program}: {exc}") from None
+    feeding = asyncio.ensure_future(_feed(process.stdin, stdin)) if stdin is not None else None
+    # tasks, not one gather: a run stopped by a signal cancels every task, and a gather whose child was cancelled
+    # would hold a CancelledError nobody retrieves (logged with a traceback at exit)
+    reading = [asyncio.ensure_future(_tail(process.stdout)), asyncio.ensure_future(_tail(process.stderr))]
     try:
-        out, err = await process.communicate(stdin)
+        await _exited(process)
     except asyncio.CancelledError:
+        for reader in reading:
+            reader.cancel()
+        raise
+    finally:  # ended or cancelled (its timeout): what it started in its group ends with it, and the pipes close
         try:
             os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-        await process.wait()
-        raise
-    return process.returncode, out[-NUMBER_TAIL:], err[-NUMBER_TAIL:]
+        if feeding is not None:
+            feeding.cancel()
+    try:
+        out, err = await asyncio.wait_for(asyncio.gather(*reading), PIPE_GRACE_S)
+    except asyncio.TimeoutError:  # a process that left the group (setsid) still holds a pipe
+        out = err = b""
+    return process.returncode, out, err
+
+
+async def _exited(process: asyncio.subprocess.Process) -> int:
+    """The exit status, as soon as the program itself ended: `process.wait()` may also wait for its pipes to
+    close (Python 3.12), which a program it left running in the background would hold open."""
+    while process.returncode is None:
+        await asyncio.sleep(0.05)
+    return process.returncode
+
+
+async def _feed(pipe: asyncio.StreamWriter, data: bytes) -> None:
+    try:
+        pipe.write(data)
+        await pipe.drain()
+        pipe.close()
+    except (BrokenPipeError, ConnectionResetError):  # it did not read all of its input: its own business
+        pass
+
+
+async def _tail(stream: asyncio.StreamReader) -> bytes:
+    """The last NUMBER_TAIL bytes a program wrote, read as it writes (a program printing gigabytes costs no more
+    memory than that)."""
+    kept = b""
+    while chunk := await stream.read(1 << 16):
+        kept = (kept + chunk)[-NUMBER_TAIL:]
+    return kept
 
 
 def failure(code: int, err: bytes) -> str:

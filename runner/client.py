@@ -44,6 +44,19 @@ class ProxyClient:
             return False
         return status == 200
 
+    async def key_administers(self) -> bool:
+        """Whether this client's key is an administrator's: it reads `GET /metrics`, which is admin-only when keys
+        are on (with keys off, every caller reads it and no key administers anything)."""
+        try:
+            async with self._http.get(self.proxy + "/metrics") as with_key:
+                if with_key.status != 200:
+                    return False
+            async with aiohttp.ClientSession(timeout=self._http.timeout) as anonymous:
+                async with anonymous.get(self.proxy + "/metrics") as without:
+                    return without.status != 200
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise InfrastructureError(f"GET /metrics: proxy unreachable ({exc})") from None
+
     async def create_rollout(self, task_id: str, *, agent: str | None, evaluation: bool,
                              metadata: dict[str, Any]) -> NewRollout:
         body = {"task_id": task_id, "metadata": metadata, "eval": evaluation}

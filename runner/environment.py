@@ -23,8 +23,8 @@ OWN = frozenset({
     "ANTHROPIC_SMALL_FAST_MODEL", "CLAUDE_CONFIG_DIR", "CODEX_HOME", "XDG_CONFIG_HOME", "NO_COLOR"})
 # Variables whose value makes a program load or run code: a task's data must never become one of them.
 LOADING = frozenset({"BASH_ENV", "ENV", "NODE_OPTIONS", "NODE_PATH", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME",
-                     "PERL5OPT", "PERL5LIB", "RUBYOPT", "RUBYLIB", "GIT_SSH_COMMAND", "GIT_EXEC_PATH",
-                     "PROMPT_COMMAND"})
+                     "PYTHONBREAKPOINT", "PERL5OPT", "PERL5LIB", "PERLLIB", "RUBYOPT", "RUBYLIB", "GIT_SSH_COMMAND",
+                     "GIT_EXEC_PATH", "PROMPT_COMMAND", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS"})
 LOADING_PREFIXES = ("LD_", "DYLD_", "GIT_CONFIG")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -53,3 +53,20 @@ def inherited(pass_env: Iterable[str] = (), also: Iterable[str] = ()) -> dict[st
     named = set(pass_env) | set(also)
     return {name: value for name, value in os.environ.items()
             if name in BASICS or name.startswith(BASIC_PREFIXES) or name in named}
+
+
+PR_SET_DUMPABLE, PR_GET_DUMPABLE = 4, 3
+
+
+def hide_own_environment() -> bool:
+    """Make the runner's own process unreadable to the programs it starts, which run as the same user: without it
+    an agent reads the runner's whole environment (its key, database URLs) from `/proc/<runner>/environ`, and the
+    allow-list above is moot. Linux's "not dumpable" flag closes `/proc/<pid>/environ`, `mem` and ptrace to other
+    processes of the user (not to root, which an agent should never be). False where there is no such flag."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0 and libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 0
+    except (OSError, AttributeError):  # not Linux
+        return False

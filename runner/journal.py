@@ -3,6 +3,7 @@ end, so a crash between them still leaves the rollout id for `--resume` to ask t
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,9 @@ class Journal:
         self.path = path
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # a lone surrogate (a task id of JSON "\ud800") is written as its JSON escape, which reads back as it was
-        self._file = path.open("a", encoding="utf-8", errors="backslashreplace")
+        # this user's only (0600): it holds rollout ids and the ends of agents' error output
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        self._file = os.fdopen(fd, "a", encoding="utf-8", errors="backslashreplace")
 
     def write(self, event: str, **fields: Any) -> None:
         line = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "event": event, **fields}

@@ -141,6 +141,11 @@ class Runner:
         if not await self.client.healthy():
             await self.close()
             raise ProxyRefused(f"the proxy at {self.settings.proxy} does not answer (GET /healthz)")
+        if self.settings.agent_api_key is None and self.settings.key() and await self.client.key_administers():
+            await self.close()  # agents run code a model wrote: they would hold the keys to every policy
+            raise RunInputError("the runner's key is an administrator's, and without --agent-api-key every agent "
+                                "gets it: give the agents a project key of their own (--agent-api-key, or "
+                                "RLPROXY_AGENT_API_KEY)")
 
     async def close(self) -> None:
         if self._attempt is None:

@@ -35,6 +35,21 @@ def held_out(task_id: str, share: float) -> bool:
     return int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) / 2**32 < share
 
 
+MAX_TASK_DEPTH = 64  # as the proxy reads a body (proxy/limits.py): every task is written again as JSON
+
+
+def _deeper_than(value: Any, limit: int) -> bool:
+    """Whether `value` nests lists and dicts more than `limit` levels (one level at a time: no recursion)."""
+    level, depth = [value], 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        level = [child for item in level if isinstance(item, (dict, list))
+                 for child in (item.values() if isinstance(item, dict) else item) if isinstance(child, (dict, list))]
+    return False
+
+
 def _json_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
     rows = []
     try:
@@ -48,6 +63,11 @@ def _json_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
                 except json.JSONDecodeError as exc:
                     raise RunInputError(f"{where}: not JSON ({exc.msg}); a task file has one JSON object a "
                                         "line") from None
+                except RecursionError:
+                    task = None  # nested past what Python reads: refused below like any line too deep
+                if task is None or _deeper_than(task, MAX_TASK_DEPTH):
+                    raise RunInputError(f"{where}: nests arrays and objects more than {MAX_TASK_DEPTH} levels "
+                                        "deep (it could not be handed to an agent as JSON)")
                 if not isinstance(task, dict):
                     raise RunInputError(f"{where}: a task is a JSON object, not {type(task).__name__}")
                 rows.append((where, task))

@@ -223,6 +223,11 @@ def test_rlproxy_run_with_the_projects_key(secured, tmp_path):
     assert wrong.exit_code == 1 and wrong.output.strip().splitlines() == [
         "rlproxy run: POST /rollouts: 401 invalid API key (unknown or revoked)"]
 
+    # an administrator's key would reach every agent (code a model wrote): refused unless the agents get their own
+    for admin in (OPERATOR_KEY, secured.keys["admin"]):
+        refused = CliRunner().invoke(main, [*args, "--api-key", admin])
+        assert refused.exit_code == 2 and "--agent-api-key" in refused.output, refused.output
+
     seen = len(secured.engine.seen)
     result = CliRunner().invoke(main, [*args, "--api-key", secured.keys["alpha"]])
     assert result.exit_code == 0, result.output

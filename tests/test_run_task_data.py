@@ -49,6 +49,9 @@ def test_the_agent_gets_an_allow_listed_environment_and_the_variables_the_user_p
     assert entry["status"] == "rewarded", entry
     seen = environment_of(dumps / "command")
     assert "RUNNER_DATABASE_PASSWORD" not in seen and "RLPROXY_API_KEY" not in seen
+    # nor from /proc/<runner>/environ: the runner made itself not dumpable (its files are root's, not the user's)
+    import ctypes
+    assert ctypes.CDLL(None).prctl(3, 0, 0, 0, 0) == 0  # PR_GET_DUMPABLE
     assert RUNNER_KEY not in json.dumps(seen)  # under no name: the agent has a key of its own
     assert seen["OPENAI_API_KEY"] == seen["ANTHROPIC_API_KEY"] == AGENT_KEY
     assert seen["AGENT_NEEDS_THIS"] == "passed on purpose" and seen["LC_ALL"] == "C.UTF-8"
@@ -199,3 +202,35 @@ def test_a_rollout_the_proxy_refuses_fails_its_own_attempt_and_the_run_goes_on(s
     status, error, tries = ends["xxxx"]
     assert status == "failed" and tries == 1
     assert error.startswith("the proxy refused this attempt's rollout (POST /rollouts: 413)") and "300" in error
+
+
+def test_an_agent_whose_reward_the_proxy_would_refuse_fails_its_attempt_and_what_it_left_running_is_stopped(
+        proxy_url, tmp_path):
+    """"nan", "inf" or 5e6 as the last line: the proxy would refuse the reward (422), which stopped the whole run;
+    now that attempt fails with the reason. A program that leaves a child running in its group (`sleep &`) has
+    it killed when it ends: nothing an attempt started outlives it, with the agent's key in its environment."""
+    import psutil
+
+    tasks = write_tasks(tmp_path / "tasks.jsonl", {"id": "nan"}, {"id": "vast"}, {"id": "good"})
+    marker = f"rlproxy-leftover-{tmp_path.name}"
+    log = tmp_path / "run.jsonl"
+    result = rlproxy_run(proxy_url, log, "--tasks", str(tasks), "--task-id-field", "id", "--attempts", "1",
+                         "--env-map", "ANSWER=id", "--command",
+                         f'(exec -a {marker} sleep 300) > /dev/null 2>&1 & '
+                         'case "$ANSWER" in nan) echo nan;; vast) echo 5e6;; *) echo 1;; esac')
+    assert result.exit_code == 0, result.output
+    ends = {e["task_id"]: (e["status"], e["error"]) for e in finished(log)}
+    assert ends["good"] == ("rewarded", None)
+    assert ends["nan"][0] == ends["vast"][0] == "failed"
+    assert "'nan', is not a reward: a reward must be a finite number" in ends["nan"][1]
+    assert "between -1e+06 and 1e+06" in ends["vast"][1]
+    assert not [p for p in psutil.process_iter(["cmdline"]) if marker in " ".join(p.info["cmdline"] or [])]
+
+
+def test_a_task_nested_past_64_levels_is_refused_before_the_run_starts(proxy_url, tmp_path):
+    deep = "[" * 70 + "]" * 70
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "deep", "x": %s}\n{"id": "deeper", "x": %s}\n' % (deep, "[" * 5000 + "]" * 5000))
+    result = rlproxy_run(proxy_url, tmp_path / "run.jsonl", "--tasks", str(tasks), "--task-id-field", "id",
+                         "--attempts", "1", "--command", "echo 1")
+    assert result.exit_code == 2 and "line 1: nests arrays and objects more than 64 levels" in result.output

@@ -3,6 +3,7 @@ the completion text, reward, advantage and policy — for SFT/DPO pipelines outs
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 from typing import IO
 
@@ -57,5 +58,6 @@ async def _completion_texts(session, rollout_ids: list[str]) -> dict[str, str | 
 
 
 def export_to_file(database_url: str, path: Path, **kwargs) -> int:
-    with path.open("wb") as out:
+    # this user's only (0600): every project's completions and rewards, as the database holds them
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600), "wb") as out:
         return asyncio.run(export_transitions(database_url, out, **kwargs))

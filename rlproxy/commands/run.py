@@ -9,6 +9,7 @@ from rich.console import Console
 
 from core.settings import RunSettings
 from rlproxy.commands.flags import Flags
+from runner.environment import hide_own_environment
 from runner.errors import ProxyRefused, RunInputError
 from runner.progress import summary
 from runner.run import prepare, run_plan
@@ -28,6 +29,7 @@ def run(**params) -> None:
     """Run an agent over a task set: each attempt is one rollout of the proxy, rewarded by the agent (or by what
     it returns), in groups of --attempts per task, resumable with --resume. See docs/run.md."""
     settings = RUN_FLAGS.build(params)
+    hide_own_environment()  # before any agent starts: they run as this user
     try:
         plan = prepare(settings)
     except RunInputError as exc:
