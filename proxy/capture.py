@@ -98,9 +98,12 @@ def _id_list_count(payload: dict[str, Any]) -> int:
 
 
 def only_for_capture(chunk: dict[str, Any], additions: Additions) -> bool:
-    """A chat chunk that exists only because the proxy asked for ids or logprobs: the engine sends tokens that
-    produce no text (a split multi-byte character, the end token) as empty deltas only then."""
-    if not (additions.token_ids or additions.logprobs) or chunk.get("usage"):
+    """A chat chunk that exists only because the proxy asked for ids and logprobs: vLLM sends a token that
+    produces no text (a split multi-byte character, a tool call's tag, the end token) as an empty delta when
+    either is asked for (chat_completion/serving.py), so an agent that asked for one of them gets those chunks
+    from the engine too, and only when the proxy added both are they its own. A usage chunk of
+    `continuous_usage_stats` is one of them as well (choices empty: the final usage chunk is kept)."""
+    if not (additions.token_ids and additions.logprobs):
         return False
     choices = chunk.get("choices")
     return bool(choices) and all(c.get("delta") == {} and c.get("finish_reason") is None for c in choices)

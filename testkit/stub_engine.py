@@ -321,7 +321,11 @@ class Stub:
                         elif tool_call and position == 1:
                             choice["delta"] = {"tool_calls": [{"index": 0, "function": {
                                 "arguments": tool_call["function"]["arguments"]}}]}
-                        elif tool_call:
+                        elif tool_call or (piece == "" and not last):
+                            # a token with no text: vLLM sends it as an empty delta only when the request asked
+                            # for logprobs or token ids (chat_completion/serving.py), and skips it otherwise
+                            if not (logprobs or want_ids) and not last:
+                                continue
                             choice["delta"] = {}
                         else:
                             choice["delta"] = {"content": piece}

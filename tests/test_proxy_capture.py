@@ -13,6 +13,8 @@ import requests
 from testkit.stub_engine import EOS_ID, render_chat, tokenize
 
 MESSAGES = [{"role": "user", "content": "What is 6 times 7?"}]
+TOOL_MESSAGES = [{"role": "user", "content": "use tool please"}]
+TOOLS = [{"type": "function", "function": {"name": "calculate", "parameters": {"type": "object"}}}]
 
 
 def new_rollout(proxy_url: str, **body) -> tuple[str, str]:
@@ -92,6 +94,11 @@ def _normalise(body: bytes) -> bytes:
     ("chat/completions", {"messages": MESSAGES, "n": 2, "response_format": {"type": "json_object"}}),
     ("chat/completions", {"messages": MESSAGES, "logprobs": True, "top_logprobs": 0}),
     ("chat/completions", {"messages": MESSAGES, "logprobs": True, "return_token_ids": True, "stream": True}),
+    # the agent asked for one of the two: the engine sends it the empty deltas of a tool call's tokens too (they
+    # have no text), and the proxy, having added only the other, must relay them; asked for neither, it skips them
+    ("chat/completions", {"messages": TOOL_MESSAGES, "tools": TOOLS, "logprobs": True, "stream": True}),
+    ("chat/completions", {"messages": TOOL_MESSAGES, "tools": TOOLS, "return_token_ids": True, "stream": True}),
+    ("chat/completions", {"messages": TOOL_MESSAGES, "tools": TOOLS, "stream": True}),
     ("completions", {"prompt": "Once upon a time", "max_tokens": 5}),
     ("completions", {"prompt": "Once upon a time", "max_tokens": 5, "stream": True}),
 ])

@@ -188,3 +188,30 @@ def test_client_leaving_mid_stream_is_recorded_with_the_partial_call(proxy_url):
     [call] = calls
     assert call["status"] == "client_disconnected"
     assert call["finish_reason"] is None  # cut off before the engine finished
+
+
+@pytest.mark.parametrize("route, body, param", [
+    # with the ids the proxy asks for, vLLM leaves the prompt out of `text`, and records prompt logprobs as the
+    # completion's: refused rather than answered otherwise than the engine would answer the agent
+    ("completions", {"prompt": "Once upon a time", "max_tokens": 4, "echo": True}, "echo"),
+    # vLLM then withholds every id and logprob (with a tool parser on): nothing could be trained
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "include_reasoning": False},
+     "include_reasoning"),
+    # vLLM refuses these without logprobs; the proxy adds logprobs for itself, so it must refuse them first
+    ("chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}, "top_logprobs"),
+])
+def test_requests_the_proxy_cannot_record_or_answer_as_the_engine_would_are_400(proxy_url, route, body, param):
+    rollout_id = uuid.uuid4().hex
+    response = requests.post(f"{proxy_url}/rollouts/{rollout_id}/v1/{route}", json={"model": "stub-model", **body})
+    assert assert_openai_error(response, 400)["param"] == param
+    assert recorded_calls(proxy_url, rollout_id) == []
+
+
+def test_a_system_item_of_an_earlier_responses_turn_carries_over():
+    """OpenAI carries a conversation's input items over `previous_response_id` (only `instructions` do not)."""
+    from proxy.dialects.responses import RESPONSES
+
+    history = [{"role": "system", "content": "Always answer in French."}, {"role": "user", "content": "hi"},
+               {"role": "assistant", "content": "bonjour"}]
+    chat = RESPONSES.to_chat({"model": "m", "input": "again"}, history)
+    assert chat["messages"] == history + [{"role": "user", "content": "again"}]

@@ -107,6 +107,17 @@ class OpenAIDialect:
         validate(self.schema, body)
         if self.route == COMPLETIONS:
             one_prompt(body["prompt"])
+            if body.get("echo"):  # with the ids the proxy asks for, vLLM leaves the prompt's text out of `text`
+                raise InvalidRequest("echo: rlproxy records each call's token ids, and with them the engine does "
+                                     "not echo the prompt's text; prepend the prompt yourself", param="echo")
+            return
+        if body.get("include_reasoning") is False:  # vLLM then withholds every token id and logprob
+            raise InvalidRequest("include_reasoning: false makes the engine withhold the call's token ids and "
+                                 "logprobs, which rlproxy records for training; leave it out, and drop the "
+                                 "reasoning from what your agent shows", param="include_reasoning")
+        if not body.get("logprobs") and (body.get("top_logprobs") or body.get("logprob_token_ids")):
+            name = "top_logprobs" if body.get("top_logprobs") else "logprob_token_ids"
+            raise InvalidRequest(f"when using `{name}`, `logprobs` must be set to true", param=name)  # vLLM's words
 
     def to_chat(self, body: dict[str, Any], history: Sequence[dict[str, Any]]) -> dict[str, Any]:
         return body  # checked by `validate`; the engine's own format

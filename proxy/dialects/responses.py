@@ -88,7 +88,9 @@ class ResponsesDialect:
         messages: list[dict[str, Any]] = []
         if body.get("instructions"):
             messages.append({"role": "system", "content": body["instructions"]})
-        messages += [m for m in history if m.get("role") != "system"]  # instructions never carry over
+        # earlier turns as they were, their system and developer input items included (OpenAI carries input items
+        # over; only `instructions` do not carry, and the stored turns never hold them: core/responses_chat.py)
+        messages += history
         try:
             messages += input_messages(body["input"])
         except UnsupportedContent as exc:
