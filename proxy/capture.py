@@ -9,6 +9,8 @@ key back to null where it appears.
 """
 from __future__ import annotations
 
+import json
+
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,7 +64,14 @@ def prepare_upstream_body(body: dict[str, Any], route: str, upstream_model: str)
 _ID_LISTS = re.compile(rb'"(prompt_token_ids|token_ids)"(\s*):(\s*)\[[0-9,\s]*\]')
 
 
-def relay_bytes(raw: bytes, payload: dict[str, Any], additions: Additions) -> bytes:
+def engine_whole_json(payload: Any) -> bytes:
+    """A whole (not streamed) body written as vLLM writes one (Starlette's JSONResponse: `json.dumps`, compact, not
+    ASCII-escaped). Its stream chunks are written by pydantic, whose floats orjson writes alike; a whole body's
+    are not (`-1e-05` here, `-0.00001` there), so one the proxy must write again is written this way."""
+    return json.dumps(payload, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+
+
+def relay_bytes(raw: bytes, payload: dict[str, Any], additions: Additions, *, whole: bool = False) -> bytes:
     """The bytes the agent gets for a response or chunk the engine sent as `raw` (already parsed as `payload`).
 
     Untouched when nothing was added. When only token ids were added (the agent asked for logprobs itself),
@@ -72,20 +81,21 @@ def relay_bytes(raw: bytes, payload: dict[str, Any], additions: Additions) -> by
     serialised again instead. Otherwise (logprobs added) it is serialised again anyway: no engine floats remain."""
     if not additions.any:
         return raw
+    write = engine_whole_json if whole else orjson.dumps
     if not additions.logprobs:
         out = raw
         if additions.token_ids:
             out, found = _ID_LISTS.subn(rb'"\1"\2:\3null', out)
             if found != _id_list_count(payload):
-                return orjson.dumps(strip_additions(payload, additions))
+                return write(strip_additions(payload, additions))
         if additions.rewrites_model and payload.get("model") == additions.upstream_model:
             name = re.compile(rb'"model"(\s*):(\s*)' + re.escape(orjson.dumps(additions.upstream_model)))
             requested = orjson.dumps(additions.requested_model)
             out, found = name.subn(lambda m: b'"model"' + m[1] + b":" + m[2] + requested, out, count=1)
             if found != 1:
-                return orjson.dumps(strip_additions(payload, additions))
+                return write(strip_additions(payload, additions))
         return out
-    return orjson.dumps(strip_additions(payload, additions))
+    return write(strip_additions(payload, additions))
 
 
 def _id_list_count(payload: dict[str, Any]) -> int:

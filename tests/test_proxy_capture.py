@@ -242,3 +242,22 @@ def test_a_call_air_cannot_score_is_stored_all_the_same(proxy_url, run_dir):
     rejected = run_dir / "proxy-spool.rejected.jsonl"
     assert not rejected.exists() or rollout_id not in rejected.read_text()
     assert air_errors() == before + 1
+
+
+def test_a_whole_body_written_again_keeps_the_engines_way_of_writing_numbers():
+    """vLLM writes a whole body with `json.dumps` (`-1e-05`), its stream chunks with pydantic (`-0.00001`, as
+    orjson). A whole body whose added logprobs the proxy strips is written again: as the engine writes it, so
+    the floats the agent did ask for (here its prompt logprobs) read byte for byte as the engine sent them."""
+    import json
+
+    from proxy.capture import Additions, relay_bytes
+
+    engine_sent = {"id": "chatcmpl-1", "object": "chat.completion", "model": "m",
+                   "prompt_logprobs": [None, {"42": {"logprob": -1e-05, "rank": 1, "decoded_token": "é"}}],
+                   "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                                "logprobs": {"content": [{"token": "hi", "logprob": -2.5e-07}]},
+                                "finish_reason": "stop", "token_ids": [7]}]}
+    raw = json.dumps(engine_sent, ensure_ascii=False, separators=(",", ":")).encode()
+    relayed = relay_bytes(raw, json.loads(raw), Additions(True, True, "m", "m"), whole=True)
+    assert b'"logprob":-1e-05' in relayed and b'"decoded_token":"\xc3\xa9"' in relayed
+    assert json.loads(relayed)["choices"][0]["logprobs"] is None and json.loads(relayed)["choices"][0]["token_ids"] is None

@@ -59,7 +59,7 @@ class Passthrough:
     def whole(self, payload: dict[str, Any] | None, raw: bytes, tokens: tuple[int, int]) -> bytes:
         if payload is None:
             return raw  # not JSON: the agent gets what the engine sent (the call is recorded as an upstream error)
-        body = relay_bytes(raw, payload, self.additions)
+        body = relay_bytes(raw, payload, self.additions, whole=True)
         self.final = strip_additions(payload, self.additions)
         return body
 
