@@ -34,10 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-import orjson
 
 from core.errors import RlproxyError
 from proxy.rejected import encode
+from proxy.spool_lines import Unreadable, count_lines, parse_line
 from proxy.spool_space import FAILURE_HOLD_S, FULL, probe, segment_limit
 from store.records import CallRecord
 
@@ -107,7 +107,7 @@ class Spool:
 
     def _load(self) -> None:
         for number, path in self._existing():
-            count = _count_lines(path)
+            count = count_lines(path)
             size = path.stat().st_size
             segment = Segment(path, number, self.next_lsn, count=count, live=count, size=size, synced=size,
                               sealed=True)
@@ -143,7 +143,7 @@ class Spool:
                 for lsn, line in zip(range(segment.first, min(upto, segment.first + segment.count)), fh):
                     if lsn not in self.live:
                         continue
-                    batch.append((lsn, _parse(line)))
+                    batch.append((lsn, parse_line(line)))
                     if len(batch) >= size:
                         yield batch
                         batch = []
@@ -377,31 +377,3 @@ def _sync(fds: list[int], directory: Path | None) -> None:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
-
-
-def _count_lines(path: Path) -> int:
-    """Lines in a segment; a torn last line without its newline counts (it is skipped when read)."""
-    count, last = 0, b"\n"
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            count += chunk.count(b"\n")
-            last = chunk[-1:]
-    return count + (last != b"\n")
-
-
-@dataclass(frozen=True)
-class Unreadable:
-    """A whole spool line (it ends in a newline: not torn at a crash) that is not a call this proxy can read: one
-    written by another version of it. It is kept in the rejected file, raw, rather than dropped."""
-    line: bytes
-    reason: str
-
-
-def _parse(line: bytes) -> CallRecord | Unreadable | None:
-    try:
-        return CallRecord.from_json(orjson.loads(line))
-    except (orjson.JSONDecodeError, TypeError, KeyError, ValueError) as exc:
-        if line.endswith(b"\n"):
-            return Unreadable(line, f"a spool line this proxy cannot read: {type(exc).__name__}: {exc}")
-        log.error("skipping a torn spool line (written when the process was killed)")
-        return None

@@ -38,7 +38,8 @@ from core.settings import WriterSettings
 from proxy.errors import StoreUnavailable
 from proxy.metrics import ProxyMetrics
 from proxy.rejected import RejectedCalls, encode
-from proxy.spool import Spool, Unreadable
+from proxy.spool import Spool
+from proxy.spool_lines import Unreadable
 from proxy.supervisor import Supervised
 from proxy.transactions import AfterWrite, Batches
 from store.models import CallStatus
