@@ -68,12 +68,16 @@ def test_streamed_response_sends_the_sdk_events_and_records_the_same_ids(proxy_u
     rollout_id, base_url = new_rollout(proxy_url)
     client = openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0)
 
-    whole = client.responses.create(model="stub-model", input="Say something.")
-    with client.responses.stream(model="stub-model", input="Say something.") as stream:
+    include = ["message.output_text.logprobs"]
+    whole = client.responses.create(model="stub-model", input="Say something.", include=include)
+    with client.responses.stream(model="stub-model", input="Say something.", include=include) as stream:
         kinds = [event.type for event in stream]
         final = stream.get_final_response()
 
     assert final.output_text == whole.output_text
+    # the end token has no text, and no delta carries its logprob; the text's logprobs hold it all the same
+    assert [e.logprob for e in final.output[0].content[0].logprobs] == pytest.approx(
+        [e.logprob for e in whole.output[0].content[0].logprobs])
     assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed"
     assert {"response.output_item.added", "response.content_part.added", "response.output_text.delta",
             "response.output_text.done", "response.output_item.done"} <= set(kinds)

@@ -70,6 +70,7 @@ class ResponsesStream:
         self.tools: dict[int, _Item] = {}
         self.final: dict[str, Any] | None = None  # the whole Response, once finished
         self.want_logprobs = wants_logprobs(body)
+        self.waiting_logprobs: list[dict[str, Any]] = []  # of tokens without text before the text began
         self.snapshot: dict[str, Any] | None = None  # the Response without output, as `response.created` sent it
         self.failed = False  # `response.failed` was sent: nothing follows it (the engine's [DONE] after an error)
 
@@ -106,9 +107,14 @@ class ResponsesStream:
             if reasoning:
                 out += self._reasoning_delta(reasoning)
             text = get("content")
+            logprobs = (choice.get("logprobs") or {}).get("content") if self.want_logprobs else None
             if text:
-                logprobs = (choice.get("logprobs") or {}).get("content") if self.want_logprobs else None
-                out += self._text_delta(text, logprobs or [])
+                out += self._text_delta(text, self.waiting_logprobs + (logprobs or []))
+                self.waiting_logprobs = []
+            elif logprobs and not reasoning and not get("tool_calls"):
+                # a token without text of its own (a split character, the end token): its logprob is the text's,
+                # as in the whole Response, though no delta carries it
+                (self.message.logprobs if self.message is not None else self.waiting_logprobs).extend(logprobs)
             for call in get("tool_calls") or ():
                 out += self._tool_delta(call)
         return out
