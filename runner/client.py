@@ -8,6 +8,7 @@ from typing import Any
 
 import aiohttp
 
+from core.ids import is_valid_id
 from runner.errors import InfrastructureError, ProxyRefused, RolloutRefused
 
 
@@ -70,7 +71,13 @@ class ProxyClient:
         if status != 201:  # what this attempt sent (its task id, its agent's name): this attempt fails
             raise RolloutRefused(f"the proxy refused this attempt's rollout (POST /rollouts: {status}): "
                                  f"{_message(payload)}")
-        return NewRollout(payload["rollout_id"], payload["base_url"])
+        rollout_id = payload.get("rollout_id") if isinstance(payload, dict) else None
+        if not isinstance(rollout_id, str) or not is_valid_id(rollout_id):
+            raise ProxyRefused(f"POST /rollouts answered an unusable rollout id: {str(rollout_id)[:80]!r}")
+        # the agent's URL from the proxy this runner was told to use (--proxy), not from the answer: behind a load
+        # balancer that ends TLS or rewrites Host, the answer's origin can be plain http or another host, and the
+        # agent would send its key there
+        return NewRollout(rollout_id, f"{self.proxy}/rollouts/{rollout_id}/v1")
 
     async def post_reward(self, rollout_id: str, reward: float) -> bool:
         """The final reward; False when the rollout already had another one (409)."""
