@@ -31,7 +31,10 @@ class Readiness:
 
 
 READINESS = web.AppKey("rlproxy_readiness", dict)
-READINESS_TTL_S = 1.0  # probes answered from one look for this long: anyone may call /readyz, as often as they like
+# Probes answered from one look for this long: anyone may call /readyz, as often as they like. A look that found
+# the proxy not ready is kept a tenth as long, so recovery shows at once (and an outage's flood still shares looks).
+READINESS_TTL_S = 1.0
+NOT_READY_TTL_S = 0.1
 
 
 def fresh_readiness() -> dict:
@@ -44,7 +47,8 @@ async def readiness(request: web.Request) -> Readiness:
     otherwise take the pool the writer needs and mark engines unhealthy by timeouts)."""
     cache = request.app[READINESS]
     async with cache["lock"]:
-        if time.monotonic() - cache["at"] >= READINESS_TTL_S:
+        held = cache["value"] is not None and cache["value"].ready
+        if time.monotonic() - cache["at"] >= (READINESS_TTL_S if held else NOT_READY_TTL_S):
             cache["value"] = await _look(state(request))
             cache["at"] = time.monotonic()
         return cache["value"]
