@@ -107,7 +107,8 @@ def _lifecycle(settings: ProxySettings, metrics: ProxyMetrics):
         router = PolicyRouter(sessions, settings.served_model, settings.routing(), upstreams)
         await writer.start()
         access = ModelAccess(router, upstreams)
-        boundary = RequestBoundary(settings.allow_request_fields, settings.auth.max_tokens, settings.auth.max_n)
+        boundary = RequestBoundary(settings.allow_request_fields, settings.auth.max_tokens, settings.auth.max_n,
+                                   media_urls=settings.allow_media_urls)
         serving = {route: CompletionServing(dialect, upstreams, router, writer, metrics, access, boundary,
                                             redact=settings.redaction.redact_content)
                    for route, dialect in DIALECTS.items()}

@@ -78,14 +78,43 @@ def _check_count(body: dict[str, Any], name: str, limit: int) -> None:
                              code=f"{name}_too_large")
 
 
+# Chat content parts vLLM loads from a URL (every wire format's media parts arrive as these once translated).
+MEDIA_PARTS = ("image_url", "video_url", "audio_url", "file")
+FETCHED = ("http:", "https:", "file:")  # a data: URL is the media itself; these the engine would go and get
+
+
+def fetched_media(engine_body: dict[str, Any]) -> str | None:
+    """Where the engine's chat request names media by a URL it would fetch (`messages.2.content.0`), or None."""
+    for m, message in enumerate(engine_body.get("messages") or ()):
+        content = message.get("content") if isinstance(message, dict) else None
+        for c, part in enumerate(content if isinstance(content, list) else ()):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in MEDIA_PARTS:
+                target = part.get(kind)
+                url = target.get("url") if isinstance(target, dict) else target
+                if isinstance(url, str) and url.strip().lower().startswith(FETCHED):
+                    return f"messages.{m}.content.{c}"
+    return None
+
+
 class RequestBoundary:
     """The checks of the parsed object that every route shares: the operator's extra fields (`allowed`),
-    the steering fields refused everywhere, the template arguments, and the budget."""
+    the steering fields refused everywhere, the template arguments, media by URL, and the budget."""
 
     def __init__(self, allowed: tuple[str, ...] = (), max_tokens: int | None = None,
-                 max_n: int | None = None) -> None:
+                 max_n: int | None = None, media_urls: bool = False) -> None:
         self.allowed = frozenset(allowed)
         self.budget = Budget(max_tokens, max_n)
+        self.media_urls = media_urls
+
+    def check_media(self, engine_body: dict[str, Any]) -> None:
+        """A multimodal engine fetches an image, video or audio URL from wherever it points, from inside the
+        operator's network (vLLM allows every domain unless told otherwise): refused unless the operator allows
+        it. Media sent inline (a data: URL) passes; a text model refuses media itself."""
+        if not self.media_urls and (where := fetched_media(engine_body)):
+            raise InvalidRequest(f"{where}: media by URL would be fetched by the engine from wherever it points; "
+                                 "send it inline as a data: URL (the operator may allow URLs: --allow-media-urls)",
+                                 param=where, code="media_url_refused")
 
     def fields(self, known: frozenset[str]) -> frozenset[str]:
         """A route's fields and the ones the operator allows besides."""

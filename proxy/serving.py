@@ -72,6 +72,7 @@ class CompletionServing:
         engine_body = dialect.to_chat(body, await history(body, context) if history is not None else ())
         if engine_body is not body:  # translated: what the operator allows besides is carried over
             boundary.carry_allowed(body, engine_body)
+        boundary.check_media(engine_body)
         target = await self.router.route_call(body["model"], context)
         upstream_body, additions = prepare_upstream_body(engine_body, dialect.engine_route, target.upstream_model)
         boundary.budget.bound(upstream_body, dialect.engine_route)

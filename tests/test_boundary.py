@@ -243,3 +243,31 @@ def test_an_operator_may_allow_a_field_on_every_route(budgeted):
     refused = requests.post(f"{url}/v1/chat/completions", json={"model": BASE_MODEL, "messages": USER,
                                                                 "request_id": "mine"})
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "request_id"
+
+
+def test_media_the_engine_would_fetch_by_url_is_refused_on_every_wire_format_and_inline_media_passes(tenants):
+    """A multimodal engine fetches an image URL from wherever it points, inside the operator's network: refused
+    on chat, Responses and Messages (the proxy checks the request it would send, in chat form) and on the relayed
+    /tokenize; sent inline as a data: URL it is not refused for that (a text model then answers for itself)."""
+    key = tenants.keys["alpha"]
+    headers = {"Authorization": f"Bearer {key}"}
+    internal = "http://169.254.169.254/latest/meta-data/"
+    chat_part = {"type": "image_url", "image_url": {"url": internal}}
+    refused = {
+        "/v1/chat/completions": {"model": BASE_MODEL, "messages": [{"role": "user", "content": [chat_part]}]},
+        "/v1/responses": {"model": BASE_MODEL, "input": [{"role": "user", "content": [
+            {"type": "input_image", "image_url": "HTTPS://example.internal/x.png"}]}]},
+        "/v1/messages": {"model": BASE_MODEL, "max_tokens": 8, "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "url", "url": "file:///etc/passwd"}}]}]},
+        "/tokenize": {"model": BASE_MODEL, "messages": [{"role": "user", "content": [chat_part]}]},
+    }
+    before = len(engine_bodies(tenants.stub))
+    for path, body in refused.items():
+        answer = requests.post(f"{tenants.url}{path}", json=body, headers=headers, timeout=30)
+        assert answer.status_code == 400, (path, answer.text)
+        assert "media by URL would be fetched" in answer.json()["error"]["message"], path
+    assert len(engine_bodies(tenants.stub)) == before  # none reached the engine
+    inline = {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}
+    answer = requests.post(f"{tenants.url}/v1/chat/completions", headers=headers, timeout=30,
+                        json={"model": BASE_MODEL, "messages": [{"role": "user", "content": [inline]}]})
+    assert "media by URL" not in answer.text

@@ -94,6 +94,11 @@ class ProxySettings(CommandSettings):
                         "(docs/contract.md), e.g. one of vLLM's refused on purpose (priority, request_id, "
                         "kv_transfer_params, chat_template, ...) where every key is trusted with it; repeat the "
                         "flag for each.", json_schema_extra={"flag": "allow-request-field"})
+    allow_media_urls: bool = Field(
+        False, description="Pass image, video and audio parts given by an http(s) or file URL to the engine, which "
+                           "fetches them from wherever they point (vLLM allows every domain unless started with "
+                           "--allowed-media-domains). Off: such a part is refused (400 media_url_refused); media "
+                           "sent inline as a data: URL always passes.")
     upstream_timeout: float = Field(600.0, description="Seconds an upstream request may take in total.")
     upstream_connect_attempts: int = Field(3, description="Connection attempts per request before the first byte.")
     policy_refresh_interval: float = Field(1.0, description="Seconds between reads of the active policy.")

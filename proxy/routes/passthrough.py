@@ -60,6 +60,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     data, headers = None, None
     if request.method == "POST" and path not in NO_BODY:
         body = app.boundary.relayed(await request.read(), FIELDS[path])
+        app.boundary.check_media(body)
         if isinstance(body.get("model"), str):
             await app.access.check(body["model"], context.project)
         data, headers = engine_bytes(body), JSON_BODY
