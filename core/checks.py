@@ -33,6 +33,19 @@ def reward_problem(value: object) -> str | None:
     return None
 
 
+def nests_deeper_than(value: Any, limit: int) -> bool:
+    """Whether parsed JSON `value` nests lists and dicts more than `limit` levels (a container is level 1), walked
+    one level at a time: no recursion to run out of."""
+    level, depth = [value], 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        level = [child for item in level if isinstance(item, (dict, list))
+                 for child in (item.values() if isinstance(item, dict) else item) if isinstance(child, (dict, list))]
+    return False
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from aiohttp import web
 
+from core.checks import nests_deeper_than
 from core.settings import ProxySettings
 from proxy.auth import KEY, Access, access_for
 from proxy.buckets import RateLimiter
@@ -35,18 +36,7 @@ def too_deep(value: Any, raw: bytes | None = None, limit: int = MAX_JSON_DEPTH) 
     cleared at once: nesting cannot exceed the number of opening brackets."""
     if raw is not None and raw.count(b"[") + raw.count(b"{") <= limit:
         return False
-    level, depth = [value], 0  # breadth first, one level at a time: no recursion to run out of
-    while level:
-        depth += 1
-        if depth > limit:
-            return True
-        below = []
-        for item in level:
-            for child in item.values() if type(item) is dict else item if type(item) is list else ():
-                if type(child) is dict or type(child) is list:
-                    below.append(child)
-        level = below
-    return False
+    return nests_deeper_than(value, limit)
 
 
 class Limits:

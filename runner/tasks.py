@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from core.checks import nests_deeper_than
 from runner.errors import RunInputError
 
 TRAIN, EVAL = "train", "eval"
@@ -38,18 +39,6 @@ def held_out(task_id: str, share: float) -> bool:
 MAX_TASK_DEPTH = 64  # as the proxy reads a body (proxy/limits.py): every task is written again as JSON
 
 
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether `value` nests lists and dicts more than `limit` levels (one level at a time: no recursion)."""
-    level, depth = [value], 0
-    while level:
-        depth += 1
-        if depth > limit:
-            return True
-        level = [child for item in level if isinstance(item, (dict, list))
-                 for child in (item.values() if isinstance(item, dict) else item) if isinstance(child, (dict, list))]
-    return False
-
-
 def _json_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
     rows = []
     try:
@@ -65,7 +54,7 @@ def _json_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
                                         "line") from None
                 except RecursionError:
                     task = None  # nested past what Python reads: refused below like any line too deep
-                if task is None or _deeper_than(task, MAX_TASK_DEPTH):
+                if task is None or nests_deeper_than(task, MAX_TASK_DEPTH):
                     raise RunInputError(f"{where}: nests arrays and objects more than {MAX_TASK_DEPTH} levels "
                                         "deep (it could not be handed to an agent as JSON)")
                 if not isinstance(task, dict):

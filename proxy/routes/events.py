@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import Field, StrictStr, field_validator
 
-from core.checks import reward_problem
+from core.checks import nests_deeper_than, reward_problem
 from proxy.bodies import Body
 from proxy.endpoints import Answer, Endpoint
 from proxy.errors import NotFoundError, PayloadTooLarge, Unprocessable
@@ -33,19 +33,9 @@ class RolloutEvent(_Stored):
     @field_validator("data")
     @classmethod
     def _shallow(cls, data: Any) -> Any:
-        if _too_deep(data, MAX_DEPTH):
+        if nests_deeper_than(data, MAX_DEPTH):
             raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
         return data
-
-
-def _too_deep(value: Any, limit: int) -> bool:
-    level = [value]
-    for _ in range(limit):
-        level = [child for item in level if isinstance(item, (dict, list))
-                 for child in (item.values() if isinstance(item, dict) else item)]
-        if not level:
-            return False
-    return any(isinstance(item, (dict, list)) for item in level)
 
 
 class EventResult(Body):
