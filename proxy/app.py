@@ -25,7 +25,7 @@ from proxy.otlp_decoding import decoders_of
 from proxy.policy import PolicyRouter
 from proxy.routes import all_endpoints, documented_endpoints, messages, passthrough
 from proxy.routes.docs import BUILT, DOCUMENTED
-from proxy.routes.ops import READINESS, fresh_readiness
+from proxy.routes.ops import READINESS, ReadinessLooks
 from proxy.security import install as install_security
 from proxy.serving import CompletionServing
 from proxy.state import STATE, ProxyState
@@ -81,7 +81,7 @@ def build_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> w
     register(app, all_endpoints())
     app[DOCUMENTED] = documented_endpoints()
     app[BUILT] = {}  # the OpenAPI document, built once per served model name
-    app[READINESS] = fresh_readiness()
+    app[READINESS] = ReadinessLooks()  # /readyz's shared look
     passthrough.add_routes(app)  # the engine's read-only routes, relayed (proxy/engine_routes.py)
     install_security(app, settings)
     app.cleanup_ctx.append(_lifecycle(settings, metrics or ProxyMetrics()))

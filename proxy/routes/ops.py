@@ -30,28 +30,31 @@ class Readiness:
     ready: bool
 
 
-READINESS = web.AppKey("rlproxy_readiness", dict)
 # Probes answered from one look for this long: anyone may call /readyz, as often as they like. A look that found
 # the proxy not ready is kept a tenth as long, so recovery shows at once (and an outage's flood still shares looks).
 READINESS_TTL_S = 1.0
 NOT_READY_TTL_S = 0.1
 
 
-def fresh_readiness() -> dict:
-    return {"lock": asyncio.Lock(), "at": -math.inf, "value": None}
+class ReadinessLooks:
+    """One look at the database, the engines and the spool, shared by every /readyz while it is fresh (each look
+    opens a database connection, asks every engine and writes a probe file: a flood of /readyz would otherwise
+    take the pool the writer needs and mark engines unhealthy by timeouts)."""
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.at = -math.inf
+        self.last: Readiness | None = None
+
+    async def current(self, app) -> Readiness:
+        async with self.lock:
+            fresh_for = READINESS_TTL_S if self.last is not None and self.last.ready else NOT_READY_TTL_S
+            if self.last is None or time.monotonic() - self.at >= fresh_for:
+                self.last, self.at = await _look(app), time.monotonic()
+            return self.last
 
 
-async def readiness(request: web.Request) -> Readiness:
-    """One look at the database, the engines and the spool, shared by every /readyz within READINESS_TTL_S (each
-    look opens a database connection, asks every engine and writes a probe file: a flood of /readyz would
-    otherwise take the pool the writer needs and mark engines unhealthy by timeouts)."""
-    cache = request.app[READINESS]
-    async with cache["lock"]:
-        held = cache["value"] is not None and cache["value"].ready
-        if time.monotonic() - cache["at"] >= (READINESS_TTL_S if held else NOT_READY_TTL_S):
-            cache["value"] = await _look(state(request))
-            cache["at"] = time.monotonic()
-        return cache["value"]
+READINESS = web.AppKey("rlproxy_readiness", ReadinessLooks)
 
 
 async def _look(app) -> Readiness:
@@ -74,18 +77,17 @@ async def _look(app) -> Readiness:
 
 async def readyz(request: web.Request) -> web.Response:
     app = state(request)
-    look = await readiness(request)
-    database, engines, spool_problem, ready, writer = (look.database, look.engines, look.spool_problem, look.ready,
-                                                       app.writer)
-    status = 200 if ready else 503
+    look = await request.app[READINESS].current(app)
+    status = 200 if look.ready else 503
+    shown = "ready" if look.ready else "unavailable"
     if not await admin_caller(request):  # where the engines and the spool are is not every caller's business
-        return Ready(status="ready" if ready else "unavailable").reply(status=status)
-    answer = Ready(status="ready" if ready else "unavailable", database=database, writer=writer.running,
-                   engines=engines,
+        return Ready(status=shown).reply(status=status)
+    writer = app.writer
+    answer = Ready(status=shown, database=look.database, writer=writer.running, engines=look.engines,
                    spooled_calls=writer.awaiting_replay, policy=app.router.active.version,
                    spool=SpoolState(pending=writer.awaiting_replay, spooling=writer.spooling,
                                     durability=writer.settings.durability, path=str(writer.spool.path),
-                                    writable=spool_problem is None, problem=spool_problem))
+                                    writable=look.spool_problem is None, problem=look.spool_problem))
     return answer.reply(status=status)
 
 
