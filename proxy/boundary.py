@@ -16,6 +16,7 @@ whatever the client's bytes said. Refusals are 400 in the route's own error shap
 Anthropic's on the Messages routes)."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from proxy.dialects.fields import STEERING, refuse_steering, refuse_unknown_openai
@@ -80,20 +81,38 @@ def _check_count(body: dict[str, Any], name: str, limit: int) -> None:
 
 # Chat content parts vLLM loads from a URL (every wire format's media parts arrive as these once translated).
 MEDIA_PARTS = ("image_url", "video_url", "audio_url", "file")
+TEXT_PARTS = ("text", "refusal")  # every other part type carries media the trainer cannot see
 FETCHED = ("http:", "https:", "file:")  # a data: URL is the media itself; these the engine would go and get
 
 
-def fetched_media(engine_body: dict[str, Any]) -> str | None:
-    """Where the engine's chat request names media by a URL it would fetch (`messages.2.content.0`), or None."""
+def content_parts(engine_body: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """Each typed content part of the engine's chat request: (where, its type, the part)."""
     for m, message in enumerate(engine_body.get("messages") or ()):
         content = message.get("content") if isinstance(message, dict) else None
         for c, part in enumerate(content if isinstance(content, list) else ()):
             kind = part.get("type") if isinstance(part, dict) else None
-            if kind in MEDIA_PARTS:
-                target = part.get(kind)
-                url = target.get("url") if isinstance(target, dict) else target
-                if isinstance(url, str) and url.strip().lower().startswith(FETCHED):
-                    return f"messages.{m}.content.{c}"
+            if isinstance(kind, str):
+                yield f"messages.{m}.content.{c}", kind, part
+
+
+def fetched_media(engine_body: dict[str, Any]) -> str | None:
+    """Where the engine's chat request names media by a URL it would fetch (`messages.2.content.0`), or None."""
+    for where, kind, part in content_parts(engine_body):
+        if kind in MEDIA_PARTS:
+            target = part.get(kind)
+            url = target.get("url") if isinstance(target, dict) else target
+            if isinstance(url, str) and url.strip().lower().startswith(FETCHED):
+                return where
+    return None
+
+
+def media_in_prompt(engine_body: dict[str, Any]) -> str | None:
+    """The first part of the prompt that is not text (an image, audio, a video, a file), as `media=<type>`, or
+    None. The engine conditions on its pixels or samples; the trainer sees only the placeholder token ids the
+    chat template put in its place, so it cannot compute the log-probs such a call was sampled with."""
+    for _, kind, _ in content_parts(engine_body):
+        if kind not in TEXT_PARTS:
+            return f"media={kind}"[:64]
     return None
 
 

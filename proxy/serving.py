@@ -16,7 +16,7 @@ import orjson
 from aiohttp import web
 
 from proxy.auth import claim_for_call
-from proxy.boundary import RequestBoundary, engine_bytes
+from proxy.boundary import RequestBoundary, engine_bytes, media_in_prompt
 from proxy.capture import Additions, StreamAssembler, capture_response, prepare_upstream_body
 from proxy.context import CallContext, call_context
 from proxy.dialects.base import ENDED_EARLY, Dialect, Translator
@@ -82,7 +82,8 @@ class CompletionServing:
             rollout_id=context.rollout_id, agent=context.agent, task_id=context.task_id, project=context.project,
             model=body["model"], upstream_model=target.upstream_model, policy_version=target.policy_version,
             policy=target.policy, stream=bool(body.get("stream")), request=body, eval=context.eval,
-            sampling=altered_sampling(upstream_body),
+            # why its recorded log-probs cannot be trained as its behaviour: its sampling, or media in the prompt
+            sampling=altered_sampling(upstream_body) or media_in_prompt(upstream_body),
         )
         headers = {"X-Rlproxy-Call-Id": record.id}
         if target.policy_version is not None:

@@ -1,6 +1,8 @@
 """Which rollouts make a task's group: the group is what the step trains. Pure (no torch, no database)."""
 from __future__ import annotations
 
+import pytest
+
 from store.models import utcnow
 from store.training import CallData, RolloutData
 from core.settings import TrainingSettings
@@ -54,3 +56,43 @@ def test_a_call_sampled_at_another_temperature_is_not_trained_on_its_raw_log_pro
     transitions = build_transitions(batch, TrainingSettings(), 3, skips)
     assert sorted(t.call_id for t in transitions) == ["a", "b"]
     assert skips == {"sampling_altered": 1}
+
+
+def test_a_call_with_an_image_in_its_prompt_is_skipped_under_its_own_reason():
+    batch = [rollout("a", 1.0), rollout("b", 0.0), rollout("seen", 1.0, sampling="media=image_url")]
+    skips = SkipReasons()
+    transitions = build_transitions(batch, TrainingSettings(), 3, skips)
+    assert sorted(t.call_id for t in transitions) == ["a", "b"]
+    assert skips == {"media_in_prompt": 1}
+
+
+def test_two_projects_tasks_of_the_same_id_are_different_groups():
+    """Projects alpha and beta both run a benchmark whose first task is "t": alpha's two attempts are compared
+    with each other, beta's with each other; beta's failures are not alpha's baseline."""
+    alpha = [rollout("alpha-1", 1.0), rollout("alpha-2", 1.0)]
+    beta = [rollout("beta-1", 0.0), rollout("beta-2", 0.0)]
+    for r in alpha:
+        r.project = "alpha"
+    for r in beta:
+        r.project = "beta"
+    skips = SkipReasons()
+    assert build_transitions(alpha + beta, TrainingSettings(), 3, skips) == []  # nothing to learn in either group
+    assert skips == {"zero_advantage": 4}
+
+
+def test_discounted_credit_discounts_the_advantage_not_the_reward():
+    """Four successes of five calls each: nothing to learn, discounted or not. Discounting the raw return before
+    the undiscounted reward was taken off gave their early calls -0.34 ... -0.1."""
+    def episode(name: str, reward: float) -> RolloutData:
+        calls = [CallData(f"{name}-{t}", t, "solver", 3, [5, 6, 7 + t], "first", [([8, 9, 2], [-1.0] * 3)],
+                          started_at=NOW) for t in range(5)]
+        return RolloutData(name, "t", reward, NOW, calls)
+
+    settings = TrainingSettings(credit="discounted", gamma=0.9)
+    skips = SkipReasons()
+    assert build_transitions([episode(f"ok{i}", 1.0) for i in range(4)], settings, 3, skips) == []
+    assert skips == {"zero_advantage": 20}
+    transitions = build_transitions([episode("won", 1.0), episode("lost", 0.0)], settings, 3, SkipReasons())
+    first = {t.call_id: t.advantages()[0] for t in transitions}
+    assert first["won-4"] > first["won-0"] > 0 > first["lost-0"] > first["lost-4"]  # later calls weigh more
+    assert first["won-0"] == pytest.approx(0.9 ** 4 * first["won-4"])

@@ -58,3 +58,21 @@ def test_the_proxy_marks_each_call_by_what_it_was_sampled_with_on_every_wire_for
     claude.messages.create(model="stub-model", max_tokens=16, messages=messages,
                            extra_body={"top_k": 20})  # this SDK no longer has the field; earlier ones and agents send it
     assert recorded(proxy_url, rollout["rollout_id"]) == [None, "temperature=0.7", "top_p=0.9", None, "top_k=20"]
+
+
+PIXEL = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+
+
+def test_a_prompt_with_an_image_is_marked_so_its_placeholder_ids_are_not_trained_as_text(proxy_url):
+    """A multimodal engine conditioned on the pixels; the trainer would see only the template's placeholder ids."""
+    rollout = requests.post(f"{proxy_url}/rollouts", json={"task_id": "media"}).json()
+    chat = openai.OpenAI(base_url=rollout["base_url"], api_key="unused", max_retries=0)
+    chat.chat.completions.create(model="stub-model", messages=[{"role": "user", "content": [
+        {"type": "text", "text": "What is this?"}, {"type": "image_url", "image_url": {"url": PIXEL}}]}])
+    chat.chat.completions.create(model="stub-model", messages=[{"role": "user", "content": [
+        {"type": "text", "text": "Only text, in parts."}]}])
+    claude = anthropic.Anthropic(base_url=rollout["base_url"].removesuffix("/v1"), api_key="unused", max_retries=0)
+    claude.messages.create(model="stub-model", max_tokens=16, messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": PIXEL.split(",")[1]}},
+        {"type": "text", "text": "What is this?"}]}])
+    assert recorded(proxy_url, rollout["rollout_id"]) == ["media=image_url", None, "media=image_url"]

@@ -47,7 +47,7 @@ def stored(proxy_url: str, rollout_id: str) -> dict[str, str]:
     return {call["call_id"]: call["status"] for call in response.json()["calls"]}
 
 
-def trained_call_ids(database_url: str, rollout_id: str) -> list[str]:
+def trained_call_ids(database_url: str, rollout_id: str, **settings) -> list[str]:
     """The calls the trainer would train on, from its own selection over the stored rollout."""
     async def load():
         database = open_database(database_url)
@@ -57,7 +57,7 @@ def trained_call_ids(database_url: str, rollout_id: str) -> list[str]:
         finally:
             await database.dispose()
 
-    config = TrainingSettings(max_seq_len=1 << 20)  # the spool test's calls are long
+    config = TrainingSettings(max_seq_len=1 << 20, **settings)  # the spool test's calls are long
     transitions = build_transitions(asyncio.run(load()), config, 0, SkipReasons(), keep_zero=True)
     return [call_id for transition in transitions for call_id in transition.call_ids]
 
@@ -88,7 +88,11 @@ def test_one_prompt_in_any_form_is_served_and_each_choice_continues_it(proxy_url
     reward(proxy_url, rollout_id)
     calls = stored(proxy_url, rollout_id)
     assert list(calls.values()) == ["ok"] * 4
-    assert sorted(trained_call_ids(database_url, rollout_id)) == sorted([c for c in calls for _ in range(2)])
+    # Each choice is a continuation of its prompt; which one earned the reward no later call says (tests/
+    # test_choices_trained.py), so they are trained only where the operator says the outcome rests on all.
+    assert sorted(trained_call_ids(database_url, rollout_id, choices_trained="all")) == sorted(
+        [c for c in calls for _ in range(2)])
+    assert trained_call_ids(database_url, rollout_id) == []
 
 
 # --- answers that were errors ----------------------------------------------------------------------------------

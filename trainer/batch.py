@@ -18,6 +18,8 @@ NO_CALLS = "rollout_without_calls"
 ZERO_ADVANTAGE = "zero_advantage"
 INVALID_REWARD = "invalid_reward"
 SAMPLING_ALTERED = "sampling_altered"  # sampled at another temperature, top-p, ...: its log-probs are not its behaviour
+MEDIA_IN_PROMPT = "media_in_prompt"  # an image, audio, video: the trainer sees only its placeholder ids
+CHOICE_NOT_CONTINUED = "choice_not_continued"  # n > 1 and no later call says which choice the agent went on from
 
 
 def build_transitions(rollouts: list[RolloutData], config: TrainingSettings, active_version: int,
@@ -30,9 +32,9 @@ def build_transitions(rollouts: list[RolloutData], config: TrainingSettings, act
     `staleness` counts it (trainer/staleness.py). `usable` collects the ids of the rollouts with a call this step
     may train (zero advantage or not): what is left of the batch once stale and foreign calls are dropped.
 
-    The advantage of call t in rollout i is  A_i + (G_t - R_i):  the episode's advantage within its task
-    group (config.advantage_estimator over final rewards R), plus how the call's own credited return G_t
-    (config.credit, with its intermediate rewards) departs from the episode return.
+    The advantage of call t in rollout i is  d_t * A_i + w * r_t:  the episode's advantage within its task
+    group (config.advantage_estimator over final rewards R), discounted by d_t (config.credit: 1, or
+    gamma ** calls-until-the-end), plus the call's own intermediate rewards r_t (per-call and AIR rewards).
     """
     trainable = []  # (rollout, its calls this step trains)
     for rollout in rollouts:
@@ -47,23 +49,40 @@ def build_transitions(rollouts: list[RolloutData], config: TrainingSettings, act
     # The group is what this step trains: a rollout whose calls all failed or were dropped (stale, another
     # policy's) says nothing about this policy, and counted in the baseline it would give identical successes
     # an advantage (five 1s beside three failed 0s: +0.775 each instead of nothing to learn).
-    episode_advantages = group_advantages([(r.task_id, r.reward) for r, _ in trainable], config.advantage_estimator)
+    # A task id names a task within its project: two projects sharing a policy and a benchmark's ids ("gsm8k-17")
+    # may still ask different things of it, and one's successes must not be the other's baseline.
+    episode_advantages = group_advantages(
+        [((r.project, r.task_id) if r.task_id is not None else None, r.reward) for r, _ in trainable],
+        config.advantage_estimator)
     transitions: list[Transition] = []
     for (rollout, calls), episode_advantage in zip(trainable, episode_advantages):
         if usable is not None:
             usable.add(rollout.id)
-        returns = assign_credit(rollout.reward, len(calls), mode=config.credit, gamma=config.gamma,
-                                intermediate=[call.rewards for call in calls])
+        # The episode's advantage is what is discounted: discounting its raw return before the undiscounted R is
+        # taken off (the earlier form) made every early call of a success negative, even in a group of equal
+        # rewards, and of a negative-reward failure positive.
+        discounts = assign_credit(1.0, len(calls), mode=config.credit, gamma=config.gamma)
+        own = assign_credit(0.0, len(calls), intermediate=[call.rewards for call in calls])
         staged: list[Call] = []
-        for call, credited in zip(calls, returns):
-            advantage = episode_advantage + (credited - rollout.reward)
-            for index, (token_ids, logprobs) in enumerate(call.choices or [(None, None)]):
+        continued = continued_choices(rollout.calls) if config.choices_trained == "continued" else {}
+        for call, discount, own_reward in zip(calls, discounts, own):
+            advantage = discount * episode_advantage + own_reward
+            choices = call.choices or [(None, None)]
+            if len(choices) > 1 and config.choices_trained == "continued":
+                if call.id not in continued:
+                    skips[CHOICE_NOT_CONTINUED] += 1
+                    continue
+                choices = [choices[continued[call.id]]]
+            for token_ids, logprobs in choices:
                 staged.append(Call(
                     prompt_ids=call.prompt_ids or [], completion_ids=token_ids or [], logprobs=logprobs or [],
                     advantage=advantage, call_id=call.id, rollout_id=rollout.id,
                     policy_version=call.policy_version,
-                    # only a single-choice call can continue a chain; n > 1 choices stand alone
-                    extends_previous=call.prefix_kind == PrefixKind.EXTENDS and len(call.choices) == 1,
+                    # Only a single-choice call can continue a chain (n > 1 choices stand alone). The store links
+                    # a call to its predecessor's first choice; one that went on from another choice is linked
+                    # RETOKENIZED, and merge_trajectory checks the real prefix either way.
+                    extends_previous=len(choices) == 1
+                    and call.prefix_kind in (PrefixKind.EXTENDS, PrefixKind.RETOKENIZED),
                 ))
         for transition in merge_trajectory(staged, max_seq_len=config.max_seq_len, skips=skips):
             if not keep_zero and all(a == 0.0 for a in transition.advantages()):
@@ -71,6 +90,28 @@ def build_transitions(rollouts: list[RolloutData], config: TrainingSettings, act
                 continue
             transitions.append(transition)
     return transitions
+
+
+def continued_choices(calls: list) -> dict[str, int]:
+    """For each call with several choices, the index of the one the same agent's next call went on from: that
+    call's prompt is this call's prompt followed by the choice's tokens (what the agent did with the others is
+    not part of the trajectory). Calls whose next call does not extend them, or that have none, are absent."""
+    chosen: dict[str, int] = {}
+    for position, call in enumerate(calls):
+        if len(call.choices) < 2 or not call.prompt_ids:
+            continue
+        following = next((later for later in calls[position + 1:] if later.agent == call.agent), None)
+        if following is None or not following.prompt_ids:
+            continue
+        head = call.prompt_ids
+        if following.prompt_ids[:len(head)] != head:
+            continue
+        tail = following.prompt_ids[len(head):]
+        index = next((i for i, (tokens, _) in enumerate(call.choices) if tokens and tail[:len(tokens)] == tokens),
+                     None)
+        if index is not None:
+            chosen[call.id] = index
+    return chosen
 
 
 def _trainable_calls(rollout: RolloutData, config: TrainingSettings, active_version: int, skips: SkipReasons,
@@ -85,8 +126,8 @@ def _trainable_calls(rollout: RolloutData, config: TrainingSettings, active_vers
             skips[NOT_TRAINED_AGENT] += 1
         elif call.policy_version is None:
             skips[NOT_POLICY] += 1  # the agent asked for another model by name
-        elif call.sampling is not None:
-            skips[SAMPLING_ALTERED] += 1  # proxy/sampling.py: no importance weight can be computed for it
+        elif call.sampling is not None:  # proxy/sampling.py, proxy/boundary.py: no importance weight can be computed
+            skips[MEDIA_IN_PROMPT if call.sampling.startswith("media=") else SAMPLING_ALTERED] += 1
         elif policy is not None and call.policy != policy:
             skips[OTHER_POLICY] += 1
         elif (lag := position(active_version) - position(call.policy_version)) > config.max_staleness:

@@ -20,6 +20,7 @@ CorrectionMode = Literal["mask", "clip"]
 CorrectionGating = Literal["ratio", "binary_kl", "tv"]
 PolicyLossType = Literal["ppo", "gspo"]
 TokenSource = Literal["recorded", "retokenized"]
+ChoicesTrained = Literal["continued", "all"]
 
 
 # A dataclass (pydantic's: validated like the models), as the policy trainer copies it with one value changed
@@ -246,6 +247,15 @@ class TrainingSettings:
         description="'recorded': the ids and log-probs the engine sampled (exact). 'retokenized': the "
                     "recorded text re-tokenized, behaviour log-probs recomputed by the trainer; an "
                     "ablation only (bench/learning.py), to measure what exact capture buys.",
+    )
+    choices_trained: ChoicesTrained = Field(
+        "continued",
+        description="A call answered with several choices (n > 1): 'continued' trains only the choice the agent's "
+                    "next call went on from (its prompt holds that choice's tokens), since the outcome followed from "
+                    "it; a call no later call continues (a final best-of-n pick, answers re-rendered as text) "
+                    "cannot say which choice earned the reward and is skipped as choice_not_continued. 'all': "
+                    "every choice with the rollout's advantage, for agents whose outcome rests on all of them "
+                    "(a majority vote over the n answers).",
     )
     train_agents: list[str] = Field(
         default_factory=list, description="Agent names whose calls are trained; empty means all."
