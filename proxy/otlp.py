@@ -37,7 +37,7 @@ from core.chat_view import chat_view
 from core.errors import RlproxyError
 from core.ids import is_valid_id
 from proxy.limits import MAX_JSON_DEPTH, too_deep
-from proxy.otlp_wire import Exceeded, count_export
+from proxy.otlp_wire import Exceeded, Malformed, count_export
 from proxy.strict_json import json_values_bound
 
 PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
@@ -145,6 +145,8 @@ def decode_request(body: bytes, content_type: str, budget: ExportBudget) -> Expo
             count_export(body, budget.max_spans, budget.max_attributes, budget.max_fields)
         except Exceeded as exc:
             raise budget.refuse(exc.what) from None
+        except Malformed as exc:
+            raise OtlpFormatError(f"body is not a protobuf ExportTraceServiceRequest: {exc}") from None
         try:
             message.ParseFromString(body)
         except DecodeError as exc:

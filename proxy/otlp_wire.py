@@ -7,8 +7,10 @@ an export costs at most its budget in steps, whatever the body holds.
 What counts: ResourceSpans, ScopeSpans, Span, Span.Event and Span.Link as spans; every KeyValue (attributes of
 resources, scopes, spans, events and links, and the entries of kvlist values) and every element of an array
 value as an attribute; every field met, of any kind, as a step (a body of a million repeated scalar fields
-costs the walk, not the parser, a million steps). A body that is not valid protobuf is left to the parser to
-name what is wrong."""
+costs the walk, not the parser, a million steps). A body the walk cannot follow (a group, which the trace schema
+never uses; a truncated field; nesting past the parser's limit) is refused, not left to the parser: the parser
+keeps an unknown group and reads on past it, so a two-byte group in front of a million spans would otherwise
+skip the count and have all of them built."""
 from __future__ import annotations
 
 from google.protobuf.descriptor import Descriptor
@@ -34,57 +36,58 @@ class Exceeded(RlproxyError):
         self.what = what
 
 
-class _Malformed(RlproxyError):
-    """Not protobuf: left to the parser, which says where and why."""
+class Malformed(RlproxyError):
+    """The body is not an export the walk can follow: refused with what was wrong."""
 
 
 def count_export(body: bytes, max_spans: int, max_attributes: int, max_fields: int) -> None:
-    """Raise `Exceeded` as soon as the export in `body` is seen to hold more than the budget. Depth first, so
-    what it holds in memory is one entry per level of nesting."""
+    """Raise `Exceeded` as soon as the export in `body` is seen to hold more than the budget, `Malformed` where
+    the walk cannot follow it. Depth first, so what it holds in memory is one entry per level of nesting."""
     spans = attributes = fields = 0
     descriptor, position, end = ExportTraceServiceRequest.DESCRIPTOR, 0, len(body)
     outer: list[tuple[Descriptor, int, int]] = []  # the messages the walk is inside of, where to go on in each
-    try:
-        while True:
-            if position >= end:
-                if not outer:
-                    return
-                descriptor, position, end = outer.pop()
+    while True:
+        if position >= end:
+            if position > end:
+                raise Malformed(f"a field of {descriptor.name} runs past the end of its message")
+            if not outer:
+                return
+            descriptor, position, end = outer.pop()
+            continue
+        key, position = _varint(body, position)
+        fields += 1
+        if fields > max_fields:
+            raise Exceeded("fields")
+        wire_type = key & 7
+        if wire_type == VARINT:
+            _, position = _varint(body, position)
+        elif wire_type == FIXED64:
+            position += 8
+        elif wire_type == FIXED32:
+            position += 4
+        elif wire_type == LENGTH_DELIMITED:
+            length, position = _varint(body, position)
+            field = descriptor.fields_by_number.get(key >> 3)
+            if field is None or field.message_type is None:
+                position += length  # a string, bytes, packed scalars or an unknown field: checked at the loop's top
                 continue
-            key, position = _varint(body, position)
-            fields += 1
-            if fields > max_fields:
-                raise Exceeded("fields")
-            wire_type = key & 7
-            if wire_type == VARINT:
-                _, position = _varint(body, position)
-            elif wire_type == FIXED64:
-                position += 8
-            elif wire_type == FIXED32:
-                position += 4
-            elif wire_type == LENGTH_DELIMITED:
-                length, position = _varint(body, position)
-                field = descriptor.fields_by_number.get(key >> 3)
-                if field is None or field.message_type is None:
-                    position += length
-                    continue
-                kind = field.message_type.full_name
-                if kind in SPAN_LIKE:
-                    spans += 1
-                    if spans > max_spans:
-                        raise Exceeded("spans")
-                elif kind == ATTRIBUTE or descriptor.full_name == ARRAY:
-                    attributes += 1
-                    if attributes > max_attributes:
-                        raise Exceeded("attributes")
-                if position + length > end or len(outer) >= MAX_DEPTH:
-                    raise _Malformed
-                outer.append((descriptor, position + length, end))
-                descriptor, end = field.message_type, position + length
-            else:
-                raise _Malformed
-    except _Malformed:
-        return
+            kind = field.message_type.full_name
+            if kind in SPAN_LIKE:
+                spans += 1
+                if spans > max_spans:
+                    raise Exceeded("spans")
+            elif kind == ATTRIBUTE or descriptor.full_name == ARRAY:
+                attributes += 1
+                if attributes > max_attributes:
+                    raise Exceeded("attributes")
+            if position + length > end:
+                raise Malformed(f"field {key >> 3} of {descriptor.name} runs past the end of its message")
+            if len(outer) >= MAX_DEPTH:
+                raise Malformed(f"messages nested deeper than {MAX_DEPTH}")
+            outer.append((descriptor, position + length, end))
+            descriptor, end = field.message_type, position + length
+        else:  # 3 and 4 (groups): not in the trace schema; 6 and 7: no such wire type
+            raise Malformed(f"wire type {wire_type} (field {key >> 3} of {descriptor.name}) is not used by OTLP")
 
 
 def _varint(data: bytes, position: int) -> tuple[int, int]:
@@ -96,4 +99,4 @@ def _varint(data: bytes, position: int) -> tuple[int, int]:
         if byte < 0x80:
             return result, position
         shift += 7
-    raise _Malformed
+    raise Malformed("a varint is truncated or longer than 10 bytes")

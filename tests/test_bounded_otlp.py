@@ -125,6 +125,20 @@ def test_what_an_export_holds_is_counted_on_the_wire_before_it_is_parsed(proxy: 
     error(post_export(proxy, wrap_span(b"\x2a\x00" * 1_000_000)), 413, "too_many_fields")  # Span.name
 
 
+@pytest.mark.parametrize("prefix", [b"\x7b\x7c", b"\x0b\x0c"], ids=["unknown-group", "group-where-a-message-is"])
+def test_a_group_in_front_of_a_million_spans_does_not_stop_the_count(proxy: Proxy, prefix: bytes):
+    """protobuf's parser keeps an unknown group (an empty one is two bytes) and reads on past it: the walk stopped
+    there and let the parser build every span after it. OTLP never uses groups: 400 at once."""
+    began = time.monotonic()
+    error(post_export(proxy, prefix + empty_spans_export(1_000_000)), 400, "invalid_otlp")
+    assert time.monotonic() - began < 5
+
+
+def test_a_truncated_export_is_refused_by_the_count(proxy: Proxy):
+    error(post_export(proxy, empty_spans_export(10)[:-1]), 400, "invalid_otlp")
+    error(post_export(proxy, b"\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01"), 400, "invalid_otlp")
+
+
 def test_span_events_count_as_spans(proxy: Proxy):
     request = ExportTraceServiceRequest()
     span = request.resource_spans.add().scope_spans.add().spans.add(name="chatty")
