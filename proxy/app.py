@@ -17,7 +17,7 @@ from proxy.boundary import RequestBoundary
 from proxy.dialects import DIALECTS
 from proxy.dialects.messages_objects import error_body as anthropic_error_body
 from proxy.endpoints import register
-from proxy.errors import ConflictError, NotFoundError, ProxyError, json_response
+from proxy.errors import ConflictError, Forbidden, NotFoundError, ProxyError, json_response
 from proxy.http_server import Router, use_guarded_handler, valid_host
 from proxy.ingest import RewardIngest
 from proxy.metrics import ProxyMetrics
@@ -53,6 +53,8 @@ async def api_errors(request: web.Request, handler):
         error = NotFoundError(str(exc))
     except store_errors.Conflict as exc:
         error = ConflictError(str(exc))
+    except store_errors.NotYours as exc:
+        error = Forbidden(str(exc))
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -37,6 +37,7 @@ from proxy.context import CallContext, call_context
 from proxy.engine_routes import RELAYED
 from proxy.buckets import RateLimiter
 from proxy.errors import Forbidden, NotFoundError, RateLimited, StoreUnavailable, Unauthorized
+from store.errors import NotYours
 from store.keys import (KEY_PREFIX, KeyInfo, claim_rollout, count_active_keys, find_key, hash_key, new_key,
                         rollout_owner)
 
@@ -235,6 +236,8 @@ class Authenticator:
             self._remember(rollout_id, owner)
         if owner is not None and owner != key.project:
             raise NotFoundError(f"rollout {rollout_id!r} does not exist")
+        if owner is None:  # the operator's: its calls would train with the operator's reward
+            raise Forbidden(str(NotYours(rollout_id)))
 
     async def claim(self, key: KeyInfo, context: CallContext) -> None:
         """The rollout of a call that is about to be recorded becomes its project's if nobody owns it yet (404
@@ -248,6 +251,8 @@ class Authenticator:
             self._remember(context.rollout_id, owner)
         if owner is not None and owner != key.project:
             raise NotFoundError(f"rollout {context.rollout_id!r} does not exist")
+        if owner is None:
+            raise Forbidden(str(NotYours(context.rollout_id)))
 
     def _remember(self, rollout_id: str, owner: str | None) -> None:
         self._owners[rollout_id] = owner  # a rollout's project never changes once it exists

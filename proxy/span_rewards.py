@@ -23,7 +23,7 @@ from rewards.air import TOOL_ERROR, TOOL_SUCCESS
 from store import calls as store_calls
 from store import rewards as reward_rows
 from store import rollouts as store_rollouts
-from store.errors import Conflict, NotFound
+from store.errors import Conflict, NotFound, NotYours
 
 # What became of a span (`rlproxy_otlp_spans_total{outcome}`); a span with several rewards counts once, by the
 # first of these that applies.
@@ -149,27 +149,35 @@ async def store_span_rewards(session: AsyncSession, rollout_id: str, spans: Sequ
     particular order. A rollout that does not exist, belongs to another project or has expired refuses all; a
     per-call reward for a call holding `max_per_call` of them already is refused."""
     try:
-        await store_rollouts.rollout_taking_rewards(session, rollout_id, project)
-    except (NotFound, Conflict) as exc:
+        rollout = await store_rollouts.rollout_taking_rewards(session, rollout_id, project)
+    except (NotFound, Conflict, NotYours) as exc:
         return [SpanResult(REJECTED, f"span {span.span_id}: {exc}") for span in spans]
+    try:  # a rollout a step took already takes no rewards for its calls (its final reward again is a no-op)
+        store_rollouts.refuse_if_taken(rollout)
+        taken = None
+    except Conflict as exc:
+        taken = str(exc)
     calls = _RolloutCalls(session, rollout_id)
     held = await _call_rewards(session, rollout_id, max_per_call)
     # Per-call rewards first: a final reward closes the rollout, and the trainer may take it from then on.
     ordered = sorted(spans, key=lambda span: span.reward is not None and span.is_final)
-    return [await _store_span(session, rollout_id, span, project, weights, calls, held) for span in ordered]
+    return [await _store_span(session, rollout_id, span, project, weights, calls, held, taken) for span in ordered]
 
 
 async def _store_span(session: AsyncSession, rollout_id: str, span: SpanFacts, project: str | None,
-                      weights: ToolWeights, calls: _RolloutCalls, held: _CallRewards) -> SpanResult:
+                      weights: ToolWeights, calls: _RolloutCalls, held: _CallRewards,
+                      taken: str | None = None) -> SpanResult:
     result = SpanResult(DUPLICATE)
     errors = []
     air = weights.for_span(span)
     if air is not None:
         try:
+            if taken is not None:
+                raise Conflict(taken)
             call = await calls.target(span, explicit=False)
             if await _insert_air(session, rollout_id, call.id, span, *air):
                 result.air.append((air[0], call.policy_version))
-        except NotFound as exc:
+        except (NotFound, Conflict) as exc:
             errors.append(str(exc))
     if span.reward_error is not None:
         errors.append(span.reward_error)
@@ -180,6 +188,8 @@ async def _store_span(session: AsyncSession, rollout_id: str, span: SpanFacts, p
                                                          project=project)
                 result.final = final if final.created else None
             elif (span.trace_id, span.span_id) not in held.spans:
+                if taken is not None:
+                    raise Conflict(taken)
                 call = await calls.target(span, explicit=True)
                 if held.per_call[call.id] >= held.limit:
                     raise Conflict(over_budget_message(call.id, held.limit))

@@ -106,7 +106,8 @@ class AttemptRunner:
         evaluation = task.split == EVAL
         created = await self.client.create_rollout(
             task.id, agent=attempt.agent_name or settings.agent_name, evaluation=evaluation,
-            metadata={"run": {"epoch": attempt.epoch, "attempt": attempt.number, "split": task.split}})
+            metadata={"run": {"epoch": attempt.epoch, "attempt": attempt.number, "split": task.split}},
+            owner_key=settings.agent_key() if settings.agent_api_key is not None else None)
         rollout_id = created.rollout_id
         self._log("started", attempt, rollout_id=rollout_id, tries=tries)
         rollout_root = created.base_url.removesuffix("/v1")

@@ -27,9 +27,10 @@ class ProxyClient:
     async def close(self) -> None:
         await self._http.close()
 
-    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    async def _call(self, method: str, path: str, body: dict[str, Any] | None = None,
+                    headers: dict[str, str] | None = None) -> tuple[int, Any]:
         try:
-            async with self._http.request(method, self.proxy + path, json=body) as response:
+            async with self._http.request(method, self.proxy + path, json=body, headers=headers) as response:
                 status = response.status
                 payload = await response.json(content_type=None) if await response.read() else None
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
@@ -59,11 +60,14 @@ class ProxyClient:
             raise InfrastructureError(f"GET /metrics: proxy unreachable ({exc})") from None
 
     async def create_rollout(self, task_id: str, *, agent: str | None, evaluation: bool,
-                             metadata: dict[str, Any]) -> NewRollout:
+                             metadata: dict[str, Any], owner_key: str | None = None) -> NewRollout:
+        """`owner_key`: the key whose project the rollout is (the agents' own, when they have one): a rollout the
+        operator's key created belongs to no project, and a project's key may not add calls or rewards to it."""
         body = {"task_id": task_id, "metadata": metadata, "eval": evaluation}
         if agent:
             body["agent"] = agent
-        status, payload = await self._call("POST", "/rollouts", body)
+        headers = {"Authorization": f"Bearer {owner_key}"} if owner_key else None
+        status, payload = await self._call("POST", "/rollouts", body, headers=headers)
         if status in (401, 403):  # the runner's key: no attempt can go on
             raise ProxyRefused(f"POST /rollouts: {status} {_message(payload)}")
         if status == 429:

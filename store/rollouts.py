@@ -3,7 +3,7 @@ store/rollout_view.py, re-exported here)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import select, update
@@ -12,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from core.checks import reward_problem
 from store import rewards as reward_rows
-from store.errors import Conflict, NotFound
+from store.errors import Conflict, NotFound, NotYours
 from store.models import Call, Rollout, RolloutStatus, utcnow
 from store.rollout_view import get_rollout
 
@@ -50,6 +50,8 @@ async def _rollout_for_update(session: AsyncSession, rollout_id: str, project: s
     rollout = (await session.execute(query)).scalar_one_or_none()
     if rollout is None or (project is not None and rollout.project not in (None, project)):
         raise NotFound(f"rollout {rollout_id!r} does not exist")
+    if project is not None and rollout.project is None:  # every key reads it; only the operator writes to it
+        raise NotYours(rollout_id)
     return rollout
 
 
@@ -66,6 +68,23 @@ async def rollout_taking_rewards(session: AsyncSession, rollout_id: str, project
     if rollout.status == RolloutStatus.EXPIRED:
         raise _expired(rollout)
     return rollout
+
+
+def refuse_if_taken(rollout: Rollout) -> None:
+    """`Conflict` when a training step has the rollout or had it: a reward for one of its calls would be stored
+    and never used (the step read the calls' rewards when it took them). The final reward is not refused here:
+    the same value again is a no-op whenever it comes."""
+    if rollout.trained_at is not None:
+        raise Conflict(f"rollout {rollout.id!r} was trained at {rollout.trained_at:%Y-%m-%d %H:%M:%S} UTC; a reward "
+                       "for one of its calls now would never be used (send per-call rewards before the final one)")
+    if rollout.lease_owner is not None and rollout.lease_expires_at is not None \
+            and _aware(rollout.lease_expires_at) > utcnow():
+        raise Conflict(f"rollout {rollout.id!r} is being trained; a reward for one of its calls now would not be "
+                       "used (send per-call rewards before the final one)")
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 def _expired(rollout: Rollout) -> Conflict:
@@ -96,6 +115,7 @@ async def post_reward(
             raise NotFound(f"call {call_id!r} is not part of rollout {rollout_id!r}")
         if await reward_rows.has_call_reward(session, call_id, value, metadata):  # a retry: already stored
             return RewardResult(rollout_id, value, call_id, False)
+        refuse_if_taken(rollout)
         reward_rows.add_call_reward(session, rollout_id, call_id, value, metadata)
         return RewardResult(rollout_id, value, call_id, True)
 

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from store.errors import LeaseLost
 from store.judging import judge_had_its_say
 from store.models import (
     Call,
@@ -49,6 +50,7 @@ class RolloutData:
     finished_at: datetime
     calls: list[CallData]
     agent: str | None = None  # the agent the rollout was created for: its calls' agent unless they name one
+    project: str | None = None  # whose it is: a task id names a task only within its project
 
 
 def _unleased(now: datetime):
@@ -101,14 +103,16 @@ async def ready_rollouts(session: AsyncSession, *, limit: int, group_size: int, 
     oldest = func.min(Rollout.finished_at)
     ready = or_(Rollout.task_id.is_(None), func.count() >= group_size,
                 oldest <= now - timedelta(seconds=group_timeout_s))
-    # every group but the first holds at least one rollout that fits, so `limit` groups are always enough
+    # every group but the first holds at least one rollout that fits, so `limit` groups are always enough;
+    # a task id names a task within its project (two projects may both run "gsm8k-17"), so groups are per project
     groups = (await session.execute(
-        select(Rollout.task_id, func.count(), oldest).where(waiting).group_by(Rollout.task_id).having(ready)
-        .order_by(oldest, Rollout.task_id).limit(limit)
+        select(Rollout.project, Rollout.task_id, func.count(), oldest).where(waiting)
+        .group_by(Rollout.project, Rollout.task_id).having(ready)
+        .order_by(oldest, Rollout.project, Rollout.task_id).limit(limit)
     )).all()
-    wanted: dict[str | None, int] = {}
+    wanted: dict[tuple[str | None, str | None], int] = {}
     finished: list[datetime] = []
-    for task_id, count, first in groups:
+    for project, task_id, count, first in groups:
         # whole groups of `group_size`; a group that waited long enough goes as it is
         take = count - count % group_size if task_id is not None and count >= group_size else count
         if task_id is not None and take > limit:  # one task's backlog (an id reused for many attempts): a cap too
@@ -117,7 +121,7 @@ async def ready_rollouts(session: AsyncSession, *, limit: int, group_size: int, 
             take = min(count, max(1, limit - sum(wanted.values())))
         if wanted and sum(wanted.values()) + take > limit:
             break
-        wanted[task_id] = take
+        wanted[(project, task_id)] = take
         finished.append(_aware(first))
     if not wanted:
         return []
@@ -126,19 +130,22 @@ async def ready_rollouts(session: AsyncSession, *, limit: int, group_size: int, 
     return await _members(session, waiting, wanted)
 
 
-async def _members(session: AsyncSession, waiting, wanted: dict[str | None, int]) -> list[str]:
-    """The oldest `wanted[task]` waiting rollouts of each task, oldest first (no more rows read than that)."""
-    place = func.row_number().over(partition_by=Rollout.task_id, order_by=(Rollout.finished_at, Rollout.id))
-    tasks = {task: n for task, n in wanted.items() if task is not None}
-    chosen = [Rollout.task_id.in_(list(tasks))] if tasks else []
-    if None in wanted:
-        chosen.append(Rollout.task_id.is_(None))
-    ranked = select(Rollout.id, Rollout.task_id, Rollout.finished_at, place.label("place")).where(
-        waiting, or_(*chosen)).subquery()
-    quota = case((ranked.c.task_id.is_(None), wanted.get(None, 0)),
-                 *((ranked.c.task_id == task, n) for task, n in tasks.items()), else_=0)
+async def _members(session: AsyncSession, waiting, wanted: dict[tuple[str | None, str | None], int]) -> list[str]:
+    """The oldest `wanted[(project, task)]` waiting rollouts of each group, oldest first (no more rows read than
+    that)."""
+    place = func.row_number().over(partition_by=(Rollout.project, Rollout.task_id),
+                                   order_by=(Rollout.finished_at, Rollout.id))
+    ranked = select(Rollout.id, Rollout.project, Rollout.task_id, Rollout.finished_at, place.label("place")).where(
+        waiting, or_(*(_group_is(Rollout.project, Rollout.task_id, *key) for key in wanted))).subquery()
+    quota = case(*((_group_is(ranked.c.project, ranked.c.task_id, *key), n) for key, n in wanted.items()), else_=0)
     return list((await session.execute(select(ranked.c.id).where(ranked.c.place <= quota)
                                        .order_by(ranked.c.finished_at, ranked.c.id))).scalars())
+
+
+def _group_is(project_column, task_column, project: str | None, task_id: str | None):
+    """The rows of one (project, task) group; None matches NULL."""
+    return and_(project_column.is_(None) if project is None else project_column == project,
+                task_column.is_(None) if task_id is None else task_column == task_id)
 
 
 def _aware(moment: datetime) -> datetime:
@@ -164,12 +171,28 @@ async def release(session: AsyncSession, rollout_ids: list[str], owner: str) -> 
                           .values(lease_owner=None, lease_expires_at=None))
 
 
-async def release_untrained(session: AsyncSession, owner: str) -> int:
-    """Drop `owner`'s leases on untrained rollouts: a restarted worker (same id) takes back what its dead
-    predecessor held instead of waiting for the leases to expire. Returns how many were released."""
-    result = await session.execute(update(Rollout).where(Rollout.lease_owner == owner, Rollout.trained_at.is_(None))
+async def release_untrained(session: AsyncSession, worker_id: str) -> int:
+    """Drop the leases on untrained rollouts of every earlier run of `worker_id` (owners `worker_id` and
+    `worker_id:<run>`): a restarted worker takes back what its dead predecessor held instead of waiting for the
+    leases to expire. Returns how many were released."""
+    owned = or_(Rollout.lease_owner == worker_id, Rollout.lease_owner.startswith(f"{worker_id}:", autoescape=True))
+    result = await session.execute(update(Rollout).where(owned, Rollout.trained_at.is_(None))
                                    .values(lease_owner=None, lease_expires_at=None))
     return result.rowcount or 0
+
+
+async def hold_leases(session: AsyncSession, rollout_ids: list[str], owner: str) -> None:
+    """Lock the step's rollouts for the caller's transaction, or raise `LeaseLost` when any is no longer leased
+    to `owner` (untrained): its lease expired during a long step and another worker took it, or another process
+    started with the same worker id took it back. Recording the step anyway would train those rollouts twice."""
+    query = select(Rollout.id).where(Rollout.id.in_(rollout_ids), Rollout.lease_owner == owner,
+                                     Rollout.trained_at.is_(None))
+    if session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update()
+    held = set((await session.execute(query)).scalars())
+    if len(held) != len(set(rollout_ids)):
+        raise LeaseLost(f"{len(set(rollout_ids)) - len(held)} of the step's {len(set(rollout_ids))} rollouts are no "
+                        f"longer leased to {owner!r}; the step is not recorded")
 
 
 async def load_rollouts(session: AsyncSession, rollout_ids: list[str]) -> list[RolloutData]:
@@ -199,7 +222,8 @@ async def load_rollouts(session: AsyncSession, rollout_ids: list[str]) -> list[R
             .where(Reward.call_id.in_(list(by_call)), Reward.kind.in_([RewardKind.CALL, RewardKind.AIR])))
         for call_id, value in rewards:
             by_call[call_id].rewards.append(value)
-    return [RolloutData(r.id, r.task_id, float(r.reward), r.finished_at, per_rollout.get(r.id, []), r.agent)
+    return [RolloutData(r.id, r.task_id, float(r.reward), r.finished_at, per_rollout.get(r.id, []), r.agent,
+                        r.project)
             for r in sorted(rollouts, key=lambda r: r.finished_at)]
 
 

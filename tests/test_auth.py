@@ -197,6 +197,28 @@ def test_another_projects_rollout_answers_404_like_a_missing_one(secured):
     assert secured.get(f"/rollouts/{rid}", OPERATOR_KEY).status_code == 200  # the operator sees every project
 
 
+def test_the_operators_rollouts_are_read_by_every_key_and_written_by_the_operator_only(secured):
+    """A rollout the operator's key created belongs to no project: every key may read it, but a project's key
+    that could set its reward or put its own calls into it would decide what the operator's traffic trains."""
+    beta = secured.keys["beta"]
+    rollout = secured.post("/rollouts", OPERATOR_KEY, json={"task_id": "ops"}).json()
+    rid = rollout["rollout_id"]
+    own = secured.client(OPERATOR_KEY, rollout["base_url"]).chat.completions.with_raw_response.create(
+        model=MODEL, messages=CHAT)
+    call_id = own.headers["X-Rlproxy-Call-Id"]
+
+    assert secured.get(f"/rollouts/{rid}", beta).status_code == 200
+    with pytest.raises(openai.PermissionDeniedError):
+        secured.client(beta, rollout["base_url"]).chat.completions.create(model=MODEL, messages=CHAT)
+    for body in ({"rollout_id": rid, "reward": 1.0}, {"rollout_id": rid, "reward": 1.0, "call_id": call_id}):
+        assert "belongs to no project" in error_of(secured.post("/reward", beta, json=body), 403)["message"]
+    error_of(secured.post(f"/rollouts/{rid}/events", beta, json={"event_type": "reward", "data": {"value": 1}}), 403)
+
+    stored = secured.get(f"/rollouts/{rid}", OPERATOR_KEY).json()
+    assert [c["call_id"] for c in stored["calls"]] == [call_id] and stored["reward"] is None and stored["rewards"] == []
+    assert secured.post("/reward", OPERATOR_KEY, json={"rollout_id": rid, "reward": 0.5}).status_code == 200
+
+
 def test_the_event_url_has_the_keys_and_tenancy_of_reward(secured):
     """Agent Lightning's event URL (`AGL_EVENT_URL`): its key is a bearer token, scoped as `POST /reward` is."""
     alpha, beta = secured.keys["alpha"], secured.keys["beta"]
@@ -239,6 +261,15 @@ def test_rlproxy_run_with_the_projects_key(secured, tmp_path):
     assert "33%" in result.output  # the summary: 2 of 6 succeeded
     rollout = secured.get(f"/rollouts/{ended[0]['rollout_id']}", secured.keys["beta"])
     assert rollout.status_code == 404  # the runner's rollouts are its key's project's
+
+    # the operator's key for the runner, the project's for its agents: the rollouts are the agents' project's
+    log.unlink()
+    result = CliRunner().invoke(main, [*args, "--api-key", OPERATOR_KEY, "--agent-api-key", secured.keys["alpha"]])
+    assert result.exit_code == 0, result.output
+    ended = [json.loads(line) for line in log.read_text().splitlines() if '"finished"' in line]
+    assert sorted(e["reward"] for e in ended) == [0.0] * 4 + [1.0] * 2
+    assert secured.get(f"/rollouts/{ended[0]['rollout_id']}", secured.keys["alpha"]).json()["reward"] is not None
+    assert secured.get(f"/rollouts/{ended[0]['rollout_id']}", secured.keys["beta"]).status_code == 404
 
 
 def test_the_first_call_claims_a_new_rollout_id_for_its_project(secured):

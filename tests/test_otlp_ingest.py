@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 from dataclasses import dataclass
+from datetime import timedelta
 
 import openai
 import orjson
@@ -257,6 +258,49 @@ def expire(database_url: str, rollout_id: str) -> None:
             await database.dispose()
 
     asyncio.run(go())
+
+
+def mark(database_url: str, rollout_id: str, **values) -> None:
+    """Set columns of a rollout as the trainer does when a step takes it (lease) or has trained it."""
+    async def go() -> None:
+        database = open_database(database_url)
+        try:
+            async with session_factory(database)() as session, session.begin():
+                await session.execute(update(Rollout).where(Rollout.id == rollout_id).values(**values))
+        finally:
+            await database.dispose()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize("taken", ["trained", "being-trained"])
+def test_a_reward_for_a_call_of_a_rollout_a_step_took_is_refused_not_stored_unused(proxy: Proxy, taken: str):
+    """The step read the calls' rewards when it took the rollout: one stored later was acknowledged and never
+    used. Refused with 409 on /reward and as a rejected span; the final reward again is still a no-op."""
+    episode = run_agent(proxy)
+    before = requests.post(f"{proxy.url}/reward", headers=auth(proxy.alpha), json={
+        "rollout_id": episode.rollout_id, "call_id": episode.call_ids[0], "reward": 0.5})
+    assert before.status_code == 200, before.text
+    final = {"rollout_id": episode.rollout_id, "reward": 1.0}
+    assert requests.post(f"{proxy.url}/reward", headers=auth(proxy.alpha), json=final).status_code == 200
+    mark(proxy.database_url, episode.rollout_id,
+         **({"trained_at": utcnow()} if taken == "trained"
+            else {"lease_owner": "trainer", "lease_expires_at": utcnow() + timedelta(minutes=5)}))
+
+    late = requests.post(f"{proxy.url}/reward", headers=auth(proxy.alpha), json={
+        "rollout_id": episode.rollout_id, "call_id": episode.call_ids[1], "reward": 0.5})
+    assert late.status_code == 409, late.text
+    assert "be used" in late.json()["error"]["message"]
+    assert requests.post(f"{proxy.url}/reward", headers=auth(proxy.alpha), json=final).status_code == 200
+
+    agent = Agent(proxy, proxy.alpha)
+    with agent.in_rollout(episode.rollout_id):
+        agent.tool_span(episode.tool_call_id, failed=True)  # an automatic (AIR) reward for the first call
+    answer = post_spans(proxy, agent.spans(), proxy.alpha)
+    assert answer.partial_success.rejected_spans == 1
+    assert "trained" in answer.partial_success.error_message
+    rewards = proxy.rollout(episode.rollout_id)["rewards"]
+    assert sorted(r["kind"] for r in rewards) == ["call", "final"]  # what came in time, nothing after
 
 
 def test_spans_that_name_no_rollout_are_taken_and_ignored(proxy: Proxy):
