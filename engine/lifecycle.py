@@ -81,12 +81,13 @@ async def ensure_loaded(sessions: async_sessionmaker[AsyncSession], adapters: En
 
 async def publish(sessions: async_sessionmaker[AsyncSession], adapters: EngineAdapters, version: int, *,
                   activate: bool = False, drain: Drain | None = None, probe: bool = True,
-                  metrics: fleet.FleetMetrics | None = None) -> fleet.Committed:
+                  metrics: fleet.FleetMetrics | None = None, replacing: int | None = None) -> fleet.Committed:
     """Commit a new candidate to the fleet (engine/fleet.py: loaded on every replica, replacing anything under
     its name, and verified); with `activate`, then make it the one served (the policy it replaces goes to
     `drain`). Without a majority of replicas verifying it, it is marked failed (the serving policy is
     untouched) and LoadFailed is raised. Returns what was committed where, and how long it took. `probe`: see
-    fleet.commit.
+    fleet.commit. `replacing`: activate only if that version still serves (store.policies.activate), else
+    Conflict, the candidate committed but not serving.
 
     A candidate or canary that a stopped trainer left may be published again (a canary keeps its copies)."""
     policy = await read(sessions, version)
@@ -99,13 +100,13 @@ async def publish(sessions: async_sessionmaker[AsyncSession], adapters: EngineAd
             await policies.set_status(session, version, PolicyStatus.FAILED)
         raise
     if activate:
-        await _make_active(sessions, version, drain)  # loaded fresh just now: no second load
+        await _make_active(sessions, version, drain, replacing=replacing)  # loaded fresh just now: no second load
     return committed
 
 
 async def activate(sessions: async_sessionmaker[AsyncSession], adapters: EngineAdapters, version: int, *,
                    drain: Drain | None = None, policy: str = policies.DEFAULT_POLICY,
-                   metrics: fleet.FleetMetrics | None = None) -> policies.ActivePolicy:
+                   metrics: fleet.FleetMetrics | None = None, replacing: int | None = None) -> policies.ActivePolicy:
     """Make `version` the one its policy serves (0: `policy` goes back to the base model), e.g. a rollback:
     its adapter is committed to the fleet first (loaded from its own folder, unless it serves already, and
     verified; a minority of replicas that cannot are out of rotation for it). Returns the
@@ -117,7 +118,7 @@ async def activate(sessions: async_sessionmaker[AsyncSession], adapters: EngineA
         if policy.status == PolicyStatus.FAILED:
             raise NotFound(f"policy version {version} failed to load and cannot be activated")
         await fleet.commit(sessions, adapters, version, metrics=metrics)
-    return await _make_active(sessions, version, drain, policy)
+    return await _make_active(sessions, version, drain, policy, replacing=replacing)
 
 
 async def start_canary(sessions: async_sessionmaker[AsyncSession], adapters: EngineAdapters, version: int,
@@ -131,21 +132,26 @@ async def start_canary(sessions: async_sessionmaker[AsyncSession], adapters: Eng
 
 
 async def retire(sessions: async_sessionmaker[AsyncSession], version: int, *,
-                 drain: Drain | None = None) -> None:
-    """A version that will not serve (a gate kept it out); `drain` unloads its copies."""
+                 drain: Drain | None = None) -> bool:
+    """A version that will not serve (a gate kept it out); `drain` unloads its copies. False, and nothing
+    changed, when it serves already as the active version (an operator activated it while the gate ran)."""
     async with sessions() as session, session.begin():
-        await policies.set_status(session, version, PolicyStatus.RETIRED)
+        now = await policies.retire_unserved(session, version)
+    if now is not None:
+        log.warning("v%d is %s (an operator's choice while its gate ran): left as it is, not retired", version, now)
+        return False
     if drain is not None:
         drain.note(policies.adapter_name(version))
+    return True
 
 
 async def _make_active(sessions: async_sessionmaker[AsyncSession], version: int, drain: Drain | None,
-                       policy: str = policies.DEFAULT_POLICY) -> policies.ActivePolicy:
+                       policy: str = policies.DEFAULT_POLICY, *, replacing: int | None = None) -> policies.ActivePolicy:
     async with sessions() as session, session.begin():
         if version != policies.BASE_VERSION:
             policy = await policies.policy_of(session, version)
         previous = await policies.active_policy(session, policy)
-        await policies.activate(session, version, policy)
+        await policies.activate(session, version, policy, replacing=replacing)
     if drain is not None and previous.version != version:
         drain.note(previous.name)
     return previous

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from core.policy_rules import BASE_POLICY, DEFAULT_POLICY
 from store import evaluation, verdicts
-from store.errors import NotFound
+from store.errors import Conflict, NotFound
 from store.models import Policy, PolicyStatus, utcnow
 
 BASE_VERSION = 0
@@ -84,7 +84,9 @@ async def list_policies(session: AsyncSession, *, project: str | None = None,
                         policy: str = DEFAULT_POLICY) -> list[dict[str, Any]]:
     """The versions of `policy`, the base (0) first, each with `evaluation_traffic`: the final rewards of the
     evaluation rollouts it served (store/evaluation.py; with `project`, that project's and unowned rollouts
-    only). The base model's status is `active` when `policy` has no active version."""
+    only). The base model's status is `active` when `policy` has no active version. A project's key sees
+    neither a version's folder on the trainer's disk nor its step metrics (a shared policy's batches hold other
+    projects' rollouts: their rewards, counts and skips)."""
     policies = (await session.execute(
         select(Policy).where(Policy.policy == policy).order_by(Policy.version))).scalars().all()
     traffic = await evaluation.traffic_by_version(session, project=project)
@@ -99,7 +101,8 @@ async def list_policies(session: AsyncSession, *, project: str | None = None,
     return [base] + [
         {"version": p.version, "policy": p.policy, "name": p.name, "status": p.status,
          "parent_version": p.parent_version,
-         "path": p.path, "metrics": p.metrics, "evaluation": _evaluation(p, judged.get(p.version)),
+         "path": p.path if project is None else None, "metrics": p.metrics if project is None else None,
+         "evaluation": _evaluation(p, judged.get(p.version)),
          "evaluation_traffic": traffic.get(p.version, none),
          "agreement": (p.metrics or {}).get("served_agreement"),
          "created_at": p.created_at.isoformat() if p.created_at else None,
@@ -157,22 +160,40 @@ async def record_agreement(session: AsyncSession, version: int, agreement: dict[
         row.metrics = {**(row.metrics or {}), "served_agreement": agreement}
 
 
+async def retire_unserved(session: AsyncSession, version: int) -> str | None:
+    """Retire `version` if it is still a candidate or a canary (a gate kept it out); None when it was, else the
+    status it has now (an operator activated it meanwhile: it stays as they left it)."""
+    done = await session.execute(update(Policy).where(
+        Policy.version == version, Policy.status.in_([PolicyStatus.CANDIDATE, PolicyStatus.CANARY]))
+        .values(status=PolicyStatus.RETIRED))
+    if done.rowcount:
+        return None
+    return (await session.execute(select(Policy.status).where(Policy.version == version))).scalar_one_or_none()
+
+
 async def set_status(session: AsyncSession, version: int, status: str, **fields: Any) -> None:
     await session.execute(update(Policy).where(Policy.version == version).values(status=status, **fields))
 
 
-async def activate(session: AsyncSession, version: int, policy: str = DEFAULT_POLICY) -> None:
+async def activate(session: AsyncSession, version: int, policy: str = DEFAULT_POLICY, *,
+                   replacing: int | None = None) -> None:
     """Make `version` the one its policy serves (0: `policy` goes back to the base model); the version of
-    that policy that was active is retired."""
+    that policy that was active is retired. `replacing`: only if that version is the one active now (0: none),
+    else `Conflict` and nothing changes: a trainer publishing what it trained from v7 must not undo an
+    operator's rollback to v3 made while it trained."""
     if version != BASE_VERSION:
         row = await get_policy(session, version)
         if row.status == PolicyStatus.FAILED:
             raise NotFound(f"policy version {version} failed to load and cannot be activated")
         policy = row.policy
-    await session.execute(
+    retired = list((await session.execute(
         update(Policy).where(Policy.status == PolicyStatus.ACTIVE, Policy.policy == policy)
-        .values(status=PolicyStatus.RETIRED)
-    )
+        .values(status=PolicyStatus.RETIRED).returning(Policy.version)
+    )).scalars())
+    if replacing is not None and (retired[0] if retired else BASE_VERSION) != replacing:
+        active = retired[0] if retired else BASE_VERSION
+        raise Conflict(f"policy {policy!r} serves v{active} now, not v{replacing} (activated while v{version} was "
+                       f"trained from v{replacing}); v{version} is not made active")
     if version != BASE_VERSION:
         await session.flush()
         await set_status(session, version, PolicyStatus.ACTIVE, activated_at=utcnow())

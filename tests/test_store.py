@@ -125,6 +125,28 @@ async def test_one_active_policy_and_rollback_to_base(sessions):
         assert await policies.active_policy(session) == policies.BASE
 
 
+async def test_activation_that_expects_another_active_version_changes_nothing(sessions):
+    """A trainer publishes what it trained from the version it saw active; an operator's rollback since wins."""
+    async with sessions() as session, session.begin():
+        start = await policies.next_version(session)
+        for version in (start, start + 1):
+            await policies.add_candidate(session, version, f"/adapters/v{version}", parent_version=None,
+                                         base_model="m", metrics={"reward_mean": 0.5})
+        await policies.activate(session, start)
+    with pytest.raises(Conflict, match=f"serves v{start} now, not v0"):
+        async with sessions() as session, session.begin():
+            await policies.activate(session, start + 1, replacing=0)
+    async with sessions() as session, session.begin():
+        assert (await policies.active_policy(session)).version == start
+        listed = {p["version"]: p for p in await policies.list_policies(session)}
+        seen_by_a_project = {p["version"]: p for p in await policies.list_policies(session, project="alpha")}
+        assert listed[start]["status"] == "active" and listed[start + 1]["status"] == "candidate"
+        assert listed[start]["path"] == f"/adapters/v{start}" and listed[start]["metrics"] == {"reward_mean": 0.5}
+        assert seen_by_a_project[start]["path"] is None and seen_by_a_project[start]["metrics"] is None
+        await policies.activate(session, start + 1, replacing=start)
+        await policies.activate(session, 0)
+
+
 @pytest.mark.parametrize("values", [[i / 10 for i in range(12)], [0.5] * 12], ids=["different", "identical"])
 async def test_concurrent_final_rewards_close_a_rollout_once(sessions, values):
     """Twelve transactions (within the connection pool) that all read the rollout open before any of them

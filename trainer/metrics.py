@@ -102,6 +102,16 @@ class TrainerMetrics:
             "not-served, exit, timeout, no-score, not-started. Any increase needs an operator.", ["why"], registry=r)
         self.publish_failures = Counter("rlproxy_trainer_publish_failures_total", "Adapters that failed to load.",
                                         registry=r)
+        self.lost_leases = Counter(
+            "rlproxy_trainer_lost_leases_total",
+            "Steps not recorded because their rollouts were no longer leased to this trainer (the lease ran out "
+            "during the step, or another process with the same worker id took them). Any increase needs an "
+            "operator: raise lease_seconds, or give each trainer its own worker_id.", registry=r)
+        self.publish_declined = Counter(
+            "rlproxy_trainer_publish_declined_total",
+            "Trained versions not made active because the policy's active version changed while they trained "
+            "(an operator's activation or rollback): retired, and training goes on from the active one.",
+            registry=r)
         self.fleet = FleetMetrics(r)  # replicas its publishes left out of rotation (engine/fleet.py)
         # The proxy's evaluation reward metrics, for the rollouts this trainer marks by agent (--eval-agents);
         # the proxy counts those marked at creation or by header. Sum both jobs by policy.

@@ -15,6 +15,7 @@ from core.settings.train import DRAIN_SECONDS
 from engine import lifecycle
 from engine.adapters import AdapterError, EngineAdapters, LoadFailed
 from engine.fleet import FleetMetrics
+from store.errors import Conflict
 
 log = logging.getLogger("rlproxy.publish")
 
@@ -28,6 +29,7 @@ class Published:
     load_seconds: float
     error: str | None = None
     withheld: dict[str, str] = field(default_factory=dict)  # replica -> why it is out of rotation for it
+    declined: bool = False  # not made active: the policy's active version changed while it trained
 
 
 class Publisher:
@@ -40,15 +42,19 @@ class Publisher:
         self.metrics = metrics
         self.probe = probe  # False: the digest only (lifecycle.publish)
 
-    async def publish(self, version: int, path: str, *, activate: bool = True) -> Published:
+    async def publish(self, version: int, path: str, *, activate: bool = True,
+                      replacing: int | None = None) -> Published:
         """Publish recorded candidate `version`; `path` is its folder as recorded on its row, which is what is
-        loaded."""
+        loaded. `replacing`: the version it was trained from, which it replaces only if that still serves."""
         try:
             committed = await lifecycle.publish(self.sessions, self.adapters, version, activate=activate,
-                                                drain=self.drain, probe=self.probe, metrics=self.metrics)
+                                                drain=self.drain, probe=self.probe, metrics=self.metrics,
+                                                replacing=replacing)
         except AdapterError as exc:
             log.error("policy v%d not published: %s; the current policy keeps serving", version, exc)
             return Published(version, False, 0.0, str(exc))
+        except Conflict as exc:
+            return await self._declined(version, exc)
         withheld = {replica: str(error) for replica, error in committed.withheld.items()}
         if not activate:
             return Published(version, False, committed.seconds, withheld=withheld)
@@ -57,14 +63,26 @@ class Publisher:
         await self.unload_drained()
         return Published(version, True, committed.seconds, withheld=withheld)
 
-    async def activate(self, version: int) -> None:
+    async def activate(self, version: int, replacing: int | None = None) -> Published:
         """Make a published version the one served (a gate promoted it); the one it replaces is unloaded once
-        drained."""
-        await lifecycle.activate(self.sessions, self.adapters, version, drain=self.drain, metrics=self.metrics)
+        drained. `replacing`: only if that version still serves (else declined, as `publish`)."""
+        try:
+            await lifecycle.activate(self.sessions, self.adapters, version, drain=self.drain, metrics=self.metrics,
+                                     replacing=replacing)
+        except Conflict as exc:
+            return await self._declined(version, exc)
+        return Published(version, True, 0.0)
 
-    async def retire(self, version: int) -> None:
-        """A loaded version that will not serve (a gate kept it out): retired, and unloaded once drained."""
+    async def _declined(self, version: int, exc: Conflict) -> Published:
+        """An operator activated another version while this one trained: theirs serves; this one is retired."""
+        log.error("ALERT: %s; it is retired and training goes on from the version that serves", exc)
         await lifecycle.retire(self.sessions, version, drain=self.drain)
+        return Published(version, False, 0.0, str(exc), declined=True)
+
+    async def retire(self, version: int) -> bool:
+        """A loaded version that will not serve (a gate kept it out): retired, and unloaded once drained; False
+        when an operator made it active meanwhile (it stays)."""
+        return await lifecycle.retire(self.sessions, version, drain=self.drain)
 
     async def unload_drained(self) -> None:
         """Unload versions that stopped serving more than `drain_seconds` ago (`TrainerSettings.drain_seconds`)."""

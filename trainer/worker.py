@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import shutil
 import statistics
 import time
@@ -30,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from core.settings import TrainerSettings
 from store import policies, training
 from store.db import open_database, session_factory
+from store.errors import LeaseLost
 from store.models import utcnow
 from trainer.agreement import Agreement, AgreementWatch
 from trainer.batch import build_transitions
@@ -91,6 +93,10 @@ class TrainerWorker:
         self.steps = 0
         self.tokenizer = None  # only for token_source="retokenized"
         self.failures = FailedBatches()
+        # This run's lease owner: the worker id and a token, so that leases are fenced per process (a second
+        # process started with the same id takes back the first's leases, and the first's step is then not
+        # recorded, rather than both training the same rollouts).
+        self.lease_owner = f"{settings.worker_id}:{secrets.token_hex(4)}"
 
     async def start(self) -> None:
         async with self.sessions() as session, session.begin():
@@ -141,13 +147,19 @@ class TrainerWorker:
         rollout_ids = await self._claim()
         if not rollout_ids:
             return False
-        if self.collective.world_size > 1:
-            return await self._train(rollout_ids)
         try:
             return await self._train(rollout_ids)
+        except LeaseLost as exc:
+            self.loaded = None  # the weights hold the unrecorded update: the next step loads its parent again
+            self.metrics.lost_leases.inc()
+            log.error("ALERT: %s: its lease ran out during the step (lease_seconds) or another trainer with worker "
+                      "id %r took its rollouts; whoever holds them trains them", exc, self.settings.worker_id)
+            return True
         except NOT_THE_BATCH:
             raise
         except Exception as exc:  # noqa: BLE001 — a batch this trainer cannot digest (trainer/failures.py)
+            if self.collective.world_size > 1:
+                raise  # other ranks may be inside the step's collective: torchrun stops them all
             await self._failed(rollout_ids, exc)
             return True
 
@@ -158,9 +170,15 @@ class TrainerWorker:
         again = self.failures.failed_before(rollout_ids)
         async with self.sessions() as session, session.begin():
             if not again:
-                await training.release_untrained(session, self.settings.worker_id)
+                await training.release(session, rollout_ids, self.lease_owner)
             else:
-                await training.record_step(session, rollout_ids, self.settings.worker_id, policy_version=None,
+                try:
+                    await training.hold_leases(session, rollout_ids, self.lease_owner)
+                except LeaseLost:  # another trainer holds them now: theirs to train or set aside
+                    log.exception("a step over %d rollouts failed twice, and they are no longer this trainer's",
+                                  len(rollout_ids))
+                    return
+                await training.record_step(session, rollout_ids, self.lease_owner, policy_version=None,
                                            transition_count=0, metrics={"failed": describe(exc),
                                                                         "skipped": {STEP_FAILED: len(rollout_ids)}})
         if not again:
@@ -176,6 +194,9 @@ class TrainerWorker:
             if self.settings.training.token_source == "retokenized":
                 await self._retokenize(session, rollouts)
             lineages = {name: await policies.lineage(session, name) for name in self.lines}
+            serving = {name: await policies.active_policy(session, name) for name in self.lines}
+        for line in self.lines.values():
+            await self._follow(line, serving[line.policy])
         rewards = [r.reward for r in rollouts]
         self.metrics.reward_mean.set(statistics.fmean(rewards))
         self.metrics.reward_std.set(statistics.pstdev(rewards))
@@ -233,6 +254,18 @@ class TrainerWorker:
             await self._publish(new.line, new.version, new.path, began)
         return True
 
+    async def _follow(self, line: Line, active: policies.ActivePolicy) -> None:
+        """Train from the version that serves: an operator who activated another one (a rollback) while this
+        trainer ran is followed, not undone by the next publish."""
+        if active.version == line.parent_version:
+            return
+        log.warning("policy %r serves v%d, not v%d that this trainer last published (an operator's activation): "
+                    "training goes on from v%d", line.policy, active.version, line.parent_version, active.version)
+        line.parent_version, line.parent_path = active.version, Path(active.path) if active.path else None
+        self._observe_version(line)
+        if self.loaded == line.policy:
+            self.loaded = None  # _switch_to loads it before the line's next step
+
     async def _switch_to(self, line: Line) -> None:
         """Put `line`'s adapter (and optimizer state) in the model, unless it is there already."""
         if self.loaded != line.policy:
@@ -279,7 +312,7 @@ class TrainerWorker:
                                                   settle_s=wanted.settle_s)
             if not ready:
                 return []
-            return await training.lease(session, ready, self.settings.worker_id, self.settings.lease_seconds,
+            return await training.lease(session, ready, self.lease_owner, self.settings.lease_seconds,
                                         judged=judged)
 
     async def _save(self) -> tuple[int, Path]:
@@ -297,23 +330,25 @@ class TrainerWorker:
                       skipped: dict[str, dict[str, int]], lags: Staleness) -> None:
         """Record each new version and mark the rollouts trained, in one transaction (a step per version)."""
         async with self.sessions() as session, session.begin():
+            await training.hold_leases(session, rollout_ids, self.lease_owner)
             for new in trained:
                 if new.agreement is not None:
                     await policies.record_agreement(session, new.agreement.version, new.agreement.as_dict())
                 await policies.add_candidate(session, new.version, str(new.path), policy=new.line.policy,
                                              parent_version=new.line.parent_version,
                                              base_model=str(self.model_path), metrics=new.metrics)
-                await training.record_step(session, rollout_ids, self.settings.worker_id, policy_version=new.version,
+                await training.record_step(session, rollout_ids, self.lease_owner, policy_version=new.version,
                                            transition_count=new.transitions, metrics=new.metrics)
             if not trained:
-                await training.record_step(session, rollout_ids, self.settings.worker_id, policy_version=None,
+                await training.record_step(session, rollout_ids, self.lease_owner, policy_version=None,
                                            transition_count=0,
                                            metrics={"skipped": _merged(skipped), "staleness": lags.as_dict()})
 
     async def _publish(self, line: Line, version: int, path: Path, step_began: float) -> None:
-        published = await self.publisher.publish(version, str(path), activate=self.on_published is None)
+        published = await self.publisher.publish(version, str(path), activate=self.on_published is None,
+                                                 replacing=line.parent_version)
         if published.error is not None:
-            self.metrics.publish_failures.inc()
+            (self.metrics.publish_declined if published.declined else self.metrics.publish_failures).inc()
             await self._revert(line)
             return
         if self.on_published is not None and not published.activated:
@@ -321,7 +356,10 @@ class TrainerWorker:
             if decision is None:  # the gate was interrupted: the version stays a candidate for the next run
                 return
             if decision:
-                await self.publisher.activate(version)
+                if (await self.publisher.activate(version, replacing=line.parent_version)).declined:
+                    self.metrics.publish_declined.inc()
+                    await self._revert(line)
+                    return
             else:
                 await self.publisher.retire(version)
                 await self._revert(line)
