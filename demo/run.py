@@ -17,6 +17,7 @@ import contextlib
 import json
 import logging
 import random
+import secrets
 import signal
 import statistics
 import time
@@ -27,9 +28,10 @@ from pathlib import Path
 import aiohttp
 import openai
 from aiohttp import web
+from pydantic import SecretStr
 
 from core.hardware import fast_bf16
-from core.settings import EngineSettings, ProxySettings, RunSettings, TrainerSettings, WriterSettings
+from core.settings import AuthSettings, EngineSettings, ProxySettings, RunSettings, TrainerSettings, WriterSettings
 from core.settings.demo import AGENT, PROBE_AGENT, DemoSettings
 from demo.agent import AIR_TEXT_ACTION, AIR_TEXT_ERROR, run_episode
 from demo.evaluate import HeldoutResult, evaluate_heldout
@@ -94,6 +96,7 @@ class Demo:
         self.progress = Progress()
         self.report = report or Report()  # what the user sees (demo/report.py); by default only the log
         self.engine: Engine | None = None  # the engine the demo started, if it started one
+        self.engine_key: SecretStr | None = None  # the key it requires (an engine given by --upstream: none)
         self.stop = asyncio.Event()
         self.agents_may_run = asyncio.Event()  # cleared while a candidate is evaluated: the engine is all its
         self.agents_may_run.set()
@@ -126,8 +129,11 @@ class Demo:
         upstream = self.settings.upstream
         # vLLM's CPU LoRA kernels gather each token's adapter weights padded to max_lora_rank: no padding.
         # 1 GiB of KV cache holds 46k tokens; the demo never has more than ~7k in flight (docs/memory.md)
+        # The engine's own key: the episodes' agents run on this machine, and without it any of them could load
+        # weights into the engine under the served adapter's name. Only the proxy and the trainer hold it.
         engine_settings = EngineSettings(port=self.settings.engine_port, max_model_len=2048, kv_cache_gib=1,
-                                         max_loras=4, max_lora_rank=lora_rank_slot(self.settings.training.lora_rank))
+                                         max_loras=4, max_lora_rank=lora_rank_slot(self.settings.training.lora_rank),
+                                         engine_key=SecretStr(secrets.token_urlsafe(32)))
         for warning in preflight(self.settings.proxy_port, None if upstream else engine_settings):
             log.warning(warning)  # shown as one line (demo/output.py Alerts), kept in rlproxy.log
         first = not is_prepared(default_model_dir())
@@ -142,6 +148,7 @@ class Demo:
         dtype = "bfloat16" if fast_bf16() else "float32"
         # log_prefix "": its lines go as printed to engine.log (demo/output.py)
         self.engine = Engine(engine_settings, model_path=model_path, dtype=dtype, log_prefix="")
+        self.engine_key = engine_settings.engine_key
         async with engine_phases(self.engine, self.report), self.engine as engine:
             await self._loop(engine.base_url, engine.served_model_name, model_path)
             self._note("stopping the engine")
@@ -154,6 +161,7 @@ class Demo:
             await self._restore(proxy, served)
             trainer = TrainerWorker(
                 TrainerSettings(database_url=self.settings.database_url, upstreams=(engine_url,),
+                                upstream_api_key=self.engine_key,
                                 adapters_dir=self.settings.workdir / "rlproxy-adapters", metrics_port=None,
                                 worker_id="demo-trainer", training=self.settings.training),
                 model_path, on_published=lambda v: self._gate(engine_url, v),
@@ -206,7 +214,8 @@ class Demo:
                                  air=self.settings.air, policy_refresh_interval=0.5,
                                  # the agent's text protocol: a failed CALC/LOOKUP earns its call a tool_error
                                  air_text_action=AIR_TEXT_ACTION, air_text_error=AIR_TEXT_ERROR,
-                                 writer=WriterSettings(spool_path=workdir / "rlproxy-spool.jsonl"))
+                                 writer=WriterSettings(spool_path=workdir / "rlproxy-spool.jsonl"),
+                                 auth=AuthSettings(upstream_api_key=self.engine_key))
         runner = web.AppRunner(build_app(settings), handler_cancellation=True, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", self.settings.proxy_port).start()
@@ -308,6 +317,7 @@ class Demo:
         self._note(f"scoring candidate v{version} on {self.settings.heldout} tasks of the gate split")
         gate = CommandGate(TrainerSettings(
             database_url=self.settings.database_url, upstreams=(engine_url,), metrics_port=None, gate="command",
+            upstream_api_key=self.engine_key,
             gate_margin=self.settings.gate_margin,
             eval_command=command(tasks=self.settings.heldout, seed=self.settings.task_seed,
                                  concurrency=2 * self.settings.concurrency)))

@@ -138,6 +138,8 @@ def engine_env(settings: EngineSettings, base: dict[str, str] | None = None) -> 
     """The engine's environment: `base` (default: ours) plus what runtime LoRA and the CPU KV cache need."""
     env = dict(os.environ if base is None else base)
     env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
+    if settings.engine_key is not None:  # vLLM's --api-key, kept out of the process list
+        env["VLLM_API_KEY"] = settings.engine_key.get_secret_value()
     env["VLLM_CPU_KVCACHE_SPACE"] = str(settings.kv_cache_gib)  # read by the CPU backend only
     env["PYTHONUNBUFFERED"] = "1"
     # One unpinned compute thread (see the module docstring). Both are ignored by CUDA builds' GPU paths.

@@ -124,6 +124,12 @@ class Engine:
         return served_name(self.settings, self.model_path)
 
     @property
+    def auth_headers(self) -> dict[str, str]:
+        """What a client of this engine sends (its key, when it requires one)."""
+        key = self.settings.engine_key
+        return {"Authorization": f"Bearer {key.get_secret_value()}"} if key is not None else {}
+
+    @property
     def pid(self) -> int | None:
         """Pid of the engine's process group leader (the guard whose child is vLLM), also the group id."""
         return self._proc.pid if self._proc else None
@@ -201,8 +207,9 @@ class Engine:
 
     def _probe(self, timeout: float = 2.0) -> bool:
         """One readiness check: True when /v1/models answers 200 listing the served name."""
+        request = urllib.request.Request(self.base_url + "/v1/models", headers=self.auth_headers)
         try:
-            with urllib.request.urlopen(self.base_url + "/v1/models", timeout=timeout) as response:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
                 if response.status != 200:
                     return False
                 body = json.loads(response.read())

@@ -17,6 +17,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 
 from core.settings import EngineSettings
 from engine.local import (
@@ -39,9 +40,10 @@ needs_vllm = pytest.mark.skipif(not vllm_available(), reason="vLLM is not instal
 
 
 # -- helpers -------------------------------------------------------------------------------------------
-def http(method: str, url: str, body: dict | None = None, timeout: float = 120.0) -> tuple[int, bytes]:
+def http(method: str, url: str, body: dict | None = None, timeout: float = 120.0,
+         headers: dict[str, str] | None = None) -> tuple[int, bytes]:
     data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method)
+    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
     if data is not None:
         request.add_header("Content-Type", "application/json")
     try:
@@ -254,14 +256,20 @@ def test_engine_dies_with_its_parent(tmp_path):
 @pytest.mark.engine
 @needs_vllm
 async def test_real_engine_starts_and_stops_without_leaving_processes():
-    """A second, short-lived real engine: `async with` start, then every process of its group is gone."""
-    settings = small_engine_settings()
+    """A second, short-lived real engine: `async with` start, then every process of its group is gone. It has
+    an engine key: without it nothing under /v1 answers, runtime LoRA loading included (any local process,
+    an agent among them, could otherwise load weights under a served adapter's name)."""
+    settings = small_engine_settings().model_copy(update={"engine_key": SecretStr("engine-secret")})
     async with Engine(settings, model_path=prepare_model()) as engine:
         pgid = engine.pid
         names = [open(f"/proc/{pid}/comm").read().strip() for pid, _ in live_members(pgid)]
         assert len(names) >= 2, names  # the API server and vLLM's engine-core/worker processes
-        status, body = http("GET", engine.base_url + "/v1/models")
+        assert "engine-secret" not in " ".join(open(f"/proc/{pid}/cmdline").read() for pid, _ in live_members(pgid))
+        status, body = http("GET", engine.base_url + "/v1/models", headers=engine.auth_headers)
         assert status == 200 and json.loads(body)["data"][0]["id"] == engine.served_model_name
+        assert http("GET", engine.base_url + "/v1/models")[0] == 401
+        load = {"lora_name": "rlproxy-v1", "lora_path": "/tmp", "load_inplace": True}
+        assert http("POST", engine.base_url + "/v1/load_lora_adapter", load)[0] == 401
     assert engine.returncode is not None
     assert not live_members(pgid), live_members(pgid)
 

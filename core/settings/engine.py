@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from core.settings.base import CommandSettings
 
@@ -21,3 +21,9 @@ class EngineSettings(CommandSettings):
     startup_timeout: float = Field(600.0, description="Seconds to wait for the engine to answer.")
     extra_args: tuple[str, ...] = Field((), description="One more argument passed to vLLM as it is (repeat).",
                                         json_schema_extra={"flag": "engine-arg", "split": False})
+    engine_key: SecretStr | None = Field(
+        None,
+        description="Bearer key the engine requires on its /v1 routes, runtime LoRA loading included (given to vLLM "
+                    "in its environment, not on its command line). Without one any process that reaches the "
+                    "engine's port can load weights under a served adapter's name; the proxy and the trainer send "
+                    "it as upstream_api_key (RLPROXY_UPSTREAM_API_KEY).")

@@ -48,9 +48,16 @@ def serve(**params) -> None:
 
 def engine_settings(settings: ProxySettings) -> EngineSettings:
     """The local engine's settings, with room for every named policy's adapters: an active version and a
-    candidate or canary each, plus one stopped version draining."""
+    candidate or canary each, plus one stopped version draining. It requires the key the proxy sends
+    (upstream_api_key), which the trainer reads from the same variable (RLPROXY_UPSTREAM_API_KEY)."""
     default = EngineSettings()
-    return default.model_copy(update={"max_loras": max(default.max_loras, 2 * len(settings.routing().policies()) + 1)})
+    key = settings.auth.upstream_api_key
+    if key is None:
+        click.echo("rlproxy serve: the local engine takes no key (set RLPROXY_UPSTREAM_API_KEY for rlproxy serve and "
+                   "rlproxy train): any process on this machine that reaches its port can load weights under a "
+                   "served adapter's name", err=True)
+    return default.model_copy(update={"max_loras": max(default.max_loras, 2 * len(settings.routing().policies()) + 1),
+                                      "engine_key": key})
 
 
 def _refuse_open_network(settings: ProxySettings) -> None:
@@ -95,6 +102,9 @@ def engine(**params) -> None:
     """Start and supervise a local vLLM with runtime LoRA loading; stops cleanly on SIGTERM or Ctrl-C."""
     require("engine", "engine")
     settings = ENGINE_FLAGS.build(params)
+    if settings.engine_key is None:
+        click.echo("rlproxy engine: no --engine-key (RLPROXY_ENGINE_KEY): any process that reaches this port can "
+                   "load weights under a served adapter's name", err=True)
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
     with Engine(settings) as running:
