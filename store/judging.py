@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import and_, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from rewards.judge import RecordedCall, combined_reward
+from rewards.judge import TRAJECTORY_CALLS, RecordedCall, combined_reward
 from store import rewards as reward_rows
 from store.errors import Conflict
 from store.models import Call, Reward, RewardKind, Rollout, RolloutStatus, utcnow
@@ -30,6 +30,9 @@ class IdleRollout:
     task_id: str | None
     last_call_at: datetime
     posted: float | None = None  # judge+posted: the reward the agent posted
+    # The tenant: groups never mix projects (trainer/judge.py `ready_groups`), since one relative prompt shows
+    # every member's trajectory to the judge and its reply is stored with each member.
+    project: str | None = None
 
 
 async def idle_open_rollouts(session: AsyncSession, idle_before: datetime, *, skip: Collection[str] = (),
@@ -39,22 +42,31 @@ async def idle_open_rollouts(session: AsyncSession, idle_before: datetime, *, sk
     since then. Least recently active first; `skip`: rollouts the judge has given up on."""
     last_call = func.max(func.coalesce(Call.finished_at, Call.started_at))
     recent_reward = select(Reward.id).where(Reward.rollout_id == Rollout.id, Reward.created_at >= idle_before)
-    query = (select(Rollout.id, Rollout.task_id, last_call.label("last_call_at"))
+    query = (select(Rollout.id, Rollout.task_id, last_call.label("last_call_at"), Rollout.project)
              .join(Call, Call.rollout_id == Rollout.id)
              .where(Rollout.status == RolloutStatus.OPEN, ~Rollout.eval, ~recent_reward.exists())
-             .group_by(Rollout.id, Rollout.task_id)
+             .group_by(Rollout.id, Rollout.task_id, Rollout.project)
              .having(last_call < idle_before)
              .order_by(last_call).limit(limit))
     if skip:
         query = query.where(Rollout.id.notin_(list(skip)))
-    return [IdleRollout(*row) for row in (await session.execute(query)).all()]
+    return [IdleRollout(rollout_id, task_id, moment, project=project)
+            for rollout_id, task_id, moment, project in (await session.execute(query)).all()]
 
 
-async def recorded_calls(session: AsyncSession, rollout_ids: list[str]) -> dict[str, list[RecordedCall]]:
-    """rollout id -> its calls (every status: a failed call is part of what the agent went through), in order."""
+async def recorded_calls(session: AsyncSession, rollout_ids: list[str],
+                         max_calls: int = TRAJECTORY_CALLS) -> dict[str, list[RecordedCall]]:
+    """rollout id -> its calls (every status: a failed call is part of what the agent went through), in order:
+    the latest `max_calls` of each. The bound is in the query, so a runaway agent's thousands of calls are never
+    loaded (their bodies are the largest thing in the store); the latest call resends the history anyway."""
+    latest_first = func.row_number().over(partition_by=Call.rollout_id,
+                                          order_by=(Call.seq.desc().nulls_first(), Call.started_at.desc()))
+    ranked = (select(Call.rollout_id, Call.route, Call.request, Call.response, Call.agent,
+                     latest_first.label("rank"))
+              .where(Call.rollout_id.in_(rollout_ids)).subquery())
     rows = await session.execute(
-        select(Call.rollout_id, Call.route, Call.request, Call.response, Call.agent)
-        .where(Call.rollout_id.in_(rollout_ids)).order_by(Call.rollout_id, Call.seq, Call.started_at))
+        select(ranked.c.rollout_id, ranked.c.route, ranked.c.request, ranked.c.response, ranked.c.agent)
+        .where(ranked.c.rank <= max_calls).order_by(ranked.c.rollout_id, ranked.c.rank.desc()))
     calls: dict[str, list[RecordedCall]] = {rollout_id: [] for rollout_id in rollout_ids}
     for rollout_id, route, request, response, agent in rows:
         calls[rollout_id].append(RecordedCall(route, request, response, agent))
@@ -105,11 +117,13 @@ async def held_posted_rollouts(session: AsyncSession, owner: str, idle_before: d
     """The rollouts `hold_posted` holds whose last call is before `idle_before`, with their posted reward."""
     last_call = func.max(func.coalesce(Call.finished_at, Call.started_at))
     rows = await session.execute(
-        select(Rollout.id, Rollout.task_id, last_call, Rollout.reward).join(Call, Call.rollout_id == Rollout.id)
+        select(Rollout.id, Rollout.task_id, last_call, Rollout.reward, Rollout.project)
+        .join(Call, Call.rollout_id == Rollout.id)
         .where(_unjudged_posted(owner, utcnow()), Rollout.lease_owner == owner)
-        .group_by(Rollout.id, Rollout.task_id, Rollout.reward).having(last_call < idle_before)
+        .group_by(Rollout.id, Rollout.task_id, Rollout.reward, Rollout.project).having(last_call < idle_before)
         .order_by(last_call).limit(limit))
-    return [IdleRollout(rollout_id, task_id, moment, posted) for rollout_id, task_id, moment, posted in rows]
+    return [IdleRollout(rollout_id, task_id, moment, posted, project)
+            for rollout_id, task_id, moment, posted, project in rows]
 
 
 async def weigh_posted_with_judge(session: AsyncSession, rollout_id: str, owner: str, score: float,
@@ -132,7 +146,9 @@ async def weigh_posted_with_judge(session: AsyncSession, rollout_id: str, owner:
 
 async def release_held(session: AsyncSession, rollout_ids: list[str], owner: str, why: str = "") -> int:
     """Give up on weighing these: they train on their posted reward alone, which a `judge_unscored` final reward
-    row (the posted value, `why` in its metadata) records. Returns how many were released."""
+    row (the posted value, `why` in its metadata) records. Returns how many were released. The rollout's tenant
+    reads that row (GET /rollouts/{id}): `why` is an outcome code (trainer/judge.py), never the judge's URL, its
+    error body or its reply, which may quote another trajectory."""
     held = (await session.execute(
         select(Rollout.id, Rollout.reward).where(Rollout.id.in_(rollout_ids), Rollout.lease_owner == owner,
                                                  Rollout.status == RolloutStatus.FINISHED, Rollout.trained_at.is_(None))

@@ -44,15 +44,22 @@ def test_a_good_reply_gives_each_trajectory_its_score_as_given():
     assert scores["1"].explanation == "right"
 
 
-def test_the_json_may_sit_in_a_fence_or_after_a_sentence():
-    fenced = 'Here you go:\n```json\n{"scores": [{"id": "1", "score": 1}]}\n```\nDone.'
-    prose = 'My verdict: {"scores": [{"id": "1", "score": 0.5}]}'
+def test_the_json_is_the_whole_reply_or_one_fence_that_is():
+    """Nothing may come before or after the verdict: a reply that quotes a trajectory's JSON (or the judge's own
+    draft) and then gives its own is refused rather than read by guessing which block is the verdict."""
+    fenced = '\n```json\n{"scores": [{"id": "1", "score": 1}]}\n```\n'
+    bare = ' {"scores": [{"id": "1", "score": 0.5}]}\n'
     assert parse_scores(fenced, ["1"])["1"].value == 1.0
-    assert parse_scores(prose, ["1"])["1"].value == 0.5
+    assert parse_scores(bare, ["1"])["1"].value == 0.5
+    for extra in ('Here you go:\n```json\n{"scores": [{"id": "1", "score": 1}]}\n```',
+                  '```json\n{"scores": [{"id": "1", "score": 1}]}\n```\nDone.',
+                  'My verdict: {"scores": [{"id": "1", "score": 0.5}]}'):
+        with pytest.raises(JudgeOutputError):
+            parse_scores(extra, ["1"])
 
 
 @pytest.mark.parametrize("reply, complaint", [
-    ("They all look fine.", "no JSON object"),
+    ("They all look fine.", "not one JSON object"),
     ('{"scores": [{"id": "1", "score": 1}', "not valid JSON"),  # a reply cut off by max_tokens
     ('{"verdicts": []}', 'no "scores" list'),
     ('{"scores": [{"id": "1", "score": 1}]}', "missing ['2']"),
@@ -96,7 +103,7 @@ def test_the_request_numbers_the_trajectories_and_carries_the_rubric():
     messages = judge_messages("t1", ["[assistant] a", "[assistant] b"], rubric="Shorter is better.")
     user = messages[-1]["content"]
     assert '<trajectory id="1">\n[assistant] a\n</trajectory>' in user and '<trajectory id="2">' in user
-    assert "Shorter is better." in user and "Task: t1" in user
+    assert "Shorter is better." in user and 'Task: "t1"' in user
     assert '"scores"' in messages[0]["content"]
 
 

@@ -3,11 +3,15 @@ posted reward are scored by an LLM judge that compares the trajectories of one t
 reward code still teaches. Run between training steps by trainer/housekeeping.py.
 
 One run: find the rollouts whose agent has been silent for `judge_idle_s` (no call, no reward) and that still
-have no final reward; group them by task as the trainer does (a group of `group_size`, or a smaller one that
-waited `group_timeout_s`); for each group ask the judge (up to `judge_attempts` times) and store every score as
+have no final reward; group them by project and task as the trainer does (a group of `group_size`, or a smaller
+one that waited `group_timeout_s`); for each group ask the judge (up to `judge_attempts` times) and store every score as
 the rollout's final reward, closing it as `POST /reward` does. A group the judge cannot score is left alone (it
 expires by `reward_ttl_s`): no score is ever made up. Judge requests go straight to the judge, never through the
 proxy, so they are never recorded as policy calls. There is no default judge (`usage_problem`).
+
+What a tenant reads back (GET /rollouts/{id}) is only its own: a group never spans projects, a score's metadata
+names the member's place in its group (not the other members' ids), and a failure is stored as an outcome code;
+the judge's URL, error bodies and replies go to the log, the URL without its credentials.
 """
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from pathlib import Path
 
 import aiohttp
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from yarl import URL
 
 from core.errors import RlproxyError
 from core.settings import TrainerSettings
@@ -67,23 +72,36 @@ def usage_problem(settings: TrainerSettings) -> str | None:
 
 
 class JudgeUnreachable(RlproxyError, RuntimeError):
-    """The judge did not answer (connection, timeout, a 429 or 5xx): worth another attempt."""
+    """The judge did not answer (connection, timeout, a 429 or 5xx): worth another attempt. `code` is what may be
+    stored where a tenant reads it (`judge_timeout`, `judge_http_error status 503`); the message is for the log."""
+
+    def __init__(self, detail: str, code: str = "judge_unreachable") -> None:
+        super().__init__(detail)
+        self.code = code
 
 
 class JudgeRefused(RlproxyError, RuntimeError):
     """The judge answered the request with an error of ours (4xx: too long a prompt, an unknown model)."""
+
+    def __init__(self, detail: str, code: str = "judge_refused") -> None:
+        super().__init__(detail)
+        self.code = code
 
 
 def ready_groups(rollouts: Sequence[IdleRollout], group_size: int, group_timeout_s: float,
                  now: datetime) -> list[list[IdleRollout]]:
     """Task groups to judge now: each full `group_size` of a task, or all of a task's rollouts once the first
     of them has been idle `group_timeout_s` (as the trainer takes groups). A rollout without a task is judged
-    alone: there is nothing to compare it with, but the rubric still applies."""
-    by_task: dict[str | None, list[IdleRollout]] = defaultdict(list)
+    alone: there is nothing to compare it with, but the rubric still applies.
+
+    A task is one project's: task ids are often shared names (a benchmark's `gsm8k-17`), and a group shows the
+    judge every member's trajectory and stores its reply with each member, so two tenants' rollouts of one task
+    id are two groups (rollouts with no project are a pool of their own, as on a proxy without --auth)."""
+    by_task: dict[tuple[str | None, str | None], list[IdleRollout]] = defaultdict(list)
     for rollout in sorted(rollouts, key=lambda r: r.last_call_at):
-        by_task[rollout.task_id].append(rollout)
+        by_task[(rollout.project, rollout.task_id)].append(rollout)
     groups: list[list[IdleRollout]] = []
-    for task_id, members in by_task.items():
+    for (_, task_id), members in by_task.items():
         if task_id is None:
             groups.extend([member] for member in members)
             continue
@@ -110,6 +128,7 @@ class JudgeJob:
             raise ValueError(problem)
         self.rubric = _read_rubric(settings.judge_rubric)
         self.url = settings.judge_url.rstrip("/")
+        self.where, self._secrets = _loggable(self.url)  # the URL as logged and recorded: no userinfo, no query
         # an engine as the judge (a capable base model) takes the engines' key unless the judge has its own
         on_engine = any(self.url.startswith(upstream.rstrip("/") + "/") for upstream in settings.upstreams)
         key = settings.judge_api_key or (settings.upstream_api_key if on_engine else None)
@@ -148,22 +167,27 @@ class JudgeJob:
             if all(only_redacted(text) for text in texts):  # a proxy runs with --redact-content: nothing to read
                 raise JudgeRefused("the recorded text is redacted (rlproxy serve --redact-content), so no judge can "
                                    "read it: run rlproxy train with --redact-content too, which refuses --reward "
-                                   f"{self.settings.reward} at start-up, or record the text")
+                                   f"{self.settings.reward} at start-up, or record the text", "judge_redacted")
             scores = await self._scores(messages, trajectory_ids(len(ids)))
         except (JudgeOutputError, JudgeUnreachable, JudgeRefused) as exc:
             outcome = {JudgeOutputError: "bad_output", JudgeUnreachable: "unreachable",
                        JudgeRefused: "refused"}[type(exc)]
             self.metrics.judge_groups.labels(outcome).inc()
             log.warning("judge gave no scores for task %r (%d rollouts) after %d attempts: %s", group[0].task_id,
-                        len(ids), self.settings.judge_attempts, exc)
-            await self._give_up(group, retry_later=outcome == "unreachable", why=f"{outcome}: {exc}")
+                        len(ids), self.settings.judge_attempts, self._scrub(str(exc)))
+            # Stored where the group's tenant reads it: the outcome code only. The message may hold the judge's
+            # error body or its reply (which can quote a trajectory), so it stays in the log.
+            code = exc.code if isinstance(exc, (JudgeUnreachable, JudgeRefused)) else "judge_unparseable"
+            await self._give_up(group, retry_later=outcome == "unreachable", why=f"{outcome}: {code}")
             return 0
         stored = 0
         async with self.sessions() as session, session.begin():
             for rollout, key in zip(group, trajectory_ids(len(ids))):
                 score = scores[key]
+                # The member's place in its group, not the others' ids. The group is one project's (ready_groups),
+                # and the judge is asked to explain each trajectory on its own, so its explanation stays here.
                 metadata = {"source": "judge", "explanation": score.explanation, "judge_model": self.model,
-                            "group": ids}
+                            "group": {"position": int(key), "size": len(ids)}}
                 if rollout.posted is None:
                     done = await judging.close_with_judge_score(session, rollout.id, score.value, metadata)
                 else:
@@ -188,7 +212,8 @@ class JudgeJob:
                     return parse_scores(await self._ask(client, messages), ids)
                 except (JudgeOutputError, JudgeUnreachable) as exc:
                     error = exc
-                    log.info("judge attempt %d of %d: %s", attempt + 1, self.settings.judge_attempts, exc)
+                    log.info("judge attempt %d of %d: %s", attempt + 1, self.settings.judge_attempts,
+                             self._scrub(str(exc)))
         assert error is not None
         raise error
 
@@ -200,15 +225,20 @@ class JudgeJob:
             if self.settings.judge_max_tokens:
                 body["max_tokens"] = self.settings.judge_max_tokens
             began, started = time.perf_counter(), utcnow()
-            async with client.post(f"{self.url}/chat/completions", json=body) as response:
+            async with client.post(_endpoint(self.url, "chat/completions"), json=body) as response:
+                code = f"judge_http_error status {response.status}"
                 if response.status == 429 or response.status >= 500:
-                    raise JudgeUnreachable(f"{self.url} answered {response.status}: {(await response.text())[:200]}")
+                    raise JudgeUnreachable(f"{self.where} answered {response.status}: "
+                                           f"{(await response.text(errors='replace'))[:200]}", code)
                 if response.status >= 400:
-                    raise JudgeRefused(f"{self.url} refused the request ({response.status}): "
-                                       f"{(await response.text())[:200]}")
+                    raise JudgeRefused(f"{self.where} refused the request ({response.status}): "
+                                       f"{(await response.text(errors='replace'))[:200]}", code)
                 raw = await response.text(errors="replace")
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise JudgeUnreachable(f"{self.url}: {exc!r}") from None
+        except asyncio.TimeoutError:  # (before ClientError: aiohttp's own timeouts are both)
+            raise JudgeUnreachable(f"{self.where}: no answer within {self.settings.judge_timeout_s} s",
+                                   "judge_timeout") from None
+        except aiohttp.ClientError as exc:
+            raise JudgeUnreachable(self._scrub(f"{self.where}: {exc!r}"), "judge_connection_error") from None
         try:
             payload = json.loads(raw)
         except ValueError:
@@ -216,7 +246,7 @@ class JudgeJob:
             # counted and retried like a reply that breaks the contract, never a crash of the trainer.
             kept = {"body": raw[:10_000].replace("\x00", "\\u0000")}  # on record; JSONB holds no NUL
             await self._record(body, kept, started, time.perf_counter() - began)
-            raise JudgeOutputError(f"{self.url} answered 200 with a body that is not JSON: {raw[:200]!r}") from None
+            raise JudgeOutputError(f"{self.where} answered 200 with a body that is not JSON: {raw[:200]!r}") from None
         await self._record(body, payload, started, time.perf_counter() - began)
         try:
             content = payload["choices"][0]["message"]["content"]
@@ -230,7 +260,7 @@ class JudgeJob:
         """Keep the judge's call in `calls`, for the record: outside any rollout and any policy (agent
         `rlproxy-judge`), so no trainer ever claims or trains on it; pruned like other loose calls."""
         record = CallRecord(id=uuid.uuid4().hex, route="chat", started_at=started, agent=JUDGE_AGENT,
-                            model=self.model, upstream_model=self.model, upstream=self.url, request=request,
+                            model=self.model, upstream_model=self.model, upstream=self.where, request=request,
                             response=response if isinstance(response, dict) else {"body": response},
                             http_status=200, latency_ms=seconds * 1000, finished_at=utcnow(), complete=True)
         async with self.sessions() as session, session.begin():
@@ -239,9 +269,10 @@ class JudgeJob:
     async def _first_model(self, client: aiohttp.ClientSession) -> str:
         """The judge's base model, by the one rule for reading a model list (engine/model_list.py): the first entry
         that adapts no other, so a judge serving LoRA adapters is asked as its base model."""
-        async with client.get(f"{self.url}/models") as response:
+        async with client.get(_endpoint(self.url, "models")) as response:
             if response.status != 200:
-                raise JudgeUnreachable(f"{self.url}/models answered {response.status}; set --judge-model")
+                raise JudgeUnreachable(f"{self.where}/models answered {response.status}; set --judge-model",
+                                       f"judge_models_error status {response.status}")
             raw = await response.text(errors="replace")
         try:
             models = json.loads(raw)["data"]
@@ -249,11 +280,13 @@ class JudgeJob:
                                                        for model in models):
                 raise TypeError("not a list of models")
         except (ValueError, LookupError, TypeError):
-            raise JudgeRefused(f"{self.url}/models is not an OpenAI model list ({raw[:100]!r}); is --judge-url an "
-                               f"OpenAI-compatible base URL ending in /v1? Else set --judge-model") from None
+            raise JudgeRefused(f"{self.where}/models is not an OpenAI model list ({raw[:100]!r}); is --judge-url an "
+                               f"OpenAI-compatible base URL ending in /v1? Else set --judge-model",
+                               "judge_models_unreadable") from None
         name = base_model_name(models)
         if name is None:
-            raise JudgeUnreachable(f"{self.url}/models lists no base model; set --judge-model")
+            raise JudgeUnreachable(f"{self.where}/models lists no base model; set --judge-model",
+                                   "judge_models_unreadable")
         return name
 
     async def _give_up(self, group: list[IdleRollout], *, retry_later: bool, why: str) -> None:
@@ -272,14 +305,39 @@ class JudgeJob:
         otherwise fill the log every run), posted rollouts released. The database may be what failed, so this
         may fail too; then the hold simply runs out."""
         try:
-            await self._give_up(group, retry_later=False, why="error: the judge job failed")
+            await self._give_up(group, retry_later=False, why="error: judge_error")
         except Exception as exc:  # noqa: BLE001
             log.warning("could not release the held rollouts of task %r: %s", group[0].task_id, exc)
+
+    def _scrub(self, text: str) -> str:
+        """A log line without the judge URL's password or query (which may carry a key)."""
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return text
 
     def _forget_expired(self) -> None:
         """Given-up rollouts are remembered until they have surely expired (or restarted trainers forget)."""
         horizon = time.monotonic() - max(self.settings.reward_ttl_s, 3600.0)
         self.given_up = {rollout_id: at for rollout_id, at in self.given_up.items() if at > horizon}
+
+
+def _endpoint(url: str, path: str) -> str:
+    """`path` under the judge's base URL, before its query (a gateway's `?api-version=`, or a key) if it has one."""
+    base, mark, query = url.partition("?")
+    return f"{base.rstrip('/')}/{path}{mark}{query}"
+
+
+def _loggable(url: str) -> tuple[str, list[str]]:
+    """The judge URL as it may be logged and recorded (no user, password, query or fragment), and the secrets
+    to blank out of messages that quote it anyway (an aiohttp error's repr)."""
+    try:
+        parsed = URL(url)
+        shown = str(parsed.with_user(None).with_query(None).with_fragment(None))
+        secrets = [part for part in (parsed.password, parsed.raw_password, parsed.query_string,
+                                     parsed.raw_query_string) if part]
+    except (ValueError, TypeError):
+        return "(the judge URL)", [url]
+    return shown, sorted(set(secrets), key=len, reverse=True)
 
 
 def _read_rubric(path: Path | None) -> str | None:
