@@ -4,6 +4,7 @@ from __future__ import annotations
 import asyncio
 
 from alembic import context
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from store.db import open_database
@@ -11,6 +12,7 @@ from store.models import Base
 
 config = context.config
 target_metadata = Base.metadata
+MIGRATION_LOCK = 0x726C70726F7879  # "rlproxy": one advisory lock key for every process that migrates
 
 
 def _run(connection: Connection) -> None:
@@ -21,6 +23,11 @@ def _run(connection: Connection) -> None:
         compare_type=True,
     )
     with context.begin_transaction():
+        if connection.dialect.name == "postgresql":
+            # Several proxies (and the trainer) migrate as they start: one at a time, each reading the version
+            # only once the one before it has committed, so the second finds nothing left to do instead of
+            # failing halfway through the same DDL.
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
         context.run_migrations()
 
 

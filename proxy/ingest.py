@@ -19,6 +19,7 @@ from proxy.policy import PolicyRouter
 from proxy.reward_budget import check_call_rewards
 from proxy.span_rewards import (
     IGNORED_NO_ROLLOUT,
+    REJECTED,
     IGNORED_NOTHING_TO_SCORE,
     SpanResult,
     ToolWeights,
@@ -69,7 +70,9 @@ class RewardIngest:
         results: list[SpanResult] = []
         by_rollout: dict[str, list[SpanFacts]] = defaultdict(list)
         for span in spans:
-            if span.rollout_id is None:
+            if span.rollout_id is None and span.reward_error is not None:  # a reward for a rollout it cannot name
+                results.append(SpanResult(REJECTED, f"span {span.span_id}: {span.reward_error}"))
+            elif span.rollout_id is None:
                 results.append(SpanResult(IGNORED_NO_ROLLOUT))
             elif not has_rewards(span, self.weights):
                 results.append(SpanResult(IGNORED_NOTHING_TO_SCORE))

@@ -217,20 +217,31 @@ def export_response(rejected: int, error_message: str) -> ExportTraceServiceResp
 def span_facts(request: ExportTraceServiceRequest) -> list[SpanFacts]:
     facts = []
     for resource_spans in request.resource_spans:
-        resource_rollout = _text(_attributes(resource_spans.resource.attributes).get(ROLLOUT_ID))
+        resource_rollout = _attributes(resource_spans.resource.attributes).get(ROLLOUT_ID)
         for scope_spans in resource_spans.scope_spans:
             for span in scope_spans.spans:
                 facts.append(_facts(span, resource_rollout))
     return facts
 
 
-def _facts(span: Span, resource_rollout: str | None) -> SpanFacts:
+def _facts(span: Span, resource_rollout: AnyValue | None) -> SpanFacts:
     attributes = _attributes(span.attributes)
-    rollout_id = _text(attributes.get(ROLLOUT_ID)) or resource_rollout
+    named = attributes.get(ROLLOUT_ID) or resource_rollout
+    rollout_id = _text(named)
+    reward, reward_error = _reward(attributes)
     if rollout_id is not None and not is_valid_id(rollout_id):
         rollout_id = None  # not an id the proxy could have handed out; such spans are counted as unlinked
+    # A span that carries a reward and names its rollout or call in a form that cannot be one (a number, an id
+    # no proxy hands out), or has no trace or span id to keep it once, is refused, not taken and dropped: the
+    # exporter is told in `partial_success` that its reward went nowhere.
+    carries = REWARD in attributes or REWARD_FINAL in attributes
+    if carries and named is not None and rollout_id is None:
+        reward_error = reward_error or f"{ROLLOUT_ID} must be a rollout id as a string"
+    if carries and CALL_ID in attributes and _text(attributes.get(CALL_ID)) is None:
+        reward_error = reward_error or f"{CALL_ID} must be a call id as a string"
+    if carries and (len(span.trace_id) != 16 or len(span.span_id) != 8):
+        reward_error = reward_error or "a span carrying a reward needs its 16-byte trace id and 8-byte span id"
     is_tool = _text(attributes.get(OPERATION)) == EXECUTE_TOOL
-    reward, reward_error = _reward(attributes)
     final_flag, flag = None, attributes.get(REWARD_FINAL)
     if flag is not None:
         if flag.WhichOneof("value") == "bool_value":

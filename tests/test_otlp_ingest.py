@@ -312,6 +312,24 @@ def test_spans_that_name_no_rollout_are_taken_and_ignored(proxy: Proxy):
     assert proxy.spans_counted("ignored_no_rollout") == ignored + 2
 
 
+@pytest.mark.parametrize("attributes, words", [
+    ({"rlproxy.rollout_id": 12345}, "rlproxy.rollout_id must be a rollout id"),
+    ({"rlproxy.rollout_id": "not a rollout id!"}, "rlproxy.rollout_id must be a rollout id"),
+    ({"rlproxy.call_id": 7}, "rlproxy.call_id must be a call id"),
+], ids=["number-for-rollout", "malformed-rollout", "number-for-call"])
+def test_a_reward_whose_rollout_or_call_cannot_be_named_is_refused_not_dropped(proxy: Proxy, attributes, words):
+    """The exporter is told its reward went nowhere (before: taken as a span of no rollout, or given to the
+    rollout's latest call, and counted as success)."""
+    episode = run_agent(proxy)
+    agent = Agent(proxy, proxy.alpha)
+    named = {"rlproxy.rollout_id": episode.rollout_id, "rlproxy.reward": 0.5, **attributes}  # no baggage: as given
+    with agent.tracer.start_as_current_span("judge", attributes=named):
+        pass
+    answer = post_spans(proxy, agent.spans(), proxy.alpha)
+    assert answer.partial_success.rejected_spans >= 1 and words in answer.partial_success.error_message
+    assert [r for r in proxy.rollout(episode.rollout_id)["rewards"] if r["kind"] == "call"] == []
+
+
 def test_gzip_compressed_exports_are_read(proxy: Proxy):
     episode = run_agent(proxy)
     agent = Agent(proxy, proxy.alpha, compression=Compression.Gzip)

@@ -149,9 +149,11 @@ async def run_command(template: str, *, base_url: str, model: str, version: int,
     stderr: list[str] = []
     readers = asyncio.gather(_pump(process.stdout, stdout, version, "out"),
                              _pump(process.stderr, stderr, version, "err"))
+    began = time.monotonic()
     try:
         await asyncio.wait_for(asyncio.shield(readers), timeout)
-        returncode = await process.wait()
+        # a command that closed its output and went on running is still within the same bound
+        returncode = await asyncio.wait_for(process.wait(), max(0.0, timeout - (time.monotonic() - began)))
     except asyncio.TimeoutError:
         await _kill(process)
         readers.cancel()
