@@ -5,6 +5,8 @@ import asyncio
 import logging
 
 from aiohttp import web
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 
 from core.log_redaction import redact_keys_in
 from core.settings import ProxySettings
@@ -17,7 +19,7 @@ from proxy.boundary import RequestBoundary
 from proxy.dialects import DIALECTS
 from proxy.dialects.messages_objects import error_body as anthropic_error_body
 from proxy.endpoints import register
-from proxy.errors import ConflictError, Forbidden, NotFoundError, ProxyError, json_response
+from proxy.errors import ConflictError, Forbidden, NotFoundError, ProxyError, StoreUnavailable, json_response
 from proxy.http_server import Router, use_guarded_handler, valid_host
 from proxy.ingest import RewardIngest
 from proxy.metrics import ProxyMetrics
@@ -55,6 +57,10 @@ async def api_errors(request: web.Request, handler):
         error = ConflictError(str(exc))
     except store_errors.NotYours as exc:
         error = Forbidden(str(exc))
+    except (OperationalError, InterfaceError, SQLAlchemyTimeout, ConnectionRefusedError) as exc:
+        log.warning("the database did not answer %s %s: %s", request.method, request.path, exc)
+        error = StoreUnavailable("the database did not answer; try again shortly")
+        error.headers = {"Retry-After": "1"}
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

@@ -62,3 +62,23 @@ def test_a_database_outage_under_load_loses_nothing(stub_url, private_postgres, 
     assert acknowledged_at_stop > 20 and result.client_errors == {}
     assert result.lost == 0 and result.stored == result.acknowledged == result.sent
     assert result.bad_rollouts == []
+
+
+def test_reads_and_reports_while_the_database_is_down_are_503_never_500(stub_url, private_postgres,
+                                                                         private_database_url, tmp_path):
+    """What the proxy cannot answer without the database is "try again shortly" (503 store_unavailable,
+    Retry-After), not an internal error: agents' clients and the web view retry a 503."""
+    with running_proxy([stub_url], private_database_url, tmp_path, "proxy") as url:
+        rollout = requests.post(url + "/rollouts", json={"task_id": "t"}, timeout=10).json()
+        private_postgres.stop()
+        try:
+            answers = {path: requests.get(url + path, timeout=30) for path in
+                       ("/policies", "/ui/api/rollouts", "/ui/api/tasks/t", f"/rollouts/{rollout['rollout_id']}")}
+            answers["POST /reward"] = requests.post(url + "/reward", json={"rollout_id": rollout["rollout_id"],
+                                                                          "reward": 1.0}, timeout=30)
+        finally:
+            private_postgres.start()
+    for what, answer in answers.items():
+        assert answer.status_code == 503, (what, answer.status_code, answer.text)
+        assert answer.json()["error"]["code"] == "store_unavailable", (what, answer.text)
+        assert answer.headers.get("Retry-After"), what
