@@ -250,10 +250,40 @@ async def waiting_rollouts(session: AsyncSession, agents: Sequence[str] = ()) ->
         select(func.count()).select_from(Rollout).where(_trainable(agents)))).scalar_one())
 
 
-async def finished_rollout_ids(session: AsyncSession, *, include_trained: bool, offset: int,
-                               limit: int) -> list[str]:
-    """A page of finished rollouts' ids, oldest finished first (`rlproxy export`)."""
-    query = select(Rollout.id).where(Rollout.status == RolloutStatus.FINISHED)
-    if not include_trained:
-        query = query.where(Rollout.trained_at.is_(None))
-    return list((await session.execute(query.order_by(Rollout.finished_at).offset(offset).limit(limit))).scalars())
+def _finished(include_trained: bool):
+    finished = Rollout.status == RolloutStatus.FINISHED
+    return finished if include_trained else and_(finished, Rollout.trained_at.is_(None))
+
+
+async def finished_groups(session: AsyncSession, *, include_trained: bool, after: tuple[str, str] | None,
+                          limit: int) -> list[tuple[str | None, str]]:
+    """A page of the (project, task) groups of finished rollouts with a task, in that order, after `after` (the
+    last of the page before): whole groups, so an export computes each group's advantages over all of it, and
+    keyed, so rows written or trained meanwhile neither skip nor repeat a group (`rlproxy export`)."""
+    project, task = func.coalesce(Rollout.project, ""), Rollout.task_id
+    query = select(project, task).where(_finished(include_trained), task.is_not(None)).group_by(project, task)
+    if after is not None:
+        query = query.where(or_(project > after[0], and_(project == after[0], task > after[1])))
+    rows = (await session.execute(query.order_by(project, task).limit(limit))).all()
+    return [(p or None, t) for p, t in rows]
+
+
+async def finished_in_groups(session: AsyncSession, groups: list[tuple[str | None, str]], *,
+                             include_trained: bool) -> list[str]:
+    """The finished rollouts of `groups`, oldest finished first."""
+    if not groups:
+        return []
+    query = select(Rollout.id).where(_finished(include_trained), or_(
+        *(_group_is(Rollout.project, Rollout.task_id, project, task) for project, task in groups)))
+    return list((await session.execute(query.order_by(Rollout.finished_at, Rollout.id))).scalars())
+
+
+async def finished_without_task(session: AsyncSession, *, include_trained: bool,
+                                after: tuple[datetime, str] | None, limit: int) -> list[tuple[datetime, str]]:
+    """A page of finished rollouts that name no task, as (finished_at, id), after `after` (keyed, as above)."""
+    query = select(Rollout.finished_at, Rollout.id).where(_finished(include_trained), Rollout.task_id.is_(None))
+    if after is not None:
+        query = query.where(or_(Rollout.finished_at > after[0],
+                                and_(Rollout.finished_at == after[0], Rollout.id > after[1])))
+    return [tuple(row) for row in
+            (await session.execute(query.order_by(Rollout.finished_at, Rollout.id).limit(limit))).all()]

@@ -60,3 +60,25 @@ def test_export_reads_responses_and_messages_calls_like_chat(proxy_url, database
         assert row["prompt_ids"] == call["prompt_token_ids"] and row["completion_ids"] == call["completion_token_ids"]
         assert row["completion_text"] == [texts[call_id]]
         assert (row["advantage"] > 0) == (row["reward"] == 1.0)
+
+
+def test_export_pages_hold_whole_groups_and_every_rollout_once(own_database_url, monkeypatch):
+    """Pages of one group each: a group split between two pages would be given two baselines. Each group's
+    advantages are its own (GRPO: they sum to zero), and no rollout is missed or written twice."""
+    import asyncio
+    import io
+    from collections import defaultdict
+
+    from tests.test_trainer_worker import record_episodes
+    from trainer import export
+
+    ids = asyncio.run(record_episodes(own_database_url, groups=3, group_size=4, calls=1))
+    monkeypatch.setattr(export, "GROUPS_PER_PAGE", 1)
+    out = io.BytesIO()
+    written = asyncio.run(export.export_transitions(own_database_url, out))
+    rows = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert written == len(rows) == 12 and sorted(row["rollout_id"] for row in rows) == sorted(ids)
+    by_group = defaultdict(list)
+    for index, row in enumerate(rows):
+        by_group[ids.index(row["rollout_id"]) // 4].append(row["advantage"])
+    assert all(abs(sum(advantages)) < 1e-6 and len(advantages) == 4 for advantages in by_group.values())

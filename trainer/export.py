@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import IO
 
@@ -13,11 +14,12 @@ from core.settings import TrainingSettings
 from core.text import completion_text
 from store.db import open_database, session_factory
 from store.calls import completion_responses
-from store.training import finished_rollout_ids, load_rollouts
+from store.training import finished_groups, finished_in_groups, finished_without_task, load_rollouts
 from trainer.batch import build_transitions
 from trainer.transitions import SkipReasons
 
 PAGE = 200
+GROUPS_PER_PAGE = 25  # about PAGE rollouts in groups of 8
 
 
 async def export_transitions(database_url: str, out: IO[bytes], *, config: TrainingSettings | None = None,
@@ -28,16 +30,10 @@ async def export_transitions(database_url: str, out: IO[bytes], *, config: Train
     sessions = session_factory(database)
     written = 0
     try:
-        offset = 0
-        while True:
+        async for ids in _pages(sessions, include_trained):
             async with sessions() as session:
-                ids = await finished_rollout_ids(session, include_trained=include_trained, offset=offset,
-                                                 limit=PAGE)
-                if not ids:
-                    return written
                 rollouts = await load_rollouts(session, ids)
                 texts = await _completion_texts(session, ids)
-            offset += len(ids)
             rewards = {r.id: r.reward for r in rollouts}
             for t in build_transitions(rollouts, config, active_version=0, skips=SkipReasons(), keep_zero=True):
                 out.write(orjson.dumps({
@@ -48,8 +44,35 @@ async def export_transitions(database_url: str, out: IO[bytes], *, config: Train
                     "reward": rewards.get(t.rollout_id), "advantage": t.advantage,
                 }) + b"\n")
                 written += 1
+        return written
     finally:
         await database.dispose()
+
+
+async def _pages(sessions, include_trained: bool) -> AsyncIterator[list[str]]:
+    """The rollouts to export, a page at a time: whole (project, task) groups first (a group split between
+    pages would get two baselines), then the rollouts with no task. Keyed pages: rollouts trained or stored
+    while the export runs neither skip nor repeat one."""
+    after_group = None
+    while True:
+        async with sessions() as session:
+            groups = await finished_groups(session, include_trained=include_trained, after=after_group,
+                                           limit=GROUPS_PER_PAGE)
+            ids = await finished_in_groups(session, groups, include_trained=include_trained)
+        if not groups:
+            break
+        after_group = (groups[-1][0] or "", groups[-1][1])
+        if ids:
+            yield ids
+    after_row = None
+    while True:
+        async with sessions() as session:
+            rows = await finished_without_task(session, include_trained=include_trained, after=after_row,
+                                               limit=PAGE)
+        if not rows:
+            return
+        after_row = rows[-1]
+        yield [rollout_id for _, rollout_id in rows]
 
 
 async def _completion_texts(session, rollout_ids: list[str]) -> dict[str, str | None]:
