@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.learning_runs import cpu_model  # noqa: E402
 from testkit.processes import fresh_database, free_port, running, running_proxy, stub_command  # noqa: E402
+from store.browse import TOTAL_CAP  # noqa: E402
 
 BIG = "big-rollout"
 
@@ -107,7 +108,9 @@ def main() -> None:
         with running(stub_command(port), stub + "/health", log_path=run_dir / "stub.log"), \
                 running_proxy([stub], database_url, run_dir) as proxy, sync_playwright() as p:
             browser = p.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
-            total = f"{args.rollouts + 1} rollouts; page 1"
+            # the list counts up to store.browse.TOTAL_CAP, then says "more than"
+            total = (f"{args.rollouts + 1} rollouts; page 1" if args.rollouts + 1 <= TOTAL_CAP
+                     else f"more than {TOTAL_CAP} rollouts; page 1")
             pages = {
                 "rollout list, first page": timed(browser, f"{proxy}/ui/#/rollouts",
                                                   lambda page: page.get_by_text(total).wait_for(), args.repeat),

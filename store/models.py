@@ -139,6 +139,13 @@ class Rollout(Base):
             postgresql_where=text("status = 'open'"),
             sqlite_where=text("status = 'open'"),
         ),
+        # The web view's list in each of its orders, for all projects and for one (store/browse.py ORDERINGS), and
+        # a task's newest attempts (migration 0011). The reward order is the expression the list sorts by.
+        Index("ix_rollouts_created", "created_at", "id"),
+        Index("ix_rollouts_reward", text("coalesce(reward, CAST('-1e+308' AS FLOAT))"), "id"),
+        Index("ix_rollouts_project_created", "project", "created_at", "id"),
+        Index("ix_rollouts_project_reward", "project", text("coalesce(reward, CAST('-1e+308' AS FLOAT))"), "id"),
+        Index("ix_rollouts_task_created", "task_id", "created_at", "id"),
     )
 
 
@@ -171,7 +178,9 @@ class Call(Base):
     prefix_kind: Mapped[str | None] = mapped_column(String(16))
     latency_ms: Mapped[float | None] = mapped_column(Float)
     ttft_ms: Mapped[float | None] = mapped_column(Float)
-    # what changed the sampled distribution from the recorded raw log-probs (proxy/sampling.py); None: nothing
+    # why the recorded raw log-probs are not the behaviour the trainer can compute: what changed the sampled
+    # distribution (proxy/sampling.py), or `media=<part>` for an image, audio or video in the prompt
+    # (proxy/boundary.py); None: nothing
     sampling: Mapped[str | None] = mapped_column(String(64))
     started_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
     finished_at: Mapped[datetime | None] = mapped_column(Timestamp)

@@ -8,29 +8,45 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import BLOB, Text, cast, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from store.errors import NotFound
 from store.models import Call, CallChoice, Reward, Rollout, RolloutEvent
 
-MAX_PAGE = 1000  # calls per page (docs/contract.md): a page of agent calls stays tens of MiB at most
+MAX_PAGE = 1000  # calls per page (docs/contract.md)
+# A page asked for with `max_bytes` (the web view: PAGE_BYTES) also ends once its calls' stored size passes the
+# bound: a call's request and response are whatever the agent sent and the engine answered, up to the body limit
+# (64 MiB) each, so a page bounded by call count alone is bounded by nothing a server can hold or a browser show.
+PAGE_BYTES = 8 * 1024 * 1024
+# Calls measured per query: the database renders each measured body as text to measure it (about 200 MB/s), so the
+# first query measures few, and later ones about as many as the calls seen so far say still fit.
+FIRST_CHUNK = 4
+MAX_CHUNK = 64
+CALL_OVERHEAD = 1024  # bytes of a call's JSON besides its bodies and token lists (ids, times, route, ...)
 
 
 async def get_rollout(session: AsyncSession, rollout_id: str, *, project: str | None = None,
-                      limit: int | None = None, after: int | None = None) -> dict[str, Any]:
+                      limit: int | None = None, after: int | None = None, max_bytes: int | None = None,
+                      with_metadata: bool = True) -> dict[str, Any]:
     """The rollout with one page of its calls: at most `limit` (and `MAX_PAGE`) calls whose `seq` is above
-    `after` (from the first without it), with their rewards and the rollout's own, and `next`."""
+    `after` (from the first without it), with their rewards and the rollout's own, and `next`. With `max_bytes`,
+    the page also ends before the call that would take its stored size past `max_bytes` (it holds one call at
+    least). Without `with_metadata`, `metadata` is None and the events are not read (a later page's caller has
+    them from the first)."""
     rollout = await session.get(Rollout, rollout_id)
     if rollout is None or (project is not None and rollout.project not in (None, project)):
         raise NotFound(f"rollout {rollout_id!r} does not exist")
     page = min(limit or MAX_PAGE, MAX_PAGE)
-    query = select(Call).where(Call.rollout_id == rollout_id)
-    if after is not None:
-        query = query.where(Call.seq > after)
-    calls = list((await session.execute(query.order_by(Call.seq).limit(page + 1))).scalars())
-    following = calls[page - 1].seq if len(calls) > page else None
-    calls = calls[:page]
+    if max_bytes is None:
+        query = select(Call).where(Call.rollout_id == rollout_id)
+        if after is not None:
+            query = query.where(Call.seq > after)
+        calls = list((await session.execute(query.order_by(Call.seq).limit(page + 1))).scalars())
+        following = calls[page - 1].seq if len(calls) > page else None
+        calls = calls[:page]
+    else:
+        calls, following = await _calls_within(session, rollout_id, after, page, max_bytes)
     choices: dict[str, list[CallChoice]] = {c.id: [] for c in calls}
     if calls:
         rows = await session.execute(
@@ -41,10 +57,12 @@ async def get_rollout(session: AsyncSession, rollout_id: str, *, project: str | 
     rewards = (await session.execute(
         select(Reward).where(Reward.rollout_id == rollout_id, or_(own, Reward.call_id.in_(list(choices))) if calls
                              else own).order_by(Reward.id))).scalars()
-    events = await rollout_events(session, rollout)
-    metadata = dict(rollout.metadata_) if isinstance(rollout.metadata_, dict) else rollout.metadata_
-    if events:
-        metadata = {**(metadata or {}), "events": events}
+    metadata = None
+    if with_metadata:
+        events = await rollout_events(session, rollout)
+        metadata = dict(rollout.metadata_) if isinstance(rollout.metadata_, dict) else rollout.metadata_
+        if events:
+            metadata = {**(metadata or {}), "events": events}
     return {
         "rollout_id": rollout.id,
         "task_id": rollout.task_id,
@@ -65,6 +83,60 @@ async def get_rollout(session: AsyncSession, rollout_id: str, *, project: str | 
         ],
         "next": following,
     }
+
+
+def _stored_size(dialect: str):
+    """A call's size in its JSON form, as the database can tell it without sending the call: its bodies as text,
+    its error, and its token lists (prompt ids; each completion token twice, as an id and a log-prob, in
+    `completion_*` and in `choices`). Not `pg_column_size`: that is the compressed size, and a body of one
+    repeated character compresses a hundredfold."""
+    if dialect == "postgresql":
+        def length(column):
+            return func.coalesce(func.octet_length(cast(column, Text)), 0)
+        prompt = func.coalesce(func.cardinality(Call.prompt_token_ids), 0)
+    else:  # SQLite keeps JSON as text; length() of a BLOB counts bytes
+        def length(column):
+            return func.coalesce(func.length(cast(column, BLOB)), 0)
+        prompt = func.coalesce(func.json_array_length(Call.prompt_token_ids), 0)
+    return (length(Call.request) + length(Call.response) + length(Call.error) + 8 * prompt
+            + 48 * func.coalesce(Call.completion_tokens, 0) + CALL_OVERHEAD)
+
+
+async def _calls_within(session: AsyncSession, rollout_id: str, after: int | None, page: int,
+                        max_bytes: int) -> tuple[list[Call], int | None]:
+    """The calls after `after`, in `seq` order, up to `page` of them and `max_bytes` of stored size (one call at
+    least), and the `next` cursor. Sizes are measured a few calls at a time, so a page of large calls renders few
+    bodies past its end in the database to find out, whatever `page` is."""
+    size = _stored_size(session.get_bind().dialect.name)
+    later = [Call.rollout_id == rollout_id]
+    chosen: list[int] = []
+    used = 0
+    following = None
+    while True:
+        after_last = later + ([Call.seq > (chosen[-1] if chosen else after)] if chosen or after is not None else [])
+        if len(chosen) == page:  # full by count: is there a call after it? (not measured: it is not sent)
+            more = (await session.execute(select(Call.seq).where(*after_last).limit(1))).first()
+            following = chosen[-1] if more is not None else None
+            break
+        # as many as the average so far says still fit, and one more to find the end (or the next page)
+        fit = (max_bytes - used) // max(1, used // len(chosen)) + 1 if chosen else FIRST_CHUNK
+        want = max(1, min(fit, MAX_CHUNK, page - len(chosen)))
+        rows = list((await session.execute(
+            select(Call.seq, size).where(*after_last).order_by(Call.seq).limit(want))).all())
+        for seq, bytes_ in rows:
+            if chosen and used + bytes_ > max_bytes:
+                following = chosen[-1]
+                break
+            chosen.append(seq)
+            used += bytes_
+        if following is not None or len(rows) < want:  # full by size, or the rollout's last call is in
+            break
+    if not chosen:
+        return [], None
+    calls = list((await session.execute(
+        select(Call).where(Call.rollout_id == rollout_id, Call.seq >= chosen[0], Call.seq <= chosen[-1])
+        .order_by(Call.seq))).scalars())
+    return calls, following
 
 
 async def rollout_events(session: AsyncSession, rollout: Rollout) -> list[Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from importlib import resources
 from typing import Any
@@ -18,12 +19,13 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
 from proxy.endpoints import Answer, Endpoint
-from proxy.errors import InvalidRequest, NotFoundError
+from proxy.errors import InvalidRequest, NotFoundError, StoreUnavailable
 from proxy.state import state
-from rewards.advantages import grpo
 from store import browse
 
-ASSETS = {"app.js": "text/javascript", "style.css": "text/css"}
+# The script is ES modules: app.js imports the others (plain files, no build step).
+ASSETS = {"app.js": "text/javascript", "common.js": "text/javascript", "turns.js": "text/javascript",
+          "policies.js": "text/javascript", "style.css": "text/css"}
 # The page loads only its own script and style and talks only to this server: injected markup could not run or
 # send anything anywhere, and no other site may frame it.
 SECURITY_HEADERS = {
@@ -116,17 +118,28 @@ def _filter(request: web.Request) -> browse.RolloutFilter:
 
 
 # --- the JSON routes ----------------------------------------------------------------------------------------------
-async def list_rollouts(request: web.Request) -> web.Response:
-    sort = _text(request, "sort", 16) or "newest"
-    limit = _number(request, "limit", int, 1, browse.MAX_PAGE) or 50
-    app = state(request)
-    await app.writer.sync()  # calls acknowledged a moment ago are listed too
+@asynccontextmanager
+async def _reading(request: web.Request):
+    """A session for one answer; a query past the web view's time limit (store/browse.py) is the store's 503."""
     try:
-        async with app.sessions() as session:
-            page_ = await browse.list_rollouts(session, request.get("project"), _filter(request), sort=sort,
-                                               limit=limit, cursor=_text(request, "cursor", 1024))
+        async with state(request).sessions() as session:
+            yield session
+    except browse.TooSlow as exc:
+        raise StoreUnavailable(str(exc)) from None
+
+
+async def list_rollouts(request: web.Request) -> web.Response:
+    # Everything the request says is checked before the writer is asked to catch up: a refused query costs nothing
+    # and puts nothing on the writer's queue.
+    limit = _number(request, "limit", int, 1, browse.MAX_PAGE) or 50
+    filters = _filter(request)
+    try:
+        query = browse.check_list_query(_text(request, "sort", 16) or "newest", limit, _text(request, "cursor", 1024))
     except browse.BadQuery as exc:
         raise InvalidRequest(str(exc)) from None
+    await state(request).writer.sync()  # calls acknowledged a moment ago are listed too
+    async with _reading(request) as session:
+        page_ = await browse.list_rollouts(session, request.get("project"), filters, query)
     return await _json(page_)
 
 
@@ -134,30 +147,30 @@ async def rollout_calls(request: web.Request) -> web.Response:
     rollout_id = request.match_info["rollout_id"]
     after = _number(request, "after", int, -1, 2**31 - 1)
     limit = _number(request, "limit", int, 1, browse.MAX_PAGE) or 20
-    app = state(request)
-    await app.writer.sync()
-    async with app.sessions() as session:
-        found = None if "\x00" in rollout_id else await browse.rollout_page(
-            session, request.get("project"), rollout_id, after=-1 if after is None else after, limit=limit)
+    if "\x00" in rollout_id:  # the store cannot hold NUL, so no such rollout exists
+        raise NotFoundError(f"rollout {rollout_id!r} does not exist")
+    await state(request).writer.sync()
+    async with _reading(request) as session:
+        found = await browse.rollout_page(session, request.get("project"), rollout_id,
+                                          after=-1 if after is None else after, limit=limit)
     if found is None:
         raise NotFoundError(f"rollout {rollout_id!r} does not exist")
     return await _json(found)
 
 
 async def task_attempts(request: web.Request) -> web.Response:
-    """The attempts of one task with the group-relative advantage GRPO gives each finished one."""
-    task_id = request.match_info["task_id"]
+    """The attempts of one task, newest first, with the group-relative advantage GRPO gives each finished one that
+    is not evaluation traffic (store/browse.py task_group)."""
+    # `?task_id=` names a task the path cannot: browsers resolve a path segment `.` or `..` (also written %2E)
+    # away before the request leaves, so the view asks for those as `tasks/-?task_id=..`.
+    task_id = _text(request, "task_id") or request.match_info["task_id"]
     if "\x00" in task_id:
         raise NotFoundError(f"task {task_id!r} has no rollouts")
-    app = state(request)
-    async with app.sessions() as session:
-        attempts = await browse.task_group(session, request.get("project"), task_id)
-    if not attempts:
+    async with _reading(request) as session:
+        group = await browse.task_group(session, request.get("project"), task_id)
+    if not group["data"]:
         raise NotFoundError(f"task {task_id!r} has no rollouts")
-    rewarded = [a for a in attempts if a["reward"] is not None and a["status"] == "finished"]
-    for attempt, advantage in zip(rewarded, grpo([a["reward"] for a in rewarded])):
-        attempt["advantage"] = advantage
-    return await _json({"task_id": task_id, "data": attempts, "estimator": "grpo"})
+    return await _json({"task_id": task_id, "estimator": "grpo", **group})
 
 
 # --- documentation -----------------------------------------------------------------------------------------------
@@ -168,7 +181,8 @@ class _Open(BaseModel):
 class UiRolloutPage(_Open):
     data: list[dict[str, Any]]
     next: str | None
-    total: int
+    total: int | None  # on the first page only (no cursor): how many match, up to browse.TOTAL_CAP
+    total_exact: bool | None  # false: more than `total` match
 
 
 class UiRolloutCalls(_Open):
@@ -182,6 +196,7 @@ class UiTaskAttempts(_Open):
     task_id: str
     data: list[dict[str, Any]]
     estimator: str
+    truncated: bool  # more attempts than browse.MAX_GROUP: the oldest are not listed
 
 
 _STRING = {"type": "string"}
@@ -197,6 +212,8 @@ LIST_QUERY = {
     "limit": {"type": "integer", "minimum": 1, "maximum": browse.MAX_PAGE},
     "cursor": _STRING | {"description": "The `next` of the previous page."},
 }
+TASK_QUERY = {"task_id": _STRING | {"description": "The task, in place of the path's: for `.` and `..`, which a "
+                                                  "browser resolves away in a path."}}
 CALLS_QUERY = {"after": {"type": "integer", "minimum": -1, "maximum": 2**31 - 1,
                          "description": "Calls after this seq (the previous page's `next`)."},
                "limit": {"type": "integer", "minimum": 1, "maximum": browse.MAX_PAGE}}
@@ -204,13 +221,15 @@ CALLS_QUERY = {"after": {"type": "integer", "minimum": -1, "maximum": 2**31 - 1,
 ENDPOINTS = [
     Endpoint("get", "/ui/", page, "The web view (read-only; it asks for a key and reads the routes below)",
              {200: Answer("The page.", media=("text/html",))}, access="public"),
-    Endpoint("get", "/ui/assets/{name}", asset, "The web view's script and style", {200: Answer("The file.", media=tuple(ASSETS.values()))},
-             (404,), access="public", path_params={"name": {"type": "string", "enum": list(ASSETS)}}),
+    Endpoint("get", "/ui/assets/{name}", asset, "The web view's script and style",
+             {200: Answer("The file.", media=tuple(dict.fromkeys(ASSETS.values())))}, (404,), access="public",
+             path_params={"name": {"type": "string", "enum": list(ASSETS)}}),
     Endpoint("get", "/ui/api/rollouts", list_rollouts, "Rollouts, filtered and sorted, a keyset page at a time",
              {200: Answer("A page.", UiRolloutPage)}, (400, 503), query_params=LIST_QUERY),
     Endpoint("get", "/ui/api/rollouts/{rollout_id}", rollout_calls, "One rollout with its rewards and a page of "
              "its calls", {200: Answer("The rollout.", UiRolloutCalls)}, (400, 404, 503),
              path_params={"rollout_id": _STRING}, query_params=CALLS_QUERY),
     Endpoint("get", "/ui/api/tasks/{task_id}", task_attempts, "The attempts of one task and their advantages",
-             {200: Answer("The group.", UiTaskAttempts)}, (404, 503), path_params={"task_id": _STRING}),
+             {200: Answer("The group.", UiTaskAttempts)}, (400, 404, 503), path_params={"task_id": _STRING},
+             query_params=TASK_QUERY),
 ]
