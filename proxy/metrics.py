@@ -10,6 +10,12 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 
 REWARD_BUCKETS = (-1, -0.5, 0, 0.25, 0.5, 0.75, 1, 2, 5)
 
 
+# Series labelled by a policy version are kept for the versions that serve and the newest this many: rewards for a
+# rollout arrive after its version stopped serving, but each step makes a new version, and a series per version kept
+# forever grows the scrape (and Prometheus's index) without bound over weeks of training.
+KEPT_VERSIONS = 8
+
+
 class ProxyMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
@@ -96,13 +102,43 @@ class ProxyMetrics:
             self.policy_version.labels(policy, "active").set(line.active.version)
             self.policy_version.labels(policy, "canary").set(line.canary.version if line.canary else 0)
         self.out_of_rotation.clear()
+        serving: set[int] = set()
         for policy, line in router.lines.items():
             for version in {p.version for p in (line.active, line.canary) if p is not None}:
+                serving.add(version)
                 for replica in router.withheld.get(version, {}):
                     self.out_of_rotation.labels(policy, replica).set(1)
+        self.forget_versions(serving | {router.active.version})
+
+    def forget_versions(self, serving: set[int]) -> None:
+        """Remove the series of versions that neither serve nor are among the newest KEPT_VERSIONS (of those with
+        a series): the one label that grows with every training step."""
+        by_version = [(self.requests, ("route", "status", "policy")), (self.rewards, ("kind", "reason", "policy")),
+                      *((metric, ("policy",)) for rewards in (self.reward_value, self.eval_reward_value)
+                        for metric in (rewards.histogram, rewards.sum))]
+        seen = {int(value) for metric, names in by_version for value in _label_values(metric, names[-1])
+                if value.isdigit()}
+        if len(seen) <= KEPT_VERSIONS:
+            return
+        keep = {str(v) for v in serving} | {str(v) for v in sorted(seen)[-KEPT_VERSIONS:]}
+        for metric, names in by_version:
+            for labels in _label_sets(metric, names):
+                if labels[-1].isdigit() and labels[-1] not in keep:
+                    metric.remove(*labels)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def _label_sets(metric, names: tuple[str, ...]) -> set[tuple[str, ...]]:
+    """The label values of each child of `metric` (read from what it exports: prometheus_client has no public
+    list of children), in the order of `names`."""
+    return {tuple(sample.labels[name] for name in names)
+            for family in metric.collect() for sample in family.samples if all(n in sample.labels for n in names)}
+
+
+def _label_values(metric, name: str) -> set[str]:
+    return {labels[0] for labels in _label_sets(metric, (name,))}
 
 
 class FinalRewards:
