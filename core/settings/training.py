@@ -33,7 +33,8 @@ class TrainingSettings:
     lora_dropout: float = Field(
         0.0, ge=0, lt=1,
         description="Dropout on the LoRA input. 0 keeps the policy deterministic, so the importance "
-                    "ratio against the behaviour log-probs is not perturbed by noise.",
+                    "ratio against the behaviour log-probs is not perturbed by noise (required with "
+                    "proximal_policy=recomputed, whose no-grad pass would draw masks of its own).",
     )
     target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1,
@@ -118,8 +119,9 @@ class TrainingSettings:
     policy_loss_type: PolicyLossType = Field(
         "ppo",
         description="ppo: a ratio per token. gspo: one ratio per sequence, the geometric mean of its tokens' "
-                    "(GSPO), and a loss per sequence; with a correction on, OpenRLHF takes that ratio against the "
-                    "engine's log-probs and applies no importance weight.",
+                    "(GSPO), and a loss per sequence. With proximal_policy=recomputed it needs "
+                    "is_correction_level=off (OpenRLHF's GSPO with a correction takes its ratio against the engine's "
+                    "log-probs and applies no weight, dropping the proximal policy).",
     )
     proximal_policy: ProximalPolicy = Field(
         "recomputed",
@@ -173,8 +175,8 @@ class TrainingSettings:
     )
     temperature: float = Field(
         1.0, gt=0,
-        description="Logits are divided by this before log-probs. Must match how the recorded "
-                    "behaviour log-probs were computed (vLLM's default raw logprobs: 1.0).",
+        description="Logits are divided by this before log-probs. Must be 1.0, as the recorded behaviour log-probs "
+                    "are (vLLM's raw logprobs; calls sampled at another temperature are skipped as sampling_altered).",
     )
 
     # --- pipeline (read by the worker) ------------------------------------------------------------
@@ -273,6 +275,32 @@ class TrainingSettings:
         if value and value <= 1:
             raise ValueError("dual_clip must be above 1 (or 0: off)")
         return value
+
+    @field_validator("temperature")
+    @classmethod
+    def _temperature_of_the_recorded_logprobs(cls, value: float) -> float:
+        # Every call trained was sampled at temperature 1 (the proxy marks any other, and the trainer skips it as
+        # sampling_altered), so its recorded log-probs are the raw ones: a trainer at 0.7 would compare sharper
+        # log-probs of its own with them and bias every ratio and importance weight.
+        if value != 1.0:
+            raise ValueError("temperature must be 1.0: the calls trained were sampled at temperature 1, and their "
+                             "recorded log-probs are the engine's raw ones (calls sampled otherwise are skipped)")
+        return value
+
+    @model_validator(mode="after")
+    def _proximal_pass_is_the_policy(self) -> "TrainingSettings":
+        """Settings under which the recomputed proximal policy would not be the policy the ratio assumes."""
+        if self.proximal_policy != "recomputed":
+            return self
+        if self.lora_dropout > 0:
+            raise ValueError("lora_dropout > 0 with proximal_policy=recomputed: the no-grad proximal pass draws its own "
+                             "dropout masks, so the ratio and the importance weight carry noise; set lora_dropout=0")
+        if self.policy_loss_type == "gspo" and self.is_correction_level != "off":
+            raise ValueError("policy_loss_type=gspo with is_correction_level on: OpenRLHF's GSPO then takes its "
+                             "sequence ratio against the engine's log-probs and applies no weight, dropping the "
+                             "recomputed proximal policy; set is_correction_level=off (ratio against the proximal "
+                             "policy) or proximal_policy=behaviour")
+        return self
 
     @model_validator(mode="after")
     def _correction_fits_together(self) -> "TrainingSettings":
