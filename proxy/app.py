@@ -186,10 +186,13 @@ async def _restore_adapters(state: ProxyState) -> None:
     """A replica that restarted comes back without the adapters loaded at runtime; without this its rollouts
     would get 404 until the next publish. It is verified as at publish (engine/fleet.py); one that fails is
     out of rotation for the version and retried by `_rejoin_withheld`."""
-    for version, name in [(p.version, p.name) for p in state.router.serving()]:
+    for version, name, path in [(p.version, p.name, getattr(p, "path", None)) for p in state.router.serving()]:
         out = state.router.withheld.get(version, {})
+        # Lost, or held from another folder than the version's: the name alone says nothing of the weights (an
+        # engine reached otherwise than through the proxy could have loaded anything under it).
         lost = [r.url for r in state.upstreams.replicas
-                if r.healthy and r.base_models and name not in r.adapters and r.url not in out]
+                if r.healthy and r.base_models and r.url not in out
+                and (name not in r.adapters or (path and r.adapters[name] and r.adapters[name] != path))]
         if not lost:
             continue
         try:
@@ -200,7 +203,7 @@ async def _restore_adapters(state: ProxyState) -> None:
             continue
         for replica in state.upstreams.replicas:
             if replica.url in lost:
-                replica.adapters.add(name)
+                replica.adapters[name] = path
         log.warning("engine(s) %s had lost %s (restarted?): loaded it again", ", ".join(lost), name)
 
 

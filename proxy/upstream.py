@@ -36,7 +36,7 @@ class Replica:
     consecutive_failures: int = 0
     ejected_until: float = 0.0
     base_models: list[str] = field(default_factory=list)
-    adapters: set[str] = field(default_factory=set)  # adapter names it reported at the last look
+    adapters: dict[str, str | None] = field(default_factory=dict)  # name -> folder, as it reported at the last look
 
     def available(self, now: float) -> bool:
         return self.healthy or now >= self.ejected_until
@@ -171,7 +171,7 @@ class UpstreamPool:
                 data = await self.get_json(replica, "/v1/models", timeout=3.0)
                 # vLLM lists adapters with `parent` set to their base model; the base has none.
                 replica.base_models = [m["id"] for m in data.get("data", []) if not m.get("parent")]
-                replica.adapters = {m["id"] for m in data.get("data", []) if m.get("parent")}
+                replica.adapters = {m["id"]: m.get("root") for m in data.get("data", []) if m.get("parent")}
                 self.mark(replica, ok=True)
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
                 log.debug("replica %s unhealthy: %s", replica.url, exc)

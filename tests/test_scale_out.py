@@ -360,3 +360,41 @@ def test_a_restarted_replica_serves_the_active_adapter_again(own_database_url, t
             time.sleep(0.5)
         client.close()
     assert failed == []
+
+
+def test_a_served_adapter_replaced_from_another_folder_is_loaded_again_from_its_own(own_database_url, tmp_path):
+    """Someone who reached an engine (not through the proxy) unloads the served adapter and loads other weights
+    under its name: the name alone looked right. The proxy compares the folder each replica reports with the
+    version's own and loads the version again from it."""
+    adapter, other = tmp_path / "v1", tmp_path / "elsewhere"
+    for folder in (adapter, other):
+        folder.mkdir()
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            (folder / name).write_text("{}")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+
+    async def publish() -> None:
+        store = open_database(own_database_url)
+        sessions = session_factory(store)
+        async with sessions() as session, session.begin():
+            await policies.add_candidate(session, 1, str(adapter), parent_version=0, base_model="stub-model",
+                                         metrics={})
+        assert (await Publisher(sessions, [url]).publish(1, str(adapter))).activated
+        await store.dispose()
+
+    def folder_served() -> str | None:
+        listed = requests.get(f"{url}/v1/models", timeout=5).json()["data"]
+        return next((m["root"] for m in listed if m["id"] == "rlproxy-v1"), None)
+
+    with ExitStack() as stack:
+        stack.enter_context(running(stub_command(port), url + "/health"))
+        proxy = stack.enter_context(running_proxy([url], own_database_url, tmp_path, "proxy",
+                                                  "--served-model", "stub-model"))
+        asyncio.run(publish())
+        wait_until(lambda: requests.get(f"{proxy}/policies").json()["active"] == 1)
+        assert requests.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "rlproxy-v1"}).ok
+        assert requests.post(f"{url}/v1/load_lora_adapter",
+                             json={"lora_name": "rlproxy-v1", "lora_path": str(other)}).ok
+        assert folder_served() == str(other)
+        wait_until(lambda: folder_served() == str(adapter))  # the proxies look at their engines every 5 s
