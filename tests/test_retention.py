@@ -110,6 +110,14 @@ def test_a_bad_age_is_a_usage_error(sqlite_url):
     assert done.returncode == 2 and "expected a duration like 30d" in done.stderr
 
 
+@pytest.mark.parametrize("age", ["0", "30"])
+def test_an_age_without_a_unit_that_would_delete_nearly_everything_is_refused(sqlite_url, age):
+    """`--older-than 30`, meant as days, is 30 seconds: every rollout done with would go."""
+    done = subprocess.run(rlproxy_command("prune", "--database-url", sqlite_url, "--older-than", age),
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and "at least a minute, with its unit" in done.stderr
+
+
 def test_the_trainer_prunes_the_same_way_between_steps(own_database_url):
     """`rlproxy train --prune-older-than 30d` runs the same pruning from the trainer's housekeeping."""
     from prometheus_client import CollectorRegistry

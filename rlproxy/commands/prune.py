@@ -14,6 +14,7 @@ from store.models import utcnow
 from store.retention import prune as prune_all
 
 PRUNE_FLAGS = Flags(PruneSettings)
+MIN_AGE_S = 60
 
 
 @click.command()
@@ -24,6 +25,9 @@ def prune(**params) -> None:
     beside a serving proxy."""
     settings = PRUNE_FLAGS.build(params)
     pruning = settings.pruning
+    if pruning.older_than < MIN_AGE_S:  # "--older-than 30" meant as days is 30 seconds: nearly everything done
+        raise click.UsageError(f"--older-than {pruning.older_than:g} seconds would delete nearly every rollout "
+                               f"that is done with; give an age of at least a minute, with its unit (30d, 12h, 90m)")
     cutoff = utcnow() - timedelta(seconds=pruning.older_than)
 
     async def run():
