@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from sqlalchemy import and_, delete, false, null, or_, select, true, update
+from sqlalchemy import and_, delete, false, func, null, or_, select, true, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from store.models import Call, CallChoice, Reward, Rollout, RolloutStatus
@@ -45,6 +45,21 @@ def _done_with(created_before: datetime):
                     and_(Rollout.eval, Rollout.status == RolloutStatus.FINISHED)))
 
 
+CALLS_PER_ROLLOUT = 20  # a batch of `limit` rollouts touches at most limit x this many calls (at least one rollout)
+
+
+def _oldest(condition, limit: int):
+    """The ids of the oldest rollouts matching `condition`: at most `limit`, and no more than their calls allow
+    (`limit * CALLS_PER_ROLLOUT` in all, one rollout at least): rollouts of thousands of calls each would
+    otherwise make one transaction of millions of rows, holding SQLite's one write lock past its busy timeout."""
+    first = (select(Rollout.id, Rollout.created_at, Rollout.call_count).where(condition)
+             .order_by(Rollout.created_at, Rollout.id).limit(limit).subquery())
+    order = (first.c.created_at, first.c.id)
+    ranked = select(first.c.id, func.sum(first.c.call_count).over(order_by=order).label("calls"),
+                    func.row_number().over(order_by=order).label("place")).subquery()
+    return select(ranked.c.id).where(or_(ranked.c.calls <= limit * CALLS_PER_ROLLOUT, ranked.c.place == 1))
+
+
 def _has_bodies():
     return or_(Call.request.is_not(None), Call.response.is_not(None))
 
@@ -56,17 +71,15 @@ async def prune_batch(session: AsyncSession, created_before: datetime, *, what: 
     done = Pruned()
     bodies_only = what == "bodies"
     kept_whole = true() if bodies_only else (Rollout.trained_at.is_not(None) if keep_trained_ids else false())
-    clear = (select(Rollout.id).where(_done_with(created_before), kept_whole,
-                                      Rollout.id.in_(select(Call.rollout_id).where(_has_bodies())))
-             .order_by(Rollout.created_at).limit(limit))
+    clear = _oldest(and_(_done_with(created_before), kept_whole,
+                         Rollout.id.in_(select(Call.rollout_id).where(_has_bodies()))), limit)
     clear_ids = list((await session.execute(clear)).scalars())
     if clear_ids:
         cleared = await session.execute(
             update(Call).where(Call.rollout_id.in_(clear_ids), _has_bodies()).values(request=null(), response=null()))
         done.bodies += cleared.rowcount or 0
     if not bodies_only:
-        drop = (select(Rollout.id).where(_done_with(created_before), ~kept_whole)
-                .order_by(Rollout.created_at).limit(limit))
+        drop = _oldest(and_(_done_with(created_before), ~kept_whole), limit)
         drop_ids = list((await session.execute(drop)).scalars())
         if drop_ids:
             calls = select(Call.id).where(Call.rollout_id.in_(drop_ids))

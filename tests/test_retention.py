@@ -145,3 +145,30 @@ def test_the_trainer_prunes_the_same_way_between_steps(own_database_url):
     assert rollouts == KEPT | {"trained-old"} and calls["call-trained-old"] is False
     sample = metrics.registry.get_sample_value
     assert sample("rlproxy_trainer_pruned_rollouts_total") == 2 and sample("rlproxy_trainer_pruned_bodies_total") == 1
+
+
+@pytest.mark.parametrize("store", ["postgres", "sqlite"])
+def test_a_batch_is_bounded_by_the_calls_it_touches_not_only_by_rollouts(store, own_database_url, sqlite_url):
+    """Rollouts of many calls each: one transaction takes as many as fit in `limit * 20` calls (one at least),
+    so a batch never holds the write lock over millions of rows."""
+    from store.retention import prune_batch
+
+    url = own_database_url if store == "postgres" else sqlite_url
+
+    async def scenario() -> list[int]:
+        database = open_database(url)
+        now = utcnow()
+        sessions = session_factory(database)
+        async with sessions() as session, session.begin():
+            for n, calls in enumerate((30, 15, 50, 1)):
+                session.add(Rollout(id=f"long-{n}", status=RolloutStatus.FINISHED, created_at=now - OLD + timedelta(
+                    seconds=n), trained_at=now, reward=1.0, call_count=calls))
+        dropped = []
+        for _ in range(4):
+            async with sessions() as session, session.begin():
+                dropped.append((await prune_batch(session, now - timedelta(days=30), limit=2)).rollouts)
+        await database.dispose()
+        return dropped
+
+    # limit 2: 40 calls a batch. 30 + 15 > 40: one; 15 alone; 50 alone (the first of a batch always goes); then 1
+    assert asyncio.run(scenario()) == [1, 1, 1, 1]
