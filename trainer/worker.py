@@ -35,6 +35,7 @@ from store.errors import LeaseLost
 from store.models import utcnow
 from trainer.agreement import Agreement, AgreementWatch
 from trainer.batch import build_transitions
+from trainer.claim import claim_batch
 from trainer.failures import NOT_THE_BATCH, STEP_FAILED, FailedBatches, describe
 from trainer.housekeeping import Housekeeping
 from trainer.metrics import TrainerMetrics
@@ -290,30 +291,7 @@ class TrainerWorker:
             t.behaviour_logprobs = [lp if keep else 0.0 for lp, keep in zip(scores, mask)]
 
     async def _claim(self) -> list[str]:
-        wanted = self.settings.training  # which agents' rollouts, in what groups and batches
-        if wanted.eval_agents:  # evaluation traffic by agent name: marked, so never claimed below
-            async with self.sessions() as session, session.begin():
-                marked = await training.mark_eval_agents(session, wanted.eval_agents)
-            for version, reward in marked:
-                self.metrics.observe_eval(version, reward)
-            if marked:
-                log.info("marked %d rollouts of evaluation agents %s as evaluation traffic", len(marked),
-                         ", ".join(wanted.eval_agents))
-        async with self.sessions() as session, session.begin():
-            agents = wanted.train_agents
-            self.metrics.rollouts_waiting.set(await training.waiting_rollouts(session, agents))
-            # judge+posted: a posted rollout waits for the judge's word, however soon after its reward we look
-            judged = self.settings.reward == "judge+posted"
-            ready = await training.ready_rollouts(session, limit=wanted.batch_rollouts,
-                                                  group_size=wanted.group_size,
-                                                  group_timeout_s=wanted.group_timeout_s,
-                                                  batch_timeout_s=wanted.batch_timeout_s, agents=agents,
-                                                  judged=judged, most=wanted.step_rollouts_cap,
-                                                  settle_s=wanted.settle_s)
-            if not ready:
-                return []
-            return await training.lease(session, ready, self.lease_owner, self.settings.lease_seconds,
-                                        judged=judged)
+        return await claim_batch(self.sessions, self.settings, self.metrics, self.lease_owner)
 
     async def _save(self) -> tuple[int, Path]:
         async with self.sessions() as session:
