@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from migrations.apply import upgrade
+from store.db import open_database, session_factory
 from tests.postgres import server_binaries, temporary_server
 from tests.support import free_port, fresh_database, running, running_proxy, stub_command
 
@@ -68,6 +69,15 @@ def sqlite_url(tmp_path: Path) -> str:
     url = f"sqlite+aiosqlite:///{tmp_path / 'rlproxy.db'}"
     upgrade(url)
     return url
+
+
+@pytest.fixture(params=["postgres", "sqlite"])
+async def sessions(request):
+    """Sessions on the run's shared Postgres database, then on a fresh SQLite one: store code on both."""
+    url = request.getfixturevalue("database_url" if request.param == "postgres" else "sqlite_url")
+    database = open_database(url)
+    yield session_factory(database)
+    await database.dispose()
 
 
 @pytest.fixture(scope="session")

@@ -11,19 +11,10 @@ import pytest
 
 from store import browse, events
 from store.calls import write_calls
-from store.db import open_database, session_factory
 from store.models import Rollout
 from store.records import CallRecord, ChoiceRecord
 from store.rollout_view import PAGE_BYTES, get_rollout
 from store.rollouts import create_rollout
-
-
-@pytest.fixture(params=["postgres", "sqlite"])
-async def sessions(request):
-    url = request.getfixturevalue("database_url" if request.param == "postgres" else "sqlite_url")
-    database = open_database(url)
-    yield session_factory(database)
-    await database.dispose()
 
 
 def big_call(rollout_id: str, number: int, size: int, repeated: bool = False) -> CallRecord:

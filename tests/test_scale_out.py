@@ -317,16 +317,18 @@ def wait_until(condition, timeout: float = 30.0) -> None:
         time.sleep(0.1)
 
 
-def test_a_restarted_replica_serves_the_active_adapter_again(own_database_url, tmp_path):
-    adapter = tmp_path / "v1"  # the stub only checks that the files are there
-    adapter.mkdir()
+def adapter_folder(path: Path) -> Path:
+    """An adapter folder as the stub engine takes it (it only checks that the files are there)."""
+    path.mkdir()
     for name in ("adapter_config.json", "adapter_model.safetensors"):
-        (adapter / name).write_text("{}")
-    ports = [free_port(), free_port()]
-    urls = [f"http://127.0.0.1:{port}" for port in ports]
+        (path / name).write_text("{}")
+    return path
 
+
+def publish_v1(database_url: str, adapter: Path, urls: list[str]) -> None:
+    """Version 1 from `adapter`, published to the replicas at `urls` and made active."""
     async def publish() -> None:
-        store = open_database(own_database_url)
+        store = open_database(database_url)
         sessions = session_factory(store)
         async with sessions() as session, session.begin():
             await policies.add_candidate(session, 1, str(adapter), parent_version=0, base_model="stub-model",
@@ -334,12 +336,20 @@ def test_a_restarted_replica_serves_the_active_adapter_again(own_database_url, t
         assert (await Publisher(sessions, urls).publish(1, str(adapter))).activated
         await store.dispose()
 
+    asyncio.run(publish())
+
+
+def test_a_restarted_replica_serves_the_active_adapter_again(own_database_url, tmp_path):
+    adapter = adapter_folder(tmp_path / "v1")
+    ports = [free_port(), free_port()]
+    urls = [f"http://127.0.0.1:{port}" for port in ports]
+
     with ExitStack() as stack:
         first = stack.enter_context(running(stub_command(ports[0]), urls[0] + "/health"))
         stack.enter_context(running(stub_command(ports[1]), urls[1] + "/health"))
         proxy = stack.enter_context(running_proxy(urls, own_database_url, tmp_path, "proxy",
                                                   "--served-model", "stub-model"))
-        asyncio.run(publish())
+        publish_v1(own_database_url, adapter, urls)
         wait_until(lambda: requests.get(f"{proxy}/policies").json()["active"] == 1)
         stop(first)
         stack.enter_context(running(stub_command(ports[0]), urls[0] + "/health"))
@@ -366,22 +376,9 @@ def test_a_served_adapter_replaced_from_another_folder_is_loaded_again_from_its_
     """Someone who reached an engine (not through the proxy) unloads the served adapter and loads other weights
     under its name: the name alone looked right. The proxy compares the folder each replica reports with the
     version's own and loads the version again from it."""
-    adapter, other = tmp_path / "v1", tmp_path / "elsewhere"
-    for folder in (adapter, other):
-        folder.mkdir()
-        for name in ("adapter_config.json", "adapter_model.safetensors"):
-            (folder / name).write_text("{}")
+    adapter, other = adapter_folder(tmp_path / "v1"), adapter_folder(tmp_path / "elsewhere")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-
-    async def publish() -> None:
-        store = open_database(own_database_url)
-        sessions = session_factory(store)
-        async with sessions() as session, session.begin():
-            await policies.add_candidate(session, 1, str(adapter), parent_version=0, base_model="stub-model",
-                                         metrics={})
-        assert (await Publisher(sessions, [url]).publish(1, str(adapter))).activated
-        await store.dispose()
 
     def folder_served() -> str | None:
         listed = requests.get(f"{url}/v1/models", timeout=5).json()["data"]
@@ -391,7 +388,7 @@ def test_a_served_adapter_replaced_from_another_folder_is_loaded_again_from_its_
         stack.enter_context(running(stub_command(port), url + "/health"))
         proxy = stack.enter_context(running_proxy([url], own_database_url, tmp_path, "proxy",
                                                   "--served-model", "stub-model"))
-        asyncio.run(publish())
+        publish_v1(own_database_url, adapter, [url])
         wait_until(lambda: requests.get(f"{proxy}/policies").json()["active"] == 1)
         assert requests.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "rlproxy-v1"}).ok
         assert requests.post(f"{url}/v1/load_lora_adapter",

@@ -11,19 +11,11 @@ from sqlalchemy import select, text
 
 from store import events, policies, rollouts
 from store.calls import write_calls
-from store.db import open_database, session_factory
+from store.db import open_database
 from store.errors import Conflict, NotFound
 from store.models import Base, Call, Rollout, RolloutEvent
 from store.records import CallRecord, ChoiceRecord
 from store.models import utcnow
-
-
-@pytest.fixture(params=["postgres", "sqlite"])
-async def sessions(request):
-    url = request.getfixturevalue("database_url" if request.param == "postgres" else "sqlite_url")
-    database = open_database(url)
-    yield session_factory(database)
-    await database.dispose()
 
 
 def call(rollout_id: str | None, prompt: list[int], completion: list[int], agent: str | None = "a") -> CallRecord:
