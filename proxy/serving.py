@@ -40,6 +40,9 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
 HistoryLoader = Callable[[dict[str, Any], CallContext], Awaitable[list[dict[str, Any]]]]
 
 
+RETRY_ADVICE = ("Retry-After", "retry-after-ms", "x-should-retry")
+
+
 class CompletionServing:
     """Serves the policy calls of one wire format (`dialect`): forward to the engine with capture fields, answer
     in the dialect's format (whole, or event by event), and hand the recorded call to the writer whatever
@@ -163,7 +166,11 @@ class CompletionServing:
         record.status = CallStatus.UPSTREAM_ERROR
         record.error = raw.decode("utf-8", errors="replace")[:4000]
         body = self.dialect.engine_error(upstream.status, raw)
-        return web.Response(body=body, status=upstream.status, headers=headers, content_type="application/json")
+        # The engine's advice on retrying goes to the agent too: without it an SDK retries a 429 or 503 at its own
+        # pace (each retry another failed call), or retries what the engine said not to.
+        advice = {name: upstream.headers[name] for name in RETRY_ADVICE if name in upstream.headers}
+        return web.Response(body=body, status=upstream.status, headers={**headers, **advice},
+                            content_type="application/json")
 
     async def _relay_whole(self, upstream: aiohttp.ClientResponse, record: CallRecord, headers: dict[str, str],
                            translator: Translator) -> web.Response:

@@ -25,9 +25,12 @@ def read_json_object(raw: bytes, error: type[ProxyError] = InvalidRequest) -> di
         raise error(f"request body is not valid JSON: {exc}", code="invalid_json") from None
     if not isinstance(body, dict):
         raise error("request body must be a JSON object", code="invalid_json")
-    depth, keys, colons = _shape(body)
+    depth, keys, colons, numbers = _shape(body)
     if depth > MAX_JSON_DEPTH:
         raise _too_deep(error)
+    if numbers.wide or (numbers.floats and _long_integer_literal(raw)):
+        raise error("request body holds an integer beyond 64 bits (-2^63 to 2^63-1 are taken): it would reach "
+                    "the engine as a rounded float, not as sent", code="number_too_large")
     key = repeated_key(raw, keys, colons)
     if key is not None:
         raise error(f"request body is not valid JSON: the key {key[:256]!r} appears twice in one object",
@@ -106,11 +109,34 @@ def repeated_key(raw: bytes, keys: int, colons: int) -> str | None:
     return repeated[0] if repeated else None
 
 
-def _shape(body: dict[str, Any]) -> tuple[int, int, int]:
+class _Numbers:
+    """What a walk saw of the numbers: an int past 64 bits (orjson reads up to 2^64-1 as int), any float (orjson
+    reads an integer literal past that as a float, told apart only on the text)."""
+
+    __slots__ = ("wide", "floats")
+
+    def __init__(self) -> None:
+        self.wide = self.floats = False
+
+
+INT64 = range(-(1 << 63), 1 << 63)
+_LONG_INTEGER = re.compile(rb"(?<![\d.eE+\-])-?\d{19,}(?![\d.eE])")  # 19+ digits: past 64 bits or near it
+
+
+def _long_integer_literal(raw: bytes) -> bool:
+    """Whether `raw` spells, outside its strings, an integer literal past 64 bits (orjson turned it into a
+    float). Strings are blanked first (a prompt full of digits is no number)."""
+    text = raw.replace(b"\\\\", b"__").replace(b'\\"', b"__")
+    outside = b" ".join(text.split(b'"')[0::2])
+    return any(int(m.group()) not in INT64 for m in _LONG_INTEGER.finditer(outside))
+
+
+def _shape(body: dict[str, Any]) -> tuple[int, int, int, _Numbers]:
     """How deeply `body` nests (itself: level 1; counted up to one past `MAX_JSON_DEPTH`), how many keys its
-    objects hold, and how many colons its strings (keys included) hold: one walk, level by level (no recursion
-    to run out of)."""
+    objects hold, how many colons its strings (keys included) hold, and what its numbers are: one walk, level by
+    level (no recursion to run out of)."""
     depth = keys = colons = 0
+    numbers = _Numbers()
     level: list[Any] = [body]
     while level and depth <= MAX_JSON_DEPTH:
         depth += 1
@@ -129,8 +155,12 @@ def _shape(body: dict[str, Any]) -> tuple[int, int, int]:
                     colons += child.count(":")
                 elif kind is dict or kind is list:
                     below.append(child)
+                elif kind is int:
+                    numbers.wide = numbers.wide or child not in INT64
+                elif kind is float:
+                    numbers.floats = True
         level = below
-    return depth, keys, colons
+    return depth, keys, colons, numbers
 
 
 def engine_bytes(body: dict[str, Any]) -> bytes:

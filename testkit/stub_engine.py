@@ -8,7 +8,8 @@ Test controls, read from the request body (unknown fields pass through the proxy
   "stub_delay": seconds to sleep per streamed token;
   "stub_die_after": close the connection after this many stream chunks (an engine crash mid-stream);
   "stub_end_after", "stub_error_after": end a stream early, or fail it as vLLM does (testkit/stub_faults.py);
-  "stub_status": answer with this HTTP status and an OpenAI-shaped error;
+  "stub_status": answer with this HTTP status and an OpenAI-shaped error (with "stub_retry_after": N, the
+               headers `Retry-After: N` and `x-should-retry: false`, as a gateway in front of an engine sends);
   "stub_spaced": write JSON with spaces after separators (`"token_ids": [1, 2]`), as other servers do;
   "stub_plain_json": answer a `stream: true` request with one JSON body, as a server without streaming does;
   "stub_reply": answer with this text (its whitespace-separated words, one token each) instead of the
@@ -46,7 +47,7 @@ from testkit import stub_pooling
 from testkit.stub_faults import EndStream, stream_fault
 
 STUB_CONTROLS = ("stub_delay", "stub_die_after", "stub_status", "stub_spaced", "stub_plain_json", "stub_reply",
-                 "stub_tool_arguments", "stub_end_after", "stub_error_after")  # testkit/stub_faults.py
+                 "stub_tool_arguments", "stub_end_after", "stub_error_after", "stub_retry_after")  # testkit/stub_faults.py
 BASE_MODEL = "stub-model"
 VOCAB = ["The", "answer", "is", "42", "and", "that", "settles", "it", ".", "Sure", "here", "you", "go", "!"]
 
@@ -182,7 +183,10 @@ class Stub:
         if body is None:
             return error(400, "invalid JSON")
         if body.get("stub_status"):
-            return error(int(body["stub_status"]), "stub error on request")
+            answer = error(int(body["stub_status"]), "stub error on request")
+            if body.get("stub_retry_after") is not None:  # as a gateway or a rate-limited engine advises
+                answer.headers.update({"Retry-After": str(body["stub_retry_after"]), "x-should-retry": "false"})
+            return answer
         failing = FAILING_MODEL.fullmatch(str(body.get("model")))
         if failing:
             return non_json_error(int(failing["status"]), failing["kind"])

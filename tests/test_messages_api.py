@@ -100,6 +100,19 @@ def test_tool_use_round_trip_and_an_is_error_result_gives_an_automatic_reward(pr
                                                                                 use.id)
 
 
+@pytest.mark.parametrize("arguments", ['{not json', '"just a string"', '[1, 2]'])
+def test_a_malformed_tool_call_streams_as_the_whole_message_has_it(proxy_url, arguments):
+    """The small model writes broken JSON now and then: streamed as it came, Anthropic's SDK raised ("Unable to
+    parse tool parameter JSON"), so the agent died in streaming mode only. Both forms now carry it under `_raw`."""
+    client = client_for(f"{proxy_url}/v1")
+    asked = dict(model="stub-model", max_tokens=64, tools=TOOLS, extra_body={"stub_tool_arguments": arguments},
+                 messages=[{"role": "user", "content": "Please use tool to compute 6*7."}])
+    whole = client.messages.create(**asked)
+    with client.messages.stream(**asked) as stream:
+        streamed = stream.get_final_message()
+    assert whole.content[0].input == streamed.content[0].input == {"_raw": arguments}
+
+
 def test_count_tokens_is_the_engines_count_for_the_same_prompt(proxy_url):
     client = anthropic.Anthropic(base_url=proxy_url, api_key="unused", max_retries=0)
     messages = [{"role": "user", "content": "What is 6 times 7?"}]
@@ -126,6 +139,25 @@ def test_bad_requests_get_anthropic_errors(proxy_url):
     assert "messages.0.role" in bad_role.value.body["error"]["message"]
     assert unknown_model.value.body["error"]["type"] == "not_found_error"  # the engine's 404, in Anthropic's shape
     assert broken.status_code == 400 and broken.json()["type"] == "error"
+
+
+@pytest.mark.parametrize("content, words", [
+    ([{"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "DOC TEXT"}},
+      {"type": "text", "text": "summarize"}], "content block type 'document' is not available"),
+    ([], "must not be empty"),
+    ([{"type": "text", "text": ""}], "text content blocks must be non-empty"),
+    ("", "must not be empty"),
+])
+def test_content_the_prompt_would_lose_is_refused_not_dropped(proxy_url, content, words):
+    """A document block was left out of the prompt and the agent got an answer to another question; an empty
+    turn sent the engine no messages at all. Anthropic's API refuses both, and so does the proxy."""
+    client = anthropic.Anthropic(base_url=proxy_url, api_key="unused", max_retries=0)
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        client.messages.create(model="stub-model", max_tokens=8, messages=[{"role": "user", "content": content}])
+    assert words in refused.value.body["error"]["message"]
+    # a final assistant turn may be empty (a prefill the model goes on from)
+    client.messages.create(model="stub-model", max_tokens=8, messages=[
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}])
 
 
 def test_one_rollout_may_mix_apis_and_every_call_is_trainable(proxy_url):

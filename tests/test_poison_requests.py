@@ -147,3 +147,27 @@ def test_a_task_id_may_be_any_text_a_header_can_carry(proxy):
                              headers={"X-Rollout-Id": rollout, "X-Task-Id": "gsm8k/train/17 (é)".encode().decode("latin-1")})
     assert response.status_code == 200, response.text
     assert requests.get(f"{proxy}/rollouts/{rollout}", timeout=15).json()["task_id"] == "gsm8k/train/17 (é)"
+
+
+@pytest.mark.parametrize("literal", [b"99999999999999999999999", b"18446744073709551615", b"-9223372036854775809"])
+@pytest.mark.parametrize("route", ["chat/completions", "responses", "messages"])
+def test_an_integer_past_64_bits_is_refused_not_sent_as_a_rounded_float(proxy, route, literal):
+    """orjson reads such a literal as a float (or an unsigned int): a tool schema's `maximum` or a `seed` would
+    have reached the engine as 1e+23, and the prompt the chat template renders would have changed with it."""
+    body = {"chat/completions": b'{"model": "stub-model", "messages": [{"role": "user", "content": "hi"}], "seed": %s}',
+            "responses": b'{"model": "stub-model", "input": "hi", "temperature": 1.0, "max_output_tokens": %s}',
+            "messages": b'{"model": "stub-model", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}], '
+                        b'"tools": [{"name": "f", "input_schema": {"type": "object", "properties": {"n": '
+                        b'{"type": "integer", "maximum": %s}}}}]}'}[route] % literal
+    answer = requests.post(f"{proxy}/v1/{route}", data=body, headers={"Content-Type": "application/json"})
+    if route == "messages":
+        assert "beyond 64 bits" in anthropic_error(answer, 400)["message"]
+    else:
+        assert "beyond 64 bits" in openai_error(answer, 400, "number_too_large")["message"]
+
+
+def test_large_numbers_within_64_bits_and_digits_in_text_pass(proxy):
+    body = (b'{"model": "stub-model", "max_tokens": 8, "seed": 9223372036854775807, "temperature": 1.0, '
+            b'"messages": [{"role": "user", "content": "99999999999999999999999 is a big number"}]}')
+    answer = requests.post(f"{proxy}/v1/chat/completions", data=body, headers={"Content-Type": "application/json"})
+    assert answer.status_code == 200, answer.text

@@ -118,6 +118,20 @@ def test_engine_errors_are_relayed_as_they_are_and_recorded(proxy_url, stub_url)
     assert call["status"] == "upstream_error" and call["http_status"] == 404
 
 
+def test_the_engines_retry_advice_reaches_the_agent_and_its_sdk_follows_it(proxy_url):
+    """A 429 with `x-should-retry: false`: the SDK makes one attempt, as it would against the engine itself.
+    Without the headers it retried twice at its own pace, and each retry was another failed call recorded."""
+    import openai
+
+    rollout_id = uuid.uuid4().hex
+    client = openai.OpenAI(base_url=f"{proxy_url}/rollouts/{rollout_id}/v1", api_key="unused", max_retries=2)
+    with pytest.raises(openai.RateLimitError) as refused:
+        client.chat.completions.create(model="stub-model", messages=[{"role": "user", "content": "hi"}],
+                                       extra_body={"stub_status": 429, "stub_retry_after": 3})
+    assert refused.value.response.headers["Retry-After"] == "3"
+    assert len(recorded_calls(proxy_url, rollout_id)) == 1
+
+
 @pytest.mark.parametrize("route,body", [
     ("chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
     ("completions", {"prompt": "hi"}),

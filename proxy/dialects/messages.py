@@ -29,6 +29,11 @@ from proxy.errors import InvalidRequest
 from proxy.schemas import only_fields, validate
 
 
+# The content blocks core/messages_chat.py puts into the engine's prompt (as vLLM's own /v1/messages does); any
+# other (a `document`, a `search_result`, a server tool's result) would be dropped from the prompt unseen.
+BLOCKS = ("text", "image", "tool_use", "tool_result", "thinking", "redacted_thinking")
+
+
 class MessagesRequest(BaseModel):
     """What the proxy checks; the other fields the API knows (proxy/dialects/fields.py) are the agent's own and
     are recorded as sent, and any other is refused (400 naming it)."""
@@ -77,10 +82,21 @@ class MessagesDialect:
             if not isinstance(content, (str, list)):
                 raise InvalidRequest(f"messages.{index}.content: expected a string or a list of content blocks",
                                      param=f"messages.{index}.content")
+            prefill = index == len(body["messages"]) - 1 and message.get("role") == "assistant"
+            if not content and not prefill:  # as Anthropic's API refuses: only a final assistant turn may be empty
+                raise InvalidRequest(f"messages.{index}.content: must not be empty (only a final assistant turn "
+                                     "may be)", param=f"messages.{index}.content")
             for position, block in enumerate(content if isinstance(content, list) else ()):
                 if not isinstance(block, dict) or not isinstance(block.get("type"), str):
                     raise InvalidRequest(f"messages.{index}.content.{position}: expected a content block",
                                          param=f"messages.{index}.content.{position}")
+                if block["type"] not in BLOCKS:  # it would be left out of the prompt without a word
+                    raise InvalidRequest(f"messages.{index}.content.{position}: content block type "
+                                         f"{block['type'][:64]!r} is not available on this engine; one of "
+                                         f"{', '.join(BLOCKS)}", param=f"messages.{index}.content.{position}.type")
+                if block["type"] == "text" and not block.get("text") and not prefill:
+                    raise InvalidRequest(f"messages.{index}.content.{position}.text: text content blocks must be "
+                                         "non-empty", param=f"messages.{index}.content.{position}.text")
                 if block["type"] == "tool_result" and not isinstance(block.get("tool_use_id"), str):
                     raise InvalidRequest(f"messages.{index}.content.{position}.tool_use_id: required",
                                          param=f"messages.{index}.content.{position}.tool_use_id")

@@ -2,7 +2,9 @@
 
 `message_start` (with the prompt's token count), `ping`, then per content block `content_block_start`,
 its deltas (`text_delta`, `input_json_delta`, `thinking_delta`) and `content_block_stop`; last `message_delta`
-(stop reason and output tokens) and `message_stop`. An error becomes an `error` event.
+(stop reason and output tokens) and `message_stop`. An error becomes an `error` event. A tool_use block's input
+goes as one `input_json_delta` when the block ends, as the whole Message's `input` is (text that is not a JSON
+object under `_raw`): partial JSON streamed as the model wrote it cannot be taken back once it proves malformed.
 """
 from __future__ import annotations
 
@@ -10,8 +12,9 @@ from typing import Any
 
 import orjson
 
+from core.messages_chat import RAW_INPUT
 from proxy.dialects.base import ENDED_EARLY, SSE_END, Output, sse, sse_head, unparsed, unreadable
-from proxy.dialects.messages_objects import build, error_body, message_id, stop_of
+from proxy.dialects.messages_objects import build, error_body, message_id, stop_of, tool_input
 from proxy.sse import Event
 
 # The events sent once per engine chunk, and the constant ones, as bytes (`sse_head`).
@@ -32,6 +35,9 @@ class MessagesStream:
         self.open: tuple[str, Any] | None = None  # (kind, tool index) of the block being written
         self.final: dict[str, Any] | None = None  # the whole Message, once finished
         self.failed = False  # an `error` event was sent: it ends the stream
+        # The open tool_use block's arguments, sent as one input_json_delta when it closes: a model's malformed
+        # JSON, streamed as it came, made Anthropic's SDK raise while the whole Message carries it under `_raw`.
+        self.arguments: list[str] = []
 
     def _start(self, prompt_tokens: int) -> bytes:
         self.started = True
@@ -51,9 +57,16 @@ class MessagesStream:
     def _stop_block(self) -> bytes:
         if self.open is None:
             return b""
+        out = b""
+        if self.open[0] == "tool_use" and self.arguments:
+            text = "".join(self.arguments)
+            written = tool_input(text)  # what the whole Message's `input` is
+            out = self._delta({"type": "input_json_delta",
+                               "partial_json": text if RAW_INPUT not in written else orjson.dumps(written).decode()})
+        self.arguments = []
         self.open = None
         self.blocks += 1
-        return sse("content_block_stop", {"type": "content_block_stop", "index": self.blocks - 1})
+        return out + sse("content_block_stop", {"type": "content_block_stop", "index": self.blocks - 1})
 
     def _delta(self, delta: dict[str, Any]) -> bytes:
         return DELTA + orjson.dumps({"type": "content_block_delta", "index": self.blocks, "delta": delta}) + SSE_END
@@ -89,7 +102,7 @@ class MessagesStream:
                     out += self._block(opened, {"type": "tool_use", "id": call.get("id") or "",
                                                 "name": function.get("name") or "", "input": {}})
                 if function.get("arguments"):
-                    out += self._delta({"type": "input_json_delta", "partial_json": function["arguments"]})
+                    self.arguments.append(function["arguments"])
         return out
 
     def finish(self, payload: dict[str, Any], tokens: tuple[int, int], done: Event | None) -> bytes:
