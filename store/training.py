@@ -148,6 +148,11 @@ def _group_is(project_column, task_column, project: str | None, task_id: str | N
                 task_column.is_(None) if task_id is None else task_column == task_id)
 
 
+def _finished_first(rollout: Rollout) -> tuple[bool, datetime]:
+    """Oldest finished first; a row with no finish time (written by hand, or by an older version) last."""
+    return rollout.finished_at is None, _aware(rollout.finished_at or datetime.max)
+
+
 def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
@@ -224,7 +229,7 @@ async def load_rollouts(session: AsyncSession, rollout_ids: list[str]) -> list[R
             by_call[call_id].rewards.append(value)
     return [RolloutData(r.id, r.task_id, float(r.reward), r.finished_at, per_rollout.get(r.id, []), r.agent,
                         r.project)
-            for r in sorted(rollouts, key=lambda r: r.finished_at)]
+            for r in sorted(rollouts, key=_finished_first)]
 
 
 async def load_call_texts(session: AsyncSession, call_ids: list[str]) -> dict[str, tuple[dict | None, dict | None]]:

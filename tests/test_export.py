@@ -82,3 +82,23 @@ def test_export_pages_hold_whole_groups_and_every_rollout_once(own_database_url,
     for index, row in enumerate(rows):
         by_group[ids.index(row["rollout_id"]) // 4].append(row["advantage"])
     assert all(abs(sum(advantages)) < 1e-6 and len(advantages) == 4 for advantages in by_group.values())
+
+
+def test_rows_without_a_finish_time_do_not_stop_the_export(own_database_url):
+    """Rows written by hand or by an older version: finished, no finish time. They are exported, last."""
+    import asyncio
+    import io
+
+    from store.db import open_database, session_factory
+    from store.models import Rollout, RolloutStatus
+    from trainer import export
+
+    async def plant() -> None:
+        database = open_database(own_database_url)
+        async with session_factory(database)() as session, session.begin():
+            for n in range(3):
+                session.add(Rollout(id=f"undated-{n}", task_id="undated", status=RolloutStatus.FINISHED, reward=1.0))
+        await database.dispose()
+
+    asyncio.run(plant())
+    assert asyncio.run(export.export_transitions(own_database_url, io.BytesIO())) == 0  # no calls: no transitions
