@@ -273,6 +273,18 @@ def test_saved_adapter_is_vllm_shaped_and_resumes_exactly(tiny_model, tmp_path):
     assert trainer.step(batch).loss == pytest.approx(resumed.step(batch).loss, abs=1e-6)
 
 
+def test_a_resumed_trainer_takes_the_weight_decay_it_is_given_not_the_saved_one(tiny_model, tmp_path):
+    """The optimizer's state, saved beside an adapter, carries the settings it was made with: an operator who
+    changes weight_decay before a restart must get the new one."""
+    trainer = make_trainer(tiny_model)
+    batch = on_policy_batch(trainer)
+    trainer.step(batch)
+    target = trainer.save_adapter(tmp_path / "v1")
+    resumed = make_trainer(tiny_model, adapter_dir=target, weight_decay=0.1)
+    resumed.step(batch)
+    assert {group["weight_decay"] for group in resumed.optimizer.param_groups} == {0.1}
+
+
 @pytest.mark.train
 def test_failed_save_leaves_nothing_or_the_old_adapter(tiny_model, tmp_path, monkeypatch):
     import trainer.adapter as adapter

@@ -138,6 +138,7 @@ class PolicyTrainer:
             return StepMetrics(skipped=skipped, step=self.step_count)
         for group in self.optimizer.param_groups:  # set every step: a loaded optimizer state keeps its own
             group["lr"] = self.config.learning_rate * lr_scale
+            group["weight_decay"] = self.config.weight_decay
         minis = self._mini_batches(batch, served_version, updates or self.config.mini_batches)
         tally = StepTally(trained_tokens=sum(mini.tokens for mini in minis),
                           micro_batches=sum(not mb.placeholder for mini in minis for mb in mini.micro_batches))
