@@ -248,6 +248,7 @@ def test_a_backlog_of_complete_groups_is_taken_in_one_larger_step(own_database_u
     assert len(ready(most=64)) == 20  # the whole backlog; the late group still waits
     settings = TrainingSettings(batch_rollouts=16, max_batch_rollouts=64, mini_batches=4)
     assert [settings.updates_for(n) for n in (8, 16, 20, 30, 64)] == [4, 4, 4, 8, 16]
+    assert [settings.updates_for(n) for n in (24, 40)] == [8, 12]  # 1.5 and 2.5 batches: halves up, not to even
     assert TrainingSettings(batch_rollouts=128).step_rollouts_cap == 128  # never below the batch
 
 

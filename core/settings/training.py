@@ -326,7 +326,7 @@ class TrainingSettings:
     def updates_for(self, rollouts: int) -> int:
         """Optimizer updates per epoch for a step over `rollouts`: mini_batches per batch of batch_rollouts (to the
         nearest whole batch, at least one), so a mini-batch stays about the size a regular step's is."""
-        return self.mini_batches * max(1, round(rollouts / self.batch_rollouts))
+        return self.mini_batches * max(1, int(rollouts / self.batch_rollouts + 0.5))  # halves up (round() goes to even)
 
     def lr_scale_for(self, rollouts: int) -> float:
         """A step over fewer than batch_rollouts trained rollouts takes a learning rate in proportion (the linear
