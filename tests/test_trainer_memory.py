@@ -49,11 +49,13 @@ def test_a_transition_over_the_token_budget_is_checkpointed_and_trains_exactly_t
     assert tight_bytes < roomy_bytes / 2
     assert tight_metrics.loss == pytest.approx(roomy_metrics.loss, rel=1e-5, abs=1e-7)
     assert tight_metrics.grad_norm == pytest.approx(roomy_metrics.grad_norm, rel=1e-4)
-    # AdamW's first update is about lr x g / |g|: the rounding of the padded micro-batches (the proximal log-probs
-    # and importance weights come from them too) moves a weight by a few 1e-6 (measured 3.1e-6), 0.03% of a step
+    # AdamW's first update is lr x g / (|g| + eps): the rounding of the padded micro-batches (the proximal log-probs
+    # and importance weights come from them too) moves a weight by a few 1e-6, 0.03% of a step; a weight whose
+    # gradient is within rounding of zero can move more (measured: one of 7,168 by 5.3e-5, 0.5% of a step)
     for (name, a), (_, b) in zip(roomy.model.named_parameters(), tight.model.named_parameters()):
         if a.requires_grad:
-            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=name)
+            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4, msg=name)
+            assert int(((b - a).abs() > 1e-5).sum()) <= 2, name
     assert not any(getattr(m, "gradient_checkpointing", False) for m in tight.model.modules())  # off again
 
 
