@@ -110,8 +110,8 @@ def repeated_key(raw: bytes, keys: int, colons: int) -> str | None:
 
 
 class _Numbers:
-    """What a walk saw of the numbers: an int past 64 bits (orjson reads up to 2^64-1 as int), any float (orjson
-    reads an integer literal past that as a float, told apart only on the text)."""
+    """What a walk saw of the numbers: an int past 64 bits (orjson reads up to 2^64-1 as int), a float of 2^63 or
+    more in size (orjson reads an integer literal past 64 bits as one; only the text tells it from `1e23`)."""
 
     __slots__ = ("wide", "floats")
 
@@ -120,6 +120,7 @@ class _Numbers:
 
 
 INT64 = range(-(1 << 63), 1 << 63)
+BIG = float(1 << 63)
 _LONG_INTEGER = re.compile(rb"(?<![\d.eE+\-])-?\d{19,}(?![\d.eE])")  # 19+ digits: past 64 bits or near it
 
 
@@ -157,7 +158,7 @@ def _shape(body: dict[str, Any]) -> tuple[int, int, int, _Numbers]:
                     below.append(child)
                 elif kind is int:
                     numbers.wide = numbers.wide or child not in INT64
-                elif kind is float:
+                elif kind is float and not -BIG < child < BIG:  # what an integer literal past 64 bits becomes
                     numbers.floats = True
         level = below
     return depth, keys, colons, numbers
