@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -24,6 +24,7 @@ from store import calls as store_calls
 from store import rewards as reward_rows
 from store import rollouts as store_rollouts
 from store.errors import Conflict, NotFound, NotYours
+from store.models import as_utc
 
 # What became of a span (`rlproxy_otlp_spans_total{outcome}`); a span with several rewards counts once, by the
 # first of these that applies.
@@ -97,7 +98,7 @@ class _RolloutCalls:
     async def all(self) -> list[_RecordedCall]:
         if self._calls is None:
             rows = await store_calls.rollout_call_times(self.session, self.rollout_id)
-            self._calls = [_RecordedCall(row.id, row.seq, _utc(row.started_at), row.policy_version) for row in rows]
+            self._calls = [_RecordedCall(row.id, row.seq, as_utc(row.started_at), row.policy_version) for row in rows]
         return self._calls
 
     async def _asked_for(self, tool_call_id: str) -> str | None:
@@ -152,11 +153,7 @@ async def store_span_rewards(session: AsyncSession, rollout_id: str, spans: Sequ
         rollout = await store_rollouts.rollout_taking_rewards(session, rollout_id, project)
     except (NotFound, Conflict, NotYours) as exc:
         return [SpanResult(REJECTED, f"span {span.span_id}: {exc}") for span in spans]
-    try:  # a rollout a step took already takes no rewards for its calls (its final reward again is a no-op)
-        store_rollouts.refuse_if_taken(rollout)
-        taken = None
-    except Conflict as exc:
-        taken = str(exc)
+    taken = store_rollouts.taken(rollout)  # a rollout a step took takes no rewards for its calls
     calls = _RolloutCalls(session, rollout_id)
     held = await _call_rewards(session, rollout_id, max_per_call)
     # Per-call rewards first: a final reward closes the rollout, and the trainer may take it from then on.
@@ -224,5 +221,3 @@ async def _call_rewards(session: AsyncSession, rollout_id: str, limit: int) -> _
     return _CallRewards(spans, per_call, limit)
 
 
-def _utc(moment: datetime) -> datetime:
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)  # SQLite keeps no zone

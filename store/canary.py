@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import func, select
@@ -29,7 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from core.policy_rules import DEFAULT_POLICY
 from store import policies, verdicts
 from store.errors import Conflict
-from store.models import Call, Policy, PolicyStatus, Rollout, RolloutStatus, utcnow
+from store.models import Call, Policy, PolicyStatus, Rollout, RolloutStatus, as_utc, utcnow
 
 ALL, EVAL = "all", "eval"  # the canary's scope: every new rollout, or evaluation rollouts only
 
@@ -151,7 +151,7 @@ async def evidence(session: AsyncSession, canary: Canary, versions: tuple[int, .
     per_rollout = (
         select(Rollout.reward.label("reward"), func.min(Call.policy_version).label("version"))
         .join(Call, Call.rollout_id == Rollout.id)
-        .where(Rollout.status == RolloutStatus.FINISHED, Rollout.created_at >= _aware(canary.started_at),
+        .where(Rollout.status == RolloutStatus.FINISHED, Rollout.created_at >= as_utc(canary.started_at),
                Call.policy_version.is_not(None), Call.policy == canary.policy, *scope)
         .group_by(Rollout.id, Rollout.reward)
         .having(func.min(Call.policy_version) == func.max(Call.policy_version))
@@ -183,5 +183,3 @@ async def end(session: AsyncSession, canary: Canary, promoted: bool, *, mine: Ar
         await policies.set_status(session, canary.version, PolicyStatus.RETIRED)
 
 
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)

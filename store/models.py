@@ -46,6 +46,11 @@ def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def as_utc(moment: datetime) -> datetime:
+    """A time read back from the database, with its zone: SQLite keeps none (every time stored is UTC)."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
 class Base(DeclarativeBase):
     pass
 

@@ -3,7 +3,7 @@ store/rollout_view.py, re-exported here)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select, update
@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from core.checks import reward_problem
 from store import rewards as reward_rows
 from store.errors import Conflict, NotFound, NotYours
-from store.models import Call, Rollout, RolloutStatus, utcnow
+from store.models import Call, Rollout, RolloutStatus, as_utc, utcnow
 from store.rollout_view import get_rollout
 
 
@@ -70,21 +70,18 @@ async def rollout_taking_rewards(session: AsyncSession, rollout_id: str, project
     return rollout
 
 
-def refuse_if_taken(rollout: Rollout) -> None:
-    """`Conflict` when a training step has the rollout or had it: a reward for one of its calls would be stored
-    and never used (the step read the calls' rewards when it took them). The final reward is not refused here:
-    the same value again is a no-op whenever it comes."""
+def taken(rollout: Rollout) -> str | None:
+    """Why a reward for one of the rollout's calls would be stored and never used (a training step has it or had
+    it, and read the calls' rewards when it took it), or None. The final reward is no matter here: the same value
+    again is a no-op whenever it comes."""
     if rollout.trained_at is not None:
-        raise Conflict(f"rollout {rollout.id!r} was trained at {rollout.trained_at:%Y-%m-%d %H:%M:%S} UTC; a reward "
-                       "for one of its calls now would never be used (send per-call rewards before the final one)")
+        return (f"rollout {rollout.id!r} was trained at {rollout.trained_at:%Y-%m-%d %H:%M:%S} UTC; a reward for one "
+                "of its calls now would never be used (send per-call rewards before the final one)")
     if rollout.lease_owner is not None and rollout.lease_expires_at is not None \
-            and _aware(rollout.lease_expires_at) > utcnow():
-        raise Conflict(f"rollout {rollout.id!r} is being trained; a reward for one of its calls now would not be "
-                       "used (send per-call rewards before the final one)")
-
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+            and as_utc(rollout.lease_expires_at) > utcnow():
+        return (f"rollout {rollout.id!r} is being trained; a reward for one of its calls now would not be used "
+                "(send per-call rewards before the final one)")
+    return None
 
 
 def _expired(rollout: Rollout) -> Conflict:
@@ -115,7 +112,8 @@ async def post_reward(
             raise NotFound(f"call {call_id!r} is not part of rollout {rollout_id!r}")
         if await reward_rows.has_call_reward(session, call_id, value, metadata):  # a retry: already stored
             return RewardResult(rollout_id, value, call_id, False)
-        refuse_if_taken(rollout)
+        if why := taken(rollout):
+            raise Conflict(why)
         reward_rows.add_call_reward(session, rollout_id, call_id, value, metadata)
         return RewardResult(rollout_id, value, call_id, True)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import and_, case, func, or_, select, update
@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from store.errors import LeaseLost
 from store.judging import judge_had_its_say
 from store.models import (
+    as_utc,
     Call,
     CallChoice,
     CallStatus,
@@ -122,7 +123,7 @@ async def ready_rollouts(session: AsyncSession, *, limit: int, group_size: int, 
         if wanted and sum(wanted.values()) + take > limit:
             break
         wanted[(project, task_id)] = take
-        finished.append(_aware(first))
+        finished.append(as_utc(first))
     if not wanted:
         return []
     if sum(wanted.values()) < full and (now - min(finished)).total_seconds() < batch_timeout_s:
@@ -150,11 +151,7 @@ def _group_is(project_column, task_column, project: str | None, task_id: str | N
 
 def _finished_first(rollout: Rollout) -> tuple[bool, datetime]:
     """Oldest finished first; a row with no finish time (written by hand, or by an older version) last."""
-    return rollout.finished_at is None, _aware(rollout.finished_at or datetime.max)
-
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+    return rollout.finished_at is None, as_utc(rollout.finished_at or datetime.max)
 
 
 async def lease(session: AsyncSession, rollout_ids: list[str], owner: str, seconds: float, *,

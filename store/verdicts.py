@@ -16,13 +16,13 @@ verdicts as its `evaluation` object, assembled here (`as_evaluation`) in the sha
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import select, union_all
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from store.models import PolicyVerdict
+from store.models import PolicyVerdict, as_utc
 
 CANARY, COMMAND_GATE, COMMAND_EVAL, HELDOUT = "canary", "command_gate", "command_eval", "heldout"
 KINDS = (CANARY, COMMAND_GATE, COMMAND_EVAL, HELDOUT)
@@ -126,4 +126,4 @@ def _iso(moment: datetime | str | None) -> str | None:
         moment = datetime.fromisoformat(moment)
     if moment is None:
         return None
-    return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).isoformat()
+    return as_utc(moment).isoformat()

@@ -15,8 +15,10 @@ from __future__ import annotations
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
+
+from store.models import as_utc
 
 
 @dataclass
@@ -29,8 +31,7 @@ class Staleness:
     def kept(self, lag: int, sampled_at: datetime | None) -> None:
         self.trained[lag] += 1
         if sampled_at is not None:
-            moment = sampled_at if sampled_at.tzinfo else sampled_at.replace(tzinfo=timezone.utc)
-            self.ages.append(max(0.0, (self.now - moment).total_seconds()))
+            self.ages.append(max(0.0, (self.now - as_utc(sampled_at)).total_seconds()))
 
     def drop(self, lag: int) -> None:
         self.dropped[lag] += 1
