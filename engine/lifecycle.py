@@ -87,7 +87,7 @@ async def publish(sessions: async_sessionmaker[AsyncSession], adapters: EngineAd
     `drain`). Without a majority of replicas verifying it, it is marked failed (the serving policy is
     untouched) and LoadFailed is raised. Returns what was committed where, and how long it took. `probe`: see
     fleet.commit. `replacing`: activate only if that version still serves (store.policies.activate), else
-    Conflict, the candidate committed but not serving.
+    ActiveChanged, the candidate committed but not serving.
 
     A candidate or canary that a stopped trainer left may be published again (a canary keeps its copies)."""
     policy = await read(sessions, version)

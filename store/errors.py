@@ -25,6 +25,10 @@ class Conflict(StoreError):
     """The request contradicts what is already stored, e.g. a different final reward for a closed rollout."""
 
 
+class ActiveChanged(Conflict):
+    """A version was to replace the one active, and another is active now (an operator's activation meanwhile)."""
+
+
 class LeaseLost(Conflict):
     """A step's rollouts are no longer leased to the worker that trained them (its lease expired and another
     took them, or another process with the same worker id released them): its result is not recorded."""

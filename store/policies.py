@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from core.policy_rules import BASE_POLICY, DEFAULT_POLICY
 from store import evaluation, verdicts
-from store.errors import Conflict, NotFound
+from store.errors import ActiveChanged, NotFound
 from store.models import Policy, PolicyStatus, utcnow
 
 BASE_VERSION = 0
@@ -179,7 +179,7 @@ async def activate(session: AsyncSession, version: int, policy: str = DEFAULT_PO
                    replacing: int | None = None) -> None:
     """Make `version` the one its policy serves (0: `policy` goes back to the base model); the version of
     that policy that was active is retired. `replacing`: only if that version is the one active now (0: none),
-    else `Conflict` and nothing changes: a trainer publishing what it trained from v7 must not undo an
+    else `ActiveChanged` (a Conflict) and nothing changes: a trainer publishing what it trained from v7 must not undo an
     operator's rollback to v3 made while it trained."""
     if version != BASE_VERSION:
         row = await get_policy(session, version)
@@ -192,7 +192,7 @@ async def activate(session: AsyncSession, version: int, policy: str = DEFAULT_PO
     )).scalars())
     if replacing is not None and (retired[0] if retired else BASE_VERSION) != replacing:
         active = retired[0] if retired else BASE_VERSION
-        raise Conflict(f"policy {policy!r} serves v{active} now, not v{replacing} (activated while v{version} was "
+        raise ActiveChanged(f"policy {policy!r} serves v{active} now, not v{replacing} (activated while v{version} was "
                        f"trained from v{replacing}); v{version} is not made active")
     if version != BASE_VERSION:
         await session.flush()

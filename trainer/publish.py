@@ -15,7 +15,7 @@ from core.settings.train import DRAIN_SECONDS
 from engine import lifecycle
 from engine.adapters import AdapterError, EngineAdapters, LoadFailed
 from engine.fleet import FleetMetrics
-from store.errors import Conflict
+from store.errors import ActiveChanged
 
 log = logging.getLogger("rlproxy.publish")
 
@@ -53,7 +53,7 @@ class Publisher:
         except AdapterError as exc:
             log.error("policy v%d not published: %s; the current policy keeps serving", version, exc)
             return Published(version, False, 0.0, str(exc))
-        except Conflict as exc:
+        except ActiveChanged as exc:
             return await self._declined(version, exc)
         withheld = {replica: str(error) for replica, error in committed.withheld.items()}
         if not activate:
@@ -69,11 +69,11 @@ class Publisher:
         try:
             await lifecycle.activate(self.sessions, self.adapters, version, drain=self.drain, metrics=self.metrics,
                                      replacing=replacing)
-        except Conflict as exc:
+        except ActiveChanged as exc:
             return await self._declined(version, exc)
         return Published(version, True, 0.0)
 
-    async def _declined(self, version: int, exc: Conflict) -> Published:
+    async def _declined(self, version: int, exc: ActiveChanged) -> Published:
         """An operator activated another version while this one trained: theirs serves; this one is retired."""
         log.error("ALERT: %s; it is retired and training goes on from the version that serves", exc)
         await lifecycle.retire(self.sessions, version, drain=self.drain)
