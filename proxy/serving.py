@@ -19,7 +19,7 @@ from proxy.auth import claim_for_call
 from proxy.boundary import RequestBoundary, engine_bytes, media_in_prompt
 from proxy.capture import Additions, StreamAssembler, capture_response, prepare_upstream_body
 from proxy.context import CallContext, call_context
-from proxy.dialects.base import ENDED_EARLY, Dialect, Translator
+from proxy.dialects.base import ENDED_EARLY, Dialect, Translator, replay
 from proxy.errors import ProxyError, StoreUnavailable, UpstreamTimeout, UpstreamUnavailable, engine_failure
 from proxy.metrics import ProxyMetrics
 from proxy.policy import PolicyRouter
@@ -144,12 +144,16 @@ class CompletionServing:
         try:
             if upstream.status != 200:
                 return await self._relay_error(upstream, record, headers)
-            if record.stream and upstream.content_type != "text/event-stream":
-                record.stream = False  # the engine answered a stream request with one body: record what it was
+            # The engine answered a stream request with one body: recorded as what it was; a translating dialect
+            # still answers the stream its API promises (built from that body), the engine's formats relay it.
+            replayed = record.stream and upstream.content_type != "text/event-stream"
+            if replayed:
+                record.stream = False
             translator = self.dialect.translator(record.request, record.id, _now(), additions)
             if record.stream:
                 return await self._relay_stream(request, upstream, record, additions, headers, began, translator)
-            return await self._relay_whole(upstream, record, headers, translator)
+            return await self._relay_whole(upstream, record, headers, translator,
+                                           as_stream=replayed and self.dialect.translates)
         except asyncio.TimeoutError:
             raise UpstreamTimeout("engine did not finish in time") from None
         except aiohttp.ClientError as exc:
@@ -173,7 +177,8 @@ class CompletionServing:
                             content_type="application/json")
 
     async def _relay_whole(self, upstream: aiohttp.ClientResponse, record: CallRecord, headers: dict[str, str],
-                           translator: Translator) -> web.Response:
+                           translator: Translator, *, as_stream: bool = False) -> web.Response:
+        """The engine's one body, answered whole, or (`as_stream`) as the translator's whole event stream."""
         raw = await upstream.read()
         try:
             payload = orjson.loads(raw)
@@ -183,6 +188,10 @@ class CompletionServing:
             return web.Response(body=translator.whole(None, raw, None), status=upstream.status, headers=headers,
                                 content_type=upstream.content_type)
         record.prompt_token_ids, record.choices = capture_response(self.dialect.engine_route, payload)
+        if as_stream:
+            body = replay(translator, payload, _tokens(record, payload))
+            record.response = translator.final
+            return web.Response(body=body, headers={**headers, **SSE_HEADERS})
         body = translator.whole(payload, raw, _tokens(record, payload))
         record.response = translator.final
         return web.Response(body=body, headers=headers, content_type="application/json")

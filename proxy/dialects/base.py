@@ -74,6 +74,7 @@ class Dialect(Protocol):
     """A wire format agents speak, over the one capture core (proxy/serving.py)."""
 
     route: str  # the recorded call's route, and the metrics label
+    translates: bool  # answers in a format of its own (Responses, Messages), not relaying the engine's
     path: str  # where agents send it, under /v1
     engine_route: str  # how the engine is asked and its answer read: chat or completions (proxy/capture.py)
     engine_path: str  # where the engine is asked
@@ -90,6 +91,37 @@ class Dialect(Protocol):
 
     def engine_error(self, status: int, raw: bytes) -> bytes:
         """The engine's error body (OpenAI-shaped) as this dialect's error body."""
+
+
+DONE = Event("[DONE]", b"data: [DONE]\n\n")
+
+
+def replay(translator: Translator, payload: dict[str, Any], tokens: tuple[int, int]) -> bytes:
+    """The whole event stream of an engine's answer that came as one chat completion (`payload`) when the agent
+    asked for a stream (an engine that ignores `stream`): the answer is fed to the translator as the one chunk
+    a stream of it would add up to, then finished as on the engine's `[DONE]`. The OpenAI and Anthropic SDKs
+    read a `stream: true` answer as events whatever its content type, so a JSON body gave them no event at all;
+    this way they get the stream the API promises, with what the whole answer holds."""
+    return translator.feed(as_chunk(payload), DONE, tokens[0]) + translator.finish(payload, tokens, DONE)
+
+
+def as_chunk(payload: dict[str, Any]) -> dict[str, Any]:
+    """A chat completion as the single stream chunk carrying all of it: each choice's message as its delta, its
+    tool calls numbered as a stream numbers them."""
+    choices = []
+    for position, choice in enumerate(payload.get("choices") or ()):
+        if not isinstance(choice, dict):
+            continue
+        message = choice.get("message") if isinstance(choice.get("message"), dict) else {}
+        delta = {key: message[key] for key in ("role", "content", "reasoning", "reasoning_content")
+                 if message.get(key) is not None}
+        calls = [{**call, "index": index} for index, call in enumerate(message.get("tool_calls") or ())
+                 if isinstance(call, dict)]
+        if calls:
+            delta["tool_calls"] = calls
+        choices.append({"index": choice.get("index", position), "delta": delta, "logprobs": choice.get("logprobs"),
+                        "finish_reason": choice.get("finish_reason"), "stop_reason": choice.get("stop_reason")})
+    return {**{key: payload.get(key) for key in ("id", "created", "model")}, "choices": choices}
 
 
 ENDED_EARLY = (502, "the engine ended the stream early", "upstream_error", None)  # a translator's `error` args

@@ -95,6 +95,8 @@ def one_prompt(prompt: Any) -> None:
 class OpenAIDialect:
     """Chat Completions or Completions, relayed."""
 
+    translates = False  # the engine's answer is the agent's, a JSON body to a stream request included
+
     def __init__(self, route: str, path: str, schema: type[BaseModel], fields: frozenset[str]) -> None:
         self.route = self.engine_route = route
         self.path = self.engine_path = path

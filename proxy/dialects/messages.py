@@ -60,6 +60,7 @@ class CountTokensRequest(BaseModel):
 
 
 class MessagesDialect:
+    translates = True
     route = "messages"
     path = "/v1/messages"
     engine_route = CHAT
@@ -129,6 +130,9 @@ class MessagesDialect:
                 chat["parallel_tool_calls"] = False
         elif body.get("tools"):
             chat["tool_choice"] = "auto"
+        response_format = _response_format(body)
+        if response_format is not None:
+            chat["response_format"] = response_format
         if body.get("stream"):
             chat["stream"] = True
         return chat
@@ -147,6 +151,18 @@ def _chat_tool_choice(choice: dict[str, Any]) -> Any:
     if kind == "tool" and choice.get("name"):
         return {"type": "function", "function": {"name": choice["name"]}}
     return {"any": "required", "none": "none"}.get(kind, "auto")
+
+
+def _response_format(body: dict[str, Any]) -> dict[str, Any] | None:
+    """Structured output (`output_config.format`, or the beta's earlier top-level `output_format`: a JSON schema
+    the answer must follow) as the chat route's `response_format`, named as vLLM's own /v1/messages names it: left
+    out, the agent that asked for JSON got whatever text the model wrote, and the call was recorded as sampled
+    without the constraint."""
+    config = body.get("output_config")
+    fmt = (config.get("format") if isinstance(config, dict) else None) or body.get("output_format")
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+        return None
+    return {"type": "json_schema", "json_schema": {"name": "json_schema", "schema": fmt["schema"]}}
 
 
 MESSAGES = MessagesDialect()

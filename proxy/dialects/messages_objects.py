@@ -18,8 +18,12 @@ STOP_REASONS = {"length": "max_tokens", "tool_calls": "tool_use"}
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
-    """Anthropic's error shape: `{"type": "error", "error": {"type", "message"}}`."""
-    return {"type": "error", "error": {"type": ERROR_TYPES.get(status, "api_error"), "message": message}}
+    """Anthropic's error shape: `{"type": "error", "error": {"type", "message"}}`. A status without a type of its
+    own is `invalid_request_error` below 500 (Anthropic's documented type for "other 4XX status codes": a 405, a
+    415, a 408 are the client's to fix, and an SDK or a retry policy reading `api_error` takes them for the
+    server's fault) and `api_error` from 500, the same rule the OpenAI-shaped errors keep (proxy/app.py)."""
+    kind = ERROR_TYPES.get(status) or ("invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def message_id(call_id: str) -> str:

@@ -61,6 +61,7 @@ class ResponsesRequest(BaseModel):
 
 
 class ResponsesDialect:
+    translates = True
     route = "responses"
     path = "/v1/responses"
     engine_route = CHAT
