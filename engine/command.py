@@ -79,6 +79,9 @@ def vllm_available() -> bool:
         return False
 
 
+KEY_ON_EVERY_ROUTE = "engine.route_guard.RequireEngineKey"
+
+
 def served_name(settings: EngineSettings, model_path: Path) -> str:
     """The name the engine serves the base model under: the setting, else the model folder's name."""
     return settings.served_model_name or Path(model_path).name
@@ -130,6 +133,9 @@ def engine_command(
         TOOL_CALL_PARSER,
         "--no-enable-log-requests",
         "--disable-uvicorn-access-log",
+        # vLLM checks its key under /v1 only; with a key, the engine's other routes (POST /adapters loads weights)
+        # require it too (engine/route_guard.py)
+        *(["--middleware", KEY_ON_EVERY_ROUTE] if settings.engine_key is not None else []),
         *settings.extra_args,
     ]
 

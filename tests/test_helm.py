@@ -2,7 +2,9 @@
 every manifest validated against the Kubernetes API schemas (bundled with kubernetes-validate, offline)."""
 from __future__ import annotations
 
+import asyncio
 import base64
+import importlib.util
 import json
 import socket
 import subprocess
@@ -496,6 +498,37 @@ def test_by_default_only_the_proxies_and_the_trainer_reach_the_engines_and_with_
     # no metrics port and one pod: nothing may connect
     documents = render({"trainer": {"metricsPort": 0}})
     assert by_kind(documents, "NetworkPolicy")["prod-rlproxy-trainer"]["spec"]["ingress"] == []
+
+
+def test_the_engines_require_their_key_on_every_route_not_only_under_v1(tmp_path):
+    """vLLM checks its key under /v1 only; POST /adapters (a LoRA from any path) and /invocations answered anyone
+    who reached an engine. The chart mounts engine/route_guard.py, unchanged, and vLLM loads it as middleware."""
+    documents = render()
+    guard = by_kind(documents, "ConfigMap")["prod-rlproxy-engine-guard"]["data"]["rlproxy_route_guard.py"]
+    assert guard.strip() == (Path(__file__).resolve().parent.parent / "engine" / "route_guard.py").read_text().strip()
+    pod = engine_pod(documents)
+    engine = pod["containers"][0]
+    assert engine["args"][engine["args"].index("--middleware") + 1] == "rlproxy_route_guard.RequireEngineKey"
+    [mount] = [m for m in engine["volumeMounts"] if m["name"] == "route-guard"]
+    assert env_of(engine)["PYTHONPATH"] == mount["mountPath"] and mount["readOnly"]
+    [volume] = [v for v in pod["volumes"] if v["name"] == "route-guard"]
+    assert volume["configMap"]["name"] == "prod-rlproxy-engine-guard"
+    # what vLLM imports from the mount: denies /adapters without the key the pod's VLLM_API_KEY holds
+    (tmp_path / "rlproxy_route_guard.py").write_text(guard)
+    spec = importlib.util.spec_from_file_location("rlproxy_route_guard", tmp_path / "rlproxy_route_guard.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sent = []
+
+    async def refused(scope, receive, send):
+        raise AssertionError("reached the engine without its key")
+
+    async def record(message):
+        sent.append(message)
+
+    scope = {"type": "http", "path": "/adapters", "method": "POST", "headers": []}
+    asyncio.run(module.RequireEngineKey(refused, key="k")(scope, None, record))
+    assert sent[0]["status"] == 401
 
 
 def test_no_pod_downloads_model_weights():

@@ -257,8 +257,8 @@ def test_engine_dies_with_its_parent(tmp_path):
 @needs_vllm
 async def test_real_engine_starts_and_stops_without_leaving_processes():
     """A second, short-lived real engine: `async with` start, then every process of its group is gone. It has
-    an engine key: without it nothing under /v1 answers, runtime LoRA loading included (any local process,
-    an agent among them, could otherwise load weights under a served adapter's name)."""
+    an engine key: without it nothing answers but its health probes, runtime LoRA loading included (any local
+    process, an agent among them, could otherwise load weights under a served adapter's name)."""
     settings = small_engine_settings().model_copy(update={"engine_key": SecretStr("engine-secret")})
     async with Engine(settings, model_path=prepare_model()) as engine:
         pgid = engine.pid
@@ -270,6 +270,12 @@ async def test_real_engine_starts_and_stops_without_leaving_processes():
         assert http("GET", engine.base_url + "/v1/models")[0] == 401
         load = {"lora_name": "rlproxy-v1", "lora_path": "/tmp", "load_inplace": True}
         assert http("POST", engine.base_url + "/v1/load_lora_adapter", load)[0] == 401
+        # vLLM guards only /v1 and a few prefixes; its other routes load weights and generate as well
+        for path, body in (("/adapters", load), ("/invocations", {"prompt": "hi", "max_tokens": 1}),
+                           ("/tokenize", {"prompt": "hi"}), ("/scale_elastic_ep", {"new_data_parallel_size": 2})):
+            assert http("POST", engine.base_url + path, body)[0] == 401, path
+        assert http("GET", engine.base_url + "/health")[0] == 200  # probes need no key
+        assert http("POST", engine.base_url + "/tokenize", {"prompt": "hi"}, headers=engine.auth_headers)[0] == 200
     assert engine.returncode is not None
     assert not live_members(pgid), live_members(pgid)
 
