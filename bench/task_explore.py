@@ -26,7 +26,7 @@ from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
 from demo.agent import PROMPTS, evaluate_detailed  # noqa: E402
-from demo.tasks import FAMILIES, heldout_tasks, train_tasks  # noqa: E402
+from demo.tasks import FAMILIES, heldout_tasks, task_kind, train_tasks  # noqa: E402
 from store.evaluation import wilson  # noqa: E402
 
 DEFAULT_VARIANTS = (
@@ -48,7 +48,7 @@ def parse_variant(text: str) -> tuple[str, str]:
         raise SystemExit(f"unknown prompt {prompting!r}; one of {sorted(PROMPTS)}")
     if family not in FAMILIES:
         raise SystemExit(f"unknown task family {family!r}; one of {sorted(FAMILIES)}")
-    if PROMPTS[prompting].tool != ("lookup" if family == "lookup" else "calc"):
+    if PROMPTS[prompting].tool != task_kind(family):
         raise SystemExit(f"prompt {prompting} is written for {PROMPTS[prompting].tool} tasks, not {family}")
     return prompting, family
 
@@ -122,7 +122,8 @@ def main() -> None:
     parser.add_argument("--split", choices=("train", "heldout"), default="heldout")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--max-turns", type=int, default=3)
+    parser.add_argument("--max-turns", type=int, default=None,
+                        help="model calls per episode (default: the prompt variant's own: 3, chain 4)")
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--concurrency", type=int, default=8)
     parser.add_argument("--show", type=int, default=0, help="print this many transcripts per variant")

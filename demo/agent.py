@@ -29,7 +29,7 @@ from typing import Any
 import openai
 
 from core.errors import RlproxyError
-from demo.tasks import CALC, EXAMPLE_LOOKUPS, EXAMPLE_PRODUCTS, LOOKUP, Task, lookup
+from demo.tasks import CALC, CHAIN, EXAMPLE_CHAINS, EXAMPLE_LOOKUPS, EXAMPLE_PRODUCTS, LOOKUP, Task, lookup
 
 DEFAULT_MAX_TURNS = 3
 DEFAULT_MAX_TOKENS = 32
@@ -45,7 +45,10 @@ gets a reminder. After max_turns model replies without ANSWER the episode ends w
 REMINDER = {
     CALC: "Reply with one line: CALC: <expression> or ANSWER: <number>",
     LOOKUP: "Reply with one line: LOOKUP: <name> or ANSWER: <number>",
+    CHAIN: "Reply with one line: LOOKUP: <name>, CALC: <expression> or ANSWER: <number>",
 }
+# The tools an episode of each task kind may run; any other action is answered with an ERROR.
+TOOLS_OF = {CALC: (CALC,), LOOKUP: (LOOKUP,), CHAIN: (LOOKUP, CALC)}
 
 # The protocol's markers as the proxy's AIR text rules (docs/air.md; `rlproxy demo` passes them to its proxy):
 # a reply with a tool action, answered by a user turn starting ERROR:, earns that reply's call a tool_error.
@@ -64,6 +67,13 @@ _LOOKUP_RULES = (
     "First reply with exactly one line: LOOKUP: <item name>\n"
     "You will receive RESULT: <code>. Then reply with exactly one line: ANSWER: <code>"
 )
+_CHAIN_RULES = (
+    "You answer questions about item codes using a lookup table and a calculator. You do not know any codes "
+    "yourself and never compute in your head.\n"
+    "First reply with exactly one line: LOOKUP: <item name>\n"
+    "You will receive RESULT: <code>. Then reply with exactly one line: CALC: <expression>\n"
+    "You will receive RESULT: <number>. Then reply with exactly one line: ANSWER: <number>"
+)
 _DIRECT_RULES = "You answer math questions. Reply with exactly one line: ANSWER: <number>"
 
 
@@ -76,6 +86,13 @@ def _lookup_dialogue(name: str) -> list[tuple[str, str]]:
     code = lookup(name)
     return [("user", f"What is the code of the {name}?"), ("assistant", f"LOOKUP: {name}"),
             ("user", f"RESULT: {code}"), ("assistant", f"ANSWER: {code}")]
+
+
+def _chain_dialogue(name: str, factor: int) -> list[tuple[str, str]]:
+    code = lookup(name)
+    return [("user", f"What is the code of the {name} times {factor}?"), ("assistant", f"LOOKUP: {name}"),
+            ("user", f"RESULT: {code}"), ("assistant", f"CALC: {code} * {factor}"),
+            ("user", f"RESULT: {code * factor}"), ("assistant", f"ANSWER: {code * factor}")]
 
 
 def _as_text(dialogue: list[tuple[str, str]]) -> str:
@@ -93,6 +110,8 @@ class Prompting:
     tools: bool = True  # False: a control that forbids tools (shows the task needs them)
     # The calculator reads up to the first '=' ('CALC: 3 * 4 = 15 apples' is 3 * 4); strict: the whole line
     strict_calc: bool = False
+    # Model calls before the episode ends unanswered: the task's steps plus one to recover from a slip
+    max_turns: int = DEFAULT_MAX_TURNS
 
     def opening(self, task: Task) -> list[dict[str, str]]:
         return [{"role": "system", "content": self.system},
@@ -104,6 +123,7 @@ def _prompts() -> dict[str, Prompting]:
     calc2 = [turn for a, b in EXAMPLE_PRODUCTS[:2] for turn in _calc_dialogue(a, b)]
     calc1 = _calc_dialogue(*EXAMPLE_PRODUCTS[0])
     lookup2 = [turn for name in EXAMPLE_LOOKUPS[:2] for turn in _lookup_dialogue(name)]
+    chain2 = [turn for name, factor in EXAMPLE_CHAINS for turn in _chain_dialogue(name, factor)]
     direct2 = [turn for a, b in EXAMPLE_PRODUCTS[:2]
                for turn in (("user", f"What is {a} * {b}?"), ("assistant", f"ANSWER: {a * b}"))]
     variants = [
@@ -117,6 +137,7 @@ def _prompts() -> dict[str, Prompting]:
         # the rules alone
         Prompting("calc-zero", CALC, _CALC_RULES),
         Prompting("lookup-chat2", LOOKUP, _LOOKUP_RULES, tuple(lookup2)),
+        Prompting("chain-chat2", CHAIN, _CHAIN_RULES, tuple(chain2), max_turns=4),
         # control: no tool, answer directly
         Prompting("direct-chat2", CALC, _DIRECT_RULES, tuple(direct2), tools=False),
     ]
@@ -124,7 +145,8 @@ def _prompts() -> dict[str, Prompting]:
 
 
 PROMPTS: dict[str, Prompting] = _prompts()
-DEFAULT_PROMPTS: dict[str, Prompting] = {CALC: PROMPTS["calc-chat2"], LOOKUP: PROMPTS["lookup-chat2"]}
+DEFAULT_PROMPTS: dict[str, Prompting] = {CALC: PROMPTS["calc-chat2"], LOOKUP: PROMPTS["lookup-chat2"],
+                                         CHAIN: PROMPTS["chain-chat2"]}
 SYSTEM_PROMPT: str = DEFAULT_PROMPTS[CALC].system
 FEW_SHOT: list[dict[str, str]] = [{"role": r, "content": c} for r, c in DEFAULT_PROMPTS[CALC].few_shot]
 
@@ -281,12 +303,15 @@ async def run_episode(
     task: Task,
     *,
     temperature: float = 1.0,
-    max_turns: int = DEFAULT_MAX_TURNS,
+    max_turns: int | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     prompting: Prompting | None = None,
 ) -> EpisodeResult:
-    """Run one task to an ANSWER (or max_turns model calls); API errors propagate to the caller."""
+    """Run one task to an ANSWER (or max_turns model calls, the prompting's by default); API errors propagate
+    to the caller."""
     prompting = prompting or DEFAULT_PROMPTS[task.tool]
+    max_turns = max_turns or prompting.max_turns
+    tools = TOOLS_OF.get(task.tool, (task.tool,))
     messages: list[dict[str, Any]] = prompting.opening(task)
     result = EpisodeResult(reward=0.0, turns=0, answer=None, transcript=messages)
     for turn in range(1, max_turns + 1):
@@ -312,8 +337,8 @@ async def run_episode(
             reply = REMINDER.get(task.tool, REMINDER[CALC])
         elif not prompting.tools:
             reply = "ERROR: no tools here; reply with ANSWER: <number>"
-        elif action.kind != task.tool:  # only the tool the prompt offers runs
-            reply = f"ERROR: unknown tool {action.kind.upper()}; use {task.tool.upper()}"
+        elif action.kind not in tools:  # only the tools the prompt offers run
+            reply = f"ERROR: unknown tool {action.kind.upper()}; use {' or '.join(t.upper() for t in tools)}"
             result.tool_errors += 1
         else:
             reply = run_tool(action.kind, action.arg, ignore_after_equals=not prompting.strict_calc)

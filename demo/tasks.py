@@ -6,9 +6,12 @@ Each task is a question the bundled 135M model cannot answer from memory but can
     mul1x2   "What is 37 * 6?"           two-digit times one-digit; tool: calc
     mul3x2   "What is 537 * 46?"         three-digit times two-digit; tool: calc
     lookup   "What is the code of the silver otter?"   a made-up table bundled below; tool: lookup
+    chain    "What is the code of the silver otter times 7?"   both tools in turn: LOOKUP, then CALC on its
+             RESULT, then ANSWER (at least three model calls, each continuing the conversation before it)
 
 Train, gate and held-out splits are disjoint by construction: every problem (for multiplication the unordered
-operand pair, so 37 * 46 and 46 * 37 land on the same side; for lookup the table key) is assigned to a
+operand pair, so 37 * 46 and 46 * 37 land on the same side; for lookup and chain the table key, so a held-out
+chain problem names an item whose code no training problem ever showed) is assigned to a
 split by a hash of its key, so the held-out problems are the same kind of problem, never seen in
 training. Within a split, `train_tasks(n, seed)` / `heldout_tasks(n, seed)` draw n distinct problems
 with a string-seeded `random.Random`, so the same arguments give the same tasks on every machine.
@@ -30,10 +33,13 @@ GATE_BUCKET = 1  # of ten hash buckets, this one is the gate split (what the dem
 
 CALC = "calc"
 LOOKUP = "lookup"
+CHAIN = "chain"  # the task kind whose episodes use LOOKUP, then CALC
 
 # Problems the agent's few-shot prompt shows worked through; never drawn into either split.
 EXAMPLE_PRODUCTS: tuple[tuple[int, int], ...] = ((23, 41), (58, 17), (64, 29))
 EXAMPLE_LOOKUPS: tuple[str, ...] = ("golden heron", "jade lynx", "coral owl")
+EXAMPLE_CHAINS: tuple[tuple[str, int], ...] = (("golden heron", 3), ("jade lynx", 7))
+CHAIN_FACTORS = range(3, 10)  # "times 3" .. "times 9": one-digit factors, so the CALC step is the easy part
 
 
 @dataclass(frozen=True)
@@ -70,6 +76,7 @@ FAMILIES: dict[str, object] = {
     "mul3x2": _Multiplication((102, 999), (12, 99)),
     "words2x2": _Multiplication((12, 99), (12, 99), words=True),
     "lookup": None,  # the bundled table
+    "chain": None,  # the bundled table, each code times a one-digit factor
 }
 
 # --- the lookup table: 12 x 12 made-up objects with three-digit codes, fixed forever ----------------
@@ -133,6 +140,12 @@ def _lookup_task(name: str, split: str) -> Task:
                 answer=lookup_table()[name], tool=LOOKUP, family="lookup", split=split)
 
 
+def _chain_task(name: str, factor: int, split: str) -> Task:
+    return Task(task_id=f"chain:{name.replace(' ', '-')}*{factor}",
+                prompt=f"What is the code of the {name} times {factor}?",
+                answer=lookup_table()[name] * factor, tool=CHAIN, family="chain", split=split)
+
+
 @functools.cache
 def _pool(family: str, split: str) -> tuple[tuple, ...]:
     """Every problem of `family` in `split`, in a fixed order."""
@@ -141,6 +154,10 @@ def _pool(family: str, split: str) -> tuple[tuple, ...]:
     if family == "lookup":
         return tuple((name,) for name in lookup_table()
                      if name not in EXAMPLE_LOOKUPS and split_of(family, name) == split)
+    if family == "chain":  # split by the item, not the pair: a held-out code was never seen in training
+        return tuple((name, factor) for name in lookup_table()
+                     if name not in EXAMPLE_LOOKUPS and split_of(family, name) == split
+                     for factor in CHAIN_FACTORS)
     spec = FAMILIES[family]
     assert isinstance(spec, _Multiplication)
     reserved = {_mul_key(a, b) for a, b in EXAMPLE_PRODUCTS}
@@ -152,6 +169,11 @@ def _pool(family: str, split: str) -> tuple[tuple, ...]:
             if a % 10 and b % 10 and key not in reserved and split_of(family, key) == split:
                 out.append((a, b))
     return tuple(out)
+
+
+def task_kind(family: str) -> str:
+    """The kind of task a family's problems are (which prompt and tools an episode of it uses)."""
+    return {"lookup": LOOKUP, "chain": CHAIN}.get(family, CALC)
 
 
 def pool_size(split: str, family: str = DEFAULT_FAMILY) -> int:
@@ -166,6 +188,8 @@ def _tasks(split: str, n: int, seed: int, family: str) -> list[Task]:
     picked = rng.sample(pool, n)
     if family == "lookup":
         return [_lookup_task(name, split) for (name,) in picked]
+    if family == "chain":
+        return [_chain_task(name, factor, split) for name, factor in picked]
     return [_mul_task(family, a, b, split) for a, b in picked]
 
 

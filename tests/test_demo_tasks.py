@@ -44,6 +44,8 @@ from demo.tasks import (
 def _problem_key(task: Task) -> str:
     if task.family == "lookup":
         return task.task_id
+    if task.family == "chain":  # held out by the item: its code is never seen in training, whatever the factor
+        return task.task_id.split(":", 1)[1].rsplit("*", 1)[0]
     a, b = map(int, task.task_id.rsplit(":", 1)[1].split("*"))
     return _mul_key(a, b)
 
@@ -366,3 +368,30 @@ async def test_evaluate_reports_success_rate(server):
     assert stats.errors == 1 and stats.success == pytest.approx(11 / 12)
     assert stats.tool_use_rate == pytest.approx(11 / 12) and stats.answer_format_rate == pytest.approx(11 / 12)
     assert stats.mean_turns == 2.0 and isinstance(stats.results[0], openai.APIStatusError)
+
+
+async def test_chain_task_takes_a_lookup_then_a_calculation_on_its_result(server):
+    task = heldout_tasks(1, family="chain")[0]
+    name, factor = task.prompt.removeprefix("What is the code of the ").removesuffix("?").rsplit(" times ", 1)
+    code = lookup(name)
+    assert task.answer == code * int(factor) and task.tool == "chain"
+    replies = [f"LOOKUP: {name}", f"CALC: {code} * {factor}", f"ANSWER: {task.answer}"]
+    server.policy = script(*replies)
+    async with server.client() as client:
+        result = await run_episode(client, "m", task)
+    assert (result.reward, result.turns, result.tool_calls, result.tool_errors) == (1.0, 3, 2, 0)
+    assert server.requests[0]["messages"][0]["content"] == PROMPTS["chain-chat2"].system
+    assert [r["messages"][-1]["content"] for r in server.requests[1:]] == [f"RESULT: {code}",
+                                                                          f"RESULT: {task.answer}"]
+    assert_clean_chat(server.requests, replies)  # each call continues the one before it
+
+
+async def test_chain_episode_gets_one_turn_to_recover_and_no_more(server):
+    task = heldout_tasks(1, family="chain")[0]
+    name = task.prompt.removeprefix("What is the code of the ").rsplit(" times ", 1)[0]
+    replies = [f"LOOKUP: {name}", "I am not sure.", "CALC: 1 + 1", "CALC: 2 * 2", f"ANSWER: {task.answer}"]
+    server.policy = script(*replies)
+    async with server.client() as client:
+        result = await run_episode(client, "m", task)
+    # three steps and one slip: the fifth call, which would have answered, is never made
+    assert (result.reward, result.turns, result.answer, len(server.requests)) == (0.0, 4, None, 4)
