@@ -1,29 +1,21 @@
 """The capture writer: the only task that writes calls. Request handlers hand over a record and move on; the
 writer drains a bounded queue and stores batches, one transaction each.
 
-Durability (`WriterSettings.durability`):
-- `spool` (the default): every call is appended to the spool with one write() before the agent receives its
-  answer, then written to the database as usual and retired from the spool. The kernel has it once write()
-  returns, so a call the agent received survives the proxy being killed; only a crash of the machine can
-  lose what was not on disk yet.
-- `sync`: the same, and the spool is fsynced before the answer (group commit: concurrent calls share one
-  fsync; see `proxy.spool`), so a call the agent received also survives the machine crashing.
-- `batch`: a call is acknowledged first and written afterwards; the spool covers the database being down or
-  slow. A crash of the proxy loses the calls still queued in memory (everything the database has not taken).
+Durability (`WriterSettings.durability`; docs/durability.md): `spool` (the default) appends every call to the spool
+with one write() before its agent is answered (it survives the proxy being killed), `sync` also fsyncs it (group
+commit, `proxy.spool`: it survives the machine crashing), `batch` answers first and spools only what the database
+does not take (a killed proxy loses what was queued in memory).
 
 Nothing accepted is dropped:
-- queue full (the database is slower than the traffic) → the call waits in the spool;
-- a batch fails (database down or slow) → its calls wait in the spool;
+- the queue is full or a batch fails (the database is slow or down) → the calls wait in the spool;
 - while the spool holds a backlog, new calls queue behind it, so calls reach the database in the order they
-  were recorded; the backlog is replayed oldest first once the database answers, each batch retired once
-  stored. Writes are idempotent by call id, so a replay interrupted by a crash is simply replayed again
-  (exactly once); a call already taken by a replay is skipped when its in-memory copy comes by.
+  were recorded; the backlog is replayed oldest first, each batch retired once stored. Writes are idempotent by
+  call id (a replay cut short by a crash is replayed again; a call a replay took is skipped in memory).
 - on shutdown, whatever is still queued is written, or left in the spool if the database does not answer.
 
-Nothing one call contains can stop the others from being recorded: a call that cannot be written as JSON or
-that the database refuses is set aside in the rejected file with the reason (proxy/rejected.py), and the
-writer runs supervised (proxy/supervisor.py): should it fail anyway, it starts again, and the calls it had in
-hand are stored one at a time, so that a call that made it fail is set aside instead of failing it again.
+Nothing one call contains stops the others: a call that cannot be written as JSON or that the database refuses
+is set aside in the rejected file (proxy/rejected.py); should the writer fail anyway, it is started again
+(proxy/supervisor.py) and stores the calls it had in hand one at a time, setting aside one that fails it again.
 """
 from __future__ import annotations
 
@@ -73,6 +65,7 @@ class CaptureWriter:
         self._in_hand: list[Item] = []  # the batch being written
         self._markers: list[asyncio.Future] = []  # `sync()` waiters answered after that batch
         self._suspects: list[Item] = []  # in hand when the writer failed: stored one at a time
+        self._spooled: set[str] = set()  # ids of calls in hand spooled since: a failure or stop must not respool
         self._supervisor = Supervised("capture writer", self._run, restarts=metrics.writer_restarts,
                                       up=metrics.writer_running, after_failure=self._after_failure)
         self.batches = Batches(sessions, metrics, self.rejected, after_write)
@@ -104,10 +97,9 @@ class CaptureWriter:
         return self._take(record)[1]
 
     async def commit(self, record: CallRecord) -> None:
-        """`submit`; in `spool` and `sync` mode, StoreUnavailable if the call could not be written to the
-        spool. In `sync` mode, wait until the call is on disk (with everyone else's: one fsync) before it is
-        queued for the database. A call that raises here is answered with an error, so it is stored as failed
-        (`store_error`, never trained on), not as the answer the agent did not get."""
+        """`submit`; StoreUnavailable if `spool` or `sync` mode could not write the call to the spool. `sync` waits
+        until it is on disk (one fsync shared with everyone's) before queueing it. A call that raises here is
+        answered with an error, so it is stored as failed (`store_error`, never trained on)."""
         if not self.fsync:
             if not self._take(record)[0]:
                 raise StoreUnavailable("the call could not be written to the spool")
@@ -186,7 +178,8 @@ class CaptureWriter:
                 await self._task
             except asyncio.CancelledError:
                 pass
-            leftovers = [r for r, lsn in self._suspects + self._in_hand + self._drain_nowait() if lsn is None]
+            held = self._suspects + self._in_hand + self._drain_nowait()
+            leftovers = [r for r, lsn in held if lsn is None and r.id not in self._spooled]  # not in the spool
             await self._spool(leftovers)
             log.warning("the database did not take every call in time: %d left in the spool for the next "
                         "start", self.spool.pending)
@@ -237,6 +230,7 @@ class CaptureWriter:
         await self._recover()
         while True:
             items, self._markers, stop = await self._next_batch()
+            self._spooled.clear()  # no suspects are left (`_recover`), and the last batch was let go
             self._in_hand = items
             ok = await self._store(items, retry_now=bool(self._markers) or stop)
             self._in_hand = []
@@ -261,8 +255,8 @@ class CaptureWriter:
                 marker.set_exception(StoreUnavailable("the database is unavailable; calls are spooled"))
 
     async def _after_failure(self, exc: BaseException) -> None:
-        """The writer failed with a batch in hand: its calls are suspects (see `_recover`)."""
-        self._suspects += self._in_hand
+        """The writer failed with a batch in hand: its calls not in the spool are suspects (see `_recover`)."""
+        self._suspects += [(r, lsn) for r, lsn in self._in_hand if lsn is not None or r.id not in self._spooled]
         self._in_hand = []
         self._gauges()
 
@@ -304,10 +298,13 @@ class CaptureWriter:
         return False
 
     async def _spool(self, records: list[CallRecord]) -> None:
+        """Append calls only in memory to the spool, once each (see `_spooled`), and wait until they are on disk."""
+        records = [r for r in records if r.id not in self._spooled]
         lines = self._lines(records)
         if lines:
             await self.spool.append_lines(lines)
             self.metrics.rows_spooled.inc(len(lines))
+        self._spooled.update(r.id for r in records)
 
     def _lines(self, records: list[CallRecord]) -> list[bytes]:
         """The records as spool lines; one that cannot be written as JSON is set aside instead."""
@@ -320,29 +317,33 @@ class CaptureWriter:
         return lines
 
     def _overflow(self, record: CallRecord) -> None:
-        """A call only in memory meets a full queue: the queued calls go to the spool, then this one, so they
-        stay in order; waiters for `sync()` keep their place."""
+        """A call only in memory meets a full queue: the batch in hand (older; its write may yet fail), the
+        queued calls and this one go to the spool in the order they were recorded (queued calls with an lsn are
+        there already: the replay takes them); waiters for `sync()` keep their place."""
         queued, others = [], []
         while not self.queue.empty():
             item = self.queue.get_nowait()
             (queued if isinstance(item, tuple) else others).append(item)
-        self._spool_in_background([r for r, _ in queued] + [record])
+        in_hand = [r for r, lsn in self._in_hand if lsn is None and r.id not in self._spooled]
+        if self._spool_in_background(in_hand + [r for r, lsn in queued if lsn is None] + [record]):
+            self._spooled.update(r.id for r in in_hand)  # stored by its write or the replay, whichever is first
         for item in others:
             self.queue.put_nowait(item)
 
-    def _spool_in_background(self, records: list[CallRecord]) -> None:
-        """From `submit` (it cannot wait): the records are written now, their fsync follows."""
+    def _spool_in_background(self, records: list[CallRecord]) -> bool:
+        """From `submit` (it cannot wait): written now, fsynced later; False when the disk refused them."""
         lines = self._lines(records)
         if not lines:
-            return
+            return True
         try:
             self.spool.write_lines(lines)
         except OSError as exc:
             log.error("could not append %d calls beyond the full queue to the spool %s: they are lost (%s)",
                       len(lines), self.spool.path, exc)
-            return
+            return False
         self.metrics.rows_spooled.inc(len(lines))
         asyncio.ensure_future(self.spool.flush()).add_done_callback(_log_failure)
+        return True
 
     async def _replay(self) -> bool:
         """Store the backlog, oldest first, retiring each batch once stored."""

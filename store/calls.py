@@ -68,9 +68,13 @@ async def _latest_call(session: AsyncSession, rollout_id: str, agent: str | None
 
 async def write_calls(session: AsyncSession, records: list[CallRecord], *,
                       may_repeat: bool = True) -> list[WrittenCall]:
-    """Store `records` in the session's transaction. Replayed records (same id) are skipped; a caller that
-    knows none was stored before (the writer's first attempt) passes `may_repeat=False` to save the look-up."""
-    fresh = records
+    """Store `records` in the session's transaction. Replayed records (same id) are skipped, within the batch
+    too; a caller that knows none was stored before (the writer's first attempt) passes `may_repeat=False` to
+    save the look-up."""
+    # One id twice in a batch (a spool holding a call twice: written again by a stop that cut a replay short)
+    # would be numbered twice and inserted once: a gap in the rollout's seq and a call_count one too high.
+    seen: set[str] = set()
+    fresh = records = [r for r in records if not (r.id in seen or seen.add(r.id))]  # the first of each id
     if may_repeat:
         ids = [r.id for r in records]
         known = set((await session.execute(select(Call.id).where(Call.id.in_(ids)))).scalars())
@@ -135,7 +139,7 @@ async def write_calls(session: AsyncSession, records: list[CallRecord], *,
         call_rows.append(_call_row(record, seqs.get(record.id), parent, kind))
         choice_rows.extend(
             {"call_id": record.id, "index": c.index, "token_ids": c.token_ids, "logprobs": c.logprobs,
-             "finish_reason": c.finish_reason}
+             "finish_reason": _storable(c.finish_reason, CallChoice.finish_reason)}
             for c in record.choices
         )
         written.append(WrittenCall(record, seqs.get(record.id), kind, parent, late=record.id in late))
@@ -157,18 +161,18 @@ def _call_row(record: CallRecord, seq: int | None, parent: Parent | None, kind: 
         "task_id": record.task_id,
         "project": record.project,
         "route": record.route,
-        "model": record.model,
-        "upstream_model": record.upstream_model,
+        "model": _storable(record.model, Call.model),
+        "upstream_model": _storable(record.upstream_model, Call.upstream_model),
         "policy_version": record.policy_version,
         # A record with a version but no policy name (spooled by a proxy before named policies) is the default's.
         "policy": record.policy or (DEFAULT_POLICY if record.policy_version is not None else None),
         "stream": record.stream,
         "status": record.status,
         "http_status": record.http_status,
-        "upstream": record.upstream,
+        "upstream": _storable(record.upstream, Call.upstream),
         "request": record.request,
         "response": record.response,
-        "error": record.error,
+        "error": _storable(record.error, Call.error),
         "prompt_token_ids": record.prompt_token_ids,
         "prompt_tokens": len(record.prompt_token_ids) if record.prompt_token_ids is not None else None,
         "completion_tokens": record.completion_tokens,
@@ -180,6 +184,19 @@ def _call_row(record: CallRecord, seq: int | None, parent: Parent | None, kind: 
         "started_at": record.started_at,
         "finished_at": record.finished_at,
     }
+
+
+def _storable(text: str | None, column) -> str | None:
+    """A descriptive text as its column holds it. What the agent or the engine named (a model name it asked for,
+    an engine's finish reason or error message) is answered before it is stored: a NUL in it or a name longer
+    than the column would make the database refuse the whole call after the agent had its answer. So NUL
+    becomes U+FFFD (Postgres text cannot hold it) and the text is cut at the column's size. Ids are not
+    touched here: the request's edge refuses the ones no column holds (core/ids.py)."""
+    if text is None:
+        return None
+    text = text.replace("\x00", "\ufffd")
+    limit = getattr(column.type, "length", None)
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
 
 
 @dataclass(slots=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections.abc import AsyncIterator
 
 import orjson
@@ -20,8 +21,18 @@ def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
+# U+0000 as orjson writes it: `\u0000` after an even number of backslashes (after an odd number the escape is text)
+_NUL_ESCAPE = re.compile(rb"(?<!\\)((?:\\\\)*)\\u0000")
+
+
 def _json_dumps(value) -> str:
-    return orjson.dumps(value).decode()
+    """A document as JSON every store can hold: Postgres' JSONB refuses U+0000, which agents do send (a tool's
+    output with binary bytes) and models do write. Refused, the whole call would be set aside after its agent was
+    answered; so it becomes U+FFFD, the replacement character, in documents only (token ids stay exact)."""
+    data = orjson.dumps(value)
+    if b"\\u0000" in data:
+        data = _NUL_ESCAPE.sub(rb"\1\\ufffd", data)
+    return data.decode()
 
 
 JSON_CODEC = {"json_serializer": _json_dumps, "json_deserializer": orjson.loads}  # several times json's speed

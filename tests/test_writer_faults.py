@@ -13,9 +13,10 @@ import pytest
 from core.settings import WriterSettings
 from proxy.metrics import ProxyMetrics
 from proxy.writer import CaptureWriter
-from sqlalchemy import text
+from sqlalchemy import select, text
 
 from store.db import open_database, session_factory
+from store.models import Call, CallChoice
 from tests.test_durability import seqs_in_order, sessions  # noqa: F401 — `sessions` is a fixture
 from tests.test_writer_spool import count, link, record  # noqa: F401 — `link` is a fixture
 
@@ -29,12 +30,12 @@ def nested(depth: int):
 
 def poisoned(rollout_id: str):
     """Calls nothing can store as they are: nested past what orjson writes, a lone surrogate (what aiohttp makes
-    of header bytes that are not UTF-8), a NUL character (Postgres text and JSONB refuse it)."""
-    deep, surrogate, nul = (record(rollout_id) for _ in range(3))
+    of header bytes that are not UTF-8), an agent name longer than its column (an id is never cut)."""
+    deep, surrogate, long_id = (record(rollout_id) for _ in range(3))
     deep.request = {"messages": [{"role": "user", "content": "hi", "x": nested(300)}]}
     surrogate.agent = "agent\udcff"
-    nul.request = {"messages": [{"role": "user", "content": "a\x00b"}]}
-    return [deep, surrogate, nul]
+    long_id.agent = "a" * 129
+    return [deep, surrogate, long_id]
 
 
 def rejected_lines(writer: CaptureWriter) -> dict[str, str]:
@@ -60,7 +61,7 @@ async def test_calls_that_cannot_be_stored_are_set_aside_and_the_rest_are_stored
     assert set(reasons) == {call.id for call in bad}
     assert "Recursion limit reached" in reasons[bad[0].id]
     assert "surrogates not allowed" in reasons[bad[1].id]
-    assert "unsupported Unicode escape sequence" in reasons[bad[2].id]  # Postgres' own words
+    assert "value too long for type character varying(128)" in reasons[bad[2].id]  # Postgres' own words
     assert metrics.registry.get_sample_value("rlproxy_capture_calls_rejected_total") == 3
     assert writer.running and not metrics.registry.get_sample_value("rlproxy_capture_writer_restarts_total")
     await writer.close()
@@ -137,4 +138,38 @@ async def test_a_database_that_cannot_write_keeps_the_calls_waiting_not_set_asid
     await writer.sync(timeout=15)
     assert await seqs_in_order(sessions, calls) == [1, 2, 3, 4]
     assert not writer.rejected.path.exists() or not rejected_lines(writer)
+    await writer.close()
+
+
+@pytest.mark.parametrize("durability", ["batch", "spool"])
+async def test_text_postgres_cannot_hold_as_it_is_is_stored_not_set_aside(sessions, tmp_path, durability):
+    """What an agent or an engine may write that Postgres' text and JSONB refuse: a NUL character (a tool's output
+    with binary bytes, a model writing U+0000), a model name or a finish reason longer than its column. The agent
+    had its answer, so the call is stored: NUL as U+FFFD, long names cut; token ids and logprobs exact."""
+    writer = CaptureWriter(sessions, WriterSettings(spool_path=tmp_path / "spool.jsonl", durability=durability),
+                           ProxyMetrics())
+    await writer.start()
+    rollout_id = uuid.uuid4().hex
+    calls = [record(rollout_id) for _ in range(4)]
+    calls[0].request = {"messages": [{"role": "tool", "content": "ELF\x00\x01 and a literal \\u0000"}]}
+    calls[1].response = {"choices": [{"message": {"content": "a\x00b"}}]}
+    calls[1].error = "engine said \x00"
+    calls[2].model = "m" * 300
+    calls[3].choices[0].finish_reason = "an engine's own reason, longer than 32 characters"
+    for call in calls:
+        await writer.commit(call)
+    await writer.sync()
+
+    assert await seqs_in_order(sessions, calls) == [1, 2, 3, 4]
+    assert not writer.rejected.path.exists()
+    async with sessions() as session:
+        rows = {row.id: row for row in (await session.execute(
+            select(Call).where(Call.rollout_id == rollout_id))).scalars()}
+        choice = await session.get(CallChoice, (calls[3].id, 0))
+    assert rows[calls[0].id].request["messages"][0]["content"] == "ELF\ufffd\x01 and a literal \\u0000"
+    assert rows[calls[1].id].response["choices"][0]["message"]["content"] == "a\ufffdb"
+    assert rows[calls[1].id].error == "engine said \ufffd"
+    assert rows[calls[2].id].model == "m" * 255 + "…"
+    assert choice.finish_reason == "an engine's own reason, longer …" and choice.token_ids == [4, 5]
+    assert rows[calls[0].id].prompt_token_ids == [1, 2, 3]
     await writer.close()
