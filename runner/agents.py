@@ -11,6 +11,7 @@ import asyncio
 import importlib
 import inspect
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -128,20 +129,29 @@ class FunctionAgent:
             return AgentResult(None if value is None else _reward(value, self.spec))
         except asyncio.CancelledError:
             raise
-        except Exception as exc:  # noqa: BLE001 — the agent's own failure, logged with the attempt
+        # SystemExit too: an agent's `sys.exit()` (or its argparse refusing the runner's argv) ends its attempt,
+        # not the run; KeyboardInterrupt raised by its own code likewise (Ctrl-C reaches the run as a cancel)
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:  # noqa: BLE001 — logged with the attempt
             return AgentResult(error=f"{type(exc).__name__}: {exc}")
+
+
+# A reward as a program prints it: a decimal number (JSON's, with a leading + and digits before or after the
+# point), not whatever Python's float() takes ("1_0" is ten, "١" Arabic-Indic one, "nan" handled below).
+NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|[-+]?(?:nan|inf|infinity)", re.ASCII | re.IGNORECASE)
+# Terminal escape sequences (colours, cursor moves): a program writing "\x1b[32m1\x1b[0m" printed 1
+ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")
 
 
 def last_number(output: bytes) -> float | None:
     """The number on the last line of a program's output; None when there is none. A number the proxy would not
     take as a reward (nan, inf, 1e309, 5e6) is AttemptError: that attempt fails with the reason."""
-    lines = output.decode(errors="replace").strip().splitlines()
-    try:
-        value = float(lines[-1].strip()) if lines else None
-    except ValueError:
+    lines = ESCAPES.sub("", output.decode(errors="replace")).strip().splitlines()
+    last = lines[-1].strip() if lines else ""
+    if not NUMBER.fullmatch(last):
         return None
-    if value is not None and (problem := reward_problem(value)):
-        raise AttemptError(f"the program's last line, {lines[-1].strip()[:40]!r}, is not a reward: {problem}")
+    value = float(last)
+    if problem := reward_problem(value):
+        raise AttemptError(f"the program's last line, {last[:40]!r}, is not a reward: {problem}")
     return value
 
 

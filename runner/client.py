@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
 from core.ids import is_valid_id
-from runner.errors import InfrastructureError, ProxyRefused, RolloutRefused
+from runner.errors import InfrastructureError, ProxyRefused, RolloutRefused, RunInputError
 
 
 @dataclass(frozen=True)
@@ -18,9 +19,28 @@ class NewRollout:
     base_url: str  # ends in /rollouts/{id}/v1
 
 
+def proxy_url(proxy: str) -> str:
+    """`--proxy` as the base of every URL the runner and its agents use, or RunInputError saying why not: agents
+    are handed URLs under it, so credentials in it (`http://user:secret@host`) would reach every agent, and a
+    query or fragment would end up in the middle of their paths."""
+    base = proxy.strip().rstrip("/")
+    try:
+        url = URL(base)
+    except ValueError:
+        url = URL()
+    if url.scheme not in ("http", "https") or not url.host:
+        raise RunInputError(f"--proxy {proxy!r}: not an http:// or https:// URL of the proxy")
+    if url.user is not None or url.password is not None:
+        raise RunInputError("--proxy: holds a user name or password, which every agent would be handed; give "
+                            "the runner's key with --api-key")
+    if url.query_string or url.fragment:
+        raise RunInputError(f"--proxy {proxy!r}: the proxy's URL has no query or fragment")
+    return base
+
+
 class ProxyClient:
     def __init__(self, proxy: str, api_key: str | None, timeout: float = 60.0) -> None:
-        self.proxy = proxy.rstrip("/")
+        self.proxy = proxy_url(proxy)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=timeout))
 
@@ -46,11 +66,11 @@ class ProxyClient:
             return False
         return status == 200
 
-    async def key_administers(self) -> bool:
-        """Whether this client's key is an administrator's: it reads `GET /metrics`, which is admin-only when keys
-        are on (with keys off, every caller reads it and no key administers anything)."""
+    async def key_administers(self, key: str) -> bool:
+        """Whether `key` is an administrator's: it reads `GET /metrics`, which is admin-only when keys are on (with
+        keys off, every caller reads it and no key administers anything)."""
         try:
-            async with self._http.get(self.proxy + "/metrics") as with_key:
+            async with self._http.get(self.proxy + "/metrics", headers={"Authorization": f"Bearer {key}"}) as with_key:
                 if with_key.status != 200:
                     return False
             async with aiohttp.ClientSession(timeout=self._http.timeout) as anonymous:

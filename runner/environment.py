@@ -21,11 +21,22 @@ OWN = frozenset({
     "RLPROXY_EVENT_URL", "RLPROXY_ROLLOUT_ID", "RLPROXY_TASK_ID", "RLPROXY_MODEL", "RLPROXY_EVAL", "RLPROXY_TASK",
     "RLPROXY_TASK_FILE", "AGL_OPENAI_BASE_URL", "AGL_EVENT_URL", "AGL_KEY", "ANTHROPIC_MODEL",
     "ANTHROPIC_SMALL_FAST_MODEL", "CLAUDE_CONFIG_DIR", "CODEX_HOME", "XDG_CONFIG_HOME", "NO_COLOR"})
-# Variables whose value makes a program load or run code: a task's data must never become one of them.
-LOADING = frozenset({"BASH_ENV", "ENV", "NODE_OPTIONS", "NODE_PATH", "PYTHONPATH", "PYTHONSTARTUP", "PYTHONHOME",
-                     "PYTHONBREAKPOINT", "PERL5OPT", "PERL5LIB", "PERLLIB", "RUBYOPT", "RUBYLIB", "GIT_SSH_COMMAND",
-                     "GIT_EXEC_PATH", "PROMPT_COMMAND", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS"})
-LOADING_PREFIXES = ("LD_", "DYLD_", "GIT_CONFIG")
+# Variables whose value makes a program load or run code: a task's data must never become one of them. Whole
+# families where one member does (PYTHONWARNINGS imports the module its category names, GIT_EXTERNAL_DIFF and
+# GIT_PAGER run commands, npm_config_script_shell chooses npm's shell, SHELLOPTS turns on bash's options).
+LOADING = frozenset({"ENV", "SHELLOPTS", "BASHOPTS", "PERL5OPT", "PERL5LIB", "PERLLIB", "PERL5DB", "RUBYOPT",
+                     "RUBYLIB", "PROMPT_COMMAND", "JAVA_TOOL_OPTIONS", "_JAVA_OPTIONS", "JDK_JAVA_OPTIONS",
+                     "GCONV_PATH", "EDITOR", "VISUAL", "PAGER", "MANPAGER", "BROWSER", "LESSOPEN", "LESSCLOSE",
+                     "SSH_ASKPASS", "SUDO_ASKPASS", "RUSTC_WRAPPER"})
+LOADING_PREFIXES = ("LD_", "DYLD_", "GIT_", "PYTHON", "NODE_", "NPM_CONFIG_", "BASH_")
+# Where programs send their requests, and whom they trust: a task's value would send the agent's calls, its key
+# with them, to a host of the task's choosing.
+NETWORK = frozenset({"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY", "FTP_PROXY", "SSL_CERT_FILE",
+                     "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE"})
+# The runner's and the model clients' own namespaces: besides the variables the runner sets, clients read others
+# there (OPENAI_API_BASE, ANTHROPIC_AUTH_TOKEN, ANTHROPIC_CUSTOM_HEADERS, CLAUDE_CODE_USE_BEDROCK) that would
+# point the agent away from its rollout.
+RESERVED_PREFIXES = ("RLPROXY_", "OPENAI_", "ANTHROPIC_", "AGL_", "CLAUDE_", "CODEX_")
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -42,9 +53,16 @@ def check_names(pass_env: Iterable[str], env_map: Mapping[str, str]) -> None:
             raise RunInputError(f"{where}: {variable!r} is not a variable name")
         if variable in OWN or variable in BASICS or variable.startswith(BASIC_PREFIXES):
             raise RunInputError(f"{where}: the runner sets {variable} itself; name another variable")
-        if variable in LOADING or variable.startswith(LOADING_PREFIXES):
+        upper = variable.upper()  # proxies are read in either case (https_proxy), and so are npm's settings
+        if upper.startswith(RESERVED_PREFIXES):
+            raise RunInputError(f"{where}: {variable} is in the namespace the runner and the model clients read "
+                                "(RLPROXY_, OPENAI_, ANTHROPIC_, AGL_, CLAUDE_, CODEX_); name another variable")
+        if upper in LOADING or upper.startswith(LOADING_PREFIXES):
             raise RunInputError(f"{where}: {variable} makes programs load or run code; a task's data may not "
                                 "set it")
+        if upper in NETWORK:
+            raise RunInputError(f"{where}: {variable} decides where programs send their requests (and the agent's "
+                                "key with them); a task's data may not set it")
 
 
 def inherited(pass_env: Iterable[str] = (), also: Iterable[str] = ()) -> dict[str, str]:

@@ -2,6 +2,7 @@
 otherwise; and the summary table at the end, success by split and by policy version."""
 from __future__ import annotations
 
+import re
 import sys
 import time
 from collections import defaultdict
@@ -11,6 +12,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from runner.attempt import Outcome
+
+# C0 and C1 control characters: a task id is the task file's text, and ESC or CR in it would move this
+# terminal's cursor, clear it, or forge a line of this log
+CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` with each control character written as its escape (`\\x1b`)."""
+    return CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
 
 
 class Display:
@@ -47,7 +57,7 @@ class Display:
         left = (self.total - self.done) / rate if rate > 0 else float("inf")
         reward = "" if outcome.reward is None else f" reward {outcome.reward:g}"
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        print(f"{stamp} {self.done}/{self.total} {label} {outcome.status}{reward} | {rate:.2f}/s "
+        print(f"{stamp} {self.done}/{self.total} {printable(label)} {outcome.status}{reward} | {rate:.2f}/s "
               f"{self.success_text()} ETA {left:.0f}s", file=sys.stderr, flush=True)
 
     def note(self, text: str) -> None:

@@ -21,7 +21,7 @@ from rich.console import Console
 from core.settings import RunSettings
 from runner.agents import as_agent, make_agent
 from runner.attempt import NO_KEY, Attempt, AttemptRunner, Outcome
-from runner.client import ProxyClient
+from runner.client import ProxyClient, proxy_url
 from runner.environment import check_names
 from runner.errors import ProxyRefused, RunInputError
 from runner.harness import HarnessAgent
@@ -61,16 +61,45 @@ def agent_named(settings: RunSettings) -> tuple[str, str]:
     return named[0]
 
 
+HARNESS_FLAGS = (("verify", "--verify"), ("workdir", "--workdir"), ("repo_field", "--repo-field"),
+                 ("harness_args", "--harness-args"))
+
+
+def check_flags(settings: RunSettings, kind: str) -> None:
+    """Flags that would be ignored or would overwrite a task file are refused: a careless `--verify` beside
+    `--command` must not pass for a verified run."""
+    if kind != "harness":
+        given = [flag for name, flag in HARNESS_FLAGS if getattr(settings, name)]
+        if settings.prompt_field != "prompt":
+            given.append("--prompt-field")
+        if given:
+            raise RunInputError(f"{', '.join(given)}: only for --harness claude-code|codex, not --{kind}")
+    elif settings.workdir is not None and settings.repo_field:
+        raise RunInputError("--workdir or --repo-field: the working folder is a copy of one or a clone of the "
+                            "other, not both")
+    for flag, path in (("--tasks", settings.tasks), ("--eval-tasks", settings.eval_tasks)):
+        if path is not None and _same_file(path, settings.log):
+            raise RunInputError(f"--log {settings.log} is the {flag} file: the log is appended to; give another")
+
+
+def _same_file(one: Path, other: Path) -> bool:
+    try:
+        return one.samefile(other)
+    except OSError:  # either is not there yet
+        return False
+
+
 def prepare(settings: RunSettings) -> Plan:
-    """Everything checked before anything starts: the agent imports, every task file reads, every task has
-    the fields `--env-map` names. Raises RunInputError."""
+    """Everything checked before anything starts: the flags, the agent imports, every task file reads, every
+    task has the fields `--env-map` names. Raises RunInputError."""
     kind, target = agent_named(settings)
+    check_flags(settings, kind)
     if settings.tasks is None and settings.eval_tasks is None:
         raise RunInputError("no tasks: give --tasks FILE (JSON lines)")
     mapped = env_map(settings.env_map)
     check_names(settings.pass_env, mapped)
     needed = {field: f"--env-map {variable}={field}" for variable, field in mapped.items()}
-    proxy = settings.proxy.rstrip("/")
+    proxy = proxy_url(settings.proxy)
     if kind == "harness":
         agent = HarnessAgent(target, settings.prompt_field, settings.verify, settings.workdir, settings.repo_field,
                              settings.harness_args, settings.pass_env)
@@ -134,15 +163,25 @@ class Runner:
         await self.close()
 
     async def open(self) -> None:
-        """Connects to the proxy (ProxyRefused when it does not answer) and opens the log."""
-        self.client = ProxyClient(self.settings.proxy, self.settings.key())  # (aiohttp wants a running loop)
+        """Opens the log (RunInputError when another run holds it) and connects to the proxy (ProxyRefused when it
+        does not answer; RunInputError when the key the agents would get is an administrator's)."""
         self.journal = Journal(self.log) if self.log is not None else None
+        try:
+            self.client = ProxyClient(self.settings.proxy, self.settings.key())  # (aiohttp wants a running loop)
+        except RunInputError:
+            if self.journal is not None:
+                self.journal.close()
+            raise
         self._attempt = AttemptRunner(self.client, self.agent, self.settings, self.env, self.journal)
         if not await self.client.healthy():
             await self.close()
             raise ProxyRefused(f"the proxy at {self.settings.proxy} does not answer (GET /healthz)")
-        if self.settings.agent_api_key is None and self.settings.key() and await self.client.key_administers():
+        agent_key = self.settings.agent_key()
+        if agent_key and await self.client.key_administers(agent_key):
             await self.close()  # agents run code a model wrote: they would hold the keys to every policy
+            if self.settings.agent_api_key is not None:
+                raise RunInputError("the agents' key (--agent-api-key) is an administrator's: give them a project "
+                                    "key without admin rights (rlproxy keys create --project P)")
             raise RunInputError("the runner's key is an administrator's, and without --agent-api-key every agent "
                                 "gets it: give the agents a project key of their own (--agent-api-key, or "
                                 "RLPROXY_AGENT_API_KEY)")

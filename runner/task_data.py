@@ -11,11 +11,12 @@ A value that breaks these rules raises TaskDataError: that attempt fails with th
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from core.ids import task_id_problem
-from runner.errors import TaskDataError
+from runner.errors import AttemptError, TaskDataError
 
 ENV_VALUE_MAX = 64 * 1024  # bytes of one environment variable's value
 TASK_FILE = "task.json"
@@ -51,8 +52,14 @@ def env_value(value: Any, variable: str, field: str) -> str:
 
 
 def task_json(task: Any) -> str:
-    """The whole task as JSON text (a NUL in it is written `\\u0000`, so only lone surrogates are refused)."""
-    return checked_text(json.dumps(task, ensure_ascii=False, default=str), "the task")
+    """The whole task as JSON text (a NUL in it is written `\\u0000`, so only lone surrogates are refused). A NaN
+    or infinite number (a Parquet row, a task dict in process) is refused: Python would write `NaN`, which is not
+    JSON and which most agents' readers (JavaScript's, Go's, Rust's) refuse."""
+    try:
+        text = json.dumps(task, ensure_ascii=False, default=str, allow_nan=False)
+    except ValueError:
+        raise TaskDataError("the task holds a number JSON cannot write (NaN or infinity)") from None
+    return checked_text(text, "the task")
 
 
 def task_variables(task: Any, folder: Path) -> dict[str, str]:
@@ -60,8 +67,15 @@ def task_variables(task: Any, folder: Path) -> dict[str, str]:
     naming it: `RLPROXY_TASK_FILE` always, `RLPROXY_TASK` (the JSON itself) when it fits the environment."""
     text = task_json(task)
     path = folder / TASK_FILE
-    path.write_text(text, encoding="utf-8")
-    path.chmod(0o600)
+    # created here and now, this user's only from the start; never through a link a program of the attempt left
+    # in the folder (a harness's folder holds its working folder), so the runner writes nowhere else
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise AttemptError(f"cannot write the task to {path}: {exc.strerror} (a program of the attempt put a file "
+                           "there)") from None
+    with os.fdopen(fd, "w", encoding="utf-8") as file:
+        file.write(text)
     found = {"RLPROXY_TASK_FILE": str(path)}
     if len(text.encode("utf-8")) <= ENV_VALUE_MAX:
         found["RLPROXY_TASK"] = text

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from core.checks import nests_deeper_than
 from runner.errors import RunInputError
@@ -33,27 +35,70 @@ def canonical_id(task: dict[str, Any]) -> str:
 
 def held_out(task_id: str, share: float) -> bool:
     """Whether a task falls in the evaluation share: by its id, so the split is the same in every run."""
-    return int(hashlib.sha256(task_id.encode()).hexdigest()[:8], 16) / 2**32 < share
+    return int(hashlib.sha256(task_id.encode("utf-8", "surrogatepass")).hexdigest()[:8], 16) / 2**32 < share
 
 
 MAX_TASK_DEPTH = 64  # as the proxy reads a body (proxy/limits.py): every task is written again as JSON
+# Characters of one line of a task file at most: a task is held in memory and handed to every attempt, and a file
+# that never ends a line (`--tasks /dev/zero`) would otherwise be read until memory runs out.
+MAX_LINE = 64 * 1024 * 1024
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):  # 1e400: Python reads it as infinity, which no JSON writer can hand on
+        raise ValueError(f"{text[:40]} is too large for a double")
+    return value
+
+
+def _no_repeats(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    task: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in task:  # which value the agent would see depends on its reader: refused, as the proxy does
+            raise ValueError(f"the key {key!r} appears twice in one object")
+        task[key] = value
+    return task
+
+
+def parse_task_line(line: str) -> Any:
+    """One line as strict JSON: what the agent is handed must be JSON every reader takes the same way (no NaN,
+    Infinity, number past a double, or key given twice). Raises ValueError saying why."""
+    return json.loads(line, parse_constant=_refuse_constant, parse_float=_finite, object_pairs_hook=_no_repeats)
+
+
+def _lines(file: TextIO, where: str) -> Iterator[tuple[int, str]]:
+    number = 0
+    while line := file.readline(MAX_LINE + 1):
+        number += 1
+        if len(line) > MAX_LINE:
+            raise RunInputError(f"{where} line {number}: longer than {MAX_LINE:,} characters; a task file has one "
+                                "JSON object a line")
+        yield number, line
 
 
 def _json_lines(path: Path) -> list[tuple[str, dict[str, Any]]]:
     rows = []
     try:
-        with path.open(encoding="utf-8") as file:
-            for number, line in enumerate(file, 1):
+        # utf-8-sig: a byte order mark (files saved on Windows) is not part of the first task
+        with path.open(encoding="utf-8-sig") as file:
+            for number, line in _lines(file, str(path)):
                 if not line.strip():
                     continue
                 where = f"{path} line {number}"
                 try:
-                    task = json.loads(line)
+                    task = parse_task_line(line)
                 except json.JSONDecodeError as exc:
+                    hint = " (not one JSON array)" if number == 1 and line.lstrip().startswith("[") else ""
                     raise RunInputError(f"{where}: not JSON ({exc.msg}); a task file has one JSON object a "
-                                        "line") from None
+                                        f"line{hint}") from None
                 except RecursionError:
                     task = None  # nested past what Python reads: refused below like any line too deep
+                except ValueError as exc:  # a number JSON cannot hand on, a key twice, an integer of 4,300 digits
+                    raise RunInputError(f"{where}: not JSON every reader takes ({exc})") from None
                 if task is None or nests_deeper_than(task, MAX_TASK_DEPTH):
                     raise RunInputError(f"{where}: nests arrays and objects more than {MAX_TASK_DEPTH} levels "
                                         "deep (it could not be handed to an agent as JSON)")
@@ -114,9 +159,14 @@ def make_task(data: dict[str, Any], where: str, split: str = TRAIN, id_field: st
     """One task object with its id (the `id_field`, else a hash of it) and its split (EVAL when asked for, or
     when its id falls in the evaluation share)."""
     if id_field is not None:
-        if data.get(id_field) in (None, ""):
+        value = data.get(id_field)
+        if value is None or value == "":
             raise RunInputError(f"{where}: no field {id_field!r} (named by --task-id-field)")
-        task_id = str(data[id_field])
+        # text or a whole number, as it is written: True would become "True", 1.5 "1.5", a list Python's repr
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise RunInputError(f"{where}: field {id_field!r} (named by --task-id-field) is {type(value).__name__}, "
+                                "not text or a whole number")
+        task_id = str(value)
     else:
         task_id = canonical_id(data)
     chosen = EVAL if split == EVAL or (eval_share > 0 and held_out(task_id, eval_share)) else TRAIN
@@ -130,5 +180,7 @@ def env_map(pairs: tuple[str, ...]) -> dict[str, str]:
         variable, sep, field = pair.partition("=")
         if not sep or not variable.strip() or not field.strip():
             raise RunInputError(f"--env-map {pair!r}: expected VAR=field")
+        if variable.strip() in mapped:  # the later one would silently win
+            raise RunInputError(f"--env-map {variable.strip()}: named twice")
         mapped[variable.strip()] = field.strip()
     return mapped

@@ -10,7 +10,7 @@ from rich.console import Console
 from core.settings import RunSettings
 from rlproxy.commands.flags import Flags
 from runner.environment import hide_own_environment
-from runner.errors import ProxyRefused, RunInputError
+from runner.errors import InfrastructureError, ProxyRefused, RunInputError
 from runner.progress import summary
 from runner.run import prepare, run_plan
 
@@ -40,6 +40,8 @@ def run(**params) -> None:
         _fail(str(exc), BAD_INPUT)
     except ProxyRefused as exc:
         _fail(str(exc), 1)
+    except InfrastructureError as exc:  # the proxy went away outside any attempt (resuming, pacing)
+        _fail(f"{exc}; `--resume` goes on from {settings.log}", 1)
     except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C, or SIGTERM (runner/run.py)
         _fail(f"interrupted; `--resume` goes on from {settings.log}", 130)
     console = Console()

@@ -1,0 +1,114 @@
+"""What an agent does to `rlproxy run`, as a careless or hostile agent would do it: exit the runner's own process,
+print its reward in colour or in a form only Python's float() reads, leave a link where the runner writes the
+task, hold an administrator's key. Against the real proxy in front of the stand-in engine (Postgres); the
+agents are real functions and processes."""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from core.settings import RunSettings
+from rlproxy.cli import main
+from runner.agents import CommandAgent
+from runner.run import Runner
+from tests.test_run import finished, rlproxy_run
+from tests.test_run_task_data import write_tasks
+
+
+def exits(task: dict, config) -> float:
+    """An agent whose code ends its process, as a script's `sys.exit()` or its argparse refusing argv does."""
+    if task["id"] == "exits":
+        sys.exit(3)
+    return 1.0
+
+
+async def exits_async(task: dict, config) -> float:
+    if task["id"] == "exits":
+        raise SystemExit("done")
+    return 1.0
+
+
+def test_an_agent_that_exits_ends_its_attempt_not_the_run(proxy_url, tmp_path):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", {"id": "exits"}, {"id": "fine"})
+    for agent, error in (("exits", "SystemExit: 3"), ("exits_async", "SystemExit: done")):
+        log = tmp_path / f"{agent}.jsonl"
+        result = rlproxy_run(proxy_url, log, "--tasks", str(tasks), "--task-id-field", "id", "--attempts", "1",
+                             "--agent", f"tests.test_runner_agents:{agent}")
+        assert result.exit_code == 0, result.output
+        assert {e["task_id"]: (e["status"], e["error"]) for e in finished(log)} == {
+            "exits": ("failed", error), "fine": ("rewarded", None)}
+
+
+def test_a_reward_line_is_a_decimal_number_colours_and_all(proxy_url, tmp_path):
+    """The last line in colour is the number it shows; "1_0" and an Arabic-Indic one are not decimal numbers
+    (Python's float() reads them as 10 and 1): the attempt is unrewarded, not scored ten."""
+    lines = {"coloured": r"\033[32m0.5\033[0m", "underscored": "1_0", "arabic": "\u0661", "plain": "0.25"}
+    tasks = write_tasks(tmp_path / "tasks.jsonl", *({"id": name, "line": line} for name, line in lines.items()))
+    log = tmp_path / "run.jsonl"
+    result = rlproxy_run(proxy_url, log, "--tasks", str(tasks), "--task-id-field", "id", "--attempts", "1",
+                         "--env-map", "LINE=line", "--command", 'printf "$LINE\\n"')
+    assert result.exit_code == 0, result.output
+    assert {e["task_id"]: (e["status"], e["reward"]) for e in finished(log)} == {
+        "coloured": ("rewarded", 0.5), "underscored": ("unrewarded", None), "arabic": ("unrewarded", None),
+        "plain": ("rewarded", 0.25)}
+
+
+def test_a_task_id_cannot_write_to_the_terminal_through_the_progress_lines(proxy_url, tmp_path):
+    tasks = write_tasks(tmp_path / "tasks.jsonl", {"id": "clear\u001b[2Jscreen"}, {"id": "two\rlines"})
+    result = CliRunner().invoke(main, ["run", "--proxy", proxy_url, "--log", str(tmp_path / "run.jsonl"),
+                                       "--tasks", str(tasks), "--task-id-field", "id", "--attempts", "1",
+                                       "--command", "echo 1"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert "clear\\x1b[2Jscreen#0.0 failed" in result.output and "two\\x0dlines#0.0 failed" in result.output
+    assert "\x1b" not in result.output and "\r" not in result.output
+
+
+async def test_a_task_with_a_number_json_cannot_write_fails_its_attempt(proxy_url):
+    """A Parquet row or a task dict in process may hold NaN: the agent would be handed `NaN`, which is not JSON."""
+    agent = CommandAgent("echo 1")
+    async with Runner(agent, RunSettings(proxy=proxy_url, attempts=1)) as runner:
+        outcomes = sorted(await runner.run([{"score": math.nan}, {"score": 0.5}]), key=lambda o: o.status)
+    assert [(o.status, o.error) for o in outcomes] == [
+        ("failed", "the task holds a number JSON cannot write (NaN or infinity)"), ("rewarded", None)]
+
+
+def test_an_agent_cannot_make_the_runner_write_through_a_link(proxy_url, tmp_path, monkeypatch):
+    """A harness (code a model chose) leaves `../task.json` linking to a file of the user's: the runner writes
+    the task for --verify there next, and would have written it through the link."""
+    precious = tmp_path / "precious"
+    precious.write_text("the user's own file\n")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "claude"
+    fake.write_text(f"#!/bin/sh\ncat > /dev/null\nln -s {precious} ../task.json\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    tasks = write_tasks(tmp_path / "tasks.jsonl", {"id": "link", "prompt": "hi"})
+    log = tmp_path / "run.jsonl"
+    result = rlproxy_run(proxy_url, log, "--tasks", str(tasks), "--task-id-field", "id", "--attempts", "1",
+                         "--harness", "claude-code", "--verify", "echo 1")
+    assert result.exit_code == 0, result.output
+    [entry] = finished(log)
+    assert entry["status"] == "failed" and "cannot write the task to" in entry["error"], entry
+    assert precious.read_text() == "the user's own file\n" and oct(precious.stat().st_mode & 0o777) != "0o600"
+
+
+def test_agents_never_get_an_administrators_key(tenants, tmp_path):
+    """Not the runner's (without --agent-api-key), nor one given them with --agent-api-key."""
+    tasks = write_tasks(tmp_path / "tasks.jsonl", {"id": "one"})
+    base = ["--tasks", str(tasks), "--attempts", "1", "--command", "echo 1"]
+    given = rlproxy_run(tenants.url, tmp_path / "a.jsonl", *base, "--api-key", tenants.keys["operator"],
+                        "--agent-api-key", tenants.keys["alpha-admin"])
+    assert given.exit_code == 2 and given.output.strip() == (
+        "rlproxy run: the agents' key (--agent-api-key) is an administrator's: give them a project key without "
+        "admin rights (rlproxy keys create --project P)")
+    assert not Path(tmp_path / "a.jsonl").read_text()  # no attempt started
+    own = rlproxy_run(tenants.url, tmp_path / "b.jsonl", *base, "--api-key", tenants.keys["operator"],
+                      "--agent-api-key", tenants.keys["alpha"])
+    assert own.exit_code == 0, own.output
+    assert [e["status"] for e in finished(tmp_path / "b.jsonl")] == ["rewarded"]
+    assert json.loads((tmp_path / "b.jsonl").read_text().splitlines()[0])["event"] == "started"
