@@ -73,7 +73,7 @@ async def api_errors(request: web.Request, handler):
     except Exception:
         log.exception("unhandled error on %s %s", request.method, request.path)
         error = ProxyError("internal error")
-    if request.path.endswith(messages.SUFFIXES):
+    if messages.in_messages_api(request.path):
         return json_response(anthropic_error_body(error.status, error.message), status=error.status,
                              headers=error.headers)
     return error.response()

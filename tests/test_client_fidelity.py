@@ -122,6 +122,16 @@ def test_a_wrong_method_on_the_messages_routes_is_an_anthropic_invalid_request(p
     assert chat.status_code == 405 and chat.json()["error"]["type"] == "invalid_request_error"
 
 
+def test_a_messages_api_path_the_proxy_does_not_serve_is_an_anthropic_not_found(proxy_url):
+    client = anthropic.Anthropic(base_url=proxy_url, api_key="unused", max_retries=0)
+
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        client.messages.batches.list()
+
+    assert missing.value.body["type"] == "error" and missing.value.body["error"]["type"] == "not_found_error"
+    assert requests.get(f"{proxy_url}/v1/no-such-route").json()["error"]["type"] == "not_found_error"
+
+
 def test_other_client_errors_on_the_messages_routes_are_not_called_the_servers(proxy_url):
     client = anthropic.Anthropic(base_url=proxy_url, api_key="unused", max_retries=0)
 

@@ -19,6 +19,12 @@ from proxy.state import state
 SUFFIXES = ("/v1/messages", "/v1/messages/count_tokens")
 
 
+def in_messages_api(path: str) -> bool:
+    """A path of Anthropic's Messages API (served or not: `/v1/messages/batches` too), whose errors an Anthropic
+    client reads in that API's shape."""
+    return path.endswith(SUFFIXES[0]) or f"{SUFFIXES[0]}/" in path
+
+
 async def create_message(request: web.Request) -> web.StreamResponse:
     return await state(request).serving[MESSAGES.route].handle(request)
 
