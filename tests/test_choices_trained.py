@@ -22,9 +22,9 @@ def episode(name: str, reward: float, next_prompt: list[int] | None, kind: str =
     return RolloutData(name, "t", reward, NOW, calls)
 
 
-def trained(batch: list[RolloutData], **settings) -> tuple[list, SkipReasons]:
+def trained(batch: list[RolloutData], keep_zero: bool = False, **settings) -> tuple[list, SkipReasons]:
     skips = SkipReasons()
-    return build_transitions(batch, TrainingSettings(**settings), 3, skips), skips
+    return build_transitions(batch, TrainingSettings(**settings), 3, skips, keep_zero=keep_zero), skips
 
 
 def test_only_the_choice_the_next_call_went_on_from_is_trained_and_the_two_calls_merge():
@@ -70,3 +70,32 @@ def test_choices_trained_all_keeps_every_choice_for_a_vote_over_them():
     transitions, skips = trained([episode("a", 1.0, None), episode("b", 0.0, None)], choices_trained="all")
     assert len(transitions) == 6 and not skips
     assert {tuple(t.completion_ids) for t in transitions} == {tuple(tokens) for tokens, _ in CHOICES}
+
+
+def test_a_choice_cut_short_that_starts_another_is_not_taken_for_the_longer_one_the_agent_went_on_from():
+    """Choice 0 stopped on a stop string after two tokens (no end-of-turn token); choice 1 began with the same two
+    tokens and went on. The agent continued choice 1: its prompt holds [10, 11] too, but only as the start of it,
+    and taking choice 0 would leave 12 and the end-of-turn token, sampled too, as untrained context."""
+    choices = [([10, 11], [-1.0, -1.1]), ([10, 11, 12, 2], [-1.0, -1.1, -2.2, -2.3])]
+    calls = [CallData("pick", 0, "solver", 3, PROMPT, "first", choices, started_at=NOW),
+             CallData("next", 1, "solver", 3, PROMPT + [10, 11, 12, 2, 99], "retokenized", [([40, 2], [-0.5, -0.5])],
+                      started_at=NOW)]
+    transitions, skips = trained([RolloutData("r", None, 1.0, NOW, calls)], keep_zero=True)
+    [merged] = transitions
+    sampled = [(token, lp) for token, lp, mask in zip(merged.completion_ids, merged.behaviour_logprobs,
+                                                       merged.loss_mask) if mask]
+    assert sampled == [(10, -1.0), (11, -1.1), (12, -2.2), (2, -2.3), (40, -0.5), (2, -0.5)]
+    assert not skips
+
+
+def test_a_choice_continued_after_another_conversations_call_is_still_found():
+    """One agent name, two conversations at once: the three-choice call's continuation comes after a call of the
+    other conversation, whose prompt does not extend it."""
+    calls = [CallData("pick", 0, "solver", 3, PROMPT, "first", list(CHOICES), started_at=NOW),
+             CallData("other", 1, "solver", 3, [8, 9], "diverged", [([50, 2], [-0.7, -0.7])], started_at=NOW),
+             CallData("next", 2, "solver", 3, PROMPT + [20, 21, 2, 99], "diverged", [([40, 2], [-0.5, -0.5])],
+                      started_at=NOW)]
+    transitions, skips = trained([RolloutData("r", None, 1.0, NOW, calls)], keep_zero=True)
+    picked = next(t for t in transitions if t.call_ids == ["pick"])
+    assert picked.completion_ids == [20, 21, 2] and picked.behaviour_logprobs == [-2.0, -2.1, -2.2]
+    assert sorted(t.call_id for t in transitions) == ["next", "other", "pick"] and not skips

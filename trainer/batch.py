@@ -1,11 +1,11 @@
 """From rewarded rollouts to transitions: which calls are trained, their credit and advantage (LightningRL),
-and multi-turn merging where the proxy recorded an exact prefix link. Pure: no I/O, no torch."""
+and multi-turn merging where a call's prompt starts with the exact tokens of the conversation so far. Pure: no
+I/O, no torch."""
 from __future__ import annotations
 
 from core.checks import reward_problem
 from core.settings import TrainingSettings
 from rewards import assign_credit, group_advantages
-from store.models import PrefixKind
 from store.training import RolloutData
 from trainer.staleness import Staleness
 from trainer.transitions import Call, SkipReasons, Transition, merge_trajectory
@@ -78,11 +78,12 @@ def build_transitions(rollouts: list[RolloutData], config: TrainingSettings, act
                     prompt_ids=call.prompt_ids or [], completion_ids=token_ids or [], logprobs=logprobs or [],
                     advantage=advantage, call_id=call.id, rollout_id=rollout.id,
                     policy_version=call.policy_version,
-                    # Only a single-choice call can continue a chain (n > 1 choices stand alone). The store links
-                    # a call to its predecessor's first choice; one that went on from another choice is linked
-                    # RETOKENIZED, and merge_trajectory checks the real prefix either way.
-                    extends_previous=len(choices) == 1
-                    and call.prefix_kind in (PrefixKind.EXTENDS, PrefixKind.RETOKENIZED),
+                    # Only a single-choice call can continue a chain (n > 1 choices stand alone). merge_trajectory
+                    # merges only where the call's prompt starts with the chain's exact tokens, so the store's link
+                    # is not asked: it names the agent's latest call, which may be a failed one the engine never
+                    # prompted (a 503, a timeout: no ids, no link), and a retry after it would re-read the whole
+                    # conversation as a prompt of its own.
+                    extends_previous=len(choices) == 1,
                 ))
         for transition in merge_trajectory(staged, max_seq_len=config.max_seq_len, skips=skips):
             if not keep_zero and all(a == 0.0 for a in transition.advantages()):
@@ -93,24 +94,28 @@ def build_transitions(rollouts: list[RolloutData], config: TrainingSettings, act
 
 
 def continued_choices(calls: list) -> dict[str, int]:
-    """For each call with several choices, the index of the one the same agent's next call went on from: that
-    call's prompt is this call's prompt followed by the choice's tokens (what the agent did with the others is
-    not part of the trajectory). Calls whose next call does not extend them, or that have none, are absent."""
+    """For each call with several choices, the index of the one the same agent went on from: the first later call
+    of that agent whose prompt extends this call's prompt holds that choice's tokens right after it (what the agent
+    did with the others is not part of the trajectory). Calls that no later call extends, or whose extension holds
+    none of the choices, are absent.
+
+    Later calls that do not extend the prompt are passed over: an agent running two conversations at once (parallel
+    workers under one agent name) goes on from a choice after the other conversation's call. When one choice is the
+    start of another (a choice cut by max_tokens or a stop string has no end-of-turn token), the longest one the
+    prompt holds is the one continued: the prompt holds the shorter one too, but not as what was sampled."""
     chosen: dict[str, int] = {}
     for position, call in enumerate(calls):
         if len(call.choices) < 2 or not call.prompt_ids:
             continue
-        following = next((later for later in calls[position + 1:] if later.agent == call.agent), None)
-        if following is None or not following.prompt_ids:
-            continue
         head = call.prompt_ids
-        if following.prompt_ids[:len(head)] != head:
+        following = next((later for later in calls[position + 1:] if later.agent == call.agent and later.prompt_ids
+                          and len(later.prompt_ids) > len(head) and later.prompt_ids[:len(head)] == head), None)
+        if following is None:
             continue
         tail = following.prompt_ids[len(head):]
-        index = next((i for i, (tokens, _) in enumerate(call.choices) if tokens and tail[:len(tokens)] == tokens),
-                     None)
-        if index is not None:
-            chosen[call.id] = index
+        held = [i for i, (tokens, _) in enumerate(call.choices) if tokens and tail[:len(tokens)] == tokens]
+        if held:
+            chosen[call.id] = max(held, key=lambda i: len(call.choices[i][0]))  # the first of the longest
     return chosen
 
 

@@ -1,5 +1,6 @@
 """`rlproxy export`: recorded, rewarded rollouts as JSON lines of transitions — prompt and completion ids,
-the completion text, reward, advantage and policy — for SFT/DPO pipelines outside rlproxy."""
+the completion text, reward, advantage (per row, and per completion token) and policy — for SFT/DPO pipelines
+outside rlproxy. Rows are built as the trainer builds them, one named policy at a time (docs/training.md)."""
 from __future__ import annotations
 
 import asyncio
@@ -35,18 +36,33 @@ async def export_transitions(database_url: str, out: IO[bytes], *, config: Train
                 rollouts = await load_rollouts(session, ids)
                 texts = await _completion_texts(session, ids)
             rewards = {r.id: r.reward for r in rollouts}
-            for t in build_transitions(rollouts, config, active_version=0, skips=SkipReasons(), keep_zero=True):
+            for policy, t in _transitions(rollouts, config):
                 out.write(orjson.dumps({
                     "rollout_id": t.rollout_id, "call_ids": t.call_ids, "policy": t.policy_version,
+                    "policy_name": policy,
                     "prompt_ids": t.prompt_ids, "completion_ids": t.completion_ids,
                     "loss_mask": t.mask(), "behaviour_logprobs": t.behaviour_logprobs,
                     "completion_text": [texts.get(c) for c in t.call_ids],
-                    "reward": rewards.get(t.rollout_id), "advantage": t.advantage,
+                    "reward": rewards.get(t.rollout_id),
+                    # A merged row's calls may have earned different advantages (discounted credit, a call's own
+                    # rewards): one number would be a made-up one, so it is null there and the tokens say.
+                    "advantage": t.advantage if t.token_advantages is None else None,
+                    "token_advantages": [a if m else 0.0 for a, m in zip(t.advantages(), t.mask())],
                 }) + b"\n")
                 written += 1
         return written
     finally:
         await database.dispose()
+
+
+def _transitions(rollouts, config: TrainingSettings):
+    """(policy name, transition) for every named policy that answered a call: as the trainer builds them, each
+    policy's apart, so a row never holds tokens of two policies (or of the base model beside a policy's)."""
+    names = sorted({call.policy for rollout in rollouts for call in rollout.calls if call.policy is not None})
+    for name in names:
+        for t in build_transitions(rollouts, config, active_version=0, skips=SkipReasons(), keep_zero=True,
+                                   policy=name):
+            yield name, t
 
 
 async def _pages(sessions, include_trained: bool) -> AsyncIterator[list[str]]:

@@ -252,9 +252,9 @@ class TrainingSettings:
     )
     choices_trained: ChoicesTrained = Field(
         "continued",
-        description="A call answered with several choices (n > 1): 'continued' trains only the choice the agent's "
-                    "next call went on from (its prompt holds that choice's tokens), since the outcome followed from "
-                    "it; a call no later call continues (a final best-of-n pick, answers re-rendered as text) "
+        description="A call answered with several choices (n > 1): 'continued' trains only the choice the agent "
+                    "went on from (the first later call of that agent whose prompt extends this one holds that "
+                    "choice's tokens), since the outcome followed from it; a call no later call continues (a final best-of-n pick, answers re-rendered as text) "
                     "cannot say which choice earned the reward and is skipped as choice_not_continued. 'all': "
                     "every choice with the rollout's advantage, for agents whose outcome rests on all of them "
                     "(a majority vote over the n answers).",
