@@ -19,8 +19,10 @@ bugs and from the libraries' own errors. The tree:
     │                                              DecoderUnavailable 503 (proxy/otlp_decoding.py),
     │                                              ... (each carries its status)
     ├── AuthConfigError (proxy/auth.py)            the access settings cannot be served as given
-    ├── SpoolInUse (proxy/spool.py)                another process writes this spool
-    ├── _SetAside (proxy/writer.py)                a call went to the rejected file instead (the writer's own flow)
+    ├── SpoolInUse (proxy/spool.py)                another process writes this spool;
+    │                                              SpoolForeign (proxy/spool_identity.py): its calls are for
+    │                                              another database
+    ├── SetAside (proxy/spool_writes.py)           a call went to the rejected file instead (the writer's own flow)
     ├── OtlpFormatError (proxy/otlp.py)            a body that is no OTLP trace export (ValueError)
     ├── Exceeded, _Malformed (proxy/otlp_wire.py)  an export over its span/attribute budget; bytes not protobuf
     ├── EvalError (trainer/gates/evaluate.py)      `rlproxy eval` cannot measure what it was asked to

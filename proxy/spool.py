@@ -130,10 +130,13 @@ class Spool:
                     found.append((int(suffix), candidate))
         return sorted(found)
 
-    def batches(self, size: int, upto: int) -> Iterator[list[tuple[int, CallRecord | Unreadable | None]]]:
-        """The live records numbered below `upto`, oldest first, `size` at a time, as (lsn, record); a whole line
-        that cannot be read comes as (lsn, Unreadable), a torn one as (lsn, None)."""
+    def batches(self, size: int, upto: int, max_bytes: int | None = None,
+                ) -> Iterator[list[tuple[int, CallRecord | Unreadable | None]]]:
+        """The live records numbered below `upto`, oldest first, as (lsn, record); a whole line that cannot be
+        read comes as (lsn, Unreadable), a torn one as (lsn, None). A batch holds at most `size` records and, past
+        its first, no more than `max_bytes` of lines: calls of megabytes each are not read `size` at a time."""
         batch: list[tuple[int, CallRecord | Unreadable | None]] = []
+        held = 0
         for segment in list(self.segments):
             if segment.first >= upto:
                 break
@@ -143,10 +146,14 @@ class Spool:
                 for lsn, line in zip(range(segment.first, min(upto, segment.first + segment.count)), fh):
                     if lsn not in self.live:
                         continue
+                    if batch and max_bytes is not None and held + len(line) > max_bytes:
+                        yield batch
+                        batch, held = [], 0
                     batch.append((lsn, parse_line(line)))
+                    held += len(line)
                     if len(batch) >= size:
                         yield batch
-                        batch = []
+                        batch, held = [], 0
         if batch:
             yield batch
 

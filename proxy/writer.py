@@ -16,6 +16,11 @@ Nothing accepted is dropped:
 Nothing one call contains stops the others: a call that cannot be written as JSON or that the database refuses
 is set aside in the rejected file (proxy/rejected.py); should the writer fail anyway, it is started again
 (proxy/supervisor.py) and stores the calls it had in hand one at a time, setting aside one that fails it again.
+Those calls may have been stored just before the failure: they are written again with the look-up that skips
+stored ones (`may_repeat`), ahead of the calls that came after them.
+
+A spool's calls go to the database it was written for only (proxy/spool_identity.py); the backlog is replayed in
+batches bounded by bytes as well as calls (proxy/replay.py).
 """
 from __future__ import annotations
 
@@ -25,16 +30,16 @@ import time
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from core.errors import RlproxyError
 from core.settings import WriterSettings
 from proxy.errors import StoreUnavailable
 from proxy.metrics import ProxyMetrics
 from proxy.rejected import RejectedCalls, encode
+from proxy.replay import REPLAY_BATCH_BYTES, replay
 from proxy.spool import Spool
-from proxy.spool_lines import Unreadable
+from proxy.spool_identity import SpoolForeign, SpoolOwner
+from proxy.spool_writes import SetAside, mark_failed, spool_in_background, spool_lines
 from proxy.supervisor import Supervised
 from proxy.transactions import AfterWrite, Batches
-from store.models import CallStatus
 from store.records import CallRecord
 
 log = logging.getLogger("rlproxy.writer")
@@ -59,6 +64,8 @@ class CaptureWriter:
         self.rejected = RejectedCalls(settings.spool_path.with_suffix(".rejected.jsonl"), metrics,
                                       settings.rejected_max_bytes)
         self.backlog = self.spool.pending > 0  # calls wait in the spool with no copy in memory
+        self.owner = SpoolOwner(settings.spool_path, sessions, leftover=self.spool.pending)
+        self.replay_bytes = REPLAY_BATCH_BYTES
         self._dropped = False  # (durable) a spooled call's copy in memory was dropped since the replay began
         self._retry_at = 0.0
         self._task: asyncio.Task | None = None
@@ -72,12 +79,19 @@ class CaptureWriter:
         self._gauges()
 
     async def start(self) -> None:
+        """SpoolForeign when the spool holds calls for another database (they stay on disk)."""
+        try:
+            await self.owner.start()
+        except SpoolForeign:
+            await self.spool.close()
+            raise
         self._task = self._supervisor.start()
 
     @property
     def running(self) -> bool:
-        """Whether the writer is taking calls (false while it starts again after a failure, and once closed)."""
-        return self._supervisor.running
+        """Whether the writer is taking calls (false while it starts again after a failure, once closed, and
+        while the spool's calls are for another database)."""
+        return self._supervisor.running and self.owner.foreign is None
 
     @property
     def spooling(self) -> bool:
@@ -106,7 +120,7 @@ class CaptureWriter:
             return
         try:
             lsn = self._append(record)
-        except _SetAside:
+        except SetAside:
             return
         try:
             if lsn is None:
@@ -114,7 +128,7 @@ class CaptureWriter:
             await self.spool.flush(lsn + 1)
         except OSError as exc:
             self.spool.retire([lsn])  # its line says `ok`: the in-memory copy, marked failed, is the one stored
-            _mark_failed(record, f"the spool could not make it durable: {exc}")
+            mark_failed(record, f"the spool could not make it durable: {exc}")
             lsn = None
             raise StoreUnavailable(f"the call could not be made durable: {exc}") from None
         finally:
@@ -125,7 +139,7 @@ class CaptureWriter:
         kept as the durability mode promises, and its lsn."""
         try:
             lsn = self._append(record) if self.durable else None
-        except _SetAside:
+        except SetAside:
             return True, None
         self._queue(record, lsn)
         return not self.durable or lsn is not None, lsn
@@ -133,17 +147,17 @@ class CaptureWriter:
     def _append(self, record: CallRecord) -> int | None:
         """Append the call to the spool; its lsn, or None when the spool's disk refused it (the call is then
         marked failed: its agent is answered with an error). A call that cannot be written as JSON is set aside
-        in the rejected file at once (`_SetAside`): neither the spool nor the database could take it."""
+        in the rejected file at once (`SetAside`): neither the spool nor the database could take it."""
         try:
             line = encode(record)
         except TypeError as exc:
             self.rejected.keep(record, f"cannot be written as JSON: {exc}")
-            raise _SetAside from None
+            raise SetAside from None
         try:
             [lsn] = self.spool.write_lines([line])
         except OSError as exc:
             log.error("could not append call %s to the spool %s: %s", record.id, self.spool.path, exc)
-            _mark_failed(record, f"the spool could not keep it: {exc}")
+            mark_failed(record, f"the spool could not keep it: {exc}")
             return None
         return lsn
 
@@ -186,6 +200,7 @@ class CaptureWriter:
         finally:
             self._task = None
             await self.spool.close()
+            self.owner.release(spool_empty=not self.spool.segments)
             self._gauges()
 
     def _drain_nowait(self) -> list[Item]:
@@ -267,8 +282,8 @@ class CaptureWriter:
         ok = True
         while self._suspects:
             record, lsn = self._suspects[0]
-            try:
-                ok = await self._store([(record, lsn)], retry_now=True) and ok
+            try:  # it may have been stored before the failure: look it up first (`may_repeat`)
+                ok = await self._store([(record, lsn)], retry_now=True, may_repeat=True) and ok
             except OSError:
                 raise
             except Exception as exc:  # noqa: BLE001 — this call is what fails
@@ -278,10 +293,16 @@ class CaptureWriter:
             self._suspects.pop(0)
         self._answer_markers(ok)  # the `sync()` waiters of the failed batch
 
-    async def _store(self, items: list[Item], *, retry_now: bool = False) -> bool:
-        """Write `items` behind any backlog; True when nothing is left waiting."""
+    async def _store(self, items: list[Item], *, retry_now: bool = False, may_repeat: bool = False) -> bool:
+        """Write `items` behind any backlog; True when nothing is left waiting. `may_repeat`: an earlier attempt
+        may have stored some of them (any retry); False only for a first attempt."""
         # A call a replay already stored (spool and sync mode: it was in the spool) is not written twice.
         items = [(r, lsn) for r, lsn in items if lsn is None or lsn in self.spool.live]
+        if not await self.owner.ready():  # the database has not told who it is, or is not the spool's
+            await self._spool([r for r, lsn in items if lsn is None])
+            self.backlog = True
+            self._retry_at = time.monotonic() + RETRY_SECONDS
+            return False
         if self.backlog:
             await self._spool([r for r, lsn in items if lsn is None])  # spooled ones are there already
             if not retry_now and time.monotonic() < self._retry_at:
@@ -289,7 +310,7 @@ class CaptureWriter:
             return await self._replay()
         if not items:
             return True
-        if await self.batches.write([r for r, _ in items], may_repeat=False):
+        if await self.batches.write([r for r, _ in items], may_repeat=may_repeat):
             self.spool.retire(lsn for _, lsn in items if lsn is not None)
             return True
         await self._spool([r for r, lsn in items if lsn is None])
@@ -300,21 +321,11 @@ class CaptureWriter:
     async def _spool(self, records: list[CallRecord]) -> None:
         """Append calls only in memory to the spool, once each (see `_spooled`), and wait until they are on disk."""
         records = [r for r in records if r.id not in self._spooled]
-        lines = self._lines(records)
+        lines = spool_lines(records, self.rejected)
         if lines:
             await self.spool.append_lines(lines)
             self.metrics.rows_spooled.inc(len(lines))
         self._spooled.update(r.id for r in records)
-
-    def _lines(self, records: list[CallRecord]) -> list[bytes]:
-        """The records as spool lines; one that cannot be written as JSON is set aside instead."""
-        lines = []
-        for record in records:
-            try:
-                lines.append(encode(record))
-            except TypeError as exc:
-                self.rejected.keep(record, f"cannot be written as JSON: {exc}")
-        return lines
 
     def _overflow(self, record: CallRecord) -> None:
         """A call only in memory meets a full queue: the batch in hand (older; its write may yet fail), the
@@ -324,43 +335,23 @@ class CaptureWriter:
         while not self.queue.empty():
             item = self.queue.get_nowait()
             (queued if isinstance(item, tuple) else others).append(item)
-        in_hand = [r for r, lsn in self._in_hand if lsn is None and r.id not in self._spooled]
-        if self._spool_in_background(in_hand + [r for r, lsn in queued if lsn is None] + [record]):
+        # The calls a failed writer held (suspects) are older than the batch in hand, which is older than the queue.
+        held = self._suspects + self._in_hand
+        in_hand = [r for r, lsn in held if lsn is None and r.id not in self._spooled]
+        if spool_in_background(self.spool, self.rejected, self.metrics,
+                               in_hand + [r for r, lsn in queued if lsn is None] + [record]):
             self._spooled.update(r.id for r in in_hand)  # stored by its write or the replay, whichever is first
         for item in others:
             self.queue.put_nowait(item)
 
-    def _spool_in_background(self, records: list[CallRecord]) -> bool:
-        """From `submit` (it cannot wait): written now, fsynced later; False when the disk refused them."""
-        lines = self._lines(records)
-        if not lines:
-            return True
-        try:
-            self.spool.write_lines(lines)
-        except OSError as exc:
-            log.error("could not append %d calls beyond the full queue to the spool %s: they are lost (%s)",
-                      len(lines), self.spool.path, exc)
-            return False
-        self.metrics.rows_spooled.inc(len(lines))
-        asyncio.ensure_future(self.spool.flush()).add_done_callback(_log_failure)
-        return True
-
     async def _replay(self) -> bool:
         """Store the backlog, oldest first, retiring each batch once stored."""
-        upto = self.spool.next_lsn
-        stored = 0
         self._dropped = False
-        for batch in self.spool.batches(self.settings.batch_size, upto):
-            records = [r for _, r in batch if isinstance(r, CallRecord)]
-            for _, unreadable in batch:
-                if isinstance(unreadable, Unreadable):
-                    self.batches.rejected.keep_line(unreadable.line, unreadable.reason)
-            if records and not await self.batches.write(records):
-                self._retry_at = time.monotonic() + RETRY_SECONDS
-                return False
-            self.spool.retire(lsn for lsn, _ in batch)
-            stored += len(records)
-            self._gauges()
+        ok, stored = await replay(self.spool, self.batches, upto=self.spool.next_lsn, count=self.settings.batch_size,
+                                  max_bytes=self.replay_bytes, after_batch=self._gauges)
+        if not ok:
+            self._retry_at = time.monotonic() + RETRY_SECONDS
+            return False
         # Calls spooled while the replay ran (queue full) are still waiting for the next one.
         self.backlog = self._dropped if self.durable else self.spool.pending > 0
         if stored:
@@ -379,21 +370,6 @@ class CaptureWriter:
         self.metrics.spool_pending.set(self.awaiting_replay)
         self.metrics.spooling.set(1 if self.backlog else 0)
         self.metrics.writer_queue.set(self.queue.qsize())
-
-
-class _SetAside(RlproxyError):
-    """The call went to the rejected file instead (it cannot be written as JSON)."""
-
-
-def _mark_failed(record: CallRecord, reason: str) -> None:
-    """The agent of this call is answered with an error: store it as failed, never as a trainable answer."""
-    record.status = CallStatus.STORE_ERROR
-    record.error = reason if record.error is None else f"{record.error}; {reason}"
-
-
-def _log_failure(future: asyncio.Future) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        log.error("spool fsync failed: %s", future.exception())
 
 
 _STOP = object()

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from sqlalchemy import case, func, select, update
+from sqlalchemy import case, func, select, text, update
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from core.policy_rules import DEFAULT_POLICY
 from store.dialect import insert_ignoring_duplicates
-from store.models import Call, CallChoice, PrefixKind, Rollout
+from store.models import Call, CallChoice, PrefixKind, PrunedRollout, Rollout
 from store.records import CallRecord
 
 
@@ -66,11 +67,12 @@ async def _latest_call(session: AsyncSession, rollout_id: str, agent: str | None
     return Parent(*row) if row else None
 
 
-async def write_calls(session: AsyncSession, records: list[CallRecord], *,
-                      may_repeat: bool = True) -> list[WrittenCall]:
+async def write_calls(session: AsyncSession, records: list[CallRecord], *, may_repeat: bool = True,
+                      pruned: list[CallRecord] | None = None) -> list[WrittenCall]:
     """Store `records` in the session's transaction. Replayed records (same id) are skipped, within the batch
     too; a caller that knows none was stored before (the writer's first attempt) passes `may_repeat=False` to
-    save the look-up."""
+    save the look-up. Calls of a rollout retention has pruned are not stored (they would bring it back as an
+    open rollout numbered from 1 again): they are added to `pruned`, for the caller to set aside."""
     # One id twice in a batch (a spool holding a call twice: written again by a stop that cut a replay short)
     # would be numbered twice and inserted once: a gap in the rollout's seq and a call_count one too high.
     seen: set[str] = set()
@@ -79,6 +81,16 @@ async def write_calls(session: AsyncSession, records: list[CallRecord], *,
         ids = [r.id for r in records]
         known = set((await session.execute(select(Call.id).where(Call.id.in_(ids)))).scalars())
         fresh = [r for r in records if r.id not in known]
+    # A call that waited in a spool while the operator pruned its rollout comes too late: one indexed look-up
+    # per batch (a tombstone store/retention.py leaves for each rollout it deletes).
+    rollout_ids = {r.rollout_id for r in fresh if r.rollout_id is not None}
+    if rollout_ids:
+        gone = set((await session.execute(
+            select(PrunedRollout.id).where(PrunedRollout.id.in_(rollout_ids)))).scalars())
+        if gone:
+            if pruned is not None:
+                pruned.extend(r for r in fresh if r.rollout_id in gone)
+            fresh = [r for r in fresh if r.rollout_id not in gone]
     if not fresh:
         return []
 
@@ -197,6 +209,27 @@ def _storable(text: str | None, column) -> str | None:
     text = text.replace("\x00", "\ufffd")
     limit = getattr(column.type, "length", None)
     return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
+
+
+async def database_identity(session: AsyncSession) -> str | None:
+    """What tells this database from every other one and stays the same across its restarts (the spool is
+    replayed only into the database it was written for): Postgres' cluster `system_identifier` and the
+    database's name; for SQLite the file's absolute path. None where it cannot be read (a server that does not
+    grant `pg_control_system()`: the spool then goes by the database's address)."""
+    if session.get_bind().dialect.name == "postgresql":
+        try:
+            async with session.begin_nested():
+                row = (await session.execute(text(
+                    "SELECT system_identifier, current_database() FROM pg_control_system()"))).one()
+        except DBAPIError as exc:
+            if not str(getattr(exc.orig, "sqlstate", "") or "").startswith("42"):
+                raise  # the database did not answer: the caller tries again later
+            return None  # not granted here (42501): the caller falls back on the address
+        return f"postgresql:{row[0]}/{row[1]}"
+    for _, name, file in (await session.execute(text("PRAGMA database_list"))).all():
+        if name == "main":
+            return f"sqlite:{file}" if file else None  # an in-memory database has no identity to keep
+    return None
 
 
 @dataclass(slots=True)

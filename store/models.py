@@ -251,6 +251,15 @@ class Reward(Base):
     )
 
 
+class PrunedRollout(Base):
+    """A rollout retention deleted (its tombstone): calls of it still waiting in a proxy's spool must not bring it
+    back as a new, open rollout numbered from 1 again (store/retention.py writes it, store/calls.py reads it)."""
+    __tablename__ = "pruned_rollouts"
+
+    id: Mapped[str] = mapped_column(String(128), primary_key=True)
+    pruned_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
+
+
 class RolloutEvent(Base):
     """An agent event other than a reward (`POST /rollouts/{id}/events`), one row each: appending one writes
     only it. Before migration 0008 events were kept in the rollout's metadata under "events"; those are still

@@ -6,7 +6,11 @@ outside any rollout. What never goes: open rollouts and finished training rollou
 yet (accepted training data is never lost to retention). `bodies` keeps every row and clears only the request
 and response bodies of those calls (the bulk of the table), keeping token ids, logprobs and rewards;
 `keep_trained_ids` deletes the rest but treats trained rollouts as `bodies` does, so `rlproxy export` can still
-rebuild what was trained on."""
+rebuild what was trained on.
+
+Each rollout deleted leaves a tombstone, its id in `pruned_rollouts` (migration 0012): a call of it that waited in a
+proxy's spool meanwhile is set aside when it arrives (store/calls.py) rather than bring the rollout back as a new,
+open one numbered from 1 again. A tombstone is an id and a time, kept for good (a spool can wait any time)."""
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +21,8 @@ from typing import Literal
 from sqlalchemy import and_, delete, false, func, null, or_, select, true, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from store.models import Call, CallChoice, Reward, Rollout, RolloutStatus
+from store.dialect import insert_ignoring_duplicates
+from store.models import Call, CallChoice, PrunedRollout, Reward, Rollout, RolloutStatus, utcnow
 
 What = Literal["calls", "bodies"]
 
@@ -87,6 +92,9 @@ async def prune_batch(session: AsyncSession, created_before: datetime, *, what: 
             await session.execute(delete(Reward).where(Reward.rollout_id.in_(drop_ids)))
             done.calls += (await session.execute(delete(Call).where(Call.rollout_id.in_(drop_ids)))).rowcount or 0
             done.rollouts += (await session.execute(delete(Rollout).where(Rollout.id.in_(drop_ids)))).rowcount or 0
+            pruned_at = utcnow()
+            await session.execute(insert_ignoring_duplicates(session, PrunedRollout.__table__, ["id"]),
+                                  [{"id": rid, "pruned_at": pruned_at} for rid in drop_ids])
     loose = select(Call.id).where(Call.rollout_id.is_(None), Call.started_at < created_before)
     if bodies_only:
         loose_ids = list((await session.execute(loose.where(_has_bodies()).limit(limit))).scalars())

@@ -26,9 +26,10 @@ from tests.test_writer_spool import count, link, record  # noqa: F401 — `link`
 
 
 def spool_files(settings: WriterSettings) -> list[str]:
-    """The spool's segment files (not the lock file its process holds while it is open)."""
+    """The spool's segment files (not the lock file its process holds while it is open, nor the file naming the
+    database its calls are for)."""
     return sorted(p.name for p in settings.spool_path.parent.glob(settings.spool_path.name + "*")
-                  if not p.name.endswith(".lock"))
+                  if not p.name.endswith((".lock", ".database")))
 
 
 async def seqs_in_order(sessions, records) -> list[int]:

@@ -22,7 +22,7 @@ def spooled_ids(settings: WriterSettings) -> list[str]:
     """The call ids in the spool's segments, oldest first, one per line."""
     segments = sorted(settings.spool_path.parent.glob(settings.spool_path.name + "*"),
                       key=lambda p: int(p.name.rsplit(".", 1)[1]) if p.name[-1].isdigit() else 0)
-    return [orjson.loads(line)["id"] for p in segments if not p.name.endswith((".lock", ".rejected.jsonl"))
+    return [orjson.loads(line)["id"] for p in segments if not p.name.endswith((".lock", ".rejected.jsonl", ".database"))
             for line in p.read_bytes().splitlines()]
 
 
@@ -113,4 +113,68 @@ async def test_calls_that_overflow_the_queue_during_a_failing_write_stay_behind_
     await writer.sync(timeout=15)
     assert await seqs_in_order(sessions, calls) == list(range(1, 25))
     assert await call_count(sessions, rollout_id) == 24
+    await writer.close()
+
+
+async def test_calls_of_a_rollout_pruned_while_they_waited_are_set_aside_not_stored(sessions, tmp_path):
+    """The operator pruned the rollout (trained, past the age) while two of its calls sat in a spool: they must not
+    bring it back as a new open rollout numbered from 1."""
+    from datetime import timedelta
+
+    from store.models import utcnow
+    from store.retention import prune
+
+    settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", durability="spool")
+    rollout_id = uuid.uuid4().hex
+    calls = [record(rollout_id) for _ in range(4)]
+    writer = CaptureWriter(sessions, settings, ProxyMetrics())
+    await writer.start()
+    for call in calls[:2]:
+        await writer.commit(call)
+    await writer.sync()
+    await writer.close()
+    async with sessions() as session, session.begin():
+        rollout = await session.get(Rollout, rollout_id)
+        rollout.status, rollout.trained_at = "finished", utcnow()
+        rollout.created_at = utcnow() - timedelta(days=8)
+    await prune(sessions, utcnow() - timedelta(days=7))
+    settings.spool_path.write_bytes(b"".join(encode(c) for c in calls[2:]))  # left by a proxy stopped meanwhile
+
+    metrics = ProxyMetrics()
+    writer = CaptureWriter(sessions, settings, metrics)
+    await writer.start()
+    await writer.sync(timeout=15)
+    async with sessions() as session:
+        assert await session.get(Rollout, rollout_id) is None
+    assert await seqs_in_order(sessions, calls) == [None] * 4
+    kept = [orjson.loads(line) for line in writer.rejected.path.read_bytes().splitlines()]
+    assert [k["call"]["id"] for k in kept] == [c.id for c in calls[2:]]
+    assert all("was pruned" in k["reason"] for k in kept)
+    assert metrics.registry.get_sample_value("rlproxy_capture_calls_rejected_total") == 2
+    await writer.close()
+    assert writer.spool.pending == 0
+
+
+async def test_a_replay_batch_is_bounded_by_bytes_as_well_as_calls(sessions, tmp_path):
+    settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", durability="spool", batch_size=256)
+    rollout_id = uuid.uuid4().hex
+    calls = [record(rollout_id) for _ in range(12)]
+    for call in calls:
+        call.request = {"messages": [{"role": "user", "content": "x" * 100_000}]}  # ~100 KB each
+    settings.spool_path.write_bytes(b"".join(encode(c) for c in calls))
+
+    writer = CaptureWriter(sessions, settings, ProxyMetrics())
+    writer.replay_bytes = 250_000
+    sizes = []
+    write = writer.batches.write
+
+    async def measured(records, **kw):
+        sizes.append(len(records))
+        return await write(records, **kw)
+
+    writer.batches.write = measured
+    await writer.start()
+    await writer.sync(timeout=15)
+    assert sizes == [2] * 6  # not one batch of 12: at most 250 KB of lines each
+    assert await seqs_in_order(sessions, calls) == list(range(1, 13))
     await writer.close()

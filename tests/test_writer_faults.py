@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from core.settings import WriterSettings
+from proxy.errors import StoreUnavailable
 from proxy.metrics import ProxyMetrics
 from proxy.writer import CaptureWriter
 from sqlalchemy import select, text
@@ -173,3 +174,108 @@ async def test_text_postgres_cannot_hold_as_it_is_is_stored_not_set_aside(sessio
     assert choice.finish_reason == "an engine's own reason, longer …" and choice.token_ids == [4, 5]
     assert rows[calls[0].id].prompt_token_ids == [1, 2, 3]
     await writer.close()
+
+
+async def test_a_call_stored_just_before_the_writer_failed_is_not_numbered_twice(sessions, tmp_path):
+    """The writer fails after its batch was committed: the calls it held are written again, and the retry must
+    find them stored (numbered once, call_count right), not take them for new ones."""
+    from tests.test_spool_replay import call_count
+
+    metrics = ProxyMetrics()
+    writer = CaptureWriter(sessions, WriterSettings(spool_path=tmp_path / "spool.jsonl", durability="batch"),
+                           metrics)
+    write = writer.batches.write
+
+    async def fails_after_the_commit(records, **kw):
+        stored = await write(records, **kw)
+        if not metrics.registry.get_sample_value("rlproxy_capture_writer_restarts_total"):
+            raise RuntimeError("the writer failed after the commit")
+        return stored
+
+    writer.batches.write = fails_after_the_commit
+    await writer.start()
+    rollout_id = uuid.uuid4().hex
+    calls = [record(rollout_id) for _ in range(3)]
+    for call in calls:
+        writer.submit(call)
+    await writer.sync(timeout=15)
+    assert metrics.registry.get_sample_value("rlproxy_capture_writer_restarts_total") == 1
+    assert await seqs_in_order(sessions, calls) == [1, 2, 3]
+    assert await call_count(sessions, rollout_id) == 3
+    await writer.close()
+
+
+async def test_calls_the_failed_writer_held_are_stored_before_the_calls_after_them(sessions, tmp_path):
+    """While the writer starts again, newer calls fill the queue and go to the spool: the calls it held when it
+    failed are older, and must be numbered first."""
+    metrics = ProxyMetrics()
+    settings = WriterSettings(spool_path=tmp_path / "spool.jsonl", durability="batch", queue_size=2,
+                              flush_interval=0.05)
+    writer = CaptureWriter(sessions, settings, metrics)
+    write = writer.batches.write
+    failed = asyncio.Event()
+
+    async def fails_once(records, **kw):
+        if not failed.is_set():
+            failed.set()
+            raise RuntimeError("the writer failed before the commit")
+        return await write(records, **kw)
+
+    writer.batches.write = fails_once
+    await writer.start()
+    rollout_id = uuid.uuid4().hex
+    older = [record(rollout_id) for _ in range(2)]
+    newer = [record(rollout_id) for _ in range(5)]
+    for call in older:
+        writer.submit(call)
+    await failed.wait()
+    for call in newer:  # before the restart (0.1 s later): the queue of 2 overflows into the spool
+        writer.submit(call)
+    assert writer.spooling
+    await writer.sync(timeout=15)
+    assert await seqs_in_order(sessions, older + newer) == list(range(1, 8))
+    await writer.close()
+
+
+async def test_a_call_too_slow_to_store_is_split_out_and_set_aside_and_the_rest_stored(database_url, tmp_path):
+    """The database has a statement timeout and one call (a huge body) always runs past it: its batch is split,
+    the calls around it are stored in order, and after a few tries alone it is set aside (the same call without
+    its body is stored in time, so the call is the slow part, not the database)."""
+    database = open_database(database_url)
+    async with database.begin() as conn:
+        await conn.execute(text(
+            "CREATE OR REPLACE FUNCTION slow_big_calls() RETURNS trigger AS $$ BEGIN "
+            "IF length(NEW.request::text) > 100000 THEN PERFORM pg_sleep(2); END IF; RETURN NEW; END $$ "
+            "LANGUAGE plpgsql"))
+        await conn.execute(text("CREATE TRIGGER slow_big_calls BEFORE INSERT ON calls FOR EACH ROW "
+                                "EXECUTE FUNCTION slow_big_calls()"))
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    timed = create_async_engine(database_url, connect_args={"server_settings": {"statement_timeout": "300"}})
+    try:
+        metrics = ProxyMetrics()
+        writer = CaptureWriter(session_factory(timed), WriterSettings(spool_path=tmp_path / "spool.jsonl",
+                                                                      durability="spool"), metrics)
+        await writer.start()
+        rollout_id = uuid.uuid4().hex
+        calls = [record(rollout_id) for _ in range(6)]
+        calls[2].request = {"messages": [{"role": "user", "content": "x" * 200_000}]}
+        for call in calls:
+            await writer.commit(call)
+        for _ in range(60):  # a reward request meanwhile is answered 503, as in an outage; retried each second
+            try:
+                await writer.sync(timeout=30)
+                break
+            except StoreUnavailable:
+                await asyncio.sleep(0.5)
+        sessions = session_factory(database)
+        assert await seqs_in_order(sessions, calls) == [1, 2, None, 3, 4, 5]
+        assert list(rejected_lines(writer)) == [calls[2].id]
+        assert "statement timeout" in rejected_lines(writer)[calls[2].id]
+        await writer.close()
+    finally:
+        async with database.begin() as conn:
+            await conn.execute(text("DROP TRIGGER slow_big_calls ON calls"))
+            await conn.execute(text("DROP FUNCTION slow_big_calls()"))
+        await timed.dispose()
+        await database.dispose()
