@@ -14,16 +14,15 @@ from demo.agent import (
     FEW_SHOT,
     PROMPTS,
     SYSTEM_PROMPT,
-    CalcError,
     evaluate,
     evaluate_detailed,
     normalize_answer,
     parse_action,
     run_episode,
     run_tool,
-    safe_eval,
     score,
 )
+from demo.calculator import CalcError, safe_eval
 from demo.tasks import (
     EXAMPLE_LOOKUPS,
     EXAMPLE_PRODUCTS,
