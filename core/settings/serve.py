@@ -55,9 +55,11 @@ class AuthSettings(Part):
         30.0, description="Seconds a key lookup (found or not) is cached; also how long a revoked key may work.")
     key_lookup_rate: float = Field(
         20.0, gt=0,
-        description="Database look-ups of keys not in the cache, per second per client address (bursts of five "
-                    "seconds' worth); past it, 429. A flood of made-up keys otherwise reaches the database once "
-                    "each, before any rate limit (which is a key's: it applies only once a key is known).")
+        description="Database look-ups of keys this proxy has not found valid before, per second per client "
+                    "address (bursts of five seconds' worth); past it, 429. A flood of made-up keys otherwise "
+                    "reaches the database once each, before any rate limit (which is a key's: it applies only once "
+                    "a key is known). A key found valid before is looked up again without it when its cache entry "
+                    "expires, so a flood from an address other projects' agents share does not turn them away.")
     rate_limit: float | None = Field(None, description="Requests per second per key (None: unlimited).")
     rate_burst: int | None = Field(None, description="Requests a key may send at once (default: the rate).")
     max_tokens: int | None = Field(
