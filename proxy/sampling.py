@@ -1,7 +1,7 @@
 """Whether the log-probs the engine returns for a call are the probabilities its tokens were sampled with.
 
 vLLM returns raw log-probs (`--logprobs-mode raw_logprobs`, its default and the engine's here): the log-softmax
-of the logits before temperature, top-p/top-k/min-p, penalties, logit bias and grammar masks
+of the logits before temperature, top-p/top-k/min-p, penalties, logit bias, grammar masks and the thinking budget
 (docs/vllm-wire-format.md section 12). They are the sampling probabilities only when none of those changed
 the distribution. Trained as behaviour log-probs otherwise, the importance weight would be computed against a
 distribution the tokens were not drawn from: a call sampled at temperature 0.7 is sharper than its recorded
@@ -42,6 +42,9 @@ def altered_sampling(upstream_body: dict[str, Any]) -> str | None:
     for name in _CONSTRAINTS:
         if upstream_body.get(name):
             return name
+    budget = upstream_body.get("thinking_token_budget")
+    if budget is not None:  # once spent, the sampler forces the end-of-thinking tokens, whatever their log-probs
+        return f"thinking_token_budget={budget}"
     response_format = upstream_body.get("response_format")
     if isinstance(response_format, dict) and response_format.get("type") not in (None, "text"):
         return f"response_format={response_format.get('type')}"

@@ -16,6 +16,8 @@ from proxy.sampling import altered_sampling
     {"temperature": 1.0, "top_p": 1, "top_k": -1, "min_p": 0.0, "presence_penalty": 0, "frequency_penalty": 0.0,
      "repetition_penalty": 1.0, "logit_bias": {}, "response_format": {"type": "text"}, "tool_choice": "auto"},
     {"top_k": 0, "n": 4, "best_of": 4, "tool_choice": "none", "ignore_eos": False, "min_tokens": 0},
+    # these change the prompt the template renders (recorded exactly), not how its tokens are drawn
+    {"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": False}, "truncate_prompt_tokens": -1},
 ])
 def test_the_neutral_values_leave_the_log_probs_the_sampling_probabilities(body):
     assert altered_sampling(body) is None
@@ -37,6 +39,8 @@ def test_the_neutral_values_leave_the_log_probs_the_sampling_probabilities(body)
     ({"tool_choice": "required"}, "tool_choice=required"),
     ({"tool_choice": {"type": "function", "function": {"name": "calc"}}}, "tool_choice=named"),
     ({"best_of": 3}, "best_of=3"),
+    ({"thinking_token_budget": 1024}, "thinking_token_budget=1024"),  # its end of thinking may be forced
+    ({"thinking_token_budget": 0, "reasoning_effort": "high"}, "thinking_token_budget=0"),
 ])
 def test_each_field_that_changes_the_distribution_is_named(body, named):
     assert altered_sampling(body) == named

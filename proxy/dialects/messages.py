@@ -4,7 +4,8 @@ engine's chat route.
 The translation follows vLLM's own `/v1/messages` (which is itself a translation to chat inside the engine), so
 the prompt is the one the engine would have rendered: the system text and messages as core/messages_chat.py makes
 them chat messages; `tools` as functions, `tool_choice` `any` as `required`, `stop_sequences` as `stop`;
-vLLM's `chat_template_kwargs` (e.g. `{"enable_thinking": false}`) as it is. The answer
+vLLM's `chat_template_kwargs` (e.g. `{"enable_thinking": false}`) as it is; `thinking` and `output_config.effort`
+as vLLM maps them (proxy/dialects/reasoning.py). The answer
 is made by proxy/dialects/messages_stream.py, whole or as the event stream.
 
 Errors on these routes use Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`.
@@ -25,6 +26,7 @@ from proxy.dialects.fields import COUNT_TOKENS, refuse_unknown_anthropic
 from proxy.dialects.fields import MESSAGES as KNOWN_FIELDS
 from proxy.dialects.messages_objects import error_body
 from proxy.dialects.messages_stream import MessagesStream
+from proxy.dialects.reasoning import check_messages, messages_fields
 from proxy.errors import InvalidRequest
 from proxy.schemas import only_fields, validate
 
@@ -108,6 +110,7 @@ class MessagesDialect:
                 raise InvalidRequest(f"tools.{index}: server tool {tool.get('type')!r} is not available on this "
                                      "engine; offer a client tool with an input_schema",
                                      param=f"tools.{index}.input_schema")
+        check_messages(body)
 
     # -- request ---------------------------------------------------------------------------------------
     def to_chat(self, body: dict[str, Any], history: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -133,6 +136,7 @@ class MessagesDialect:
         response_format = _response_format(body)
         if response_format is not None:
             chat["response_format"] = response_format
+        chat.update(messages_fields(body))
         if body.get("stream"):
             chat["stream"] = True
         return chat

@@ -3,7 +3,8 @@
 The translation follows vLLM's own Responses route for chat-template models, so the engine sees the prompt it
 would have built itself: `instructions` become the system message, the input items the chat messages that
 core/responses_chat.py makes of them; sampling fields carry over, `max_output_tokens` becomes `max_tokens`, a
-`text.format` the `response_format`. `custom` tools are offered as functions taking `{"input": string}`, the way
+`text.format` the `response_format`, `reasoning.effort` and `truncation` what vLLM makes of them
+(proxy/dialects/reasoning.py). `custom` tools are offered as functions taking `{"input": string}`, the way
 vLLM does, and their calls come back as `custom_tool_call` items. The answer is made by
 proxy/dialects/responses_stream.py, whole or as the event stream.
 
@@ -23,6 +24,7 @@ from proxy.dialects.base import openai_engine_error
 from proxy.dialects.checks import plainly_valid_responses
 from proxy.dialects.fields import RESPONSES as KNOWN_FIELDS
 from proxy.dialects.fields import refuse_unknown_openai
+from proxy.dialects.reasoning import check_responses, responses_fields
 from proxy.dialects.responses_objects import wants_logprobs
 from proxy.dialects.responses_stream import ResponsesStream
 from proxy.errors import InvalidRequest
@@ -74,6 +76,7 @@ class ResponsesDialect:
         if body.get("background"):
             raise InvalidRequest("background responses are not supported: the proxy answers while it records",
                                  param="background", code="unsupported_parameter")
+        check_responses(body)
         for index, tool in enumerate(body.get("tools") or ()):
             kind = tool.get("type")
             if kind in ("function", "custom") and not isinstance(tool.get("name"), str):
@@ -102,6 +105,7 @@ class ResponsesDialect:
                 chat[name] = body[name]
         if body.get("max_output_tokens") is not None:
             chat["max_tokens"] = body["max_output_tokens"]
+        chat.update(responses_fields(body))
         if body.get("stream"):
             chat["stream"] = True
         tools = [chat_tool(t) for t in body.get("tools") or () if t.get("type") in SERVED_TOOLS]

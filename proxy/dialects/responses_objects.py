@@ -33,7 +33,8 @@ def skeleton(body: dict[str, Any], call_id: str, created: int) -> dict[str, Any]
         "service_tier": body.get("service_tier") or "auto", "store": body.get("store", True),
         "temperature": body.get("temperature", 1.0), "text": body.get("text") or {"format": {"type": "text"}},
         "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
-        "top_logprobs": body.get("top_logprobs"), "top_p": body.get("top_p", 1.0), "truncation": "disabled",
+        "top_logprobs": body.get("top_logprobs"), "top_p": body.get("top_p", 1.0),
+        "truncation": body.get("truncation") or "disabled",  # as asked: "auto" is carried (proxy/dialects/reasoning.py)
         "usage": None, "user": body.get("user"), "metadata": body.get("metadata") or {},
     }
 
