@@ -11,7 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from core.policy_rules import DEFAULT_POLICY
 from store.dialect import insert_ignoring_duplicates
-from store.models import Call, CallChoice, PrefixKind, PrunedRollout, Rollout
+from store.models import Call, CallChoice, PrefixKind, PrunedRollout, Rollout, as_utc
 from store.records import CallRecord
 
 
@@ -82,15 +82,17 @@ async def write_calls(session: AsyncSession, records: list[CallRecord], *, may_r
         known = set((await session.execute(select(Call.id).where(Call.id.in_(ids)))).scalars())
         fresh = [r for r in records if r.id not in known]
     # A call that waited in a spool while the operator pruned its rollout comes too late: one indexed look-up
-    # per batch (a tombstone store/retention.py leaves for each rollout it deletes).
+    # per batch (a tombstone store/retention.py leaves for each rollout it deletes). Only a call made before the
+    # prune: an agent may open a new rollout under the same id afterwards, and its calls were acknowledged too.
     rollout_ids = {r.rollout_id for r in fresh if r.rollout_id is not None}
     if rollout_ids:
-        gone = set((await session.execute(
-            select(PrunedRollout.id).where(PrunedRollout.id.in_(rollout_ids)))).scalars())
-        if gone:
+        gone = {rid: as_utc(at) for rid, at in (await session.execute(
+            select(PrunedRollout.id, PrunedRollout.pruned_at).where(PrunedRollout.id.in_(rollout_ids)))).all()}
+        late = [r for r in fresh if r.rollout_id in gone and as_utc(r.started_at) < gone[r.rollout_id]]
+        if late:
             if pruned is not None:
-                pruned.extend(r for r in fresh if r.rollout_id in gone)
-            fresh = [r for r in fresh if r.rollout_id not in gone]
+                pruned.extend(late)
+            fresh = [r for r in fresh if r not in late]
     if not fresh:
         return []
 

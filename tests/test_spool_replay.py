@@ -151,6 +151,13 @@ async def test_calls_of_a_rollout_pruned_while_they_waited_are_set_aside_not_sto
     assert [k["call"]["id"] for k in kept] == [c.id for c in calls[2:]]
     assert all("was pruned" in k["reason"] for k in kept)
     assert metrics.registry.get_sample_value("rlproxy_capture_calls_rejected_total") == 2
+
+    # An agent opening a new rollout under the pruned id afterwards: its calls were acknowledged too, and are stored
+    after = record(rollout_id)
+    await writer.commit(after)
+    await writer.sync()
+    assert await seqs_in_order(sessions, [after]) == [1]
+    assert await call_count(sessions, rollout_id) == 1
     await writer.close()
     assert writer.spool.pending == 0
 
