@@ -1,9 +1,11 @@
 """Who is calling: bearer keys resolved to a project at the edge, admin-only routes, and rollout ownership.
 
 - Every route but `/healthz`, `/readyz` and `/openapi.json` needs a key when auth is on; `POST
-  /policies/{version}/activate` and `GET /metrics` need an admin key (403 for other keys); a project's admin
-  key activates its project's own policies only (proxy/routes/policies.py). docs/security.md's "Who may do
-  what" is the whole table.
+  /policies/{version}/activate` needs an admin key (403 for other keys), and a project's admin key activates
+  its project's own policies only (proxy/routes/policies.py). `GET /metrics` (every policy's versions and
+  rewards, every engine) and `/readyz`'s details (the engines' addresses, the spool's path) are the operator's:
+  the operator key's alone (`/metrics`: 403 for every other key, a project admin key's included). docs/
+  security.md's "Who may do what" is the whole table.
 - Key lookups (found or not) are cached in-process for `key_cache_ttl` seconds, so the request path reaches
   the database once per key and TTL, not once per call.
 - A rollout belongs to the project whose key created it (`POST /rollouts` or its first recorded call). Another
@@ -52,11 +54,14 @@ class Access(Enum):
     PUBLIC = "public"
     KEY = "key"
     ADMIN = "admin"
+    OPERATOR = "operator"  # the whole proxy's, not a project's: no project's key, admin or not
 
 
 # The web view's page and assets hold no data (what it shows comes from /ui/api/…, which needs a key).
 PUBLIC_ROUTES = {"/healthz", "/readyz", "/openapi.json", "/ui/", "/ui/assets/{name}"}
-ADMIN_ROUTES = {("POST", "/policies/{version}/activate"), ("GET", "/metrics")}
+ADMIN_ROUTES = {("POST", "/policies/{version}/activate")}
+# Prometheus scrapes with the operator key (helm/rlproxy/templates/servicemonitor.yaml); Kubernetes probes need none.
+OPERATOR_ROUTES = {("GET", "/metrics")}
 # Routes whose calls belong to the rollout in their path (so a key may only use its own project's rollouts):
 # the recorded routes and the engine routes relayed beside them.
 OPENAI_SUFFIXES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/responses",
@@ -76,6 +81,8 @@ def access_for(request: web.Request) -> Access:
         return Access.PUBLIC
     if (method, pattern) in ADMIN_ROUTES:
         return Access.ADMIN
+    if (method, pattern) in OPERATOR_ROUTES:
+        return Access.OPERATOR
     return Access.KEY  # unknown paths too: what exists is not shown to callers without a key
 
 
@@ -234,6 +241,20 @@ class Authenticator:
             raise Unauthorized("invalid API key (unknown or revoked)")
         return info
 
+    def is_operator(self, request: web.Request) -> bool:
+        """Whether a request presents the operator key (every request does when auth is off). Compared with the
+        settings' key alone: a public route asking this never looks a key up in the database, so a flood of
+        probes with made-up keys costs a hash each. A missing, unreadable or other key is no operator's."""
+        if not self.enabled:
+            return True
+        if self._admin_digest is None:
+            return False
+        try:
+            digest = hash_key(presented_key(request))
+        except (Unauthorized, UnicodeEncodeError):
+            return False
+        return hmac.compare_digest(digest, self._admin_digest)
+
     async def check_rollout(self, request: web.Request, key: KeyInfo) -> None:
         """404 for a rollout-scoped call into another project's rollout. Only reads: an id nobody owns stays
         free until a recorded call claims it (`claim`)."""
@@ -300,21 +321,22 @@ async def authenticate(request: web.Request, handler):
     key = await auth.identify(request)
     if access is Access.ADMIN and not key.admin:
         raise Forbidden("this route needs an admin key")
+    if access is Access.OPERATOR and not is_operator_key(key):
+        raise Forbidden("this route needs the operator key (--admin-key): it shows every project's data")
     request[KEY] = key
     request["project"] = key.project  # what the rollout routes and the recorder scope by
     return await handler(request)
 
 
-async def admin_caller(request: web.Request) -> bool:
-    """Whether the caller of a public route holds an admin key (every caller does when auth is off): such routes
-    answer everyone, and tell an admin more. A missing, unknown or unreadable key is no admin's, not an error."""
-    auth = request.app[AUTH]
-    if not auth.enabled:
-        return True
-    try:
-        return (await auth.identify(request)).admin
-    except (Unauthorized, StoreUnavailable):
-        return False
+def is_operator_key(key: KeyInfo) -> bool:
+    """The operator key is the one admin key of no project (every database key belongs to one)."""
+    return key.admin and key.project is None
+
+
+def operator_caller(request: web.Request) -> bool:
+    """Whether the caller of a public route holds the operator key (every caller does when auth is off): such
+    routes answer everyone, and tell the operator more."""
+    return request.app[AUTH].is_operator(request)
 
 
 @web.middleware

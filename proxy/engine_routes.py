@@ -10,8 +10,10 @@ generation outside the recorded routes (`/invocations`, `/v1/chat/completions/ba
 
 Each path is registered with the proxy's router as it is written here, so a request matches it exactly (case,
 slashes) as vLLM's router would; the engine is sent the path from this table, never one derived from the
-request, so no spelling of a path (dot segments, encoded slashes) can reach another route. Pure data: the
-routes module relays, the auth and limits middlewares treat these like the other OpenAI routes.
+request, so no spelling of a path (dot segments, encoded slashes) can reach another route. None of these routes
+reads a query parameter in vLLM 0.32, so none is relayed: a request carrying a query string is refused (400
+naming the parameter, proxy/routes/passthrough.py), as a body field outside `FIELDS` is. Pure data: the routes
+module relays, the auth and limits middlewares treat these like the other OpenAI routes.
 
 `FIELDS` are the top-level body fields each relayed route takes: vLLM 0.32's request fields for that route less
 the ones refused everywhere (proxy/dialects/fields.py `STEERING`: `chat_template`, `priority`, `request_id`,

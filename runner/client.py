@@ -67,17 +67,19 @@ class ProxyClient:
         return status == 200
 
     async def key_administers(self, key: str) -> bool:
-        """Whether `key` is an administrator's: it reads `GET /metrics`, which is admin-only when keys are on (with
-        keys off, every caller reads it and no key administers anything)."""
+        """Whether `key` is an administrator's (the operator's or a project's): the activation route answers any
+        other key 403 before reading anything, and an administrator's 400 for a version that cannot exist, so the
+        probe changes nothing. With keys off every caller passes that check, and no key administers anything."""
+        probe = self.proxy + "/policies/not-a-version/activate"
         try:
-            async with self._http.get(self.proxy + "/metrics", headers={"Authorization": f"Bearer {key}"}) as with_key:
-                if with_key.status != 200:
+            async with self._http.post(probe, headers={"Authorization": f"Bearer {key}"}) as with_key:
+                if with_key.status != 400:  # 401/403: not an administrator's; anything else: it proves nothing
                     return False
             async with aiohttp.ClientSession(timeout=self._http.timeout) as anonymous:
-                async with anonymous.get(self.proxy + "/metrics") as without:
-                    return without.status != 200
+                async with anonymous.post(probe) as without:
+                    return without.status in (401, 403)
         except (aiohttp.ClientError, TimeoutError) as exc:
-            raise InfrastructureError(f"GET /metrics: proxy unreachable ({exc})") from None
+            raise InfrastructureError(f"POST {probe}: proxy unreachable ({exc})") from None
 
     async def create_rollout(self, task_id: str, *, agent: str | None, evaluation: bool,
                              metadata: dict[str, Any], owner_key: str | None = None) -> NewRollout:

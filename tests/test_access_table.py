@@ -34,7 +34,7 @@ class Row:
     method: str  # "*" for the row of every other path
     path: str
     mounted: bool  # † : also under each rollout prefix
-    cells: dict[str, str]  # key kind -> yes, own, 401, 403 or 404
+    cells: dict[str, str]  # key kind -> yes, own, status, 401, 403 or 404
 
     @property
     def paths(self) -> list[str]:
@@ -64,7 +64,7 @@ def test_every_route_of_the_router_has_a_row_and_every_row_a_route():
     documented = {(row.method, path) for row in ROWS if row.method != "*" for path in row.paths}
     assert served - documented == set(), "routes without a row in docs/security.md's table"
     assert documented - served == set(), "rows of docs/security.md's table that are no route"
-    assert all(set(row.cells.values()) <= {"yes", "own", "401", "403", "404"} for row in ROWS)
+    assert all(set(row.cells.values()) <= {"yes", "own", "status", "401", "403", "404"} for row in ROWS)
     assert [row for row in ROWS if row.method == "*"], "the table says what any other path answers"
 
 
@@ -118,7 +118,8 @@ def body_for(path: str, rollout_id: str) -> dict | None:
 
 def attempt(tenants, objects: dict[str, Objects], method: str, path: str, who: str | None, whose: str) -> str:
     """What a caller (`who`: a key of tenants.keys, None for no key) gets on `path` with `whose` objects:
-    "served", "hidden" (answered as if the object did not exist), or the status 401, 403 or 404."""
+    "served", "hidden" (answered as if the object did not exist), "status" (ready or not, and nothing of what was
+    looked at), or the status 401, 403 or 404."""
     rollout_id = tenants.rollout(whose)["rollout_id"] if path in CLOSING else objects[whose].rollout_id
     response_id = objects[whose].response_id
     version = VERSIONS[whose]
@@ -133,6 +134,8 @@ def attempt(tenants, objects: dict[str, Objects], method: str, path: str, who: s
     assert answer.status_code < 500, (method, target, answer.status_code, answer.text)
     if answer.status_code in (401, 403):
         return str(answer.status_code)
+    if path == "/readyz":
+        return "status" if answer.json() == {"status": "ready"} else "served"
     if path == "/policies":
         listed = answer.json()
         served = len(listed["data"]) > 1 and whose in listed["policies"] and listed["active"] == version
@@ -156,8 +159,8 @@ def attempt(tenants, objects: dict[str, Objects], method: str, path: str, who: s
     return "served"
 
 
-EXPECTED = {"yes": ("served", "served"), "own": ("served", "hidden"), "401": ("401", "401"),
-            "403": ("403", "403")}
+EXPECTED = {"yes": ("served", "served"), "own": ("served", "hidden"), "status": ("status", "status"),
+            "401": ("401", "401"), "403": ("403", "403")}
 
 
 @pytest.mark.parametrize("row", [row for row in ROWS if row.method != "*"],

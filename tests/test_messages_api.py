@@ -1,14 +1,17 @@
 """Anthropic's Messages API through the proxy, as agents use it: the real `anthropic` SDK pointed at
 `rlproxy serve` by base URL only (the rollout in the path), in front of the stub engine, recording into Postgres.
-Also: a rollout that mixes APIs, and every other engine route relayed as it is."""
+Also: a rollout that mixes APIs, and every other engine route relayed as it is; and what `/tokenize` receives
+for `count_tokens` (the two-tenant proxy, whose stand-in engine keeps every body)."""
 from __future__ import annotations
+
+import json
 
 import anthropic
 import openai
 import pytest
 import requests
 
-from testkit.stub_engine import EOS_ID, render_chat, tokenize
+from testkit.stub_engine import BASE_MODEL, EOS_ID, render_chat, tokenize
 
 TOOLS = [{"name": "calculator", "description": "Evaluate an arithmetic expression.",
           "input_schema": {"type": "object", "properties": {"expression": {"type": "string"}},
@@ -251,3 +254,52 @@ def test_unknown_fields_are_refused_by_name_and_the_apis_own_are_taken(proxy_url
         "type": "invalid_request_error", "message": "top_kk: Extra inputs are not permitted"}}
     assert "max_tokens" in misspelt_count.value.body["error"]["message"]
     assert answer.content[0].text
+
+
+# (what the agent asks, the template arguments the chat route renders its /v1/messages call with)
+REASONING = [
+    ({"thinking": {"type": "disabled"}}, {"reasoning_effort": "none", "enable_thinking": False}),
+    ({"output_config": {"effort": "high"}}, {"reasoning_effort": "high", "enable_thinking": True}),
+    ({"thinking": {"type": "disabled"}, "output_config": {"effort": "high"}},  # disabled wins, as vLLM orders it
+     {"reasoning_effort": "none", "enable_thinking": False}),
+    ({"thinking": {"type": "disabled"}, "chat_template_kwargs": {"enable_thinking": True, "reasoning_effort": "low",
+                                                                 "custom": 1}},  # the agent's own flag is kept
+     {"enable_thinking": True, "reasoning_effort": "none", "custom": 1}),
+    ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, None),  # a budget is sampling, not the prompt
+]
+
+
+def tokenize_bodies(tenants) -> list[dict]:
+    return [json.loads(body) for path, body in tenants.stub.bodies if path == "/tokenize"]
+
+
+@pytest.mark.parametrize(("asked", "arguments"), REASONING)
+def test_count_tokens_counts_the_prompt_the_reasoning_fields_render(tenants, asked, arguments):
+    client = tenants.anthropic("alpha")
+    tenants.stub.bodies.clear()
+
+    client.messages.count_tokens(model=BASE_MODEL, messages=[{"role": "user", "content": "What is 6*7?"}],
+                                 extra_body=asked)
+
+    [sent] = tokenize_bodies(tenants)
+    assert sent.get("chat_template_kwargs") == arguments
+
+
+@pytest.mark.parametrize(("asked", "arguments"), REASONING)
+def test_count_tokens_and_the_call_render_with_the_same_template_arguments_in_vllm(tenants, asked, arguments):
+    """vLLM's own request models, given what the engine received for the call and for its count, build the same
+    template arguments (vllm/entrypoints/openai/chat_completion/protocol.py `build_chat_params`)."""
+    chat_route = pytest.importorskip("vllm.entrypoints.openai.chat_completion.protocol")
+    tokenize_route = pytest.importorskip("vllm.entrypoints.serve.tokenize.protocol")
+    client = tenants.anthropic("alpha")
+    hello = [{"role": "user", "content": "What is 6*7?"}]
+    tenants.stub.bodies.clear()
+
+    client.messages.create(model=BASE_MODEL, max_tokens=2048, messages=hello, extra_body=asked)
+    client.messages.count_tokens(model=BASE_MODEL, messages=hello, extra_body=asked)
+
+    [call] = [json.loads(body) for path, body in tenants.stub.bodies if path == "/v1/chat/completions"]
+    [count] = tokenize_bodies(tenants)
+    rendered = chat_route.ChatCompletionRequest(**call).build_chat_params(None, "auto").chat_template_kwargs
+    counted = tokenize_route.TokenizeChatRequest(**count).build_chat_params(None, "auto").chat_template_kwargs
+    assert counted == rendered

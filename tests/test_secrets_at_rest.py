@@ -1,6 +1,6 @@
 """Secrets never in logs or in files other users can read: keys in a request aiohttp cannot parse, what an agent
 sent in a database error, the spool, the rejected calls, SQLite files, adapters; and `/readyz` tells where the
-engines are only to admin keys. Against `rlproxy serve` with keys on, in front of the stand-in engine."""
+engines are only to the operator. Against `rlproxy serve` with keys on, in front of the stand-in engine."""
 from __future__ import annotations
 
 import asyncio
@@ -49,7 +49,23 @@ def proxy(postgres_server: str, tmp_path_factory) -> Iterator[Proxy]:
         args = proxy_command(port, [engine_url], database_url, "--auth", "on", "--admin-key", OPERATOR,
                              "--spool-path", str(spool))
         with running(args, url + "/healthz", log_path=workdir / "proxy.log"):
+            asyncio.run(refuse_marked_calls(database_url))
             yield Proxy(url, port, engine_url, workdir / "proxy.log", spool, keys)
+
+
+REFUSED_MARK = "refuse-this-call"
+
+
+async def refuse_marked_calls(database_url: str) -> None:
+    """A check Postgres holds calls to, which a call carrying REFUSED_MARK breaks: a row the database refuses after
+    the agent had its answer (a NUL character was one until such text was stored as U+FFFD)."""
+    database = open_database(database_url)
+    try:
+        async with database.begin() as connection:
+            await connection.execute(text(
+                f"ALTER TABLE calls ADD CONSTRAINT refused_mark CHECK (request::text NOT LIKE '%{REFUSED_MARK}%')"))
+    finally:
+        await database.dispose()
 
 
 def wait_for(condition, timeout: float = 10.0) -> None:
@@ -80,18 +96,18 @@ def test_a_request_aiohttp_cannot_parse_is_logged_without_its_keys(proxy: Proxy,
     assert "[redacted]" in logged and key not in logged
 
 
-def nul_call(proxy: Proxy, secret: str) -> str:
-    """A chat call Postgres cannot store (a NUL character in its text): its answer is given, its record refused."""
+def refused_call(proxy: Proxy, secret: str) -> str:
+    """A chat call Postgres refuses to store (it breaks the check above): its answer is given, its record refused."""
     answer = requests.post(f"{proxy.url}/v1/chat/completions", timeout=30, headers={
         "Authorization": f"Bearer {proxy.keys['agent']}"}, json={
-        "model": BASE_MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": f"{secret}\x00"}]})
+        "model": BASE_MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": f"{secret} {REFUSED_MARK}"}]})
     assert answer.status_code == 200
     return answer.headers["X-Rlproxy-Call-Id"]
 
 
 def test_a_database_error_is_logged_without_the_statements_parameters(proxy: Proxy):
     secret = "what-the-agent-said-" + uuid.uuid4().hex
-    call_id = nul_call(proxy, secret)
+    call_id = refused_call(proxy, secret)
     wait_for(lambda: f"call {call_id} cannot be stored" in proxy.logged())
     logged = proxy.logged()
     assert "parameters hidden" in logged
@@ -99,7 +115,7 @@ def test_a_database_error_is_logged_without_the_statements_parameters(proxy: Pro
 
 
 def test_the_spool_and_the_rejected_calls_are_the_owners_only(proxy: Proxy):
-    nul_call(proxy, "x")  # one call set aside: the rejected file exists
+    refused_call(proxy, "x")  # one call set aside: the rejected file exists
     rejected = proxy.spool.with_suffix(".rejected.jsonl")
     wait_for(rejected.exists)
     assert mode(proxy.spool.parent) == 0o700
@@ -144,8 +160,8 @@ def test_a_saved_adapter_is_the_owners_only(tmp_path: Path):
 
 
 @pytest.mark.parametrize(("who", "details"), [(None, False), ("agent", False), ("not-a-key", False),
-                                              ("admin", True), ("operator", True)])
-def test_readyz_tells_where_the_engines_are_only_to_admin_keys(proxy: Proxy, who: str | None, details: bool):
+                                              ("admin", False), ("operator", True)])
+def test_readyz_tells_where_the_engines_are_only_to_the_operator(proxy: Proxy, who: str | None, details: bool):
     key = proxy.keys.get(who, who)
     answer = requests.get(f"{proxy.url}/readyz", timeout=10,
                           headers={"Authorization": f"Bearer {key}"} if key else {})

@@ -2,6 +2,8 @@
 chat. Errors on these routes are in Anthropic's shape (the error middleware knows these paths)."""
 from __future__ import annotations
 
+from typing import Any
+
 import aiohttp
 import orjson
 from aiohttp import web
@@ -11,6 +13,7 @@ from proxy.boundary import engine_bytes
 from core.messages_chat import chat_messages
 from proxy.context import call_context
 from proxy.dialects.messages import MESSAGES, CountTokensRequest, MessagesRequest
+from proxy.dialects.reasoning import messages_fields
 from proxy.endpoints import API_ERRORS, Answer, Endpoint, PREFIXES, mounted
 from proxy.errors import engine_failure
 from proxy.schemas import parse_json_object
@@ -39,8 +42,9 @@ async def count_tokens(request: web.Request) -> web.Response:
     await app.access.check(body["model"], context.project)
     target = await app.router.route_call(body["model"], context)
     tokenize = {"model": target.upstream_model, "messages": chat_messages(body), "add_generation_prompt": True}
-    if body.get("chat_template_kwargs") is not None:
-        tokenize["chat_template_kwargs"] = body["chat_template_kwargs"]
+    arguments = template_arguments(body)
+    if arguments:
+        tokenize["chat_template_kwargs"] = arguments
     if body.get("tools"):
         tokenize["tools"] = MESSAGES.to_chat({**body, "max_tokens": 1}, [])["tools"]
     replica, upstream = await app.upstreams.open("/tokenize", engine_bytes(tokenize), key=context.rollout_id)
@@ -54,6 +58,20 @@ async def count_tokens(request: web.Request) -> web.Response:
         return web.Response(body=MESSAGES.engine_error(upstream.status, raw), status=upstream.status,
                             content_type="application/json")
     return TokenCount(input_tokens=int(orjson.loads(raw)["count"])).reply()
+
+
+def template_arguments(body: dict[str, Any]) -> dict[str, Any]:
+    """The template arguments vLLM's chat route renders the same body's `/v1/messages` call with. That call sends
+    `thinking` and `output_config.effort` as `reasoning_effort` (proxy/dialects/reasoning.py), which the chat route
+    turns into the template's `reasoning_effort` and `enable_thinking` (vllm/entrypoints/openai/chat_completion/
+    protocol.py `build_chat_params`); `/tokenize` takes no `reasoning_effort`, so without these the count would
+    be of another prompt: Qwen3's template adds an empty think block when thinking is off."""
+    arguments = dict(body.get("chat_template_kwargs") or {})  # an object: checked by the boundary
+    effort = messages_fields(body).get("reasoning_effort")
+    if effort is not None:
+        arguments["reasoning_effort"] = effort  # vLLM: the request's own field over the caller's argument
+        arguments.setdefault("enable_thinking", effort != "none")  # vLLM: only when the caller did not set it
+    return arguments
 
 
 USER = [{"role": "user", "content": "What is 6*7?"}]

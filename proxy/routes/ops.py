@@ -1,6 +1,11 @@
 """Operations: `GET /healthz` (process up), `GET /readyz` (an engine reachable and calls recorded: the capture
 writer running, the spool writable when calls pass through it, and the database answering or the spool writable
-while it is down; what it looked at only for admin keys), `GET /metrics`."""
+while it is down; what it looked at only for the operator key), `GET /metrics` (the operator key only).
+
+Both are the whole proxy's, not a project's: `/metrics` carries every policy's versions and per-version reward
+histograms (other projects' data), `/readyz`'s details the engines' addresses and the spool's path (the
+operator's topology). A project's key, admin or not, gets 403 on `/metrics` (proxy/auth.py `OPERATOR_ROUTES`)
+and from `/readyz` what a probe without a key gets: ready or not."""
 from __future__ import annotations
 
 import asyncio
@@ -11,7 +16,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from proxy.auth import admin_caller
+from proxy.auth import operator_caller
 from proxy.bodies import Health, Ready, SpoolState
 from proxy.endpoints import Answer, Endpoint
 from proxy.state import state
@@ -80,7 +85,7 @@ async def readyz(request: web.Request) -> web.Response:
     look = await request.app[READINESS].current(app)
     status = 200 if look.ready else 503
     shown = "ready" if look.ready else "unavailable"
-    if not await admin_caller(request):  # where the engines and the spool are is not every caller's business
+    if not operator_caller(request):  # where the engines and the spool are is the operator's business alone
         return Ready(status=shown).reply(status=status)
     writer = app.writer
     answer = Ready(status=shown, database=look.database, writer=writer.running, engines=look.engines,
@@ -104,6 +109,6 @@ ENDPOINTS = [
     Endpoint("get", "/healthz", healthz, "The process is up", {200: Answer("Up.", Health)}, access="public"),
     Endpoint("get", "/readyz", readyz, "The database and at least one engine answer",
              {200: Answer("Ready.", Ready), 503: Answer("Not ready.", Ready)}, access="public"),
-    Endpoint("get", "/metrics", metrics, "Prometheus metrics; admin only when auth is on",
+    Endpoint("get", "/metrics", metrics, "Prometheus metrics; the operator key only when auth is on",
              {200: Answer("Prometheus text format.", text=True)}, access="admin"),
 ]

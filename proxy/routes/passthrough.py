@@ -9,8 +9,12 @@ client's headers are not passed on: vLLM reads a request id from `X-Request-Id`)
 byte for byte, streamed. Any other path is not routed at all: 404 (405 for a listed path with another method), in
 the proxy's own error shape.
 
-The engine path is the table's, not the request's: whatever spelling matched, the engine gets the listed path
-and the request's query string, sent as they are (`encoded=True`: yarl would otherwise resolve dot segments).
+The engine path is the table's, not the request's: whatever spelling matched, the engine gets the listed path,
+sent as it is (`encoded=True`: yarl would otherwise resolve dot segments), and never a query string. vLLM 0.32's
+relayed routes read no query parameter, so a query would be the one input that skips the request boundary (a
+later engine reading `?model=` would take another project's adapter past the model check): a request carrying
+one is refused, 400 naming its first parameter, rather than relayed, or dropped while the client believes it
+did something.
 The agent's own `Authorization` header is never passed on; the engines get the proxy's key.
 
 ENDPOINTS describes the listed routes (bare) for the OpenAPI document; the same list, mounted under each prefix,
@@ -29,7 +33,7 @@ from proxy.boundary import engine_bytes
 from proxy.context import call_context
 from proxy.endpoints import Answer, Endpoint, PREFIXES, mounted, register
 from proxy.engine_routes import FIELDS, RELAYED
-from proxy.errors import NotFoundError, UpstreamTimeout, engine_failure
+from proxy.errors import InvalidRequest, NotFoundError, UpstreamTimeout, engine_failure
 from proxy.schemas import EngineRequest
 from proxy.state import state
 
@@ -46,15 +50,26 @@ def engine_path(request: web.Request) -> str:
     return request.match_info.route.resource.canonical.rsplit("}", 1)[-1]
 
 
-def upstream_url(replica_url: str, path: str, query_string: str) -> URL:
+def upstream_url(replica_url: str, path: str) -> URL:
     base = URL(replica_url)
     return URL.build(scheme=base.scheme, user=base.raw_user, password=base.raw_password, host=base.raw_host,
-                     port=base.explicit_port, path=base.raw_path.rstrip("/") + path, query_string=query_string,
-                     encoded=True)
+                     port=base.explicit_port, path=base.raw_path.rstrip("/") + path, encoded=True)
+
+
+def refuse_query(request: web.Request, path: str) -> None:
+    """400 for a query string: no relayed route documents a query parameter (see the module's docstring). A bare
+    `?` carries none and passes."""
+    raw = request.rel_url.raw_query_string
+    if not raw:
+        return
+    name = next(iter(request.query), None) or raw  # `?&`, `?=x`: no name to give, so the query as sent
+    raise InvalidRequest(f"Unknown query parameter: '{name[:64]}'. {path} takes no query parameters; send the "
+                         "request's fields in its JSON body", param=name[:64], code="unknown_parameter")
 
 
 async def passthrough(request: web.Request) -> web.StreamResponse:
     path = engine_path(request)
+    refuse_query(request, path)
     context = call_context(request)  # validates the ids in a prefixed path
     app = state(request)
     data, headers = None, None
@@ -67,8 +82,7 @@ async def passthrough(request: web.Request) -> web.StreamResponse:
     replica = app.upstreams.choose(context.rollout_id)
     try:
         upstream = await app.upstreams.session.request(
-            request.method, upstream_url(replica.url, path, request.rel_url.raw_query_string), data=data,
-            headers=headers, allow_redirects=False)
+            request.method, upstream_url(replica.url, path), data=data, headers=headers, allow_redirects=False)
     except asyncio.TimeoutError:
         raise UpstreamTimeout("engine did not answer in time") from None
     except (aiohttp.ClientError, OSError) as exc:
