@@ -63,10 +63,23 @@ class RejectedCalls:
             log.error("call %s could not be written to %s either (%s: %s): it is lost", call_id, self.path,
                       type(exc).__name__, exc)
 
-
     def keep_line(self, line: bytes, reason: str) -> None:
         """Set aside a spool line no call could be read from, as its text; never raises."""
         self.keep(_Raw(id="?", spool_line=line.decode("utf-8", "replace").rstrip("\n")), reason)
+
+    def sync(self) -> None:
+        """Make what was kept durable; never raises. Called before the spool blanks the lines of the calls kept
+        (`Spool.set_aside`): a machine crash must not keep the blank and lose the kept copy."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return  # nothing was written (the disk refused, or the bound was reached): logged already
+        try:
+            os.fsync(fd)
+        except OSError as exc:
+            log.error("could not sync %s: %s", self.path, exc)
+        finally:
+            os.close(fd)
 
 
 @dataclasses.dataclass

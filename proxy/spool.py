@@ -15,14 +15,12 @@ A small volume stays usable (proxy/spool_space.py): a segment's size is bounded 
 preallocated, and a segment whose records are all in the database is deleted when the disk refuses an append.
 
 Files: `<path>` is the first segment, then `<path>.1`, `<path>.2`, … in order; numbering starts again once
-every segment is gone. `<path>.lock` is held (a POSIX lock, released when the process ends, however it ends)
-while a process uses the spool: a second process on the same path would replay, and delete, the first one's
-records while it still writes them, so it is refused.
+every segment is gone. `<path>.lock` is held while a process uses the spool (proxy/spool_lock.py): a second
+process on the same path is refused.
 """
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import heapq
 import itertools
 import logging
@@ -34,14 +32,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-
 from core.errors import RlproxyError
+from proxy import spool_lock
 from proxy.rejected import encode
-from proxy.spool_lines import Unreadable, count_lines, parse_line
+from proxy.spool_lines import Unreadable, blank_lines, count_lines, parse_line
 from proxy.spool_space import FAILURE_HOLD_S, FULL, probe, segment_limit
 from store.records import CallRecord
 
 log = logging.getLogger("rlproxy.spool")
+
 
 class SpoolInUse(RlproxyError):
     """Another process holds the spool."""
@@ -87,7 +86,9 @@ class Spool:
         self._flusher: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closing = False
-        self._lock_fd = _lock(path.with_name(path.name + ".lock"))
+        self._lock_fd = spool_lock.take(path)
+        if self._lock_fd is None:
+            raise SpoolInUse(f"another process uses the spool {path}: give each proxy its own --spool-path")
         self.failure: str | None = None  # why the last append failed; None once one succeeds
         self._failed_at = 0.0
         self._load()
@@ -306,7 +307,7 @@ class Spool:
                 continue
             self.live.discard(lsn)
             if segment is None or not segment.first <= lsn < segment.first + segment.count:
-                segment = next(s for s in self.segments if s.first <= lsn < s.first + s.count)
+                segment = self._segment_of(lsn)
                 touched.append(segment)
             segment.live -= 1
         with self._lock:
@@ -315,6 +316,20 @@ class Spool:
                     self._seal(segment)
                 else:
                     self._drop_if_done(segment)
+
+    def set_aside(self, lsns: Iterable[int]) -> None:
+        """These records are in the rejected file now: blank their lines (proxy/spool_lines.py) so that no later
+        replay, in this process or after a restart, sets them aside again; then retire them."""
+        lsns = sorted(lsn for lsn in set(lsns) if lsn in self.live)
+        for segment, group in itertools.groupby(lsns, self._segment_of):
+            try:
+                blank_lines(segment.path, [lsn - segment.first for lsn in group])
+            except OSError as exc:  # the next start may set them aside a second time; nothing is lost
+                log.error("could not mark calls set aside in %s: %s", segment.path, exc)
+        self.retire(lsns)
+
+    def _segment_of(self, lsn: int) -> Segment:
+        return next(s for s in self.segments if s.first <= lsn < s.first + s.count)
 
     def _drop_if_done(self, segment: Segment) -> None:
         if segment.sealed and not segment.live and segment in self.segments:
@@ -345,23 +360,8 @@ class Spool:
                     self._close_fd(segment)
                     self._drop_if_done(segment)
             if self._lock_fd is not None:
-                self.path.with_name(self.path.name + ".lock").unlink(missing_ok=True)
-                os.close(self._lock_fd)
+                spool_lock.release(self.path, self._lock_fd)
                 self._lock_fd = None
-
-
-def _lock(path: Path) -> int:
-    """Hold `path` locked for this process (POSIX locks are per process: a second Spool on the same path in the
-    same process, as tests make, is not refused)."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)  # new folders and files: the owner's only
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise SpoolInUse(f"another process uses the spool {path.with_suffix('')}: give each proxy its own "
-                         "--spool-path") from None
-    return fd
 
 
 def _write_all(segment: Segment, data: bytes) -> None:

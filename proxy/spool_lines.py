@@ -1,8 +1,13 @@
 """Reading the spool's lines back: how many a segment holds, and each as a call, a whole line this proxy cannot
-read (another version's call: kept, raw, in the rejected file), or a line torn when the process was killed."""
+read (another version's call: kept, raw, in the rejected file), or a line torn when the process was killed.
+
+A line whose call went to the rejected file is blanked where it is (`blank_lines`): spaces of the same length, so
+every other line keeps its place and number. A segment outlives a failed replay and a stop while any of its calls
+waits for the database; without the blank, each retry and each start would set the same line aside again."""
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +37,9 @@ class Unreadable:
 
 
 def parse_line(line: bytes) -> CallRecord | Unreadable | None:
+    """The line's call; Unreadable; or None for a torn line and a blanked one (nothing to store)."""
+    if line.endswith(b"\n") and not line.strip(b" \n"):
+        return None  # set aside already
     try:
         return CallRecord.from_json(orjson.loads(line))
     except (orjson.JSONDecodeError, TypeError, KeyError, ValueError) as exc:
@@ -39,3 +47,24 @@ def parse_line(line: bytes) -> CallRecord | Unreadable | None:
             return Unreadable(line, f"a spool line this proxy cannot read: {type(exc).__name__}: {exc}")
         log.error("skipping a torn spool line (written when the process was killed)")
         return None
+
+
+def blank_lines(path: Path, indexes: list[int]) -> None:
+    """Overwrite the whole lines numbered `indexes` (from 0, ascending) of a segment with spaces, newline kept."""
+    places, wanted = [], iter(indexes)
+    target, offset = next(wanted, None), 0
+    with path.open("rb") as fh:
+        for index, line in enumerate(fh):
+            if target is None:
+                break
+            if index == target:
+                if line.endswith(b"\n"):  # a torn line has nothing to blank: it is never read as a call
+                    places.append((offset, len(line)))
+                target = next(wanted, None)
+            offset += len(line)
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)  # not O_APPEND: that would write at the end, not in place
+    try:
+        for offset, length in places:
+            os.pwrite(fd, b" " * (length - 1) + b"\n", offset)
+    finally:
+        os.close(fd)

@@ -32,6 +32,18 @@ class Batches:
         self.after_write = after_write
         self.database_ok = True
         self.slow: dict[str, int] = {}  # calls that timed out on their own while a lighter copy did not: how often
+        # Calls set aside since the caller last asked (`take_kept`), also by a write that failed afterwards (a
+        # split batch whose other half met an outage): the caller must not hand them over again.
+        self.kept: list[CallRecord] = []
+
+    def take_kept(self) -> set[str]:
+        """The ids of the calls set aside in the rejected file since the last call."""
+        kept, self.kept = {r.id for r in self.kept}, []
+        return kept
+
+    def _set_aside(self, record: CallRecord, reason: str) -> None:
+        self.rejected.keep(record, reason)
+        self.kept.append(record)
 
     async def write(self, records: list[CallRecord], *, may_repeat: bool = True) -> bool:
         """Store one batch. False when the database is unreachable (the caller spools). A batch the database
@@ -78,7 +90,7 @@ class Batches:
             if self.after_write is not None and written:
                 await self.after_write(session, written)
         for record in pruned:  # after the commit: a retried batch would find them again
-            self.rejected.keep(record, f"its rollout {record.rollout_id} was pruned (rlproxy prune, the trainer's "
+            self._set_aside(record, f"its rollout {record.rollout_id} was pruned (rlproxy prune, the trainer's "
                                        "retention) while the call waited in the spool; not stored")
         self.metrics.writer_batch.observe(len(records))
         self.metrics.writer_flush.observe(time.perf_counter() - began)
@@ -94,7 +106,7 @@ class Batches:
         if len(records) > 1:
             middle = len(records) // 2
             return await self.write(records[:middle]) and await self.write(records[middle:])
-        self.rejected.keep(records[0], f"storing it failed, on its own: {type(exc).__name__}: {exc}")
+        self._set_aside(records[0], f"storing it failed, on its own: {type(exc).__name__}: {exc}")
         return True
 
     async def _write_slow(self, records: list[CallRecord], exc: Exception) -> bool:
@@ -117,7 +129,7 @@ class Batches:
                         attempts, SLOW_ATTEMPTS)
             return False
         del self.slow[record.id]
-        self.rejected.keep(record, f"storing it ran past the database's statement timeout {attempts} times on its "
+        self._set_aside(record, f"storing it ran past the database's statement timeout {attempts} times on its "
                                    f"own, while the same call without its bodies was stored in time: "
                                    f"{type(exc).__name__}: {exc}")
         return True

@@ -34,7 +34,7 @@ from core.settings import WriterSettings
 from proxy.errors import StoreUnavailable
 from proxy.metrics import ProxyMetrics
 from proxy.rejected import RejectedCalls, encode
-from proxy.replay import REPLAY_BATCH_BYTES, replay
+from proxy.replay import REPLAY_BATCH_BYTES, replay, set_aside
 from proxy.spool import Spool
 from proxy.spool_identity import SpoolForeign, SpoolOwner
 from proxy.spool_writes import SetAside, mark_failed, spool_in_background, spool_lines
@@ -288,8 +288,7 @@ class CaptureWriter:
                 raise
             except Exception as exc:  # noqa: BLE001 — this call is what fails
                 self.rejected.keep(record, f"the capture writer failed on it: {type(exc).__name__}: {exc}")
-                if lsn is not None:
-                    self.spool.retire([lsn])
+                set_aside(self.spool, self.rejected, [lsn] if lsn is not None else [])
             self._suspects.pop(0)
         self._answer_markers(ok)  # the `sync()` waiters of the failed batch
 
@@ -310,13 +309,26 @@ class CaptureWriter:
             return await self._replay()
         if not items:
             return True
-        if await self.batches.write([r for r, _ in items], may_repeat=may_repeat):
+        try:
+            ok = await self.batches.write([r for r, _ in items], may_repeat=may_repeat)
+        finally:
+            kept = self._let_go_of_kept(items)
+        if ok:
             self.spool.retire(lsn for _, lsn in items if lsn is not None)
             return True
-        await self._spool([r for r, lsn in items if lsn is None])
+        await self._spool([r for r, lsn in items if lsn is None and r.id not in kept])
         self.backlog = True
         self._retry_at = time.monotonic() + RETRY_SECONDS
         return False
+
+    def _let_go_of_kept(self, items: list[Item]) -> set[str]:
+        """The calls a write set aside, also one that failed afterwards: out of the spool and out of hand, so that
+        no retry, respool or restart sets them aside again. Returns their ids."""
+        kept = self.batches.take_kept()
+        if kept:
+            set_aside(self.spool, self.rejected, [lsn for r, lsn in items if r.id in kept and lsn is not None])
+            self._in_hand = [item for item in self._in_hand if item[0].id not in kept]
+        return kept
 
     async def _spool(self, records: list[CallRecord]) -> None:
         """Append calls only in memory to the spool, once each (see `_spooled`), and wait until they are on disk."""
