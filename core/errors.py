@@ -15,7 +15,9 @@ bugs and from the libraries' own errors. The tree:
     ├── ModelListError (engine/model_list.py)      an engine's model list unreadable, or naming no base model
     ├── ProxyError (proxy/errors.py)               an HTTP error in the route's own format: InvalidRequest 400,
     │                                              Unauthorized 401, NotFoundError 404 (ModelNotFound,
-    │                                              proxy/tenancy.py), RateLimited 429, UpstreamUnavailable 502,
+    │                                              proxy/tenancy.py), RateLimited 429 (DecodersBusy,
+    │                                              proxy/otlp_share.py: a project's share of the OTLP decoders
+    │                                              is taken), UpstreamUnavailable 502,
     │                                              DecoderUnavailable 503 (proxy/otlp_decoding.py),
     │                                              ... (each carries its status)
     ├── AuthConfigError (proxy/auth.py)            the access settings cannot be served as given
@@ -31,7 +33,7 @@ bugs and from the libraries' own errors. The tree:
     ├── MissingDependencyError (trainer/compat.py)  an OpenRLHF path needing a package not installed
     ├── RunInputError, ProxyRefused, InfrastructureError (runner/errors.py)  what stops `rlproxy run`, or an attempt
     ├── StartupError (demo/startup.py)             the demo cannot start (a taken port, low memory, ...)
-    ├── CalcError (demo/agent.py)                  the demo agent's calculator refuses an expression (ValueError)
+    ├── CalcError (demo/calculator.py)             the demo agent's calculator refuses an expression (ValueError)
     ├── MissingExtra (rlproxy/extras.py)           a command whose extra is not installed (a click exception)
     ├── BadBody (testkit/stub_pooling.py)          the stand-in engine refuses a body (tests only; ValueError)
     └── EndStream (testkit/stub_faults.py)         the stand-in engine cuts a stream here (tests only)

@@ -17,6 +17,7 @@ from aiohttp import web
 from core.settings import IngestSettings
 from proxy.errors import InvalidRequest, PayloadTooLarge, ProxyError
 from proxy.otlp import ExportBudget, OtlpFormatError, OtlpTooLarge, SpanFacts, decode_request, span_facts
+from proxy.otlp_share import ProjectShares, Share
 
 log = logging.getLogger("rlproxy.otlp")
 
@@ -54,6 +55,7 @@ class OtlpDecoders:
     def __init__(self, settings: IngestSettings) -> None:
         self.budget = ExportBudget(settings.otlp_max_spans, settings.otlp_max_attributes)
         self.workers = settings.otlp_decoders
+        self.shares = ProjectShares(settings.otlp_project_bytes, settings.otlp_decoders)
         self._pool: ProcessPoolExecutor | None = None
 
     def _started(self) -> ProcessPoolExecutor:
@@ -62,11 +64,16 @@ class OtlpDecoders:
             self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"))
         return self._pool
 
-    async def span_facts(self, body: bytes, content_type: str) -> list[SpanFacts]:
-        """The export's spans; InvalidRequest (400) for what is not an export, PayloadTooLarge (413) for one
-        past the budget."""
+    def admit(self, project: str | None, size: int | None, content_type: str) -> Share:
+        """The export's place in its project's share, taken before its body is read; DecodersBusy (429) past it."""
+        return self.shares.admit(project, size, content_type)
+
+    async def span_facts(self, body: bytes, content_type: str, project: str | None = None) -> list[SpanFacts]:
+        """The export's spans, decoded in the project's turn; InvalidRequest (400) for what is not an export,
+        PayloadTooLarge (413) for one past the budget."""
         try:
-            decoded = await asyncio.wrap_future(self._started().submit(_decode, body, content_type, self.budget))
+            async with self.shares.turn(project):  # the pool never queues: its queue would be first come, first served
+                decoded = await asyncio.wrap_future(self._started().submit(_decode, body, content_type, self.budget))
         except BrokenProcessPool:  # a worker died (killed, out of memory): the next export gets fresh ones
             log.error("an OTLP decoding worker died; starting new ones")
             self.close()

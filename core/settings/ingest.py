@@ -1,6 +1,7 @@
 """`rlproxy serve`: how much work one request may make the proxy do where it ingests what agents report (OTLP
 span exports, rewards, rollout events) and where it reads a rollout back. Each bound is checked before the work
-it bounds, and a request past one is refused with 413 (docs/security.md, Bounded ingest)."""
+it bounds, and a request past one is refused with 413 (docs/security.md, Bounded ingest); an OTLP export past its
+project's share of the decoders with 429, which exporters retry."""
 from __future__ import annotations
 
 from pydantic import Field
@@ -22,6 +23,15 @@ class IngestSettings(Part):
         1, gt=0, description="Worker processes that decode OTLP exports (started by the first), so that "
                              "decoding never holds up other requests; exports beyond them wait their turn.",
         json_schema_extra={"flag": "otlp-decoders"})
+    otlp_project_bytes: int = Field(
+        8 * 1024 * 1024, gt=0, description="Most bytes of OTLP exports one project (the operator's key is one of "
+                                           "its own) may have waiting for or in the decoders at once; an export "
+                                           "past it is 429 with Retry-After before its body is read (exporters "
+                                           "retry). A project with none in flight is always let in. About 3 s of "
+                                           "decoding at worst, so one project cannot keep the others' exports "
+                                           "waiting past an exporter's 10 s timeout; the decoders take projects "
+                                           "in turn as well.",
+        json_schema_extra={"flag": "otlp-project-bytes"})
     max_rewards_per_export: int = Field(
         1_000, gt=0, description="Most spans carrying a reward one OTLP export may hold; past it the export is "
                                  "413 and nothing of it is stored.",

@@ -11,7 +11,8 @@ one for a call that holds the most rewards kept) and says why. Keys and projects
 
 Bounded before the work: the body is decoded in a worker process (proxy/otlp_decoding.py), which refuses an
 export past `--otlp-max-spans` or `--otlp-max-attributes` with 413 before reading it span by span; an export
-with more reward-carrying spans than `--max-rewards-per-export` is 413 before anything of it is stored."""
+with more reward-carrying spans than `--max-rewards-per-export` is 413 before anything of it is stored. Each
+project has a share of the decoders (proxy/otlp_share.py): an export past it is 429 before its body is read."""
 from __future__ import annotations
 
 from aiohttp import web
@@ -35,13 +36,17 @@ async def export_traces(request: web.Request) -> web.Response:
     if content_type not in (*PROTOBUF_TYPES, JSON_TYPE):
         raise UnsupportedMediaType(f"/v1/traces reads OTLP as application/x-protobuf or application/json, "
                                    f"not {content_type!r}")
-    try:
-        raw = await request.read()
-    except RequestPayloadError as exc:  # e.g. a Content-Encoding: gzip body that is not gzip
-        raise InvalidRequest(f"the request body could not be read: {exc}", code="invalid_body") from None
-    spans = await request.app[DECODERS].span_facts(raw, content_type)  # in a worker process, within budget
+    decoders, project = request.app[DECODERS], request.get("project")
+    # The project's share of the decoders is taken before the body is read: past it, 429 costs no reading.
+    with decoders.admit(project, _known_size(request), content_type) as share:
+        try:
+            raw = await request.read()
+        except RequestPayloadError as exc:  # e.g. a Content-Encoding: gzip body that is not gzip
+            raise InvalidRequest(f"the request body could not be read: {exc}", code="invalid_body") from None
+        share.resize(len(raw))
+        spans = await decoders.span_facts(raw, content_type, project)  # in a worker process, within budget
 
-    results = await state(request).ingest.spans(spans, project=request.get("project"))
+    results = await state(request).ingest.spans(spans, project=project)
     refused = [result.error or "refused" for result in results if result.outcome == REJECTED]
     message = "; ".join(refused[:MESSAGES_SHOWN])
     if len(refused) > MESSAGES_SHOWN:
@@ -52,9 +57,16 @@ async def export_traces(request: web.Request) -> web.Response:
     return TraceExportResult.model_validate(json_format.MessageToDict(response)).reply()
 
 
+def _known_size(request: web.Request) -> int | None:
+    """The bytes the decoders will be given, where known before reading: a compressed body the edge has already
+    inflated (proxy/uploads.py leaves it where `read()` finds it), else the declared length (None when chunked)."""
+    inflated = request._read_bytes  # noqa: SLF001 - aiohttp's own place for a body already read
+    return len(inflated) if inflated is not None else request.content_length
+
+
 ENDPOINTS = [
     Endpoint("post", "/v1/traces", export_traces,
              "OTLP/HTTP trace export: spans of a rollout become rewards (failed tool spans, rlproxy.reward)",
              {200: Answer("Taken; partialSuccess counts and explains the refused spans.", TraceExportResult)},
-             (400, 413, 415, 503), body=TraceExport, protobuf=True),
+             (400, 413, 415, 429, 503), body=TraceExport, protobuf=True),
 ]
