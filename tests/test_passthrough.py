@@ -9,7 +9,6 @@ import http.client
 import json
 from urllib.parse import urlsplit
 
-import pytest
 import requests
 
 from proxy.engine_routes import RELAYED
