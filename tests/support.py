@@ -51,6 +51,23 @@ async def transaction(database_url: str):
         yield session
 
 
+REFUSED_MARK = "refuse-this-call"
+
+
+def refuse_marked_calls(database_url: str) -> None:
+    """From now on the database refuses any call whose request carries REFUSED_MARK (a check on the calls table):
+    a row Postgres refuses after the agent had its answer. A NUL character was one until such text was stored as
+    U+FFFD; a check stands for whatever else a real database may refuse."""
+    from sqlalchemy import text
+
+    async def add() -> None:
+        async with transaction(database_url) as session:
+            await session.execute(text(
+                f"ALTER TABLE calls ADD CONSTRAINT refused_mark CHECK (request::text NOT LIKE '%{REFUSED_MARK}%')"))
+
+    asyncio.run(add())
+
+
 def adapter_folder(root: Path, version: int) -> str:
     """A folder the stub engine accepts as a PEFT adapter."""
     folder = root / f"v{version}"

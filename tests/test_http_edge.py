@@ -23,7 +23,8 @@ from sqlalchemy import func, select
 
 from store.models import Rollout
 from testkit.stub_engine import BASE_MODEL, Stub
-from tests.support import free_port, fresh_database, make_key, proxy_command, running, transaction
+from tests.support import (REFUSED_MARK, free_port, fresh_database, make_key, proxy_command, refuse_marked_calls, running,
+                           transaction)
 from tests.tenants import engine_in_thread
 
 TIMEOUT = 2.0  # --header-timeout and --body-timeout of this proxy
@@ -328,11 +329,12 @@ def test_the_web_views_odd_times_and_cursors_are_400(proxy: Proxy, query: str):
 
 def test_calls_the_store_refuses_fill_the_rejected_file_only_up_to_its_bound(proxy: Proxy):
     rejected = proxy.spool.with_suffix(".rejected.jsonl")
+    refuse_marked_calls(proxy.database_url)
     for number in range(8):  # about 16 KiB each: twice the bound in all
         answer = requests.post(f"{proxy.url}/v1/chat/completions", headers=proxy.headers(), timeout=30, json={
             "model": BASE_MODEL, "max_tokens": 2,
-            "messages": [{"role": "user", "content": f"{number}\x00" + "n" * 16 * 1024}]})
-        assert answer.status_code == 200  # answered: only its record is refused (Postgres holds no NUL)
+            "messages": [{"role": "user", "content": f"{number} {REFUSED_MARK} " + "n" * 16 * 1024}]})
+        assert answer.status_code == 200  # answered: only its record is refused
     deadline = time.monotonic() + 30
     while "(--rejected-max-bytes)" not in proxy.logged() and time.monotonic() < deadline:
         time.sleep(0.2)

@@ -18,7 +18,7 @@ from sqlalchemy import text
 
 from store.db import open_database
 from testkit.stub_engine import BASE_MODEL, Stub
-from tests.support import free_port, fresh_database, make_key, proxy_command, running
+from tests.support import REFUSED_MARK, free_port, fresh_database, make_key, proxy_command, refuse_marked_calls, running
 from tests.tenants import engine_in_thread
 
 OPERATOR = "operator-" + uuid.uuid4().hex
@@ -49,23 +49,8 @@ def proxy(postgres_server: str, tmp_path_factory) -> Iterator[Proxy]:
         args = proxy_command(port, [engine_url], database_url, "--auth", "on", "--admin-key", OPERATOR,
                              "--spool-path", str(spool))
         with running(args, url + "/healthz", log_path=workdir / "proxy.log"):
-            asyncio.run(refuse_marked_calls(database_url))
+            refuse_marked_calls(database_url)
             yield Proxy(url, port, engine_url, workdir / "proxy.log", spool, keys)
-
-
-REFUSED_MARK = "refuse-this-call"
-
-
-async def refuse_marked_calls(database_url: str) -> None:
-    """A check Postgres holds calls to, which a call carrying REFUSED_MARK breaks: a row the database refuses after
-    the agent had its answer (a NUL character was one until such text was stored as U+FFFD)."""
-    database = open_database(database_url)
-    try:
-        async with database.begin() as connection:
-            await connection.execute(text(
-                f"ALTER TABLE calls ADD CONSTRAINT refused_mark CHECK (request::text NOT LIKE '%{REFUSED_MARK}%')"))
-    finally:
-        await database.dispose()
 
 
 def wait_for(condition, timeout: float = 10.0) -> None:
