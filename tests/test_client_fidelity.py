@@ -9,24 +9,13 @@ import pytest
 import requests
 
 from testkit.stub_engine import EOS_ID, tokenize
+from tests.test_responses_api import calls_of, new_rollout
 
 ENGINE_IGNORES_STREAM = {"stub_plain_json": True}  # the stand-in answers `stream: true` with one JSON body
 RESPONSES_TOOLS = [{"type": "function", "name": "calculator",
                     "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}]
 MESSAGES_TOOLS = [{"name": "calculator",
                    "input_schema": {"type": "object", "properties": {"expression": {"type": "string"}}}}]
-
-
-def new_rollout(proxy_url: str) -> tuple[str, str]:
-    response = requests.post(f"{proxy_url}/rollouts", json={})
-    assert response.status_code == 201, response.text
-    return response.json()["rollout_id"], response.json()["base_url"]
-
-
-def calls_of(proxy_url: str, rollout_id: str) -> list[dict]:
-    response = requests.get(f"{proxy_url}/rollouts/{rollout_id}")
-    assert response.status_code == 200, response.text
-    return response.json()["calls"]
 
 
 def test_a_responses_stream_the_engine_answered_whole_reaches_the_sdk_as_its_events(proxy_url):
