@@ -34,16 +34,20 @@ DISABLED_THINKING_EFFORT = "none"
 TRUNCATIONS = ("auto", "disabled")
 
 
+def _check_effort(body: dict[str, Any], holder: str, efforts: tuple[str, ...]) -> None:
+    """`body[holder]`, when given, is an object whose `effort` (when given) is one of `efforts`."""
+    value = body.get(holder)
+    if value is not None and not isinstance(value, dict):
+        raise InvalidRequest(f"{holder}: expected an object", param=holder)
+    effort = (value or {}).get("effort")
+    if effort is not None and effort not in efforts:
+        raise InvalidRequest(f"{holder}.effort: expected one of {', '.join(efforts)}", param=f"{holder}.effort")
+
+
 def check_messages(body: dict[str, Any]) -> None:
     """400 for a `thinking` or `output_config.effort` the engine's chat route cannot be given as vLLM's Messages
     route gives it (`max_tokens` is absent on count_tokens: no budget check there, as in vLLM)."""
-    config = body.get("output_config")
-    if config is not None and not isinstance(config, dict):
-        raise InvalidRequest("output_config: expected an object", param="output_config")
-    effort = (config or {}).get("effort")
-    if effort is not None and effort not in ANTHROPIC_EFFORTS:
-        raise InvalidRequest(f"output_config.effort: expected one of {', '.join(ANTHROPIC_EFFORTS)}",
-                             param="output_config.effort")
+    _check_effort(body, "output_config", ANTHROPIC_EFFORTS)
     thinking = body.get("thinking")
     if thinking is None:
         return
@@ -86,13 +90,7 @@ def check_responses(body: dict[str, Any]) -> None:
     """400 for a `reasoning` or `truncation` the engine's chat route cannot be given as vLLM's Responses route
     gives it. `reasoning.summary`, `generate_summary`, `context` and `mode` are recorded and not forwarded:
     vLLM's route reads none of them for a chat-template model."""
-    reasoning = body.get("reasoning")
-    if reasoning is not None and not isinstance(reasoning, dict):
-        raise InvalidRequest("reasoning: expected an object", param="reasoning")
-    effort = (reasoning or {}).get("effort")
-    if effort is not None and effort not in OPENAI_EFFORTS:
-        raise InvalidRequest(f"reasoning.effort: expected one of {', '.join(OPENAI_EFFORTS)}",
-                             param="reasoning.effort")
+    _check_effort(body, "reasoning", OPENAI_EFFORTS)
     truncation = body.get("truncation")
     if truncation is not None and truncation not in TRUNCATIONS:
         raise InvalidRequest(f"truncation: expected one of {', '.join(TRUNCATIONS)}", param="truncation")
