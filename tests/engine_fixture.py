@@ -55,29 +55,41 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.engine)
 
 
-@pytest.fixture(scope="session")
-def vllm_engine():
-    """The shared `engine.local.Engine` (None when `RLPROXY_TEST_ENGINE_URL` names an external one)."""
-    if os.environ.get(ENGINE_URL_ENV):
-        yield None
-        return
-    from engine.local import Engine, vllm_available
+class _Shared:
+    """The engine serving the run now: a replacement when one died (see `_engine_still_serves`)."""
+
+    engine = None
+
+
+def _start_engine(settings):
+    from engine.local import Engine
     from engine.model import prepare_model
 
-    if not vllm_available():
-        pytest.skip("vLLM is not installed (pip install -e '.[engine]')")
-    engine = Engine(small_engine_settings(), model_path=prepare_model())
+    engine = Engine(settings, model_path=prepare_model())
     engine.start()
     try:
         engine.wait_ready()
     except BaseException:
         engine.stop()
         raise
-    yield engine
+    return engine
+
+
+@pytest.fixture(scope="session")
+def vllm_engine():
+    """The shared `engine.local.Engine` (None when `RLPROXY_TEST_ENGINE_URL` names an external one)."""
+    if os.environ.get(ENGINE_URL_ENV):
+        yield None
+        return
+    from engine.local import group_members, vllm_available
+
+    if not vllm_available():
+        pytest.skip("vLLM is not installed (pip install -e '.[engine]')")
+    _Shared.engine = _start_engine(small_engine_settings())
+    yield _Shared.engine
+    engine, _Shared.engine = _Shared.engine, None
     pgid = engine.pid
     engine.stop()
-    from engine.local import group_members
-
     left = [member for member in group_members(pgid) if member[1] != "Z"]
     assert not left, f"engine processes left after stop: {left}"
 
@@ -106,12 +118,13 @@ def _unload_test_adapters(request):
     yield
     if "engine_url" not in request.fixturenames:
         return
+    _engine_still_serves()
     url = request.getfixturevalue("engine_url")
     try:
         with urllib.request.urlopen(url + "/v1/models", timeout=10) as response:
             models = json.loads(response.read())["data"]
     except OSError:
-        return  # the engine is down: the test that brought it down says so
+        return  # an external engine is down: its tests fail on their own
     for model in models:
         if model.get("parent") not in (None, model["id"]):
             body = json.dumps({"lora_name": model["id"]}).encode()
@@ -121,3 +134,17 @@ def _unload_test_adapters(request):
                 urllib.request.urlopen(unload, timeout=30).close()
             except OSError:
                 pass
+
+
+def _engine_still_serves() -> None:
+    """After a test on the shared engine: if the engine died during it, that test errors with the engine's
+    last log lines (else the cause is lost: every later engine test fails with 'connection refused', and the
+    one that brought it down passed). A new engine is started on the same port for the rest of the run."""
+    dead = _Shared.engine
+    if dead is None or dead.running:
+        return
+    code, tail = dead.returncode, dead.log_tail(60)
+    dead.stop()  # the rest of its process group
+    _Shared.engine = _start_engine(dead.settings)
+    pytest.fail(f"the shared engine exited with code {code} during this test (a new one serves the rest of the "
+                f"run); its last log lines:\n" + "\n".join(tail), pytrace=False)
