@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -112,3 +114,23 @@ def test_agents_never_get_an_administrators_key(tenants, tmp_path):
     assert own.exit_code == 0, own.output
     assert [e["status"] for e in finished(tmp_path / "b.jsonl")] == ["rewarded"]
     assert json.loads((tmp_path / "b.jsonl").read_text().splitlines()[0])["event"] == "started"
+
+
+def test_a_process_an_agent_started_in_a_session_of_its_own_ends_with_the_run(proxy_url, tmp_path):
+    """A coding agent's shell tool, or a model writing `setsid server &`, starts a process outside the attempt's
+    process group, whose kill it escapes; its parent exits at once. While the run lasts it keeps running (an
+    attempt may still use it); once `rlproxy run` has ended, nothing it started runs on."""
+    tasks = write_tasks(tmp_path / "tasks.jsonl", {"id": "a"}, {"id": "b"})
+    pids = tmp_path / "pids"
+    agent = f"setsid sleep 300 </dev/null >/dev/null 2>&1 & echo $! >> {pids}; sleep 0.5; echo 1"
+    run = subprocess.run([sys.executable, "-m", "rlproxy.cli", "run", "--proxy", proxy_url, "--log",
+                          str(tmp_path / "run.jsonl"), "--tasks", str(tasks), "--task-id-field", "id",
+                          "--attempts", "1", "--command", agent], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    escaped = [int(line) for line in pids.read_text().split()]
+    assert len(escaped) == 2
+    assert "ended 2 processes the agents left running" in run.stderr
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{pid}").exists() for pid in escaped) and time.monotonic() < deadline:
+        time.sleep(0.1)  # init reaps them once the runner has exited
+    assert not [pid for pid in escaped if Path(f"/proc/{pid}").exists()]

@@ -11,6 +11,7 @@ from core.settings import RunSettings
 from rlproxy.commands.flags import Flags
 from runner.environment import hide_own_environment
 from runner.errors import InfrastructureError, ProxyRefused, RunInputError
+from runner.leftovers import no_process_outlives_the_run
 from runner.progress import summary
 from runner.run import prepare, run_plan
 
@@ -35,7 +36,8 @@ def run(**params) -> None:
     except RunInputError as exc:
         _fail(str(exc), BAD_INPUT)
     try:
-        outcomes = asyncio.run(run_plan(plan))
+        with no_process_outlives_the_run():
+            outcomes = asyncio.run(run_plan(plan))
     except RunInputError as exc:
         _fail(str(exc), BAD_INPUT)
     except ProxyRefused as exc:
