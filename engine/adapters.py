@@ -1,8 +1,8 @@
 """The engines' runtime LoRA routes: the one place rlproxy lists, loads and unloads an adapter.
 
     adapters = EngineAdapters(["http://engine-a:8000", "http://engine-b:8000"], api_key=key)
-    await adapters.load("rlproxy-v3", "/adapters/v3")   # on every replica, with the weights in that folder
-    await adapters.unload("rlproxy-v2")                 # from every replica
+    await adapters.load("rlproxy-v3-9f2a61c0", "/adapters/v3")   # on every replica, with the weights in that folder
+    await adapters.unload("rlproxy-v2-51be07d3")                 # from every replica
 
 When a version's adapter is loaded or unloaded, and which `replace` it needs, is engine/lifecycle.py's
 business; the trainer, the gates, the proxy's activate route and restore loop and the demo all go through it.

@@ -137,11 +137,12 @@ async def retire(sessions: async_sessionmaker[AsyncSession], version: int, *,
     changed, when it serves already as the active version (an operator activated it while the gate ran)."""
     async with sessions() as session, session.begin():
         now = await policies.retire_unserved(session, version)
+        name = (await policies.get_policy(session, version)).name
     if now is not None:
         log.warning("v%d is %s (an operator's choice while its gate ran): left as it is, not retired", version, now)
         return False
     if drain is not None:
-        drain.note(policies.adapter_name(version))
+        drain.note(name)
     return True
 
 

@@ -5,6 +5,7 @@ numbered across all policies. Version 0 is the base model: it has no row and is 
 no active row."""
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +39,12 @@ def base_of(policy: str) -> ActivePolicy:
 
 
 def adapter_name(version: int) -> str:
-    """The name a version is loaded under in the engine; new per version so a load never replaces one in use."""
-    return f"rlproxy-v{version}"
+    """A new name for a version to be loaded under in the engine (kept in its row: read `Policy.name`, never
+    make it again). New per version, so a load never replaces one in use; and with a random part, so two
+    deployments (two databases) sharing an engine never name two adapters alike: with `rlproxy-vN` alone, each
+    one's restore loop took the other's v3 for its own with the wrong weights and loaded it again, so agents
+    were served and recorded under the other deployment's weights, and under that churn vLLM crashed."""
+    return f"rlproxy-v{version}-{secrets.token_hex(4)}"
 
 
 async def active_policy(session: AsyncSession, policy: str = DEFAULT_POLICY) -> ActivePolicy:

@@ -78,22 +78,27 @@ def adapter_folder(root: Path, version: int) -> str:
 
 
 async def add_policies(database_url: str, root: Path, versions: list[int], *, active: int | None = None,
-                       engine_url: str | None = None, base_model: str = "stub-model", policy: str = "default") -> None:
+                       engine_url: str | None = None, base_model: str = "stub-model",
+                       policy: str = "default") -> dict[int, str]:
     """Candidate versions of `policy` (each the child of the one before), optionally one active, loaded on a
-    stub engine."""
+    stub engine. Returns each version's adapter name, as its row keeps it."""
     from store import policies
 
+    names = {}
     async with transaction(database_url) as session:
         for version in versions:
-            await policies.add_candidate(session, version, adapter_folder(root, version), parent_version=version - 1,
-                                         base_model=base_model, policy=policy)
+            row = await policies.add_candidate(session, version, adapter_folder(root, version),
+                                               parent_version=version - 1, base_model=base_model,
+                                               policy=policy)
+            names[version] = row.name
         if active is not None:
             await policies.activate(session, active)
     if engine_url:
         from engine.adapters import EngineAdapters
 
         for version in versions:
-            await EngineAdapters([engine_url]).load(policies.adapter_name(version), str(root / f"v{version}"))
+            await EngineAdapters([engine_url]).load(names[version], str(root / f"v{version}"))
+    return names
 
 
 async def policy_row(database_url: str, version: int):

@@ -2,9 +2,10 @@
 process so that what it received can be read back (`Stub.received`: every request's method and raw path).
 
 Projects `alpha` and `beta` each have a policy of their own (`--policy-rule project:alpha=alpha` …) with an active
-adapter loaded on the engine: `rlproxy-v1` is alpha's, `rlproxy-v2` beta's. `gamma` has no rule, so it gets the
-default policy, which has no version: the base model. `alpha-admin` and `beta-admin` are admin keys of those
-projects; `operator` is the admin key of no project."""
+adapter loaded on the engine: alpha's version 1, beta's version 2, each under the name its row keeps
+(`Tenants.adapters`, as `GET /policies` shows it: `rlproxy-v1-<random>`, `rlproxy-v2-<random>`). `gamma` has
+no rule, so it gets the default policy, which has no version: the base model. `alpha-admin` and `beta-admin`
+are admin keys of those projects; `operator` is the admin key of no project."""
 from __future__ import annotations
 
 import asyncio
@@ -25,7 +26,7 @@ from tests.support import add_policies, fresh_database, make_key, running_proxy
 
 OPERATOR = "operator-" + uuid.uuid4().hex
 MAX_BODY = 64 * 1024
-ADAPTERS = {"alpha": "rlproxy-v1", "beta": "rlproxy-v2"}
+PROJECTS = ("alpha", "beta")  # each with a policy of its own, whose version 1 or 2 serves
 # A body each relayed engine route takes (proxy/engine_routes.py FIELDS), naming no model.
 RELAYED_BODIES = {
     "/tokenize": {"prompt": "one two"}, "/detokenize": {"tokens": [1, 2]}, "/v1/embeddings": {"input": "one two"},
@@ -42,6 +43,7 @@ class Tenants:
     stub: Stub
     stub_url: str
     keys: dict[str, str]  # project (or "alpha-admin", "beta-admin", "operator") -> key
+    adapters: dict[str, str]  # project -> its active version's adapter name
 
     def headers(self, who: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.keys[who]}"}
@@ -85,12 +87,13 @@ def engine_in_thread(stub: Stub) -> Iterator[str]:
 def secured_tenants(postgres_server: str, run_dir: Path, adapters: Path) -> Iterator[Tenants]:
     stub = Stub(BASE_MODEL)
     with engine_in_thread(stub) as engine_url, fresh_database(postgres_server) as database_url:
-        for version, project in enumerate(ADAPTERS, start=1):
-            asyncio.run(add_policies(database_url, adapters, [version], active=version, engine_url=engine_url,
-                                     policy=project))
+        names = {}
+        for version, project in enumerate(PROJECTS, start=1):
+            names[project] = asyncio.run(add_policies(database_url, adapters, [version], active=version,
+                                                      engine_url=engine_url, policy=project))[version]
         keys = {project: make_key(database_url, project) for project in ("alpha", "beta", "gamma")}
-        keys |= {f"{project}-admin": make_key(database_url, project, admin=True) for project in ADAPTERS}
-        rules = [arg for project in ADAPTERS for arg in ("--policy-rule", f"project:{project}={project}")]
+        keys |= {f"{project}-admin": make_key(database_url, project, admin=True) for project in PROJECTS}
+        rules = [arg for project in PROJECTS for arg in ("--policy-rule", f"project:{project}={project}")]
         with running_proxy([engine_url], database_url, run_dir, "proxy-tenants", "--admin-key", OPERATOR,
                            "--client-max-size", str(MAX_BODY), *rules) as url:
-            yield Tenants(url, stub, engine_url, {**keys, "operator": OPERATOR})
+            yield Tenants(url, stub, engine_url, {**keys, "operator": OPERATOR}, names)

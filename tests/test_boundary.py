@@ -15,9 +15,8 @@ import requests
 from proxy.engine_routes import RELAYED
 from testkit.stub_engine import BASE_MODEL, Stub
 from tests.support import fresh_database, running_proxy
-from tests.tenants import ADAPTERS, RELAYED_BODIES, engine_in_thread
+from tests.tenants import RELAYED_BODIES, engine_in_thread
 
-ALPHAS, BETAS = ADAPTERS["alpha"], ADAPTERS["beta"]
 USER = [{"role": "user", "content": "What is 6*7?"}]
 ANTHROPIC_ROUTES = ("/v1/messages", "/v1/messages/count_tokens")
 # Every route that forwards a JSON body, with a body it serves.
@@ -40,27 +39,34 @@ def with_field(text: str, raw_field: str) -> str:
     return text[:-1] + ", " + raw_field + "}"
 
 
-# Forms of a body naming beta's adapter that Python's json module (the engine's) reads and the proxy refuses.
+# Forms of a body naming beta's adapter that Python's json module (the engine's) reads and the proxy refuses;
+# each is given the body's JSON text and the adapter names of alpha and beta (`tenants.adapters`).
 REFUSED = {
-    "NaN": lambda t: with_field(t, '"temperature": NaN').encode(),
-    "Infinity": lambda t: with_field(t, '"temperature": Infinity').encode(),
-    "-Infinity": lambda t: with_field(t, '"temperature": -Infinity').encode(),
-    "1e999": lambda t: with_field(t, '"temperature": 1e999').encode(),
-    "UTF-8 BOM": lambda t: b"\xef\xbb\xbf" + t.encode(),
-    "UTF-16": lambda t: t.encode("utf-16"),
-    "UTF-16LE": lambda t: t.encode("utf-16-le"),
-    "UTF-16BE": lambda t: t.encode("utf-16-be"),
-    "UTF-32": lambda t: t.encode("utf-32"),
-    "UTF-32BE": lambda t: t.encode("utf-32-be"),
-    "lone surrogate": lambda t: with_field(t, '"user": "x\\ud800"').encode(),
-    "lone low surrogate": lambda t: t.replace(f'"{BETAS}"', f'"{BETAS}\\udc00"').encode(),
-    "model twice, beta's last": lambda t: with_field(t.replace(BETAS, ALPHAS), f'"model": "{BETAS}"').encode(),
-    "model twice, beta's first": lambda t: with_field(t, f'"model": "{ALPHAS}"').encode(),
-    "model twice, once escaped": lambda t: with_field(t.replace(BETAS, ALPHAS),
-                                                      f'"mod\\u0065l": "{BETAS}"').encode(),
-    "a nested key twice": lambda t: with_field(t, '"x": {"a": 1, "a": 2}').encode(),
-    "deep nesting": lambda t: with_field(t, '"x": ' + "[" * 100 + "]" * 100).encode(),
+    "NaN": lambda t, alphas, betas: with_field(t, '"temperature": NaN').encode(),
+    "Infinity": lambda t, alphas, betas: with_field(t, '"temperature": Infinity').encode(),
+    "-Infinity": lambda t, alphas, betas: with_field(t, '"temperature": -Infinity').encode(),
+    "1e999": lambda t, alphas, betas: with_field(t, '"temperature": 1e999').encode(),
+    "UTF-8 BOM": lambda t, alphas, betas: b"\xef\xbb\xbf" + t.encode(),
+    "UTF-16": lambda t, alphas, betas: t.encode("utf-16"),
+    "UTF-16LE": lambda t, alphas, betas: t.encode("utf-16-le"),
+    "UTF-16BE": lambda t, alphas, betas: t.encode("utf-16-be"),
+    "UTF-32": lambda t, alphas, betas: t.encode("utf-32"),
+    "UTF-32BE": lambda t, alphas, betas: t.encode("utf-32-be"),
+    "lone surrogate": lambda t, alphas, betas: with_field(t, '"user": "x\\ud800"').encode(),
+    "lone low surrogate": lambda t, alphas, betas: t.replace(f'"{betas}"', f'"{betas}\\udc00"').encode(),
+    "model twice, beta's last": lambda t, alphas, betas: with_field(t.replace(betas, alphas),
+                                                                    f'"model": "{betas}"').encode(),
+    "model twice, beta's first": lambda t, alphas, betas: with_field(t, f'"model": "{alphas}"').encode(),
+    "model twice, once escaped": lambda t, alphas, betas: with_field(t.replace(betas, alphas),
+                                                                     f'"mod\\u0065l": "{betas}"').encode(),
+    "a nested key twice": lambda t, alphas, betas: with_field(t, '"x": {"a": 1, "a": 2}').encode(),
+    "deep nesting": lambda t, alphas, betas: with_field(t, '"x": ' + "[" * 100 + "]" * 100).encode(),
 }
+
+
+def escaped(name: str, position: int) -> str:
+    """`name` as JSON text with the character at `position` written as a \\u escape."""
+    return name[:position] + f"\\u{ord(name[position]):04x}" + name[position + 1:]
 
 
 def post(tenants, who: str, path: str, raw: bytes, **headers) -> requests.Response:
@@ -88,28 +94,33 @@ def test_no_form_the_rules_refuse_reaches_the_engine_on_any_route(tenants):
     assert {path for path, methods in RELAYED.items() if "POST" in methods} - ROUTES.keys() == {"/ping"}  # no body
     tenants.stub.bodies.clear()
     for path in ROUTES:
-        text = body_text(path, BETAS)
+        text = body_text(path, tenants.adapters["beta"])
         for form, encode in REFUSED.items():
-            message = refusal(post(tenants, "alpha", path, encode(text)), path)
+            message = refusal(post(tenants, "alpha", path, encode(text, tenants.adapters["alpha"],
+                                                                  tenants.adapters["beta"])), path)
             assert "JSON" in message or "nests" in message, (path, form, message)
     assert engine_bodies(tenants.stub) == []
 
 
 def test_beta_s_adapter_is_beta_s_however_its_name_is_written(tenants):
     """Escapes the rules accept are read as the name they spell: 404, as for the plain name."""
+    betas = tenants.adapters["beta"]  # rlproxy-v2-<random>
     tenants.stub.bodies.clear()
     for path in ROUTES:
-        for spelling in (BETAS, "rlproxy-v\\u0032", "\\u0072lproxy-v2"):
-            raw = body_text(path, BETAS).replace(f'"{BETAS}"', f'"{spelling}"').encode()
+        # plain; the version's digit escaped (rlproxy-v\u0032-…); the first letter; the random part's last
+        for spelling in (betas, escaped(betas, len("rlproxy-v")), escaped(betas, 0),
+                         escaped(betas, len(betas) - 1)):
+            raw = body_text(path, betas).replace(f'"{betas}"', f'"{spelling}"').encode()
             response = post(tenants, "alpha", path, raw)
             assert response.status_code == 404, (path, spelling, response.text)
-            assert BETAS in response.text
+            assert betas in response.text
     assert engine_bodies(tenants.stub) == []
 
 
 def test_the_engine_receives_the_bytes_serialised_from_the_checked_body(tenants):
     # A relayed route: the client's spacing and escapes are gone, the object is the one checked.
-    raw = b'{ "model" : "%s" ,\n "prompt": "caf\\u00e9 one two" }' % ALPHAS.encode()
+    alphas = tenants.adapters["alpha"]
+    raw = b'{ "model" : "%s" ,\n "prompt": "caf\\u00e9 one two" }' % alphas.encode()
     tenants.stub.bodies.clear()
     response = post(tenants, "alpha", "/tokenize", raw, **{"X-Request-Id": "chosen-by-the-client",
                                                             "Content-Encoding": "identity", "X-Other": "x"})
@@ -118,11 +129,11 @@ def test_the_engine_receives_the_bytes_serialised_from_the_checked_body(tenants)
     [names] = [names for (path, _), names in zip(tenants.stub.bodies, tenants.stub.header_names)
                if path == "/tokenize"]
     assert {"x-request-id", "content-encoding", "x-other"} & names == set()  # the client's headers stay here
-    assert engine_bodies(tenants.stub)[0][1] == f'{{"model":"{ALPHAS}","prompt":"café one two"}}'.encode()
+    assert engine_bodies(tenants.stub)[0][1] == f'{{"model":"{alphas}","prompt":"café one two"}}'.encode()
 
     # Every relayed route (the engine's answer aside: a generative model's engine has no pooling routes).
     for path, body in RELAYED_BODIES.items():
-        raw = json.dumps({"model": ALPHAS, **body}, indent=2).encode()  # laid out as the proxy never writes
+        raw = json.dumps({"model": alphas, **body}, indent=2).encode()  # laid out as the proxy never writes
         tenants.stub.bodies.clear()
         assert post(tenants, "alpha", path, raw).status_code in (200, 404)
         assert engine_bodies(tenants.stub) == [(path, orjson.dumps(json.loads(raw)))], path
@@ -135,7 +146,7 @@ def test_the_engine_receives_the_bytes_serialised_from_the_checked_body(tenants)
     [(path, sent)] = engine_bodies(tenants.stub)
     engine = orjson.loads(sent)
     assert path == "/v1/chat/completions" and sent == orjson.dumps(engine)
-    assert engine == {**orjson.loads(raw), "return_token_ids": True, "logprobs": True, "model": ALPHAS}
+    assert engine == {**orjson.loads(raw), "return_token_ids": True, "logprobs": True, "model": alphas}
 
 
 def test_fields_that_steer_the_engine_are_refused_naming_them(tenants):

@@ -1,8 +1,9 @@
 """Inputs and answers that were let through because nothing said no, each now refused or narrowed at the
-boundary, against the two-tenant proxy (tests/tenants.py: alpha's adapter is `rlproxy-v1`, beta's `rlproxy-v2`).
+boundary, against the two-tenant proxy (tests/tenants.py: alpha's adapter is `rlproxy-v1-<random>`, beta's
+`rlproxy-v2-<random>`, `tenants.adapters`).
 
 - A query string on a relayed engine route was relayed as it came: the one input that skipped the request
-  boundary (`POST /tokenize?model=rlproxy-v2` with alpha's key reached the engine naming beta's adapter). No
+  boundary (`POST /tokenize?model=<beta's adapter>` with alpha's key reached the engine naming it). No
   relayed route reads a query parameter, so a request carrying one is refused, naming it, and reaches nothing.
 - `GET /metrics` (every policy's versions and reward histograms) and `/readyz`'s details (the engines' addresses,
   the spool's path) were shown to a project's admin key. They are the operator's: a project's admin key gets 403
@@ -15,8 +16,9 @@ import requests
 
 from tests.test_passthrough import received, send
 
-QUERIED = ["/tokenize?model=rlproxy-v2", "/rollouts/{rid}/agents/solver/tokenize?model=rlproxy-v2",
-           "/v1/embeddings?model=rlproxy-v2&input=x", "/tokenize?add_special_tokens=false"]
+# `{beta}`: beta's adapter name
+QUERIED = ["/tokenize?model={beta}", "/rollouts/{rid}/agents/solver/tokenize?model={beta}",
+           "/v1/embeddings?model={beta}&input=x", "/tokenize?add_special_tokens=false"]
 
 
 def test_a_query_string_on_a_relayed_route_is_refused_by_name_and_reaches_nothing(tenants):
@@ -24,7 +26,8 @@ def test_a_query_string_on_a_relayed_route_is_refused_by_name_and_reaches_nothin
     alpha = tenants.keys["alpha"]
     tenants.stub.received.clear()
 
-    answers = {target: send(tenants.url, "POST", target.format(rid=rid), alpha) for target in QUERIED}
+    answers = {target: send(tenants.url, "POST", target.format(rid=rid, **tenants.adapters), alpha)
+               for target in QUERIED}
     health = send(tenants.url, "GET", "/health?verbose=1", alpha)
     nameless = send(tenants.url, "POST", "/tokenize?&", alpha)
 
@@ -33,7 +36,7 @@ def test_a_query_string_on_a_relayed_route_is_refused_by_name_and_reaches_nothin
         assert status == 400, (target, body)
         error = json.loads(body)["error"]
         assert error["code"] == "unknown_parameter" and error["type"] == "invalid_request_error", error
-    error = json.loads(answers["/tokenize?model=rlproxy-v2"][1])["error"]
+    error = json.loads(answers["/tokenize?model={beta}"][1])["error"]
     assert error["param"] == "model"
     assert error["message"].startswith("Unknown query parameter: 'model'. /tokenize takes no query parameters")
     assert json.loads(health[1])["error"]["param"] == "verbose"

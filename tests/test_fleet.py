@@ -119,14 +119,16 @@ async def state_of(sessions, version: int, replica: str) -> str | None:
     return row.state if row is not None else None
 
 
-async def add_versions(sessions, root: Path, versions: list[int]) -> dict[int, str]:
-    folders = {}
+async def add_versions(sessions, root: Path, versions: list[int]) -> tuple[dict[int, str], dict[int, str]]:
+    """Candidate versions: (version -> its adapter folder, version -> the adapter name its row keeps)."""
+    folders, names = {}, {}
     async with sessions() as session, session.begin():
         for version in versions:
             folders[version] = adapter_folder(root, version)
-            await policies.add_candidate(session, version, folders[version], parent_version=version - 1,
-                                         base_model="stub-model", metrics={})
-    return folders
+            row = await policies.add_candidate(session, version, folders[version], parent_version=version - 1,
+                                               base_model="stub-model", metrics={})
+            names[version] = row.name
+    return folders, names
 
 
 async def test_a_replica_that_cannot_load_a_version_serves_none_of_it_until_it_can(own_database_url, tmp_path):
@@ -139,7 +141,7 @@ async def test_a_replica_that_cannot_load_a_version_serves_none_of_it_until_it_c
             proxy, urls = replicas_up.proxy, replicas_up.urls
             bad = urls[2]
             async with aiohttp.ClientSession() as http:
-                folders = await add_versions(sessions, tmp_path / "adapters", [1, 2])
+                folders, names = await add_versions(sessions, tmp_path / "adapters", [1, 2])
                 publisher = Publisher(sessions, urls, metrics=metrics.fleet, drain_seconds=60)
                 first = await publisher.publish(1, folders[1])
                 assert first.activated and first.withheld == {}
@@ -175,7 +177,7 @@ async def test_a_replica_that_cannot_load_a_version_serves_none_of_it_until_it_c
                 replicas_up.restart(2)
                 await until(lambda: _equals(state_of(sessions, 2, bad), replicas.VERIFIED),
                             "the replica that came good was not taken back", timeout=40)
-                assert (await held(http, bad))["rlproxy-v2"] == folders[2]
+                assert (await held(http, bad))[names[2]] == folders[2]
                 await until(lambda: _equals(proxy_metric(http, proxy, "rlproxy_fleet_rejoined_total",
                                                          {"replica": bad}), 1), "the rejoin was not counted")
                 await asyncio.sleep(1.2)  # past a policy refresh of the proxy
@@ -201,13 +203,13 @@ async def test_a_replica_with_other_weights_is_left_out_and_a_split_fleet_serves
             proxy, urls = replicas_up.proxy, replicas_up.urls
             good, other_good, skewed = urls
             async with aiohttp.ClientSession() as http:
-                folders = await add_versions(sessions, tmp_path / "adapters", [1, 2])
+                folders, names = await add_versions(sessions, tmp_path / "adapters", [1, 2])
                 published = await Publisher(sessions, urls, metrics=metrics.fleet).publish(1, folders[1])
                 assert published.activated and set(published.withheld) == {skewed}
                 assert "probe" in published.withheld[skewed]
                 assert metrics.registry.get_sample_value("rlproxy_fleet_withheld_total",
                                                          {"replica": skewed, "reason": "probe"}) == 1
-                assert "rlproxy-v1" not in await held(http, skewed)  # its copy with other weights is gone
+                assert names[1] not in await held(http, skewed)  # its copy with other weights is gone
                 async with sessions() as session:
                     record = await replicas.fleet_record(session, 1)
                 assert record.digest == folder_digest(folders[1]) and record.probe.logprob == pytest.approx(-0.05)
@@ -222,15 +224,16 @@ async def test_a_replica_with_other_weights_is_left_out_and_a_split_fleet_serves
                 assert not split.activated and "not a majority" in split.error
                 assert (await policies_status(sessions, 2)) == "failed"
                 for replica in (good, skewed):
-                    assert "rlproxy-v2" not in await held(http, replica)
+                    assert names[2] not in await held(http, replica)
 
                 # v1's folder rewritten after it was committed: a replica that lost its copy may not load it again.
                 (Path(folders[1]) / "adapter_model.safetensors").write_bytes(b"other weights")
-                await EngineAdapters([other_good]).unload("rlproxy-v1")  # as an engine restart does
+                assert names[1] in await held(http, other_good)
+                await EngineAdapters([other_good]).unload(names[1])  # as an engine restart does
                 with pytest.raises(LoadFailed) as refused:
                     await lifecycle.ensure_loaded(sessions, EngineAdapters([other_good]), 1)
                 assert "is not the folder v1 was committed with" in str(refused.value)
-                assert "rlproxy-v1" not in await held(http, other_good)
+                assert names[1] not in await held(http, other_good)
                 assert await state_of(sessions, 1, other_good) == replicas.WITHHELD
                 await asyncio.sleep(1.2)  # past a policy refresh: v1 is served by the one replica left
                 sent = [await call(http, proxy, r) for r in rollouts[:10]]

@@ -43,7 +43,7 @@ HELLO = [{"role": "user", "content": "hello"}]
 
 async def test_the_router_sends_the_canary_its_fraction_of_new_rollouts_and_a_rollout_always_one_version(
         own_database_url, tmp_path):
-    await add_policies(own_database_url, tmp_path, [1, 2], active=1)
+    names = await add_policies(own_database_url, tmp_path, [1, 2], active=1)
     async with transaction(own_database_url) as session:
         started = await canaries.start(session, 2, 0.1)
     assert (started.version, started.fraction, started.parent) == (2, 0.1, 1)
@@ -58,13 +58,13 @@ async def test_the_router_sends_the_canary_its_fraction_of_new_rollouts_and_a_ro
         routes = [router.route(BASE, rollout_id) for rollout_id in ids]
         on_canary = sum(r.policy_version == 2 for r in routes)
         assert 40 - 18 <= on_canary <= 40 + 18  # expected 40, sd 6
-        assert {r for r in routes} == {Route("rlproxy-v1", 1, "default"), Route("rlproxy-v2", 2, "default")}
+        assert {r for r in routes} == {Route(names[1], 1, "default"), Route(names[2], 2, "default")}
         # no per-rollout state: the same answer on every call, and from any router reading the same database
         assert [router.route(BASE, rollout_id) for rollout_id in ids] == routes
         assert [other.route(BASE, rollout_id) for rollout_id in ids] == routes
         assert all(router.version_for(rid) == r.policy_version for rid, r in zip(ids, routes))
         # a call without a rollout, and a model outside the policy, never go to the canary
-        assert router.route(BASE) == Route("rlproxy-v1", 1, "default")
+        assert router.route(BASE) == Route(names[1], 1, "default")
         assert router.route("some-other-model", ids[0]) == Route("some-other-model", None)
 
         async with transaction(own_database_url) as session:  # a second canary waits for the first
@@ -84,7 +84,7 @@ async def test_the_router_sends_the_canary_its_fraction_of_new_rollouts_and_a_ro
 
 def test_two_proxies_on_one_database_send_every_call_of_a_rollout_to_the_same_version(
         own_database_url, stub_url, tmp_path):
-    asyncio.run(add_policies(own_database_url, tmp_path, [1, 2], active=1, engine_url=stub_url))
+    names = asyncio.run(add_policies(own_database_url, tmp_path, [1, 2], active=1, engine_url=stub_url))
 
     async def start():
         async with transaction(own_database_url) as session:
@@ -123,7 +123,7 @@ def test_two_proxies_on_one_database_send_every_call_of_a_rollout_to_the_same_ve
     assert len(calls) == 3 * len(expected) + len(created)
     for rollout_id, version, upstream_model in calls:
         assert version == {**expected, **created}[rollout_id]
-        assert upstream_model == policies.adapter_name(version)
+        assert upstream_model == names[version]  # the adapter name the version's row keeps
 
 
 # --- the judge -----------------------------------------------------------------------------------------
@@ -275,7 +275,7 @@ def rlproxy_eval(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_rlproxy_eval_measures_a_policy_on_held_out_tasks_and_stores_it(own_database_url, stub_url, tmp_path):
-    asyncio.run(add_policies(own_database_url, tmp_path, [1, 2]))
+    names = asyncio.run(add_policies(own_database_url, tmp_path, [1, 2]))
     began = datetime.now(timezone.utc)
     done = rlproxy_eval("--policy", "v1", "--upstream", stub_url, "--tasks", "8", "--database-url",
                         own_database_url)
@@ -290,7 +290,7 @@ def test_rlproxy_eval_measures_a_policy_on_held_out_tasks_and_stores_it(own_data
     assert evaluation["heldout_task_set"] == task_set(heldout_tasks(8))
     assert began - timedelta(seconds=5) <= datetime.fromisoformat(evaluation["when"]) <= datetime.now(timezone.utc)
     served = {m["id"] for m in requests.get(f"{stub_url}/v1/models").json()["data"]}
-    assert "rlproxy-v1" in served  # --upstream loaded the adapter
+    assert names[1] in served  # --upstream loaded the adapter, under the name v1's row keeps
 
     with running_proxy([stub_url], own_database_url, tmp_path) as proxy:
         done = rlproxy_eval("--policy", "1", "--proxy", proxy, "--tasks", "4", "--database-url", own_database_url)
@@ -298,7 +298,7 @@ def test_rlproxy_eval_measures_a_policy_on_held_out_tasks_and_stores_it(own_data
         assert asyncio.run(policy_evaluation(own_database_url, 1))["heldout_tasks"] == 4
         base = rlproxy_eval("--policy", "v0", "--proxy", proxy, "--tasks", "2", "--database-url", own_database_url)
         assert base.returncode == 0 and "(stub-model)" in base.stdout and "not stored" in base.stderr
-        requests.post(f"{stub_url}/v1/unload_lora_adapter", json={"lora_name": "rlproxy-v2"})
+        requests.post(f"{stub_url}/v1/unload_lora_adapter", json={"lora_name": names[2]})
         unloaded = rlproxy_eval("--policy", "v2", "--proxy", proxy, "--tasks", "2", "--database-url",
                                 own_database_url)
         assert unloaded.returncode == 1 and "--upstream" in unloaded.stderr
@@ -313,7 +313,7 @@ async def test_the_demo_gate_is_the_command_gate_scoring_the_gate_split_never_th
     from store.verdicts import parent_score
     from trainer.gates.command import KEY, digest
 
-    await add_policies(own_database_url, tmp_path, [1], engine_url=stub_url)
+    names = await add_policies(own_database_url, tmp_path, [1], engine_url=stub_url)
     # built in code, as `rlproxy train --gate heldout --heldout-tasks 4` builds it from its flags
     settings = TrainerSettings(database_url=own_database_url, upstreams=(stub_url,), metrics_port=None,
                                gate="heldout", heldout_tasks=4, gate_margin=0.1)
@@ -325,7 +325,7 @@ async def test_the_demo_gate_is_the_command_gate_scoring_the_gate_split_never_th
     verdict = (await policy_evaluation(own_database_url, 1))[KEY]
     assert (verdict["score"], verdict["n"], verdict["set"], verdict["split"]) == (0.0, 4, "gate", "gate")
     assert (verdict["parent"], verdict["parent_score"], verdict["margin"], verdict["promoted"]) == (0, 0.0, 0.1, True)
-    assert verdict["model"] == "rlproxy-v1" and verdict["verdict"] == "ok"
+    assert verdict["model"] == names[1] and verdict["verdict"] == "ok"
     async with transaction(own_database_url) as session:  # the base model's score is reused next time
         assert await parent_score(session, 0, digest(template, "gate")) == 0.0
         assert await parent_score(session, 0, digest(template, "heldout")) is None

@@ -160,7 +160,7 @@ def test_one_trainer_trains_each_policy_from_its_own_calls_of_the_same_episodes(
     assert all(moment is not None for (moment,) in marked)  # claimed and marked once for both
     assert (worker.lines["solver"].parent_version, worker.lines["checker"].parent_version) == (1, 2)
     served = {m["id"] for m in requests.get(f"{stub_url}/v1/models").json()["data"]}
-    assert {"rlproxy-v1", "rlproxy-v2"} <= served
+    assert {v.name for v in versions} <= served  # each version under the adapter name its row keeps
 
 
 def test_staleness_counts_versions_of_the_calls_own_policy():

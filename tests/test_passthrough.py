@@ -17,7 +17,8 @@ from tests.tenants import MAX_BODY, RELAYED_BODIES
 PROBE = ("GET", "/v1/models")  # the proxy's own engine health checks, at any moment
 
 # Dot segments (raw, percent-encoded, any case), encoded slashes, double and trailing slashes, case variants,
-# inside or around the rollout prefixes; `{rid}` is a rollout of the caller's project.
+# inside or around the rollout prefixes; `{rid}` is a rollout of the caller's project, `{alpha}` and `{beta}` the
+# adapter names of alpha and beta (tests/tenants.py).
 SPELLINGS = [
     "/x/../v1/load_lora_adapter", "/x/%2e%2e/v1/load_lora_adapter", "/x/%2E%2E/v1/unload_lora_adapter",
     "/x/.%2E/sleep", "/x/%2e./collective_rpc", "/./tokenize", "/%2e/tokenize", "/tokenize/..",
@@ -29,7 +30,7 @@ SPELLINGS = [
     "/rollouts/{rid}%2f..%2f..%2fsleep", "/rollouts/a%2fb/tokenize",
     "//tokenize", "/v1//embeddings", "/tokenize/", "/v1/embeddings/", "/rollouts/{rid}//tokenize",
     "/Tokenize", "/TOKENIZE", "/V1/embeddings", "/v1/Embeddings", "/tokenize;x=1", "/tokenize%00",
-    "/tokenize?next=/../sleep&x=%2e%2e%2f", "/tokenize?model=rlproxy-v2", "/rollouts/{rid}/tokenize?x", "/ping?a=1",
+    "/tokenize?next=/../sleep&x=%2e%2e%2f", "/tokenize?model={beta}", "/rollouts/{rid}/tokenize?x", "/ping?a=1",
 ]
 # vLLM 0.32's administration routes and its generation outside the recorded routes, bare and under the prefixes.
 ENGINE_ONLY = [
@@ -43,7 +44,7 @@ ENGINE_ONLY = [
     "/v1/systemone", "/cohere/v2/chat", "/rollouts/{rid}/v1/load_lora_adapter", "/rollouts/{rid}/invocations",
     "/rollouts/{rid}/agents/a/sleep", "/rollouts/{rid}/agents/a/v1/chat/completions/batch",
 ]
-OTHER_METHODS = [("DELETE", "/adapters/rlproxy-v1"), ("GET", "/is_sleeping"), ("GET", "/server_info"),
+OTHER_METHODS = [("DELETE", "/adapters/{alpha}"), ("GET", "/is_sleeping"), ("GET", "/server_info"),
                  ("GET", "/tokenizer_info"), ("GET", "/load"), ("GET", "/nowhere"),
                  ("GET", "/rollouts/{rid}/nowhere"), ("GET", "/tokenize"), ("PUT", "/tokenize"),
                  ("DELETE", "/v1/embeddings"), ("POST", "/health"), ("PATCH", "/version"), ("OPTIONS", "/tokenize")]
@@ -79,7 +80,8 @@ def received(tenants) -> list[tuple[str, str]]:
 def test_no_path_outside_the_list_reaches_the_engine_however_it_is_spelled(tenants):
     rid = tenants.rollout("alpha")["rollout_id"]
     tenants.stub.received.clear()
-    answers = {(method, target): send(tenants.url, method, target.format(rid=rid), tenants.keys["alpha"])
+    answers = {(method, target): send(tenants.url, method, target.format(rid=rid, **tenants.adapters),
+                                      tenants.keys["alpha"])
                for method, target in REFUSED}
 
     assert received(tenants) == []

@@ -268,7 +268,8 @@ async def publish_to_both(agents: Agents, sessions, http, proxies, replica_of, e
     # the fleet checks the adapter folder's digest only, not the probe (engine/fleet.py).
     publisher = Publisher(sessions, [engine_url, stub_url], probe=False)
     async with sessions() as session, session.begin():
-        await policies.add_candidate(session, 1, str(adapter), parent_version=0, base_model=model, metrics={})
+        v1 = (await policies.add_candidate(session, 1, str(adapter), parent_version=0, base_model=model,
+                                           metrics={})).name  # the adapter name its row keeps
     published = await publisher.publish(1, str(adapter))
     assert published.activated and published.error is None
     activated = time.monotonic()
@@ -285,13 +286,14 @@ async def publish_to_both(agents: Agents, sessions, http, proxies, replica_of, e
     assert {s.policy for s in sent} == {1}
     rows = await recorded(sessions, sent)
     assert {rows[s.call_id].policy_version for s in sent} == {1}
-    assert {rows[s.call_id].upstream_model for s in sent} == {policies.adapter_name(1)}
+    assert {rows[s.call_id].upstream_model for s in sent} == {v1}
     assert {rows[s.call_id].upstream for s in sent} == {engine_url, stub_url}
     assert all(rows[s.call_id].status == "ok" for s in sent)
 
     refused = refused_by_stub(adapter, tmp_path / "adapters" / "v2")
     async with sessions() as session, session.begin():
-        await policies.add_candidate(session, 2, str(refused), parent_version=1, base_model=model, metrics={})
+        v2 = (await policies.add_candidate(session, 2, str(refused), parent_version=1, base_model=model,
+                                           metrics={})).name
     failed = await publisher.publish(2, str(refused))
     assert not failed.activated and "refused" in failed.error
     await asyncio.sleep(1.5)  # past a policy refresh of every proxy
@@ -301,12 +303,11 @@ async def publish_to_both(agents: Agents, sessions, http, proxies, replica_of, e
     after = await agents.round(on[engine_url][:2] + on[stub_url][:2], 101)
     assert agents.failures == [] and {s.policy for s in after} == {1}
     rows = await recorded(sessions, after)
-    assert {(rows[s.call_id].policy_version, rows[s.call_id].upstream_model) for s in after} == {
-        (1, policies.adapter_name(1))}
+    assert {(rows[s.call_id].policy_version, rows[s.call_id].upstream_model) for s in after} == {(1, v1)}
     async with http.get(f"{engine_url}/v1/models") as response:
         loaded = {m["id"] for m in (await response.json())["data"]}
     # The engine that accepted v2 does not keep an adapter that can never serve.
-    assert policies.adapter_name(1) in loaded and policies.adapter_name(2) not in loaded
+    assert v1 in loaded and v2 not in loaded
     return f"publish: load {published.load_seconds:.1f}s, both proxies on v1 {switched:.2f}s after activation"
 
 
@@ -382,7 +383,7 @@ def test_a_served_adapter_replaced_from_another_folder_is_loaded_again_from_its_
 
     def folder_served() -> str | None:
         listed = requests.get(f"{url}/v1/models", timeout=5).json()["data"]
-        return next((m["root"] for m in listed if m["id"] == "rlproxy-v1"), None)
+        return next((m["root"] for m in listed if m["id"] == v1), None)
 
     with ExitStack() as stack:
         stack.enter_context(running(stub_command(port), url + "/health"))
@@ -390,8 +391,11 @@ def test_a_served_adapter_replaced_from_another_folder_is_loaded_again_from_its_
                                                   "--served-model", "stub-model"))
         publish_v1(own_database_url, adapter, [url])
         wait_until(lambda: requests.get(f"{proxy}/policies").json()["active"] == 1)
-        assert requests.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "rlproxy-v1"}).ok
+        # the served adapter's name, as GET /policies shows it
+        [v1] = [p["name"] for p in requests.get(f"{proxy}/policies").json()["data"] if p["version"] == 1]
+        assert folder_served() == str(adapter)
+        assert requests.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": v1}).ok
         assert requests.post(f"{url}/v1/load_lora_adapter",
-                             json={"lora_name": "rlproxy-v1", "lora_path": str(other)}).ok
+                             json={"lora_name": v1, "lora_path": str(other)}).ok
         assert folder_served() == str(other)
         wait_until(lambda: folder_served() == str(adapter))  # the proxies look at their engines every 5 s

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import uuid
 
 import pytest
@@ -100,16 +101,19 @@ async def test_final_reward_is_idempotent_and_conflicts_are_refused(sessions):
 async def test_one_active_policy_and_rollback_to_base(sessions):
     async with sessions() as session, session.begin():
         start = await policies.next_version(session)
+        names = {}  # version -> the adapter name its row keeps (rlproxy-vN and a random part)
         for version in (start, start + 1):
-            await policies.add_candidate(session, version, f"/adapters/v{version}", parent_version=None,
-                                         base_model="m")
+            row = await policies.add_candidate(session, version, f"/adapters/v{version}", parent_version=None,
+                                               base_model="m")
+            names[version] = row.name
         await policies.activate(session, start)
+    assert re.fullmatch(rf"rlproxy-v{start + 1}-[0-9a-f]{{8}}", names[start + 1])
     async with sessions() as session, session.begin():
         assert (await policies.active_policy(session)).version == start
         await policies.activate(session, start + 1)
     async with sessions() as session, session.begin():
         active = await policies.active_policy(session)
-        assert (active.version, active.name) == (start + 1, f"rlproxy-v{start + 1}")
+        assert (active.version, active.name) == (start + 1, names[start + 1])
         listed = {p["version"]: p["status"] for p in await policies.list_policies(session)}
         assert listed[start] == "retired" and listed[0] == "retired"
         await policies.activate(session, 0)

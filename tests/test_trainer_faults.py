@@ -33,7 +33,8 @@ async def snapshot(database_url: str) -> dict:
         policies = (await session.execute(select(Policy).order_by(Policy.version))).scalars().all()
     await database.dispose()
     return {"trained": trained, "leased": leased, "stepped": stepped,
-            "policies": [(p.version, p.status, p.path) for p in policies]}
+            "policies": [(p.version, p.status, p.path) for p in policies],
+            "names": {p.version: p.name for p in policies}}  # the adapter name each version's row keeps
 
 
 def wait_for(database_url: str, condition, timeout: float = 120.0) -> dict:
@@ -98,4 +99,4 @@ def test_sigkill_at_any_point_trains_every_rollout_exactly_once(tiny_model, own_
     assert statuses[versions[-1]] == "active" and "failed" not in statuses.values()
     adapters_loaded = [m for m in served if m["parent"] is not None]
     assert adapters_loaded and all(is_complete_adapter(m["root"]) for m in adapters_loaded)
-    assert f"rlproxy-v{versions[-1]}" in {m["id"] for m in adapters_loaded}
+    assert final["names"][versions[-1]] in {m["id"] for m in adapters_loaded}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 import uuid
 from pathlib import Path
 
@@ -98,7 +99,8 @@ def test_a_step_trains_marks_rollouts_and_the_proxy_serves_the_new_version(
 
     policies, marked, steps = asyncio.run(stored())
     [policy] = policies
-    assert (policy.version, policy.status, policy.name) == (1, "active", "rlproxy-v1")
+    assert (policy.version, policy.status) == (1, "active")
+    assert re.fullmatch(r"rlproxy-v1-[0-9a-f]{8}", policy.name)  # the adapter name its row keeps
     assert all(moment is not None for moment in marked)
     [step] = steps
     assert step.rollout_count == 8 and step.policy_version == 1 and step.metrics["transitions"] > 0
@@ -106,7 +108,7 @@ def test_a_step_trains_marks_rollouts_and_the_proxy_serves_the_new_version(
     assert adapter["r"] == settings.training.lora_rank
 
     served = {m["id"]: m["parent"] for m in requests.get(f"{stub_url}/v1/models").json()["data"]}
-    assert served["rlproxy-v1"] == "stub-model"
+    assert served[policy.name] == "stub-model"
 
     with running_proxy([stub_url], own_database_url, tmp_path) as proxy:
         answer = requests.post(f"{proxy}/v1/chat/completions",
@@ -338,11 +340,18 @@ def test_adapters_reach_an_engine_that_wants_a_key_only_with_the_key(own_databas
     engine = f"http://127.0.0.1:{port}"
     auth = {"Authorization": "Bearer engine-secret"}
 
+    async def candidate(version: int) -> str:
+        """The version's row; returns the adapter name it keeps."""
+        db = open_database(own_database_url)
+        async with session_factory(db)() as session, session.begin():
+            name = (await policies.add_candidate(session, version, str(ours), parent_version=0,
+                                                 base_model="m", metrics={})).name
+        await db.dispose()
+        return name
+
     async def publish(version: int, key: str | None):
         db = open_database(own_database_url)
         sessions = session_factory(db)
-        async with sessions() as session, session.begin():
-            await policies.add_candidate(session, version, str(ours), parent_version=0, base_model="m", metrics={})
         published = await Publisher(sessions, [engine], attempts=1, api_key=key).publish(version, str(ours))
         async with sessions() as session:
             status = (await session.get(Policy, version)).status
@@ -350,16 +359,18 @@ def test_adapters_reach_an_engine_that_wants_a_key_only_with_the_key(own_databas
         return published, status
 
     with running(stub_command(port) + ["--api-key", "engine-secret"], engine + "/health"):
-        # an adapter of the same name, left on the engine by another store (say, a database that was reset)
-        left = requests.post(engine + "/v1/load_lora_adapter", headers=auth,
-                             json={"lora_name": "rlproxy-v2", "lora_path": str(stale)})
-        assert left.status_code == 200
+        asyncio.run(candidate(1))
         refused, refused_status = asyncio.run(publish(1, None))
+        v2 = asyncio.run(candidate(2))
+        # an adapter of v2's name with other weights already on the engine (a copy a stopped process left)
+        left = requests.post(engine + "/v1/load_lora_adapter", headers=auth,
+                             json={"lora_name": v2, "lora_path": str(stale)})
+        assert left.status_code == 200
         loaded, loaded_status = asyncio.run(publish(2, "engine-secret"))
         models = requests.get(engine + "/v1/models", headers=auth).json()
     assert refused.error is not None and "401" in refused.error and refused_status == "failed"
     assert loaded.error is None and loaded.activated and loaded_status == "active"
-    assert {m["id"]: m["root"] for m in models["data"]}["rlproxy-v2"] == str(ours)  # replaced in place
+    assert {m["id"]: m["root"] for m in models["data"]}[v2] == str(ours)  # replaced in place
 
 
 def test_a_batch_the_step_cannot_digest_is_tried_once_more_then_set_aside_and_training_goes_on(

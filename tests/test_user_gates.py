@@ -47,22 +47,22 @@ def runs(path) -> list[str]:
 
 async def test_the_command_gate_promotes_on_the_users_score_and_retires_a_worse_candidate(
         own_database_url, stub_url, tmp_path, monkeypatch):
-    await add_policies(own_database_url, tmp_path, [1, 2], engine_url=stub_url)
+    names = await add_policies(own_database_url, tmp_path, [1, 2], engine_url=stub_url)  # version -> adapter
     runs_file = tmp_path / "runs.txt"
     monkeypatch.setenv("RUNS_FILE", str(runs_file))
-    monkeypatch.setenv("SCORES", json.dumps({BASE: 0.5, "rlproxy-v1": 0.55, "rlproxy-v2": 0.3}))
+    monkeypatch.setenv("SCORES", json.dumps({BASE: 0.5, names[1]: 0.55, names[2]: 0.3}))
     gate = command_gate(own_database_url, stub_url, user_script())
 
     assert await gate(1) is True  # 0.55 vs the base model's 0.5
     verdict = (await policy_evaluation(own_database_url, 1))[KEY]
     assert (verdict["score"], verdict["n"], verdict["parent"], verdict["parent_score"]) == (0.55, 20, 0, 0.5)
     assert verdict["set"] == "gate" and verdict["promoted"] is True
-    assert runs(runs_file) == [f"{BASE} gate", "rlproxy-v1 gate"]  # each asked on the URL the gate gave
+    assert runs(runs_file) == [f"{BASE} gate", f"{names[1]} gate"]  # each asked on the URL the gate gave
 
     assert await gate(2) is False  # 0.3 vs its parent v1's 0.55: worse by more than the margin
     verdict = (await policy_evaluation(own_database_url, 2))[KEY]
     assert (verdict["score"], verdict["parent"], verdict["parent_score"], verdict["promoted"]) == (0.3, 1, 0.55, False)
-    assert runs(runs_file)[2:] == ["rlproxy-v2 gate"]  # v1's score was kept: one run per candidate
+    assert runs(runs_file)[2:] == [f"{names[2]} gate"]  # v1's score was kept: one run per candidate
 
 
 @pytest.mark.parametrize("mode, verdict, detail", [
@@ -72,10 +72,10 @@ async def test_the_command_gate_promotes_on_the_users_score_and_retires_a_worse_
 ])
 async def test_a_failing_evaluation_script_is_a_clear_verdict_never_a_promotion(
         own_database_url, stub_url, tmp_path, monkeypatch, mode, verdict, detail):
-    await add_policies(own_database_url, tmp_path, [1], engine_url=stub_url)
+    names = await add_policies(own_database_url, tmp_path, [1], engine_url=stub_url)
     monkeypatch.setenv("RUNS_FILE", str(tmp_path / "runs.txt"))
     monkeypatch.setenv("SCORES", json.dumps({BASE: 0.5}))
-    gate = command_gate(own_database_url, stub_url, user_script(mode, only="rlproxy-v1"), eval_timeout=8)
+    gate = command_gate(own_database_url, stub_url, user_script(mode, only=names[1]), eval_timeout=8)
     began = time.monotonic()
     assert await gate(1) is False
     assert time.monotonic() - began < 40  # a hung script is killed at its time limit
@@ -90,9 +90,9 @@ async def test_a_parent_the_gate_cannot_score_is_an_alert_that_says_what_the_gat
     stored, each time saying what is missing, never left to one quiet log line."""
     from trainer.metrics import TrainerMetrics
 
-    await add_policies(own_database_url, tmp_path, [1], engine_url=stub_url)
+    names = await add_policies(own_database_url, tmp_path, [1], engine_url=stub_url)
     monkeypatch.setenv("RUNS_FILE", str(tmp_path / "runs.txt"))
-    monkeypatch.setenv("SCORES", json.dumps({BASE: 0.5, "rlproxy-v1": 0.9}))
+    monkeypatch.setenv("SCORES", json.dumps({BASE: 0.5, names[1]: 0.9}))
     metrics = TrainerMetrics()
     gate = build_gate(TrainerSettings(database_url=own_database_url, upstreams=(stub_url,), metrics_port=None,
                                       gate="command", eval_command=user_script("exit", only=BASE)), metrics=metrics)
@@ -123,8 +123,8 @@ def rlproxy_eval(*args: str, env: dict | None = None) -> subprocess.CompletedPro
 
 def test_rlproxy_eval_runs_the_users_command_and_says_which_set_the_number_is_from(
         own_database_url, stub_url, tmp_path):
-    asyncio.run(add_policies(own_database_url, tmp_path, [1]))
-    env = {"RUNS_FILE": str(tmp_path / "runs.txt"), "SCORES": json.dumps({"rlproxy-v1": 0.25})}
+    [v1] = asyncio.run(add_policies(own_database_url, tmp_path, [1])).values()  # v1's adapter name
+    env = {"RUNS_FILE": str(tmp_path / "runs.txt"), "SCORES": json.dumps({v1: 0.25})}
     done = rlproxy_eval("--policy", "v1", "--command", user_script(), "--upstream", stub_url,
                         "--database-url", own_database_url, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -134,7 +134,7 @@ def test_rlproxy_eval_runs_the_users_command_and_says_which_set_the_number_is_fr
     assert "on the gate's decision set (split=gate)" in again.stdout
     kept = asyncio.run(policy_evaluation(own_database_url, 1))["command_eval"]
     assert kept["heldout"]["score"] == 0.25 and kept["gate"]["n"] == 20
-    assert runs(tmp_path / "runs.txt") == ["rlproxy-v1 heldout", "rlproxy-v1 gate"]
+    assert runs(tmp_path / "runs.txt") == [f"{v1} heldout", f"{v1} gate"]
     failing = rlproxy_eval("--policy", "v1", "--command", user_script("exit"), "--upstream", stub_url,
                            "--database-url", own_database_url, env=env)
     assert failing.returncode == 1 and "exited with status 3" in failing.stderr

@@ -3,7 +3,7 @@
 The script is run through the shell with its placeholders filled in (each value shell-quoted):
 
     {base_url}  an OpenAI-compatible base URL ending in /v1 that serves the policy (an engine by default)
-    {model}     the model name to ask for there: the adapter's name (rlproxy-vN) or the base model's
+    {model}     the model name to ask for there: the adapter's name (`rlproxy-vN-<random>`, as `GET /policies` lists it) or the base model's
     {version}   the policy version (0: the base model)
     {split}     "gate" when a gate decides, "heldout" when `rlproxy eval` reports; a script that keeps its
                 own decision and report sets apart chooses by it
@@ -262,7 +262,7 @@ class CommandGate:
             problem = ""
             if parent_score is None:
                 parent_score, problem = await self._score_parent(sessions, parent, parent_row)
-            result = await self.score(version, policies.adapter_name(version))
+            result = await self.score(version, candidate.name)
             log.info("gate: %s", result.describe())
             if parent_score is None:
                 promoted, reason = False, problem
