@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from core.errors import RlproxyError
+
 from trainer.sharding import load_lora_weights, lora_weights, place_optimizer_state
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -84,6 +86,10 @@ def save_adapter_atomically(
     return target
 
 
+class AdapterMismatch(RlproxyError, ValueError):
+    """A saved adapter the trainer cannot go on from: made with another rank, alpha or target modules."""
+
+
 def load_adapter(
     model: Any, adapter_dir: str | os.PathLike[str], optimizer: torch.optim.Optimizer | None = None
 ) -> dict[str, Any]:
@@ -97,9 +103,9 @@ def load_adapter(
     ours = adapter_config(model)
     for key in ("r", "lora_alpha", "target_modules", "use_rslora"):
         if saved.get(key) != ours.get(key):
-            raise ValueError(
-                f"adapter in {adapter_dir} has {key}={saved.get(key)!r}, the model {ours.get(key)!r}"
-            )
+            raise AdapterMismatch(f"the adapter in {adapter_dir} has {key}={saved.get(key)!r} and the trainer's "
+                                  f"settings make {ours.get(key)!r}: train on with the settings it was made with, "
+                                  "or start a new line in another --adapters-dir")
     try:
         load_lora_weights(model, load_file(str(adapter_dir / ADAPTER_WEIGHTS)))
     except ValueError as exc:

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from core.settings.base import CommandSettings
 from core.settings.locations import DEFAULT_DATABASE_URL
 from core.settings.training import TrainingSettings
+from core.settings.urls import engine_url
 
 AGENT = "demo"  # the agent being trained
 PROBE_AGENT = "demo-heldout"  # held-out probes: evaluation rollouts, never training data
@@ -48,3 +49,8 @@ class DemoSettings(CommandSettings):
     upstream: str | None = Field(
         None, description="Use this running engine (base URL, runtime LoRA on) instead of starting one.")
     training: TrainingSettings = Field(DEMO_TRAINING, description="Training settings.")
+
+    @field_validator("upstream")
+    @classmethod
+    def _engine_url(cls, url: str | None) -> str | None:
+        return None if url is None else engine_url(url)

@@ -7,6 +7,7 @@ from pydantic import Field, field_validator
 
 from core.settings.base import CommandSettings
 from core.settings.locations import DEFAULT_DATABASE_URL, DEFAULT_PROXY
+from core.settings.urls import engine_url
 
 
 class EvalSettings(CommandSettings):
@@ -33,6 +34,11 @@ class EvalSettings(CommandSettings):
     eval_timeout: float = Field(1800.0, gt=0, description="Seconds --command may take.")
     api_key: str = Field("rlproxy", description="Bearer key sent to the proxy (when its auth is on).")
     database_url: str = Field(DEFAULT_DATABASE_URL, description="SQLAlchemy async database URL.")
+
+    @field_validator("upstream")
+    @classmethod
+    def _engine_url(cls, url: str | None) -> str | None:
+        return None if url is None else engine_url(url)
 
     @field_validator("version", mode="before")
     @classmethod

@@ -12,6 +12,7 @@ from core.settings.base import CommandSettings, Part
 from core.settings.ingest import IngestSettings
 from core.settings.locations import DEFAULT_DATABASE_URL
 from core.settings.redaction import Redaction
+from core.settings.urls import engine_urls
 
 
 class WriterSettings(Part):
@@ -162,6 +163,11 @@ class ProxySettings(CommandSettings):
     @classmethod
     def _policy_name(cls, name: str) -> str:
         return check_policy_name(name)
+
+    @field_validator("upstreams")
+    @classmethod
+    def _engine_urls(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
+        return engine_urls(urls)
 
     @field_validator("policy_rules")
     @classmethod

@@ -15,6 +15,7 @@ from core.settings.locations import DEFAULT_DATABASE_URL
 from core.settings.prune import PRUNING_OFF, Pruning
 from core.settings.redaction import Redaction
 from core.settings.training import TrainingSettings
+from core.settings.urls import engine_urls
 
 def demo_score_command(tasks: int = 48, seed: int = 0, concurrency: int = 8, python: str | None = None) -> str:
     """The bundled demo task's evaluation command (demo/score.py), as an `eval_command` template: what
@@ -146,6 +147,11 @@ class TrainerSettings(CommandSettings):
             tasks = given.get("heldout_tasks", cls.model_fields["heldout_tasks"].default)
             given = {**given, "gate": "command", "eval_command": demo_score_command(tasks=int(tasks))}
         return given
+
+    @field_validator("upstreams")
+    @classmethod
+    def _engine_urls(cls, urls: tuple[str, ...]) -> tuple[str, ...]:
+        return engine_urls(urls)
 
     @field_validator("policies")
     @classmethod

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import signal
 import threading
 
@@ -10,6 +11,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from core.settings import EngineSettings, ProxySettings
 from core.settings.maintenance import MigrateSettings
+from engine.command import port_free
 from engine.local import Engine
 from migrations.apply import upgrade
 from proxy.air import air_rules
@@ -36,6 +38,8 @@ def serve(**params) -> None:
     except ValueError as exc:
         raise click.UsageError(f"--air-text-*: {exc}") from None
     _refuse_open_network(settings)
+    if not port_free(settings.host, settings.port):  # said before a local engine takes minutes to start
+        raise click.ClickException(_port_taken(settings))
     try:
         if settings.upstreams:
             app.run(settings)
@@ -44,6 +48,15 @@ def serve(**params) -> None:
             app.run(settings.model_copy(update={"upstreams": (engine.base_url,)}))
     except SpoolInUse as exc:
         raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        raise click.ClickException(_port_taken(settings)) from None  # taken since the check above
+
+
+def _port_taken(settings: ProxySettings) -> str:
+    return (f"{settings.host}:{settings.port} is taken (another process listens there): stop it or give --port "
+            "another one")
 
 
 def engine_settings(settings: ProxySettings) -> EngineSettings:

@@ -8,11 +8,14 @@ from pathlib import Path
 
 import click
 from prometheus_client import start_http_server
+from sqlalchemy.exc import SQLAlchemyError
 
 from core.settings import TrainerSettings, TrainingSettings
 from core.settings.maintenance import ExportSettings
 from engine.model import default_model_path
+from migrations.apply import schema_problem
 from rlproxy.commands.flags import Flags
+from rlproxy.commands.options import redact
 from rlproxy.extras import require
 
 TRAIN_FLAGS = Flags(TrainerSettings)
@@ -56,11 +59,13 @@ def train(pairs, **params) -> None:
 def _run_leader(settings: TrainerSettings, model_path: Path, collective) -> None:
     """The worker that talks to the database and the engines (the only one without torchrun)."""
     # The worker trains with torch (rlproxy[train]): imported by this command only, as above.
+    from trainer.adapter import AdapterMismatch
     from trainer.gates import build_gate
     from trainer.gates.command import EvalCommandError, check_template
     from trainer.metrics import TrainerMetrics
     from trainer.worker import TrainerWorker
 
+    _require_schema(settings.database_url)
     if settings.gate == "command":
         if not settings.eval_command:
             raise click.UsageError("--gate command needs --eval-command (or RLPROXY_EVAL_COMMAND)")
@@ -70,7 +75,13 @@ def _run_leader(settings: TrainerSettings, model_path: Path, collective) -> None
             raise click.BadParameter(str(exc), param_hint="--eval-command") from None
     if settings.metrics_port:
         worker_metrics = TrainerMetrics()
-        start_http_server(settings.metrics_port, registry=worker_metrics.registry)
+        try:
+            start_http_server(settings.metrics_port, registry=worker_metrics.registry)
+        except OSError as exc:
+            raise click.ClickException(
+                f"cannot serve the trainer's metrics on port {settings.metrics_port} ({exc.strerror}): is another "
+                "trainer running there? One trainer per database (docs/deploy.md: scale it up, not out); give "
+                "--metrics-port another port, or 0 for none") from None
     else:
         worker_metrics = None
     worker = TrainerWorker(settings, model_path, metrics=worker_metrics,
@@ -79,6 +90,19 @@ def _run_leader(settings: TrainerSettings, model_path: Path, collective) -> None
         asyncio.run(worker.run())
     except KeyboardInterrupt:
         pass
+    except AdapterMismatch as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+def _require_schema(database_url: str) -> None:
+    """Refuse, in one line, a database whose schema is not this rlproxy's; one that does not answer now is left to
+    the worker, which waits for it as it always has."""
+    try:
+        problem = asyncio.run(schema_problem(database_url))
+    except (SQLAlchemyError, OSError):
+        return
+    if problem is not None:
+        raise click.ClickException(f"the database {redact(database_url)} {problem}")
 
 
 def _exec_torchrun(nproc_per_node: int) -> None:
