@@ -14,6 +14,7 @@ from engine import lifecycle
 from engine.adapters import AdapterError
 from engine.fleet import Rejoiner
 from migrations.apply import upgrade_async
+from proxy import route_hints
 from proxy.air import air_rules, automatic_rewards
 from proxy.boundary import RequestBoundary
 from proxy.dialects import DIALECTS
@@ -64,7 +65,8 @@ async def api_errors(request: web.Request, handler):
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        error = ProxyError(f"{exc.reason}: {request.method} {request.path}")
+        said = f"{exc.reason}: {request.method} {request.path}"
+        error = ProxyError(said + route_hints.hint(request.path) if exc.status == 404 else said)
         error.status = exc.status
         error.type = HTTP_ERROR_TYPES.get(exc.status, "invalid_request_error" if exc.status < 500 else "internal_error")
         error.code = exc.status

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictStr,
                       ValidationError, field_validator, model_validator)
 
 from core.checks import reward_problem
@@ -94,7 +94,7 @@ class RewardPost(_Stored):
     model_config = ConfigDict(extra="forbid")
 
     rollout_id: StrictStr = Field(min_length=1)
-    reward: StrictFloat | StrictInt
+    reward: StrictFloat  # an integer is taken as a float; one type, so an error names `reward`, not `reward.float`
     call_id: StrictStr | None = None
     task_id: TaskId | None = None
     metadata: dict[str, Any] | None = None

@@ -58,7 +58,8 @@ def test_reward_errors_follow_the_contract(proxy_url):
     assert_openai_error(requests.post(url, json={"rollout_id": "nope", "reward": 1}), 404)
     assert_openai_error(requests.post(url, json={"rollout_id": rollout_id, "reward": 1, "call_id": "nope"}), 404)
     assert_openai_error(requests.post(url, data=b'{"rollout_id": "%s", "reward": NaN}' % rollout_id.encode()), 422)
-    assert_openai_error(requests.post(url, json={"rollout_id": rollout_id, "reward": "high"}), 422)
+    error = assert_openai_error(requests.post(url, json={"rollout_id": rollout_id, "reward": "1"}), 422)
+    assert (error["param"], error["message"]) == ("reward", "reward: Input should be a valid number")
     assert_openai_error(requests.post(url, json={"rollout_id": rollout_id, "reward": True}), 422)
     assert_openai_error(requests.post(url, data=b'{"rollout_id": "%s", "reward": 1e400}' % rollout_id.encode()), 422)
     # finite but vast: group statistics square it (1e300 overflowed there and stopped the trainer for everyone)
@@ -105,6 +106,27 @@ def test_unknown_routes_and_methods_answer_in_openai_shape(proxy_url):
     assert_openai_error(requests.get(f"{proxy_url}/v1/nothing-here"), 404)
     assert_openai_error(requests.get(f"{proxy_url}/v1/chat/completions"), 405)
     assert_openai_error(requests.get(f"{proxy_url}/rollouts/does-not-exist"), 404)
+
+
+def test_a_client_given_a_mistaken_base_url_is_told_the_path_it_meant(proxy_url):
+    """The usual mistakes, through the real SDKs: an OpenAI client given the proxy's URL without /v1, the Anthropic
+    SDK (which adds /v1 itself) given it with /v1, a browser opening /ui. Each is still a 404, now saying which
+    path would have been answered."""
+    import anthropic
+
+    rollout = f"{proxy_url}/rollouts/{uuid.uuid4().hex}"
+    client = openai.OpenAI(base_url=rollout, api_key="x", max_retries=0)
+    with pytest.raises(openai.NotFoundError) as missing_v1:
+        client.chat.completions.create(model="stub-model", messages=[{"role": "user", "content": "hi"}])
+    assert "did you mean /rollouts/" in str(missing_v1.value) and "/v1/chat/completions?" in str(missing_v1.value)
+
+    claude = anthropic.Anthropic(base_url=rollout + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(anthropic.NotFoundError) as twice_v1:
+        claude.messages.create(model="stub-model", max_tokens=8, messages=[{"role": "user", "content": "hi"}])
+    assert "the Anthropic SDK adds /v1 itself" in str(twice_v1.value)
+
+    assert "the web view is at /ui/" in assert_openai_error(requests.get(f"{proxy_url}/ui"), 404)["message"]
+    assert "did you mean" not in assert_openai_error(requests.get(f"{proxy_url}/v1/nothing-here"), 404)["message"]
 
 
 def test_engine_errors_are_relayed_as_they_are_and_recorded(proxy_url, stub_url):
