@@ -8,6 +8,10 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from store.db import open_database
 
 HERE = Path(__file__).resolve().parent  # this package: env.py and versions/
 
@@ -39,11 +43,6 @@ async def schema_problem(database_url: str) -> str | None:
     """Why `database_url`'s schema is not the one this rlproxy's code reads (never migrated, or at another
     revision), in words; None when it is. A command that only reads and writes rows (`rlproxy train`) says this
     in one line at its start, rather than failing at its first query with the database's own error."""
-    from alembic.runtime.migration import MigrationContext
-    from alembic.script import ScriptDirectory
-
-    from store.db import open_database
-
     head = ScriptDirectory.from_config(alembic_config(database_url)).get_current_head()
     database = open_database(database_url, pool_size=1)
     quiet = logging.getLogger("alembic.runtime.migration")  # "Context impl ...": lines about nothing done

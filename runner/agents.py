@@ -64,7 +64,12 @@ def import_target(spec: str, flag: str) -> Any:
     try:
         module = importlib.import_module(module_name)  # loads user code: the agent the user named
     except Exception as exc:  # noqa: BLE001 — the import's own error, in one line
-        raise RunInputError(f"{flag} {spec!r}: cannot import {module_name} ({type(exc).__name__}: {exc})") from None
+        said = f"{flag} {spec!r}: cannot import {module_name} ({type(exc).__name__}: {exc})"
+        if module_name.endswith(".py") or "/" in module_name:  # a file's name or path, not a module's
+            suggested = module_name.removesuffix(".py").removeprefix("./").replace("/", ".")
+            what = "module:Class" if flag == "--agent-class" else "module:function"
+            said += f"; name it {what}, without .py (e.g. {suggested}:{name})"
+        raise RunInputError(said) from None
     target = module
     for part in name.split("."):
         if not hasattr(target, part):

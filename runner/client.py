@@ -60,11 +60,27 @@ class ProxyClient:
         return status, payload
 
     async def healthy(self) -> bool:
+        return await self.health_status() == 200
+
+    async def health_status(self) -> int | None:
+        """What `GET /healthz` answered (the proxy: 200), whatever the body; None when nothing answered."""
         try:
-            status, _ = await self._call("GET", "/healthz")
-        except InfrastructureError:
-            return False
-        return status == 200
+            async with self._http.get(self.proxy + "/healthz") as response:
+                return response.status
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+
+    def not_the_proxy(self, status: int) -> str:
+        """Why `--proxy` is not the proxy when a server answered its health check with `status`: a URL with /v1 in
+        it (the proxy's OpenAI base URL, or an engine's), or another server (the engine itself)."""
+        said = f"the server at {self.proxy} answered GET /healthz with {status}, where the proxy answers 200"
+        url = URL(self.proxy)
+        parts = url.path.split("/")
+        if "v1" in parts:
+            root = str(url.with_path("/".join(parts[:parts.index("v1")]) or "/")).rstrip("/")
+            return f"{said}: --proxy is the proxy's root URL, without /v1 (--proxy {root})"
+        return (f"{said}: is it the engine (vLLM) or another server? --proxy is the proxy's root URL, where "
+                "`rlproxy serve` listens (no /v1), not the engine's")
 
     async def key_administers(self, key: str) -> bool:
         """Whether `key` is an administrator's (the operator's or a project's): the activation route answers any

@@ -6,8 +6,8 @@ write `setsid server &`) escaped that kill, and once its parent exited it was ad
 run, on the machine that runs tasks. While the run lasts, `rlproxy run` is a child subreaper (Linux's
 `PR_SET_CHILD_SUBREAPER`): such orphans are adopted by it instead, and when the run ends, however it ends, every
 process the run started that is still below it is killed (processes that were below it before the run began, and
-theirs, are left alone: `rlproxy run` may run inside another program). Not during the run: an orphan can be a server an attempt still uses, and which
-attempt a process that left its group belongs to cannot be told.
+theirs, are left alone: `rlproxy run` may run inside another program). Not during the run: an orphan can be a
+server an attempt still uses, and which attempt a process that left its group belongs to cannot be told.
 
 Elsewhere than Linux nothing is adopted: what left its group still outlives the run there.
 """

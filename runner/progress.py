@@ -23,6 +23,17 @@ def printable(text: str) -> str:
     return CONTROL.sub(lambda found: f"\\x{ord(found.group()):02x}", text)
 
 
+REASON_LIMIT = 200  # characters of an attempt's failure shown on its progress line (the log has all of it)
+
+
+def reason(error: str) -> str:
+    """Why an attempt failed, as one line of at most REASON_LIMIT characters: its error is the agent's own output
+    (its exception, the last line of its standard error), so ESC, CR and newlines in it are written as escapes,
+    never passed to the terminal."""
+    shown = printable(error.strip())
+    return shown if len(shown) <= REASON_LIMIT else shown[:REASON_LIMIT - 1] + "…"
+
+
 class Display:
     def __init__(self, total: int, threshold: float, console: Console | None = None) -> None:
         self.console = console or Console(stderr=True)
@@ -51,26 +62,40 @@ class Display:
             self.rewarded += 1
             self.successes += outcome.reward >= self.threshold
         rate = self._rate()
+        # why it failed, on screen as well as in the log: "exit status 1: ModuleNotFoundError: No module named ..."
+        why = f": {reason(outcome.error)}" if outcome.error and outcome.reward is None else ""
         if self._bar is not None:
+            if why:  # the bar shows only counts: a failed attempt's line goes above it
+                self._print(f"{printable(label)} {outcome.status}{why}")
             self._bar.update(self._task, advance=1, rate=f"{rate:.2f}/s", success=self.success_text())
             return
         left = (self.total - self.done) / rate if rate > 0 else float("inf")
         reward = "" if outcome.reward is None else f" reward {outcome.reward:g}"
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        print(f"{stamp} {self.done}/{self.total} {printable(label)} {outcome.status}{reward} | {rate:.2f}/s "
+        print(f"{stamp} {self.done}/{self.total} {printable(label)} {outcome.status}{reward}{why} | {rate:.2f}/s "
               f"{self.success_text()} ETA {left:.0f}s", file=sys.stderr, flush=True)
 
     def note(self, text: str) -> None:
         """A line about the run itself (not an attempt): above the bar, or time-stamped like the others."""
         if self._bar is not None:
-            self._bar.console.print(text)
+            self._print(text)
             return
         stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         print(f"{stamp} {text}", file=sys.stderr, flush=True)
 
+    def _print(self, text: str) -> None:
+        """A line above the bar, as it is: no rich markup, highlighting or emoji codes read in it."""
+        self._bar.console.print(text, markup=False, highlight=False, emoji=False)
+
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
+
+
+def _row_order(row: tuple[tuple[str, str], list[Outcome]]) -> tuple[str, bool, int]:
+    """By split, then by version number (v2 before v10), "-" (no call answered) first and "all" last."""
+    split, version = row[0]
+    return split, version == "all", int(version[1:]) if version[1:].isdigit() else -1
 
 
 def summary(outcomes: list[Outcome], threshold: float) -> Table:
@@ -86,8 +111,7 @@ def summary(outcomes: list[Outcome], threshold: float) -> Table:
     versions = defaultdict(int)
     for split, version in groups:
         versions[split] += version != "all"
-    for (split, version), items in sorted(groups.items(), key=lambda item: (item[0][0], item[0][1] == "all",
-                                                                            item[0][1])):
+    for (split, version), items in sorted(groups.items(), key=_row_order):
         if version == "all" and versions[split] == 1:
             continue  # the one version's row says it all
         rewards = [o.reward for o in items if o.reward is not None]

@@ -164,7 +164,11 @@ class Runner:
 
     async def open(self) -> None:
         """Opens the log (RunInputError when another run holds it) and connects to the proxy (ProxyRefused when it
-        does not answer; RunInputError when the key the agents would get is an administrator's)."""
+        does not answer; RunInputError when the key the agents would get is an administrator's, or when there is
+        no log to resume from)."""
+        if self.settings.resume and self.log is not None and not self.log.exists():  # a mistyped --log: all again
+            raise RunInputError(f"--resume: the log {self.log} does not exist, so there is nothing to resume from: "
+                                "check its name (--log), or leave out --resume to start a run")
         self.journal = Journal(self.log) if self.log is not None else None
         try:
             self.client = ProxyClient(self.settings.proxy, self.settings.key())  # (aiohttp wants a running loop)
@@ -173,9 +177,13 @@ class Runner:
                 self.journal.close()
             raise
         self._attempt = AttemptRunner(self.client, self.agent, self.settings, self.env, self.journal)
-        if not await self.client.healthy():
+        health = await self.client.health_status()
+        if health != 200:
             await self.close()
-            raise ProxyRefused(f"the proxy at {self.settings.proxy} does not answer (GET /healthz)")
+            if health is None:
+                raise ProxyRefused(f"the proxy at {self.settings.proxy} does not answer (GET /healthz): is `rlproxy "
+                                   "serve` running there?")
+            raise ProxyRefused(self.client.not_the_proxy(health))
         agent_key = self.settings.agent_key()
         if agent_key and await self.client.key_administers(agent_key):
             await self.close()  # agents run code a model wrote: they would hold the keys to every policy
@@ -233,6 +241,8 @@ class Runner:
             pending, places = _aiter(todo), min(self.settings.concurrency, max(len(todo), 1))
             if self.progress:
                 display = Display(len(todo), self.settings.success_threshold, self.console)
+                if self.settings.resume:
+                    display.note(_resumed(self.log, len(outcomes), len(todo)))
         taking = asyncio.Lock()  # an async generator cannot be asked for its next item twice at once
         pacer = None
         if self.settings.max_untrained:
@@ -285,6 +295,12 @@ class Runner:
             if stored is not None and stored.get("reward") is not None:
                 return stored
         return None
+
+
+def _resumed(log: Path, skipped: int, todo: int) -> str:
+    if not todo:
+        return f"nothing left to do: every attempt has its reward in {log} ({skipped} skipped)"
+    return f"resuming from {log}: {skipped} attempts rewarded there are skipped, {todo} to run"
 
 
 async def _aiter(items: list[Attempt]) -> AsyncIterator[Attempt]:

@@ -4,18 +4,23 @@ and bad input refused before anything starts."""
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 import requests
 from click.testing import CliRunner
+from rich.console import Console
 
 from rlproxy.cli import main
+from runner.attempt import Outcome
+from runner.progress import summary
 from tests.support import PYTHON, ROOT
 
 TASKS = ROOT / "examples" / "run_tasks.jsonl"  # six arithmetic questions with their answers
@@ -243,6 +248,29 @@ def test_an_interrupted_run_resumes_without_running_a_rewarded_attempt_twice(pro
     assert re.search(r"train\W+v0\W+3\W+3\W+100%", result.output), result.output
 
 
+def test_resuming_a_run_says_what_it_skips_and_when_nothing_is_left(proxy_url, tmp_path, three_tasks):
+    log = tmp_path / "run.jsonl"
+    args = ["--tasks", str(three_tasks), "--task-id-field", "id", "--command", "echo 1"]
+    assert rlproxy_run(proxy_url, log, *args, "--attempts", "1").exit_code == 0
+    more = rlproxy_run(proxy_url, log, *args, "--attempts", "2", "--resume")  # a second attempt at each task
+    assert more.exit_code == 0, more.output
+    assert f"resuming from {log}: 3 attempts rewarded there are skipped, 3 to run" in more.output
+
+    again = rlproxy_run(proxy_url, log, *args, "--attempts", "2", "--resume")
+    assert again.exit_code == 0, again.output
+    assert f"nothing left to do: every attempt has its reward in {log} (6 skipped)" in again.output
+    assert re.search(r"train\W+v0\W+6\W+6\W+100%", again.output), again.output  # and the table, as ever
+    assert len(finished(log)) == 6
+
+
+def test_the_summary_lists_policy_versions_in_number_order():
+    """A long run (or one resumed over many trainer steps) saw v0 to v10: v2 comes before v10, not after it."""
+    outcomes = [Outcome("train", "rewarded", 1.0, version) for version in (10, 2, 0, 1, None)]
+    table = io.StringIO()
+    Console(file=table, width=120).print(summary(outcomes, 1.0))
+    assert re.findall(r"│ train\s+│ (\S+)", table.getvalue()) == ["-", "v0", "v1", "v2", "v10", "all"]
+
+
 @pytest.mark.parametrize("content, args, says", [
     ('{"id": 1}\nnot json\n', [], "tasks.jsonl line 2: not JSON"),
     ('{"id": 1}\n[1, 2]\n', [], "tasks.jsonl line 2: a task is a JSON object"),
@@ -269,6 +297,21 @@ def test_bad_task_files_are_refused_before_anything_starts(tmp_path, content, ar
 def test_agents_that_cannot_be_used_are_refused(tmp_path, agent, says):
     result = rlproxy_run("http://127.0.0.1:9", tmp_path / "log.jsonl", "--tasks", str(TASKS), *agent)
     assert result.exit_code == 2 and says in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_an_agent_named_by_its_file_is_told_to_name_its_module(tmp_path, monkeypatch):
+    """`--agent bigger.py:solve`, as a file is named to python: the refusal says how to name it."""
+    (tmp_path / "bigger.py").write_text("def solve(task, config):\n    return 1.0\n\n\nclass Agent:\n"
+                                        "    def run(self):\n        pass\n")
+    monkeypatch.chdir(tmp_path)  # where the user runs it
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the runner puts the working directory first
+    for agent, says in (
+            (["--agent", "bigger.py:solve"], "name it module:function, without .py (e.g. bigger:solve)"),
+            (["--agent", "./bigger.py:solve"], "without .py (e.g. bigger:solve)"),
+            (["--agent-class", "bigger.py:Agent"], "name it module:Class, without .py (e.g. bigger:Agent)")):
+        result = rlproxy_run("http://127.0.0.1:9", tmp_path / "log.jsonl", "--tasks", str(TASKS), *agent)
+        assert result.exit_code == 2 and says in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1
 
 
 def test_every_flag_reads_its_environment_variable(tmp_path):

@@ -4,6 +4,7 @@ task, hold an administrator's key. Against the real proxy in front of the stand-
 agents are real functions and processes."""
 from __future__ import annotations
 
+import io
 import json
 import math
 import subprocess
@@ -12,6 +13,7 @@ import time
 from pathlib import Path
 
 from click.testing import CliRunner
+from rich.console import Console
 
 from core.settings import RunSettings
 from rlproxy.cli import main
@@ -67,6 +69,59 @@ def test_a_task_id_cannot_write_to_the_terminal_through_the_progress_lines(proxy
     assert result.exit_code == 0, result.output
     assert "clear\\x1b[2Jscreen#0.0 failed" in result.output and "two\\x0dlines#0.0 failed" in result.output
     assert "\x1b" not in result.output and "\r" not in result.output
+
+
+def raises(task: dict, config) -> float:
+    """An agent whose error message holds what its output held: a screen clear, a window title, a carriage return."""
+    raise RuntimeError("the model answered \x1b[2J\x1b]0;owned\x07nothing\rforged")
+
+
+def says_seven(task: dict, config) -> str:
+    return "seven"
+
+
+def raises_at_length(task: dict, config) -> float:
+    raise ValueError("x" * 10_000)
+
+
+def test_a_failed_attempt_says_why_on_its_progress_line(proxy_url, tmp_path):
+    """`a#0.0 failed` alone sends the user to the log: the line says why (a program's last line of standard error,
+    a function's exception, a return that is no number), in one line of bounded length, with the escapes the
+    agent's output held written out, never obeyed by the terminal."""
+    tasks = write_tasks(tmp_path / "tasks.jsonl", {"id": "a"})
+    run = ["--tasks", str(tasks), "--task-id-field", "id", "--attempts", "1"]
+    missing = ("printf 'Traceback (most recent call last):\\n\\033[31mModuleNotFoundError\\033[0m: "
+               "No module named openai\\n' >&2; exit 1")
+    result = rlproxy_run(proxy_url, tmp_path / "command.jsonl", *run, "--command", missing)
+    assert result.exit_code == 0, result.output
+    assert ("a#0.0 failed: exit status 1: \\x1b[31mModuleNotFoundError\\x1b[0m: No module named openai | "
+            in result.output), result.output
+
+    result = rlproxy_run(proxy_url, tmp_path / "raises.jsonl", *run, "--agent", "tests.test_runner_agents:raises")
+    assert ("a#0.0 failed: RuntimeError: the model answered \\x1b[2J\\x1b]0;owned\\x07nothing\\x0dforged |"
+            in result.output), result.output
+    assert "\x1b" not in result.output and "\x07" not in result.output and "\r" not in result.output
+
+    result = rlproxy_run(proxy_url, tmp_path / "seven.jsonl", *run, "--agent", "tests.test_runner_agents:says_seven")
+    assert "a#0.0 failed: ValueError: tests.test_runner_agents:says_seven returned 'seven': a reward must be a " \
+           "number, not str |" in result.output, result.output
+
+    result = rlproxy_run(proxy_url, tmp_path / "long.jsonl", *run, "--agent",
+                         "tests.test_runner_agents:raises_at_length")
+    [line] = [line for line in result.output.splitlines() if "a#0.0 failed" in line]
+    assert "failed: ValueError: xxx" in line and "x…" in line and len(line) < 300  # the log has all of it
+    assert len(finished(tmp_path / "long.jsonl")[0]["error"]) > 10_000
+
+
+async def test_in_a_terminal_a_failed_attempt_is_said_above_the_progress_bar(proxy_url):
+    screen = io.StringIO()
+    terminal = Console(file=screen, force_terminal=True, width=300)
+    settings = RunSettings(proxy=proxy_url, attempts=1, task_id_field="id")
+    async with Runner(raises, settings, progress=True, console=terminal) as runner:
+        await runner.run([{"id": "a"}])
+    shown = screen.getvalue()
+    assert "a#0.0 failed: RuntimeError: the model answered \\x1b[2J\\x1b]0;owned\\x07nothing\\x0dforged" in shown, shown
+    assert "\x1b[2J" not in shown and "\x1b]0;" not in shown and "\x07" not in shown
 
 
 async def test_a_task_with_a_number_json_cannot_write_fails_its_attempt(proxy_url):

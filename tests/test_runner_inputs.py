@@ -208,3 +208,32 @@ def test_a_proxy_that_fails_while_resuming_is_said_in_one_line(tmp_path):
     assert result.exit_code == 1, result.output
     assert result.output.strip().splitlines() == [
         f"rlproxy run: GET /rollouts/r1: proxy answered 503 ({{}}); `--resume` goes on from {log}"]
+
+
+def test_resuming_from_a_log_that_does_not_exist_is_refused_before_anything_starts(tmp_path):
+    """A mistyped --log with --resume would run every attempt again: it is said, and nothing runs."""
+    tasks, mistyped = tmp_path / "tasks.jsonl", tmp_path / "rnu.jsonl"
+    tasks.write_text('{"id": "a"}\n')
+    result = rlproxy_run(NO_PROXY, mistyped, "--tasks", str(tasks), "--command", "echo 1", "--resume")
+    refused(result, f"--resume: the log {mistyped} does not exist, so there is nothing to resume from: check its "
+                    "name (--log), or leave out --resume to start a run")
+    assert not mistyped.exists()
+
+
+def test_a_proxy_url_that_reaches_another_server_says_what_answered(proxy_url, stub_url, tmp_path):
+    """The proxy's OpenAI base URL (…/v1) or the engine's own URL as --proxy: a server answers, only not as the
+    proxy does. It says so, and what --proxy is, instead of "does not answer"."""
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "a"}\n')
+    for given, says in (
+            (f"{proxy_url}/v1", f"rlproxy run: the server at {proxy_url}/v1 answered GET /healthz with 404, where "
+                                f"the proxy answers 200: --proxy is the proxy's root URL, without /v1 (--proxy "
+                                f"{proxy_url})"),
+            (stub_url, f"rlproxy run: the server at {stub_url} answered GET /healthz with 404, where the proxy "
+                       "answers 200: is it the engine (vLLM) or another server? --proxy is the proxy's root URL, "
+                       "where `rlproxy serve` listens (no /v1), not the engine's")):
+        result = rlproxy_run(given, tmp_path / "log.jsonl", "--tasks", str(tasks), "--command", "echo 1")
+        assert result.exit_code == 1 and result.output.strip().splitlines() == [says], result.output
+    nothing = rlproxy_run(NO_PROXY, tmp_path / "log.jsonl", "--tasks", str(tasks), "--command", "echo 1")
+    assert nothing.exit_code == 1 and nothing.output.strip() == (
+        f"rlproxy run: the proxy at {NO_PROXY} does not answer (GET /healthz): is `rlproxy serve` running there?")
