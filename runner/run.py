@@ -247,6 +247,8 @@ class Runner:
         pacer = None
         if self.settings.max_untrained:
             pacer = Pacer(self.client, self.settings.max_untrained, say=display.note if display else None)
+            # a resumed run's earlier rewards wait for the trainer too (the first wait drops those it has trained)
+            pacer.untrained.update(o.rollout_id for o in outcomes if o.split == TRAIN and o.rollout_id)
 
         async def work() -> None:
             while True:

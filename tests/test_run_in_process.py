@@ -136,19 +136,21 @@ def test_failures_are_outcomes_and_a_proxy_that_does_not_answer_is_refused(proxy
         Runner(broken, on_attempt=print, progress=True)
 
 
+async def mark_trained(database_url: str, rollout_ids: list[str]) -> None:
+    """What the trainer does to the rollouts it consumed, done by hand so that a wait for it shows."""
+    store = open_database(database_url)
+    try:
+        async with session_factory(store)() as session, session.begin():
+            await session.execute(update(Rollout).where(Rollout.id.in_(rollout_ids)).values(trained_at=utcnow()))
+    finally:
+        await store.dispose()
+
+
 def test_with_max_untrained_a_training_attempt_waits_until_the_trainer_has_consumed_earlier_ones(
         proxy_url, database_url):
     """At most two training attempts running or waiting for the trainer: the third starts only once the first two
     are trained. What the trainer does to them (mark them trained) is done here by hand, so the wait shows."""
     seen: list[Outcome] = []
-
-    async def mark_trained(rollout_ids: list[str]) -> None:
-        store = open_database(database_url)
-        try:
-            async with session_factory(store)() as session, session.begin():
-                await session.execute(update(Rollout).where(Rollout.id.in_(rollout_ids)).values(trained_at=utcnow()))
-        finally:
-            await store.dispose()
 
     async def main() -> list[Outcome]:
         settings = RunSettings(proxy=proxy_url, attempts=4, concurrency=4, task_id_field="id", max_untrained=2)
@@ -158,9 +160,41 @@ def test_with_max_untrained_a_training_attempt_waits_until_the_trainer_has_consu
                 await asyncio.sleep(0.05)
             await asyncio.sleep(2.5)  # the stand-in answers in milliseconds: a third attempt would have ended
             assert len(seen) == 2 and not run.done()
-            await mark_trained([outcome.rollout_id for outcome in seen])
+            await mark_trained(database_url, [outcome.rollout_id for outcome in seen])
             return await asyncio.wait_for(run, 30)
 
     outcomes = asyncio.run(main())
     assert [o.status for o in outcomes] == ["rewarded"] * 4
     assert sorted(o.attempt.number for o in outcomes) == [0, 1, 2, 3]
+
+
+def test_a_resumed_run_counts_the_earlier_runs_untrained_rewards_against_max_untrained(
+        proxy_url, database_url, tmp_path):
+    """The first run's two rewarded attempts have not been trained when the run is resumed with four attempts and
+    --max-untrained 2: the two new attempts wait for the trainer as they would have in one run, rather than start
+    at once beside two untrained rewards."""
+    task = {**TASK_DICTS[0], "id": f"resumed-{uuid.uuid4().hex}"}
+    log = tmp_path / "run.jsonl"
+
+    async def first() -> list[Outcome]:
+        settings = RunSettings(proxy=proxy_url, attempts=2, task_id_field="id")
+        async with Runner(solve_async, settings, log=log) as runner:
+            return await runner.run([task])
+
+    earlier = asyncio.run(first())
+    assert [o.status for o in earlier] == ["rewarded"] * 2
+    seen: list[Outcome] = []
+
+    async def resumed() -> list[Outcome]:
+        settings = RunSettings(proxy=proxy_url, attempts=4, concurrency=4, task_id_field="id", max_untrained=2,
+                               resume=True)
+        async with Runner(solve_async, settings, log=log, on_attempt=seen.append) as runner:
+            run = asyncio.create_task(runner.run([task]))
+            await asyncio.sleep(2.5)  # the stand-in answers in milliseconds: an attempt let in would have ended
+            assert seen == [] and not run.done()
+            await mark_trained(database_url, [outcome.rollout_id for outcome in earlier])
+            return await asyncio.wait_for(run, 30)
+
+    outcomes = asyncio.run(resumed())
+    assert sorted((o.status, o.attempt.number) for o in outcomes) == [
+        ("rewarded", 2), ("rewarded", 3), ("skipped", 0), ("skipped", 1)]
