@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import sys
 from pathlib import Path
@@ -78,10 +79,11 @@ def _run_leader(settings: TrainerSettings, model_path: Path, collective) -> None
         try:
             start_http_server(settings.metrics_port, registry=worker_metrics.registry)
         except OSError as exc:
-            raise click.ClickException(
-                f"cannot serve the trainer's metrics on port {settings.metrics_port} ({exc.strerror}): is another "
-                "trainer running there? One trainer per database (docs/deploy.md: scale it up, not out); give "
-                "--metrics-port another port, or 0 for none") from None
+            taken = ("is another trainer running there? One trainer per database (docs/deploy.md: scale it up, not "
+                     "out); " if exc.errno == errno.EADDRINUSE else "")
+            raise click.ClickException(f"cannot serve the trainer's metrics on port {settings.metrics_port} "
+                                       f"({exc.strerror}): {taken}give --metrics-port another port, or 0 for none"
+                                       ) from None
     else:
         worker_metrics = None
     worker = TrainerWorker(settings, model_path, metrics=worker_metrics,
