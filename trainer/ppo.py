@@ -41,6 +41,7 @@ from core.hardware import fast_bf16
 from core.settings import TrainingSettings as TrainConfig  # the training settings (core/settings/training.py)
 from trainer.adapter import load_adapter, save_adapter_atomically
 from trainer.compat import import_openrlhf
+from trainer.loading import load_actor, load_sharded_actor
 from trainer.logprobs import MicroBatch, Scorer, collate, placeholder_micro_batch
 from trainer.memory import activation_checkpointing, release_free_memory, tune_allocator
 from trainer.parallel import Collective
@@ -71,31 +72,35 @@ class PolicyTrainer:
             torch.set_num_threads(config.num_threads)
         torch.manual_seed(config.seed)  # LoRA A is initialised randomly
         self.autocast_enabled = config.bf16 and fast_bf16()
-        # OpenRLHF loads the weights in bf16 (the precision vLLM serves them in); where bf16 arithmetic is
-        # slow they are then computed on in float32.
-        self.actor = parts.Actor(
-            self.model_path,
-            attn_implementation="sdpa",
-            param_dtype="bf16",
-            lora_rank=config.lora_rank,
-            lora_alpha=config.lora_alpha,
-            lora_dropout=config.lora_dropout,
-            target_modules=lora_targets(self.model_path, config),
-        )
-        self.model = self.actor.model  # the peft model: adapter save/load and disable_adapter()
+        lora = {"rank": config.lora_rank, "alpha": config.lora_alpha, "dropout": config.lora_dropout,
+                "target_modules": lora_targets(self.model_path, config)}
+        if self.collective.sharded:  # each rank reads only its shard of the base (trainer/loading.py)
+            def sharded_scorer(model: torch.nn.Module) -> Scorer:
+                scorer = Scorer(model)  # FSDP's root unit; LoRA A drawn alike on every rank (same seed)
+                shard(scorer, decoder_layers(model), self.device, offload=config.offload_base)
+                return scorer
+
+            shards_on = torch.device("cpu") if config.offload_base else self.device
+            self.actor, self.scorer = load_sharded_actor(
+                parts, self.model_path, lora=lora, seed=config.seed, device=shards_on, shard=sharded_scorer,
+                # float32 where bf16 arithmetic is slow: the checkpoint's own weights, as the engine serves them
+                dtype=torch.bfloat16 if self.autocast_enabled else torch.float32)
+            self.model = self.actor.model
+        else:
+            # OpenRLHF loads the weights in bf16 (the precision vLLM serves them in), straight onto the device;
+            # where bf16 arithmetic is slow they are then computed on in float32.
+            self.actor = load_actor(parts, self.model_path, lora=lora, device=self.device)
+            self.model = self.actor.model  # the peft model: adapter save/load and disable_adapter()
+            if not self.autocast_enabled:
+                self.model.float()
+                # The bf16 load rounded the weights; the engine that sampled the behaviour log-probs serves the
+                # checkpoint's own float32 ones here, so the importance ratio must be taken against those.
+                _restore_checkpoint_weights(self.model, self.model_path)
+            self.scorer = Scorer(self.model)  # the policy's forward pass
         # OpenRLHF makes the embeddings require grad (for gradient checkpointing, unused here); that would carry
         # the backward pass down to the embeddings even when only the top layers are adapted.
-        self.model.disable_input_require_grads()
-        if not self.autocast_enabled:
-            self.model.float()
-            # The bf16 load rounded the weights; the engine that sampled the behaviour log-probs serves the
-            # checkpoint's own float32 ones here, so the importance ratio must be taken against those.
-            _restore_checkpoint_weights(self.model, self.model_path)
-        self.scorer = Scorer(self.model)  # the policy's forward pass; with several ranks, FSDP's root unit
-        if self.collective.sharded:  # the base split across ranks; LoRA A drawn alike on every rank (same seed)
-            shard(self.scorer, decoder_layers(self.model), self.device, offload=config.offload_base)
-        else:
-            self.model.to(self.device)
+        if hasattr(self.model, "_require_grads_hook"):
+            self.model.disable_input_require_grads()
         self.actor.train()
         self.decoupled = config.proximal_policy == "recomputed"
         self.policy_loss = parts.PolicyLoss(

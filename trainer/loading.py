@@ -1,0 +1,147 @@
+"""The policy model built without the whole base in host memory on every rank.
+
+    actor = load_actor(parts, model_path, lora=..., dtype=torch.bfloat16, device=device)          # one process
+    actor = load_sharded_actor(parts, model_path, lora=..., dtype=..., device=device, layers_of=..., shard=...)
+
+One process: transformers loads each tensor from the safetensors files straight onto `device` (`device_map`),
+so a GPU trainer never holds the base in host memory.
+
+Several ranks: the base is built on the meta device (no storage; buffers such as rotary frequencies are real, they
+are small and computed, not loaded), wrapped with LoRA by peft, sharded by FSDP2 (still meta), given empty
+storage, and every rank then reads only its own rows of each tensor from the safetensors files (`get_slice`
+reads the rows it is asked for from the memory-mapped file). Nothing is sent between ranks, and a rank's peak
+host memory is its shard, not the model: OpenRLHF's Actor would have loaded the whole base on every rank first
+(8 ranks x 16.4 GB for an 8B model in one pod). bench/load_memory.py measures it.
+
+The LoRA weights are drawn as peft draws them in one process (the same seed, the same order: kaiming-uniform A,
+zero B), whole on the CPU, then each rank keeps its slice, so one rank and several start from the same adapter
+(tests/test_parallel.py compares their updates).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class CheckpointMismatchError(RuntimeError):
+    """The safetensors files do not hold a tensor the model needs, or hold it in another shape."""
+
+
+def lora_config(*, rank: int, alpha: int, dropout: float, target_modules: list[str] | str) -> Any:
+    """The LoRA setup OpenRLHF's Actor makes (causal LM, no bias)."""
+    from peft import LoraConfig, TaskType
+
+    return LoraConfig(task_type=TaskType.CAUSAL_LM, r=rank, lora_alpha=alpha, target_modules=target_modules,
+                      lora_dropout=dropout, bias="none")
+
+
+def load_actor(parts: Any, model_path: str, *, lora: dict[str, Any], device: torch.device) -> Any:
+    """OpenRLHF's Actor with the base loaded in bf16 straight onto `device` (one process)."""
+    return parts.Actor(model_path, attn_implementation="sdpa", param_dtype="bf16", device_map={"": str(device)},
+                       lora_rank=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
+                       target_modules=lora["target_modules"])
+
+
+def load_sharded_actor(parts: Any, model_path: str, *, lora: dict[str, Any], dtype: torch.dtype,
+                       device: torch.device, shard: Callable[[Any], T], seed: int) -> tuple[Any, T]:
+    """OpenRLHF's Actor around a peft model whose base was never whole here, and what `shard(peft_model)` returned
+    (it shards the model with FSDP2, on meta tensors); then this rank's rows of every base tensor are read from the
+    checkpoint, in `dtype`. `device`: where the shards live (the CPU when they are offloaded)."""
+    from accelerate import init_empty_weights
+    from peft import get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    with init_empty_weights(include_buffers=False):
+        base = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
+        model = get_peft_model(base, lora_config(**lora))
+    model.config.use_cache = False
+    fresh = _drawn_lora(model, seed)
+    sharded = shard(model)
+    # to_empty gives buffers new, uninitialised storage too: keep them (computed, and where FSDP placed them)
+    buffers = [(module, name, buffer) for module in model.modules() for name, buffer in module._buffers.items()
+               if buffer is not None]
+    model.to_empty(device=device)
+    for module, name, buffer in buffers:
+        module._buffers[name] = buffer
+    with torch.no_grad():
+        _read_shards(model.get_base_model(), model_path)
+        from trainer.sharding import laid_out_like
+
+        for name, param in model.named_parameters():
+            if name in fresh:
+                param.copy_(laid_out_like(fresh[name].to(param.dtype), param))
+    return parts.Actor(model), sharded
+
+
+def _drawn_lora(model: torch.nn.Module, seed: int) -> dict[str, torch.Tensor]:
+    """The LoRA weights peft draws in one process after `torch.manual_seed(seed)`, adapted module by module in the
+    model's order: it builds A and B as torch Linears (each constructor draws its weight, kaiming-uniform a=sqrt 5,
+    in float32), then draws A again and zeroes B (`init_lora_weights=True`), rounded to bf16 on the way. The same
+    draws, in the same order."""
+    torch.manual_seed(seed)
+    drawn = {}
+    for module_name, module in model.named_modules():
+        if not (hasattr(module, "lora_A") and hasattr(module, "lora_B")):
+            continue
+        for adapter, a in module.lora_A.items():
+            b = module.lora_B[adapter]
+            for shape in (a.weight.shape, b.weight.shape):  # what the constructors draw (then overwritten)
+                torch.nn.init.kaiming_uniform_(torch.empty(shape), a=math.sqrt(5))
+            weight = torch.empty(a.weight.shape)
+            torch.nn.init.kaiming_uniform_(weight, a=math.sqrt(5))
+            # peft then casts the adapter to the base's dtype (bf16 as OpenRLHF loads it) and back to float32
+            drawn[f"{module_name}.lora_A.{adapter}.weight"] = weight.to(torch.bfloat16).float()
+            drawn[f"{module_name}.lora_B.{adapter}.weight"] = torch.zeros(b.weight.shape)
+    return drawn
+
+
+def checkpoint_name(parameter_name: str) -> str:
+    """The safetensors key of a base parameter under peft (which moves an adapted Linear's weight to base_layer)."""
+    return parameter_name.replace(".base_layer.", ".")
+
+
+def _read_shards(base: torch.nn.Module, model_path: str) -> None:
+    """Fill every base parameter's local part (a DTensor's shard, or a plain tensor whole) from the checkpoint,
+    reading only those rows."""
+    from safetensors import safe_open
+
+    wanted = {checkpoint_name(name): param for name, param in base.named_parameters() if "lora_" not in name}
+    files = sorted(Path(model_path).glob("*.safetensors"))
+    if not files:
+        raise CheckpointMismatchError(f"no *.safetensors files in {model_path}: cannot load the base by shards")
+    for file in files:
+        with safe_open(str(file), framework="pt") as tensors:
+            for key in tensors.keys():
+                param = wanted.pop(key, None)
+                if param is not None:
+                    _copy_rows(param, tensors.get_slice(key), key)
+    if wanted:
+        raise CheckpointMismatchError(f"{model_path} lacks {len(wanted)} tensors of the model: {sorted(wanted)[:3]}")
+
+
+def _copy_rows(param: torch.Tensor, stored: Any, key: str) -> None:
+    from torch.distributed.tensor import DTensor
+
+    shape = tuple(stored.get_shape())
+    if shape != tuple(param.shape):
+        raise CheckpointMismatchError(f"{key}: the checkpoint has shape {shape}, the model {tuple(param.shape)}")
+    if not isinstance(param, DTensor):
+        param.copy_(stored[:].to(param.dtype))
+        return
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    local = param.to_local()
+    local_shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+    if local.numel() == 0:
+        return
+    index = tuple(slice(start, start + length) for start, length in zip(offset, local_shape))
+    local.copy_(stored[index].to(local.dtype))
