@@ -86,6 +86,16 @@ def access_for(request: web.Request) -> Access:
     return Access.KEY  # unknown paths too: what exists is not shown to callers without a key
 
 
+# Rollout-scoped routes that neither record a call nor read the rollout: under another project's id they answer as
+# under an unused one (which they do not claim either).
+UNRECORDED_SUFFIXES = ("/v1/models", "/v1/messages/count_tokens", *RELAYED)
+
+
+def reads_no_rollout(request: web.Request) -> bool:
+    pattern = route_pattern(request)
+    return pattern is not None and pattern.endswith(UNRECORDED_SUFFIXES)
+
+
 def is_openai_route(request: web.Request) -> bool:
     pattern = route_pattern(request)
     return pattern is not None and pattern.endswith(OPENAI_SUFFIXES)
@@ -194,7 +204,12 @@ class Authenticator:
         # Misses apart: made-up keys must not push the real ones out of the cache (and onto the database).
         self._misses = TTLCache(settings.key_cache_ttl, maxsize=10_000)
         self._lookups = RateLimiter()  # per client address: look-ups of keys the caches do not hold
-        self._owners: OrderedDict[str, str | None] = OrderedDict()  # rollout id → project (never changes)
+        # Rollout id → project, for `key_cache_ttl` seconds at most: retention deletes rollouts and lets their
+        # ids open again (store/retention.py), maybe by another project through another proxy, so an owner
+        # remembered for good would let this proxy send the first project's calls into the second's rollout and
+        # refuse the second's own. Bounded like a revoked key; the writer compares projects too (store/calls.py),
+        # so no call lands in another project's rollout even within that time.
+        self._owners = TTLCache(settings.key_cache_ttl, maxsize=100_000)
 
     async def start(self, sessions: async_sessionmaker[AsyncSession], host: str) -> None:
         self.sessions = sessions
@@ -256,9 +271,11 @@ class Authenticator:
         return hmac.compare_digest(digest, self._admin_digest)
 
     async def check_rollout(self, request: web.Request, key: KeyInfo) -> None:
-        """404 for a rollout-scoped call into another project's rollout. Only reads: an id nobody owns stays
-        free until a recorded call claims it (`claim`)."""
-        if key.project is None:
+        """404 for a recorded call into another project's rollout. Only reads: an id nobody owns stays free until
+        a recorded call claims it (`claim`). A route that records nothing and reads no rollout data (the model
+        list, count_tokens, the relayed engine routes) answers under any id as under an unused one, so that
+        whether an id is taken does not show there (`reads_no_rollout`)."""
+        if key.project is None or reads_no_rollout(request):
             return
         rollout_id = call_context(request).rollout_id
         if rollout_id is None:
@@ -290,9 +307,7 @@ class Authenticator:
             raise Forbidden(str(NotYours(context.rollout_id)))
 
     def _remember(self, rollout_id: str, owner: str | None) -> None:
-        self._owners[rollout_id] = owner  # a rollout's project never changes once it exists
-        if len(self._owners) > 100_000:
-            self._owners.popitem(last=False)
+        self._owners.put(rollout_id, owner)
 
     async def _query(self, function, *args, write: bool = False, **kwargs):
         assert self.sessions is not None, "Authenticator.start() was not awaited"

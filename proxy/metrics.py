@@ -39,6 +39,10 @@ class ProxyMetrics:
             "rlproxy_capture_late_calls_total",
             "Calls stored after their rollout was trained (a step took the trajectory without them): with several "
             "proxies, raise the trainer's settle_s.", registry=r)
+        self.foreign_calls = Counter(
+            "rlproxy_capture_foreign_calls_total",
+            "Calls of one project whose rollout id belonged to another project by the time they were stored (the id "
+            "was pruned and opened again by the other project): kept in the rejected file, not stored.", registry=r)
         self.rows_written = Counter("rlproxy_capture_calls_written_total", "Calls stored in the database.",
                                     registry=r)
         self.rows_spooled = Counter("rlproxy_capture_calls_spooled_total",

@@ -85,13 +85,18 @@ class Batches:
     async def _transaction(self, records: list[CallRecord], may_repeat: bool) -> None:
         began = time.perf_counter()
         pruned: list[CallRecord] = []
+        foreign: list[CallRecord] = []
         async with self.sessions() as session, session.begin():
-            written = await write_calls(session, records, may_repeat=may_repeat, pruned=pruned)
+            written = await write_calls(session, records, may_repeat=may_repeat, pruned=pruned, foreign=foreign)
             if self.after_write is not None and written:
                 await self.after_write(session, written)
         for record in pruned:  # after the commit: a retried batch would find them again
             self._set_aside(record, f"its rollout {record.rollout_id} was pruned (rlproxy prune, the trainer's "
                                        "retention) while the call waited in the spool; not stored")
+        for record in foreign:
+            self.metrics.foreign_calls.inc()
+            self._set_aside(record, f"its rollout {record.rollout_id} belongs to another project (pruned and opened "
+                                       f"again by it); a call of project {record.project!r} is not stored there")
         self.metrics.writer_batch.observe(len(records))
         self.metrics.writer_flush.observe(time.perf_counter() - began)
         self.metrics.rows_written.inc(len(written))

@@ -68,11 +68,15 @@ async def _latest_call(session: AsyncSession, rollout_id: str, agent: str | None
 
 
 async def write_calls(session: AsyncSession, records: list[CallRecord], *, may_repeat: bool = True,
-                      pruned: list[CallRecord] | None = None) -> list[WrittenCall]:
+                      pruned: list[CallRecord] | None = None,
+                      foreign: list[CallRecord] | None = None) -> list[WrittenCall]:
     """Store `records` in the session's transaction. Replayed records (same id) are skipped, within the batch
     too; a caller that knows none was stored before (the writer's first attempt) passes `may_repeat=False` to
     save the look-up. Calls of a rollout retention has pruned are not stored (they would bring it back as an
-    open rollout numbered from 1 again): they are added to `pruned`, for the caller to set aside."""
+    open rollout numbered from 1 again): they are added to `pruned`, for the caller to set aside. A project's
+    call into a rollout another project owns is not stored either (added to `foreign`): the id was pruned and
+    opened again by the other project while a proxy still held the first owner (proxy/auth.py), and the call
+    would train with the other project's reward."""
     # One id twice in a batch (a spool holding a call twice: written again by a stop that cut a replay short)
     # would be numbered twice and inserted once: a gap in the rollout's seq and a call_count one too high.
     seen: set[str] = set()
@@ -111,6 +115,20 @@ async def write_calls(session: AsyncSession, records: list[CallRecord], *, may_r
                 for rid, calls in by_rollout.items()
             ],
         )
+
+    if by_rollout:
+        stray = await _calls_of_other_projects(session, by_rollout)
+        if stray:
+            if foreign is not None:
+                foreign.extend(stray)
+            stray_ids = {r.id for r in stray}
+            fresh = [r for r in fresh if r.id not in stray_ids]
+            for rid in list(by_rollout):
+                by_rollout[rid] = [r for r in by_rollout[rid] if r.id not in stray_ids]
+                if not by_rollout[rid]:
+                    del by_rollout[rid]
+            if not fresh:
+                return []
 
     seqs: dict[str, int] = {}
     late: set[str] = set()
@@ -164,6 +182,17 @@ async def write_calls(session: AsyncSession, records: list[CallRecord], *, may_r
             insert_ignoring_duplicates(session, CallChoice.__table__, ["call_id", "index"]), choice_rows
         )
     return written
+
+
+async def _calls_of_other_projects(session: AsyncSession,
+                                   by_rollout: dict[str, list[CallRecord]]) -> list[CallRecord]:
+    """The calls of a project whose rollout (its row exists by now) belongs to another project. The operator's
+    calls (no project) go anywhere, as its key may; a project's call into a rollout of no project is refused by
+    the proxy before it is made (proxy/auth.py)."""
+    owners = dict((await session.execute(
+        select(Rollout.id, Rollout.project).where(Rollout.id.in_(list(by_rollout))))).all())
+    return [record for rid, calls in by_rollout.items() for record in calls
+            if record.project is not None and owners.get(rid) is not None and owners[rid] != record.project]
 
 
 def _call_row(record: CallRecord, seq: int | None, parent: Parent | None, kind: str | None) -> dict:
