@@ -7,8 +7,8 @@ same weights, checked, and a replica that cannot is out of rotation for it until
 engine/adapters.py loads; engine/lifecycle.py decides when a version is committed (publish, activation,
 canary, a replica that lost it); this module decides whether each replica's copy is the version's own weights.
 
-(a) The digest. The adapter folder is hashed (SHA-256 over its files' relative names and contents,
-    `folder_digest`) when the version is first committed, and the digest is recorded with it. Every replica
+(a) The digest. The adapter folder is hashed (SHA-256 over the relative names and contents of the files an
+    engine reads, `folder_digest`) when the version is first committed, and the digest is recorded with it. Every replica
     loads that folder; afterwards it is hashed again, since a folder rewritten while the replicas read it may
     have given them different weights (then no replica keeps it). vLLM does not say what it read, so a later
     load (a restarted replica, a retry) is checked against the recorded digest first: a folder that changed
@@ -117,13 +117,19 @@ class _Target:
     record: FleetRecord | None
 
 
-def folder_digest(path: str | Path) -> str | None:
-    """"sha256:…" over every file in the folder (relative names and contents, in name order); None when the
-    folder cannot be read here."""
+# What only a resuming trainer reads, never an engine: left out of the digest, so that retention may drop a
+# version's optimizer state (trainer/retention.py) and its folder still verifies (and a third as much is hashed).
+RESUME_ONLY = frozenset({"optimizer.pt", "trainer_state.json"})
+
+
+def folder_digest(path: str | Path, *, resume_files: bool = False) -> str | None:
+    """"sha256:…" over the files in the folder an engine reads (relative names and contents, in name order;
+    `resume_files`: every file, as digests recorded before RESUME_ONLY were made); None when the folder cannot
+    be read here."""
     root = Path(path)
     digest = hashlib.sha256()
     try:
-        files = sorted(p for p in root.rglob("*") if p.is_file())
+        files = sorted(p for p in root.rglob("*") if p.is_file() and (resume_files or p.name not in RESUME_ONLY))
         if not files:
             return None
         for file in files:
@@ -171,6 +177,9 @@ async def commit(sessions: async_sessionmaker[AsyncSession], adapters: EngineAda
     began = time.perf_counter()
     digest = await asyncio.to_thread(folder_digest, target.path)
     recorded = target.record.digest if target.record else None
+    if digest and recorded and digest != recorded and \
+            await asyncio.to_thread(folder_digest, target.path, resume_files=True) == recorded:
+        recorded = digest  # recorded over every file, before RESUME_ONLY: the same folder
     if digest and recorded and digest != recorded:
         error = NotVerified(f"{target.path} is not the folder v{version} was committed with ({digest} now, "
                             f"{recorded} then): no replica loads it", reason=FOLDER, name=target.name)

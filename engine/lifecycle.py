@@ -57,11 +57,14 @@ class Version:
 
 
 async def read(sessions: async_sessionmaker[AsyncSession], version: int) -> Version:
-    """A version's adapter name, folder and status; NotFound for one without a row (or without a folder)."""
+    """A version's adapter name, folder and status; NotFound for one without a row (or without a folder),
+    WeightsRemoved (a Conflict) for one whose folder the trainer's retention removed."""
     async with sessions() as session:
         row = await policies.get_policy(session, version)
         if row.path is None:
             raise NotFound(f"policy version {version} has no adapter folder")
+        if not row.weights_kept:
+            raise policies.WeightsRemoved(version)
         return Version(row.version, row.name, row.path, row.status)
 
 
@@ -170,6 +173,10 @@ class Drain:
         self.drain_seconds = drain_seconds
         self._since: dict[str, float] = {}  # adapter name -> when it stopped serving
         self._serving: set[str] | None = None  # names serving at the last sweep
+
+    def draining(self, name: str | None) -> bool:
+        """Whether `name` stopped serving and is not unloaded yet (its folder must stay: a replica may reload it)."""
+        return name in self._since
 
     def note(self, name: str | None) -> None:
         """`name` stopped serving (or never will) now; unloaded by a sweep `drain_seconds` from now."""

@@ -187,6 +187,9 @@ class Policy(Body):
         None, description="How well the engines' log-probs of the calls this version served agreed with the "
                           "trainer's of it, measured by the step that trained from it; null until then (and for "
                           "the base model: see the step records).")
+    weights_kept: bool = Field(
+        True, description="Whether the version's adapter folder is still there (the trainer removes those no "
+                          "longer needed, docs/retention.md); false: it cannot be activated (409).")
     created_at: str | None
     activated_at: str | None
 

@@ -294,6 +294,8 @@ class Policy(Base):
     evaluation: Mapped[dict[str, Any] | None] = mapped_column(Document)
     created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
     activated_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    # False once the trainer removed its folder (trainer/retention.py): it can no longer be activated
+    weights_kept: Mapped[bool] = mapped_column(Boolean, default=True, server_default=text("true"))
 
     __table_args__ = (
         # One active version per named policy.

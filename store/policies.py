@@ -14,10 +14,21 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from core.policy_rules import BASE_POLICY, DEFAULT_POLICY
 from store import evaluation, verdicts
-from store.errors import ActiveChanged, NotFound
+from store.errors import ActiveChanged, Conflict, NotFound
 from store.models import Policy, PolicyStatus, utcnow
 
 BASE_VERSION = 0
+UNDER_EVALUATION = (PolicyStatus.CANDIDATE, PolicyStatus.CANARY)  # a gate may still make these serve
+
+
+class WeightsRemoved(Conflict):
+    """The version's adapter folder was removed by the trainer's retention (trainer/retention.py): it can no
+    longer be loaded, so it cannot serve again."""
+
+    def __init__(self, version: int) -> None:
+        super().__init__(f"policy version {version} cannot be activated: its adapter folder was removed (the "
+                         "trainer keeps the active version, its parent, candidates and the newest keep_versions; "
+                         "GET /policies shows weights_kept)")
 
 __all__ = ["BASE_POLICY", "DEFAULT_POLICY", "BASE", "BASE_VERSION", "ActivePolicy"]
 
@@ -101,7 +112,8 @@ async def list_policies(session: AsyncSession, *, project: str | None = None,
     base = {"version": BASE_VERSION, "policy": policy, "name": None,
             "status": "retired" if active else PolicyStatus.ACTIVE,
             "parent_version": None, "path": None, "metrics": None, "evaluation": None,
-            "evaluation_traffic": traffic.get(BASE_VERSION, none), "agreement": None, "created_at": None,
+            "evaluation_traffic": traffic.get(BASE_VERSION, none), "weights_kept": True, "agreement": None,
+            "created_at": None,
             "activated_at": None}
     return [base] + [
         {"version": p.version, "policy": p.policy, "name": p.name, "status": p.status,
@@ -109,6 +121,7 @@ async def list_policies(session: AsyncSession, *, project: str | None = None,
          "path": p.path if project is None else None, "metrics": p.metrics if project is None else None,
          "evaluation": _evaluation(p, judged.get(p.version)),
          "evaluation_traffic": traffic.get(p.version, none),
+         "weights_kept": p.weights_kept,
          "agreement": (p.metrics or {}).get("served_agreement"),
          "created_at": p.created_at.isoformat() if p.created_at else None,
          "activated_at": p.activated_at.isoformat() if p.activated_at else None}
@@ -190,6 +203,8 @@ async def activate(session: AsyncSession, version: int, policy: str = DEFAULT_PO
         row = await get_policy(session, version)
         if row.status == PolicyStatus.FAILED:
             raise NotFound(f"policy version {version} failed to load and cannot be activated")
+        if not row.weights_kept:
+            raise WeightsRemoved(version)
         policy = row.policy
     retired = list((await session.execute(
         update(Policy).where(Policy.status == PolicyStatus.ACTIVE, Policy.policy == policy)
@@ -202,3 +217,15 @@ async def activate(session: AsyncSession, version: int, policy: str = DEFAULT_PO
     if version != BASE_VERSION:
         await session.flush()
         await set_status(session, version, PolicyStatus.ACTIVE, activated_at=utcnow())
+
+
+async def with_weights(session: AsyncSession) -> list[Policy]:
+    """Every version whose adapter folder the trainer has not removed, oldest first (trainer/retention.py)."""
+    return list((await session.execute(
+        select(Policy).where(Policy.weights_kept).order_by(Policy.version))).scalars().all())
+
+
+async def mark_weights_removed(session: AsyncSession, versions: list[int]) -> None:
+    """Their folders are gone: `GET /policies` says so, and activating one is refused (WeightsRemoved)."""
+    if versions:
+        await session.execute(update(Policy).where(Policy.version.in_(versions)).values(weights_kept=False))

@@ -46,6 +46,11 @@ class TrainerMetrics:
                                         "Rollouts marked expired: no final reward within reward_ttl_s.", registry=r)
         self.pruned_rollouts = Counter("rlproxy_trainer_pruned_rollouts_total",
                                        "Rollouts deleted by the trainer's pruning.", registry=r)
+        self.saves_skipped = Counter("rlproxy_trainer_saves_skipped_total",
+                                     "Steps not saved or published: too little free space for an adapter version "
+                                     "in adapters_dir (their rollouts wait).", registry=r)
+        self.adapters_removed = Counter("rlproxy_trainer_adapters_removed_total",
+                                        "Version folders removed by retention (keep_versions).", registry=r)
         self.pruned_calls = Counter("rlproxy_trainer_pruned_calls_total", "Calls deleted by the trainer's pruning.",
                                     registry=r)
         self.pruned_bodies = Counter("rlproxy_trainer_pruned_bodies_total",

@@ -42,8 +42,10 @@ from trainer.metrics import TrainerMetrics
 from trainer.parallel import Collective, LeaderPolicy
 from trainer.ppo import PolicyTrainer
 from trainer.publish import Publisher
+from trainer.retention import AdapterRetention, NoRoomForAdapter
 from trainer.retokenize import retokenize
 from trainer.staleness import Staleness
+from trainer.step_report import merged as _merged, observe_step, reasons as _reasons
 from trainer.transitions import SkipReasons, Transition
 
 log = logging.getLogger("rlproxy.trainer")
@@ -85,6 +87,8 @@ class TrainerWorker:
         self.publisher = Publisher(self.sessions, settings.upstreams, drain_seconds=settings.drain_seconds,
                                    api_key=engine_key, metrics=self.metrics.fleet)
         self.housekeeping = Housekeeping(settings, self.sessions, self.metrics)
+        self.retention = AdapterRetention(self.sessions, settings.adapters_dir, settings.keep_versions,
+                                          self.publisher.drain)
         self.agreement = AgreementWatch(settings.agreement_alarm_kl, self.metrics)
         self.policy = None  # trainer.ppo.PolicyTrainer, built on start (torch is imported lazily)
         self.collective = collective or Collective()  # several ranks: this worker is rank 0 (trainer/parallel.py)
@@ -119,6 +123,7 @@ class TrainerWorker:
             self.policy = await asyncio.to_thread(self.build_policy, first.parent_path)
         self.loaded = first.policy
         await self._publish_leftover_candidates()
+        await self._sweep()
 
     async def run(self, stop: asyncio.Event | None = None) -> None:
         stop = stop or asyncio.Event()
@@ -145,11 +150,18 @@ class TrainerWorker:
     async def step_once(self) -> bool:
         """Claim, train each policy, publish. False when nothing was ready."""
         await self.publisher.unload_drained()
+        if not self._room_for_save():
+            return False
         rollout_ids = await self._claim()
         if not rollout_ids:
             return False
         try:
             return await self._train(rollout_ids)
+        except NoRoomForAdapter:
+            self.loaded = None  # the weights hold the unsaved update: the next step loads its parent again
+            async with self.sessions() as session, session.begin():
+                await training.release(session, rollout_ids, self.lease_owner)
+            return False
         except LeaseLost as exc:
             self.loaded = None  # the weights hold the unrecorded update: the next step loads its parent again
             self.metrics.lost_leases.inc()
@@ -226,7 +238,7 @@ class TrainerWorker:
             async with self.while_computing():
                 step_metrics = (await asyncio.to_thread(self.policy.step, transitions, line.parent_version,
                                                         wanted.updates_for(usable_rollouts), lr_scale)).as_dict()
-            self._observe(step_metrics, transitions, time.perf_counter() - step_began)
+            observe_step(self.metrics, step_metrics, transitions, time.perf_counter() - step_began)
             agreement = self.agreement.check(line.policy, step_metrics)
             version, path = await self._save()
             step_metrics.update(skipped=dict(skips), reward_mean=statistics.fmean(rewards), rollouts=len(rollouts),
@@ -253,6 +265,7 @@ class TrainerWorker:
         for new in trained:
             self.metrics.policy_steps.labels(new.line.policy).inc()
             await self._publish(new.line, new.version, new.path, began)
+        await self._sweep()
         return True
 
     async def _follow(self, line: Line, active: policies.ActivePolicy) -> None:
@@ -293,7 +306,16 @@ class TrainerWorker:
     async def _claim(self) -> list[str]:
         return await claim_batch(self.sessions, self.settings, self.metrics, self.lease_owner)
 
+    def _room_for_save(self) -> bool:
+        return self.retention.room_for_save(self.policy, self.metrics)
+
+    async def _sweep(self) -> None:
+        removed = await self.retention.sweep({line.policy: line.parent_version for line in self.lines.values()})
+        self.metrics.adapters_removed.inc(len(removed))
+
     async def _save(self) -> tuple[int, Path]:
+        if not self._room_for_save():
+            raise NoRoomForAdapter(f"too little free space in {self.settings.adapters_dir} for a version")
         async with self.sessions() as session:
             # a step's versions are recorded together after the last policy's: number past those saved already
             version = max(await policies.next_version(session), self._last_saved + 1)
@@ -371,29 +393,3 @@ class TrainerWorker:
                     await asyncio.to_thread(self.policy.load, Path(policy.path))
                     self.loaded = line.policy
                     await self._publish(line, policy.version, Path(policy.path), time.perf_counter())
-
-    def _observe(self, step: dict[str, Any], transitions: list[Transition], seconds: float) -> None:
-        m = self.metrics
-        for name, gauge in (("loss", m.loss), ("policy_loss", m.policy_loss), ("kl", m.kl),
-                            ("clip_fraction", m.clip_fraction), ("tokens_per_s", m.tokens_per_second),
-                            ("off_policy_kl", m.off_policy_kl), ("is_weight_max", m.is_weight_max),
-                            ("is_filtered", m.is_filtered)):
-            if step.get(name) is not None:
-                gauge.set(step[name])
-        advantages = [a for t in transitions for a, keep in zip(t.advantages(), t.mask()) if keep]
-        m.advantage_std.set(statistics.pstdev(advantages) if len(advantages) > 1 else 0.0)
-        m.tokens.inc(sum(t.num_trained_tokens() for t in transitions))
-        m.step_duration.observe(seconds)
-
-
-def _merged(skipped: dict[str, dict[str, int]]) -> dict[str, int]:
-    total: dict[str, int] = {}
-    for reasons in skipped.values():
-        for reason, count in reasons.items():
-            total[reason] = total.get(reason, 0) + count
-    return total
-
-
-def _reasons(skipped: dict[str, int]) -> str:
-    """`stale_policy 3, zero_advantage 12` (or `none`), for the log lines."""
-    return ", ".join(f"{reason} {count}" for reason, count in sorted(skipped.items()) if count) or "none"

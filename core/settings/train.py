@@ -96,6 +96,11 @@ class TrainerSettings(CommandSettings):
         1, ge=1, description="Data-parallel training processes on this machine (one per GPU; on a CPU they share "
                              "its cores). Starts torchrun; for several machines run torchrun yourself "
                              "(trainer/parallel.py).")
+    keep_versions: int = Field(
+        5, ge=1, description="Adapter folders kept besides what serving and rollback need (each policy's active "
+                             "version, its parent, candidates under evaluation): the newest this many of each "
+                             "policy; older folders are removed once the engines unloaded them, their rows kept "
+                             "(docs/retention.md). Optimizer state is kept only where training resumes from.")
     reward: Literal["posted", "judge", "judge+posted"] = Field(
         "posted", description="Where final rewards come from (docs/judge.md). posted: only POST /reward; judge: "
                               "also an LLM judge, which scores the rollouts of a task group that got no posted "

@@ -117,6 +117,6 @@ ENDPOINTS = [
              {200: Answer("Versions.", PolicyList)}, (400,), query_params=POLICY_QUERY),
     Endpoint("post", "/policies/{version}/activate", activate_policy,
              "Serve this version (rollback too; 0 with ?policy= returns that policy to the base model); admin only",
-             {200: Answer("Now serving.", Activated)}, (400, 404, 502), access="admin",
+             {200: Answer("Now serving.", Activated)}, (400, 404, 409, 502), access="admin",
              path_params={"version": {"type": "string", "pattern": r"^v?[0-9]{1,9}$"}}, query_params=POLICY_QUERY),
 ]
