@@ -116,6 +116,27 @@ class RewardRecord(Body):
     created_at: str | None
 
 
+class PolicyCalls(Body):
+    policy: int | None = Field(description="The version that answered (0: the base model; null: none recorded).")
+    calls: int
+    first_seq: int | None
+    last_seq: int | None
+
+
+class StatusCalls(Body):
+    status: str
+    http_status: int | None
+    calls: int
+
+
+class RolloutSummary(Body):
+    """What the rollout's calls came to (`?calls=false`), read without reading them."""
+
+    call_count: int
+    policies: list[PolicyCalls] = Field(description="The versions that answered, in the order each first did.")
+    statuses: list[StatusCalls]
+
+
 class Rollout(Body):
     rollout_id: str
     task_id: str | None
@@ -134,6 +155,8 @@ class Rollout(Body):
     rewards: list[RewardRecord]
     next: int | None = Field(None, description="The `after` of the following page of calls (`?after=`), or null "
                                                "when this page holds the last call.")
+    summary: RolloutSummary | None = Field(None, description="Only with `?calls=false`: then `calls` is empty and "
+                                                             "`rewards` holds the rollout's own.")
 
 
 class ExportPartialSuccess(Body):

@@ -12,7 +12,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt,
 
 from core.settings import RunSettings
 from runner.agents import AgentResult, ClientConfig
-from runner.client import ProxyClient
+from runner.client import ProxyClient, calls_summary
 from runner.errors import AttemptError, InfrastructureError, RolloutRefused, TaskDataError
 from runner.journal import Journal, Key
 from runner.task_data import env_value, task_id
@@ -55,7 +55,7 @@ class Outcome:
     rollout_id: str | None = None
     error: str | None = None  # why the agent failed (its exception, exit status, timeout)
     tries: int = 0  # rollouts created for it (more than one after infrastructure failures)
-    policies: tuple[int | None, ...] = ()  # the version each of its calls was answered by, in order
+    policies: tuple[int | None, ...] = ()  # the versions its calls were answered by, in the order each first was
 
 
 class AttemptRunner:
@@ -139,25 +139,26 @@ class AttemptRunner:
         status = ("rewarded" if reward is not None else "timeout" if timed_out
                   else "failed" if result.error else "unrewarded")
         policy = _policy(stored)
-        calls = stored.get("calls") or []
+        summary = calls_summary(stored)
         self._log("finished", attempt, rollout_id=rollout_id, status=status, reward=reward, policy=policy,
-                  error=result.error, tries=tries, seconds=round(time.monotonic() - began, 3), calls=len(calls))
+                  error=result.error, tries=tries, seconds=round(time.monotonic() - began, 3),
+                  calls=summary["call_count"])
         return Outcome(task.split, status, reward, policy, attempt, rollout_id, result.error, tries,
-                       tuple(call.get("policy") for call in calls))
+                       tuple(entry["policy"] for entry in summary["policies"]))
 
     async def _engine_failed(self, stored: dict[str, Any]) -> bool:
         """The agent failed because the proxy or engine did: no call was answered and one broke on the engine
         side, or the proxy itself is down."""
-        calls = stored.get("calls") or []
-        if any(call.get("status") == "ok" for call in calls):
+        statuses = calls_summary(stored)["statuses"]
+        if any(entry["status"] == "ok" for entry in statuses):
             return False
-        broken = any(call.get("status") in BROKEN_CALLS and (call.get("http_status") or 500) >= 500 for call in calls)
+        broken = any(entry["status"] in BROKEN_CALLS and (entry["http_status"] or 500) >= 500 for entry in statuses)
         return broken or not await self.client.healthy()
 
 
 def _policy(stored: dict[str, Any]) -> int | None:
-    """The version that answered: its calls' (what X-Rlproxy-Policy said), else the one the rollout was
+    """The version that answered: its last call's (what X-Rlproxy-Policy said), else the one the rollout was
     created for."""
-    versions = [call.get("policy") for call in stored.get("calls") or [] if call.get("policy") is not None]
-    return versions[-1] if versions else stored.get("policy")
+    answered = [entry for entry in calls_summary(stored)["policies"] if entry["policy"] is not None]
+    return max(answered, key=lambda entry: entry["last_seq"] or 0)["policy"] if answered else stored.get("policy")
 

@@ -131,13 +131,35 @@ class ProxyClient:
         return True
 
     async def rollout(self, rollout_id: str) -> dict[str, Any] | None:
-        """The rollout as stored (reward, policy, calls); None when the proxy does not know it."""
-        status, payload = await self._call("GET", f"/rollouts/{rollout_id}")
+        """The rollout as stored (status, reward, rewards, trained, policy) with the summary of its calls
+        (`summary`: how many, the versions that answered, their statuses), not the calls themselves: a page of
+        them can be many MiB, and the runner asks at every attempt's end, on `--resume` and once a second per
+        waiting rollout while pacing. None when the proxy does not know it."""
+        status, payload = await self._call("GET", f"/rollouts/{rollout_id}?calls=false")
         if status == 404:
             return None
         if status != 200:
             raise ProxyRefused(f"GET /rollouts/{rollout_id}: {status} {_message(payload)}")
         return payload
+
+
+def calls_summary(stored: dict[str, Any]) -> dict[str, Any]:
+    """The `summary` of a rollout's calls, also from a proxy that answers `?calls=false` with its calls (one from
+    before the summary form): the same shape, made from them."""
+    if isinstance(stored.get("summary"), dict):
+        return stored["summary"]
+    calls = stored.get("calls") or []
+    policies: dict[Any, dict[str, Any]] = {}
+    statuses: dict[tuple, int] = {}
+    for call in calls:
+        seen = policies.setdefault(call.get("policy"), {"policy": call.get("policy"), "calls": 0,
+                                                         "first_seq": call.get("seq"), "last_seq": call.get("seq")})
+        seen["calls"] += 1
+        seen["last_seq"] = call.get("seq")
+        key = (call.get("status"), call.get("http_status"))
+        statuses[key] = statuses.get(key, 0) + 1
+    return {"call_count": len(calls), "policies": list(policies.values()),
+            "statuses": [{"status": s, "http_status": h, "calls": n} for (s, h), n in statuses.items()]}
 
 
 def _message(payload: Any) -> str:

@@ -3,7 +3,8 @@ the contract's JSON shape, one page of calls at a time. A page holds at most `MA
 after the `seq` the caller names; `next` is the `after` of the following page, or None on the last. A rollout
 of up to `MAX_PAGE` calls read without paging is one page, as it was before pages existed. Each page carries
 the rewards of its calls and those of the rollout as a whole (its final reward), so no reward is read twice
-per page and none is left out of the pages together."""
+per page and none is left out of the pages together. The summary form (`with_calls=False`) reads no call: their
+count, the versions that answered and their statuses."""
 from __future__ import annotations
 
 from typing import Any
@@ -28,17 +29,22 @@ CALL_OVERHEAD = 1024  # bytes of a call's JSON besides its bodies and token list
 
 async def get_rollout(session: AsyncSession, rollout_id: str, *, project: str | None = None,
                       limit: int | None = None, after: int | None = None, max_bytes: int | None = None,
-                      with_metadata: bool = True) -> dict[str, Any]:
+                      with_metadata: bool = True, with_calls: bool = True) -> dict[str, Any]:
     """The rollout with one page of its calls: at most `limit` (and `MAX_PAGE`) calls whose `seq` is above
     `after` (from the first without it), with their rewards and the rollout's own, and `next`. With `max_bytes`,
     the page also ends before the call that would take its stored size past `max_bytes` (it holds one call at
     least). Without `with_metadata`, `metadata` is None and the events are not read (a later page's caller has
-    them from the first)."""
+    them from the first). Without `with_calls`, no call is read: `calls` is empty, the rewards are the
+    rollout's own, and `summary` says what the calls came to (`calls_summary`)."""
     rollout = await session.get(Rollout, rollout_id)
     if rollout is None or (project is not None and rollout.project not in (None, project)):
         raise NotFound(f"rollout {rollout_id!r} does not exist")
     page = min(limit or MAX_PAGE, MAX_PAGE)
-    if max_bytes is None:
+    summary = None
+    if not with_calls:
+        calls, following = [], None
+        summary = await calls_summary(session, rollout_id)
+    elif max_bytes is None:
         query = select(Call).where(Call.rollout_id == rollout_id)
         if after is not None:
             query = query.where(Call.seq > after)
@@ -82,6 +88,7 @@ async def get_rollout(session: AsyncSession, rollout_id: str, *, project: str | 
             for r in rewards
         ],
         "next": following,
+        **({"summary": summary} if summary is not None else {}),
     }
 
 
@@ -137,6 +144,26 @@ async def _calls_within(session: AsyncSession, rollout_id: str, after: int | Non
         select(Call).where(Call.rollout_id == rollout_id, Call.seq >= chosen[0], Call.seq <= chosen[-1])
         .order_by(Call.seq))).scalars())
     return calls, following
+
+
+async def calls_summary(session: AsyncSession, rollout_id: str) -> dict[str, Any]:
+    """What a rollout's calls came to, without reading one of them (`GET /rollouts/{id}?calls=false`: what
+    `rlproxy run` needs at each attempt's end, on `--resume` and while pacing): how many, the versions that
+    answered them (in the order each first did, with the seq of its first and last call) and how many ended in
+    each status and HTTP status. Two grouped scans of the rollout's index, whatever its calls hold."""
+    of_rollout = Call.rollout_id == rollout_id
+    policies = (await session.execute(
+        select(Call.policy_version, func.count(), func.min(Call.seq), func.max(Call.seq)).where(of_rollout)
+        .group_by(Call.policy_version).order_by(func.min(Call.seq)))).all()
+    statuses = (await session.execute(
+        select(Call.status, Call.http_status, func.count()).where(of_rollout)
+        .group_by(Call.status, Call.http_status).order_by(Call.status, Call.http_status))).all()
+    return {
+        "call_count": sum(count for _, count, _, _ in policies),
+        "policies": [{"policy": version, "calls": count, "first_seq": first, "last_seq": last}
+                     for version, count, first, last in policies],
+        "statuses": [{"status": status, "http_status": http, "calls": count} for status, http, count in statuses],
+    }
 
 
 async def rollout_events(session: AsyncSession, rollout: Rollout) -> list[Any]:

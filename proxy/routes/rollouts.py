@@ -1,5 +1,5 @@
-"""Rollouts and rewards: `POST /rollouts`, `POST /reward`, `GET /rollouts/{rollout_id}` (paged: `?limit=N&after=SEQ`,
-store/rollout_view.py)."""
+"""Rollouts and rewards: `POST /rollouts`, `POST /reward`, `GET /rollouts/{rollout_id}` (paged by count and by
+bytes: `?limit=N&after=SEQ`; `?calls=false` for the summary alone; store/rollout_view.py)."""
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +15,7 @@ from proxy.schemas import RewardPost, RolloutCreate, parse_json_object, validate
 from proxy.state import state
 from proxy.uploads import read_within
 from store import rollouts as store_rollouts
-from store.rollout_view import MAX_PAGE
+from store.rollout_view import MAX_PAGE, PAGE_BYTES
 
 
 async def read_bounded(request: web.Request) -> bytes:
@@ -61,15 +61,28 @@ async def get_rollout(request: web.Request) -> web.Response:
         raise NotFoundError(f"rollout {rollout_id!r} does not exist")
     limit = _query_int(request, "limit", 1, MAX_PAGE)
     after = _query_int(request, "after", 0, None)
+    with_calls = _query_bool(request, "calls", True)
     app = state(request)
     await app.writer.sync()
+    # A page ends at PAGE_BYTES of stored calls too, as the web view's does: 24 calls of 4 MB were one 92 MiB
+    # answer, and two such reads at once held 365 MB of the proxy's memory.
     async with app.sessions() as session:
         rollout = await store_rollouts.get_rollout(session, rollout_id, project=request.get("project"),
-                                                   limit=limit, after=after)
+                                                   limit=limit, after=after, max_bytes=PAGE_BYTES,
+                                                   with_calls=with_calls)
     # A page can be tens of MiB of JSON: written in a worker thread, by orjson alone. The store builds the
     # contract's shape (`Rollout`, which tests/test_openapi.py checks answers against); validating it again here
     # would hold the interpreter lock, and so the event loop, for a quarter of a second per 1,000 calls.
     return web.Response(body=await asyncio.to_thread(orjson.dumps, rollout), content_type="application/json")
+
+
+def _query_bool(request: web.Request, name: str, default: bool) -> bool:
+    text = request.query.get(name)
+    if text is None:
+        return default
+    if text.lower() not in ("true", "false"):
+        raise Unprocessable(f"{name} must be true or false, not {text[:64]!r}", param=name)
+    return text.lower() == "true"
 
 
 def _query_int(request: web.Request, name: str, least: int, most: int | None) -> int | None:
@@ -98,5 +111,6 @@ ENDPOINTS = [
              {200: Answer("The rollout; `next` is the `after` of the following page (null on the last).", Rollout)},
              (404, 422, 503), path_params={"rollout_id": {"type": "string"}},
              query_params={"limit": {"type": "integer", "minimum": 1, "maximum": MAX_PAGE},
-                           "after": {"type": "integer", "minimum": 0}}),
+                           "after": {"type": "integer", "minimum": 0},
+                           "calls": {"type": "boolean", "default": True}}),
 ]
