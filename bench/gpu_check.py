@@ -23,28 +23,41 @@ and scored by `PolicyTrainer.logprobs` on the CPU (a child process with CUDA hid
 float32; the mean and largest per-token log-prob differences are printed. (The bundled model's file is larger than
 what can be carried to a GPU machine, hence a seeded one.)
 
-A bare CUDA machine (torch, transformers and peft only) lacks OpenRLHF and pydantic-settings: `--carry DIR` copies
-them (and their small pure-Python dependencies) from this environment into DIR; the script appends `.gpu-carry` under
-the repository to `sys.path` when it exists, after the machine's own packages, so only what is missing is used.
+A bare CUDA machine (torch, transformers and peft only) lacks OpenRLHF: `--carry DIR` copies it (pure Python) from
+this environment into DIR; the script appends `.gpu-carry` under the repository to `sys.path` when it exists, after
+the machine's own packages, so only what is missing is used. pydantic is not carried (its core is compiled for one
+Python): where it is missing, the trainer's settings are read from core/settings/training.py with its defaults and
+without its validation (`settings_without_pydantic`). The imports are checked first, and what is missing is said
+in the report; each row is written to `--out` as soon as it is measured, and a part that fails is a row with its
+error, so a run cut short leaves what it measured.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 CARRY = ROOT / ".gpu-carry"
 if CARRY.is_dir():
     sys.path.append(str(CARRY))
+
+try:
+    import pydantic  # noqa: F401
+except ImportError:  # a bare CUDA machine: the trainer's settings without it (bench/gpu_preflight.py)
+    from gpu_preflight import settings_without_pydantic
+
+    settings_without_pydantic()
+from gpu_preflight import carry, missing_imports  # noqa: E402
 
 RESULT = "RESULT "
 GB = 1e9
@@ -61,7 +74,6 @@ QWEN3_VOCAB = 151936
 # Dense bfloat16 tensor-core peaks (no sparsity), by a substring of torch.cuda.get_device_name().
 PEAK_BF16 = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "GH200": 989e12, "A100": 312e12, "L40S": 362e12,
              "B200": 2250e12}
-PACKAGES_TO_CARRY = ("openrlhf", "pydantic_settings", "dotenv", "typing_inspection")
 
 
 # --- a model of a given shape, with random weights ---------------------------------------------------------------
@@ -123,16 +135,19 @@ def forward_flops(shape: dict, vocab: int, prompt: int, completion: int, lora_pa
     return 2 * linear * tokens + attention + 2 * vocab * h * completion + 2 * lora_params * tokens
 
 
-def predicted_gb(shape: dict, vocab: int, micro_batch_tokens: int) -> float:
-    """docs/scale.md's per-GPU formula (bench/scale.py) for this shape on one GPU with activation checkpointing."""
+def predicted_gb(shape: dict, vocab: int, micro_batch_tokens: int, checkpointing: bool) -> float:
+    """docs/scale.md's per-GPU formula (bench/scale.py) for this shape on one rank under torchrun: its own head_dim
+    and tied head, and the root unit plus two layers gathered whole beside the shard (FSDP2's all-gather writes a
+    buffer of its own even for one rank)."""
     sys.path.insert(0, str(ROOT / "bench"))
     import scale
 
     table_shape = dict(layers=shape["layers"], hidden=shape["hidden"], intermediate=shape["intermediate"],
-                       heads=shape["heads"], kv_heads=shape["kv_heads"], vocab=vocab)
+                       heads=shape["heads"], kv_heads=shape["kv_heads"], head_dim=shape["head_dim"],
+                       tied=shape["tied"], vocab=vocab)
     coefficient = measured_activation_coefficient()
-    act = scale.activation_bytes(table_shape, coefficient, checkpointing=True)
-    return scale.per_gpu_gb(table_shape, 1, micro_batch_tokens, act, offload=False)
+    act = scale.activation_bytes(table_shape, coefficient, checkpointing=checkpointing)
+    return scale.per_gpu_gb(table_shape, 1, micro_batch_tokens, act, offload=False, sharded=True)
 
 
 def measured_activation_coefficient(default: float = 7.8) -> float:
@@ -146,6 +161,19 @@ def measured_activation_coefficient(default: float = 7.8) -> float:
             except (IndexError, ValueError):
                 continue
     return default
+
+
+def step_flops(shape: dict, vocab: int, batch: list, lora: int, config, checkpointing: bool) -> tuple[float, float]:
+    """(model, hardware) FLOPs of one trainer step over `batch`. Model: every epoch's forward and backward through
+    the activations (about twice the forward), plus the forward passes the step needs besides: decoupled PPO's
+    proximal pass over every mini-batch but the first (trainer/ppo.py), the base model's pass when a KL is wanted.
+    Hardware adds the forward that activation checkpointing recomputes in every epoch's backward."""
+    forward = sum(forward_flops(shape, vocab, len(t.prompt_ids), len(t.completion_ids), lora) for t in batch)
+    shares = max(1, min(config.mini_batches, len(batch)))
+    extra = forward * (shares - 1) / shares if config.proximal_policy == "recomputed" else 0.0
+    extra += forward if config.needs_reference else 0.0
+    model = 2 * forward * config.ppo_epochs + extra
+    return model, model + (forward * config.ppo_epochs if checkpointing else 0.0)
 
 
 def peak_flops(device_name: str) -> float | None:
@@ -168,7 +196,7 @@ def measure(args: argparse.Namespace) -> None:
         save_random_model(shape, Path(folder), "cuda" if cuda else "cpu", "bfloat16" if cuda else "float32")
         built = time.perf_counter() - started
         collective = parallel.init_from_environment()
-        config = TrainingSettings(lora_rank=32, lora_alpha=64, bf16=True, activation_checkpointing=True,
+        config = TrainingSettings(lora_rank=32, lora_alpha=64, bf16=True, activation_checkpointing=args.checkpointing,
                                   max_seq_len=args.prompt + args.completion, seed=0)
         policy = PolicyTrainer(folder, config, collective=collective)
     loaded = time.perf_counter() - started - built
@@ -186,8 +214,7 @@ def measure(args: argparse.Namespace) -> None:
         walls.append(time.perf_counter() - t0)
     lora = sum(p.numel() for n, p in policy.model.named_parameters() if "lora_" in n) * collective.world_size
     wall = statistics.median(walls)
-    model_flops = 2 * sum(forward_flops(shape, vocab, len(t.prompt_ids), len(t.completion_ids), lora) for t in batch)
-    model_flops *= policy.config.ppo_epochs
+    model_flops, hardware_flops = step_flops(shape, vocab, batch, lora, policy.config, args.checkpointing)
     name = torch.cuda.get_device_name() if cuda else "cpu"
     peak = peak_flops(name) if cuda else None
     result = {
@@ -196,10 +223,11 @@ def measure(args: argparse.Namespace) -> None:
         "updates": metrics.updates, "micro_batch_tokens": policy.config.micro_batch_tokens,
         "model_tflops_per_s": model_flops / wall / 1e12,
         "mfu": model_flops / wall / peak if peak else None,
-        "hfu": 1.5 * model_flops / wall / peak if peak else None,  # + the recomputed forward
+        "hfu": hardware_flops / wall / peak if peak else None,
         "peak_gb": torch.cuda.max_memory_allocated() / GB if cuda else None,
         "reserved_gb": torch.cuda.max_memory_reserved() / GB if cuda else None,
-        "predicted_gb": predicted_gb(shape, vocab, policy.config.micro_batch_tokens),
+        "predicted_gb": predicted_gb(shape, vocab, policy.config.micro_batch_tokens, args.checkpointing),
+        "checkpointing": args.checkpointing,
         "build_s": built, "load_s": loaded, "loss": metrics.loss, "autocast": policy.autocast_enabled,
     }
     if collective.rank == 0:
@@ -207,27 +235,40 @@ def measure(args: argparse.Namespace) -> None:
     torch.distributed.destroy_process_group()
 
 
-def run_shape(args: argparse.Namespace, shape: str, timeout: float) -> dict:
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment with the repository first on PYTHONPATH (whatever else was there stays)."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def run_shape(args: argparse.Namespace, shape: str, checkpointing: bool, timeout: float) -> dict:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", __file__,
                "measure", "--shape", shape, "--steps", str(args.steps), "--batch", str(args.batch),
                "--prompt", str(args.prompt), "--completion", str(args.completion)]
-    if args.workdir:
-        command += ["--workdir", args.workdir]
+    command += ["--workdir", args.workdir] if args.workdir else []
+    command += [] if checkpointing else ["--no-checkpointing"]
+    label = {"shape": shape, "checkpointing": checkpointing}
     try:
-        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+        done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=child_env())
     except subprocess.TimeoutExpired:
-        return {"shape": shape, "error": f"did not finish within {timeout:.0f} s"}
+        return {**label, "error": f"did not finish within {timeout:.0f} s"}
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
     if done.returncode != 0 or not lines:
-        last = [line for line in done.stderr.splitlines() if line.strip()][-6:]
-        return {"shape": shape, "error": f"exit {done.returncode}: " + " | ".join(last)[-1500:]}
+        return {**label, "error": f"exit {done.returncode}: {failure(done.stderr + done.stdout)}"}
     return json.loads(lines[-1][len(RESULT):])
 
 
+def failure(output: str) -> str:
+    """The exception a rank died of (its last line naming an error), else the output's last lines."""
+    lines = [line.removeprefix("[rank0]: ").strip() for line in output.splitlines() if line.strip()]
+    raised = [line for line in lines if "Error" in line.split(":")[0] and "ChildFailedError" not in line]
+    return (raised[-1] if raised else " | ".join(lines[-6:]))[-1500:]
+
+
 def shape_row(r: dict) -> str:
+    name = r["shape"] + ("" if r.get("checkpointing", True) else " no-ckpt")
     if "error" in r:
-        return f"{r['shape']:<12} failed: {r['error']}"
+        return f"{name:<20} failed: {r['error']}"
 
     def pct(value):
         return f"{100 * value:5.1f}%" if value is not None else "   n/a"
@@ -235,13 +276,13 @@ def shape_row(r: dict) -> str:
     def gb(value):
         return f"{value:6.1f} GB" if value is not None else "     n/a"
 
-    return (f"{r['shape']:<12}{r['parameters'] / 1e9:7.2f}B{r['lora'] / 1e6:7.1f}M{r['tokens']:>8}{r['step_s']:8.2f}"
+    return (f"{name:<20}{r['parameters'] / 1e9:7.2f}B{r['lora'] / 1e6:7.1f}M{r['tokens']:>8}{r['step_s']:8.2f}"
             f"{r['tokens_per_s']:>10.0f}{r['model_tflops_per_s']:>9.1f}  {pct(r['mfu'])}  {pct(r['hfu'])}"
             f"  {gb(r['peak_gb'])}  {gb(r['reserved_gb'])}  {gb(r['predicted_gb'])}"
             f"{r['build_s']:7.0f}{r['load_s']:6.0f}")
 
 
-SHAPE_HEADER = (f"{'shape':<12}{'params':>8}{'LoRA':>8}{'tokens':>8}{'step s':>8}{'tokens/s':>10}{'TFLOP/s':>9}"
+SHAPE_HEADER = (f"{'shape':<20}{'params':>8}{'LoRA':>8}{'tokens':>8}{'step s':>8}{'tokens/s':>10}{'TFLOP/s':>9}"
                 f"  {'MFU':>6}  {'HFU':>6}  {'peak alloc':>9}  {'reserved':>9}  {'table says':>9}{'build':>7}"
                 f"{'load':>6}")
 
@@ -265,9 +306,7 @@ def score(args: argparse.Namespace) -> None:
 
 
 def scored(model: Path, bf16: bool, cpu: bool, timeout: float) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    if cpu:
-        env["CUDA_VISIBLE_DEVICES"] = ""
+    env = child_env(**({"CUDA_VISIBLE_DEVICES": ""} if cpu else {}))
     command = [sys.executable, __file__, "score", "--model", str(model)] + (["--bf16"] if bf16 else [])
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
@@ -276,75 +315,98 @@ def scored(model: Path, bf16: bool, cpu: bool, timeout: float) -> dict:
     return json.loads(lines[-1][len(RESULT):])
 
 
-def agreement(workdir: str | None, timeout: float) -> list[str]:
+def agreement(workdir: str | None, timeout: float) -> Iterator[str]:
+    """Lines, one per comparison as it is computed; a comparison that fails is a line with its error."""
     import torch
 
     with tempfile.TemporaryDirectory(dir=workdir) as folder:
         save_random_model(AGREEMENT_SHAPE, Path(folder), "cpu", "float32", seed=1234)
         reference = scored(Path(folder), bf16=False, cpu=True, timeout=timeout)
-        others = [("cpu, bfloat16 where fast", scored(Path(folder), bf16=True, cpu=True, timeout=timeout))]
+        flat = [x for row in reference["logprobs"] for x in row]
+        yield (f"reference: cpu float32 (torch {reference['torch']}), {len(flat)} completion tokens, mean log-prob "
+               f"{statistics.fmean(flat):.4f}")
+        others = [("cpu, bfloat16 where fast", True, True)]
         if torch.cuda.is_available():
-            others += [("cuda, float32", scored(Path(folder), bf16=False, cpu=False, timeout=timeout)),
-                       ("cuda, bfloat16", scored(Path(folder), bf16=True, cpu=False, timeout=timeout))]
-    flat = [x for row in reference["logprobs"] for x in row]
-    lines = [f"reference: cpu float32 (torch {reference['torch']}), {len(flat)} completion tokens, mean log-prob "
-             f"{statistics.fmean(flat):.4f}"]
-    for label, other in others:
-        diffs = [abs(a - b) for ra, rb in zip(reference["logprobs"], other["logprobs"]) for a, b in zip(ra, rb)]
-        lines.append(f"{label:<26} (computed in {'bfloat16' if other['autocast'] else 'float32'} on "
-                     f"{other['device']}): mean |diff| {statistics.fmean(diffs):.2e}, max |diff| {max(diffs):.2e}")
+            others += [("cuda, float32", False, False), ("cuda, bfloat16", True, False)]
+        for label, bf16, cpu in others:
+            try:
+                other = scored(Path(folder), bf16=bf16, cpu=cpu, timeout=timeout)
+            except Exception as error:
+                yield f"{label:<26} failed: {type(error).__name__}: {error}"[:1500]
+                continue
+            diffs = [abs(a - b) for ra, rb in zip(reference["logprobs"], other["logprobs"]) for a, b in zip(ra, rb)]
+            yield (f"{label:<26} (computed in {'bfloat16' if other['autocast'] else 'float32'} on "
+                   f"{other['device']}): mean |diff| {statistics.fmean(diffs):.2e}, max |diff| {max(diffs):.2e}")
     if not torch.cuda.is_available():
-        lines.append("cuda: not available here; only the CPU rows were computed")
-    return lines
-
-
-# --- packages a bare CUDA machine lacks --------------------------------------------------------------------------
-def carry(target: Path) -> None:
-    """Copy the pure-Python packages the trainer imports beyond torch, transformers and peft into `target`."""
-    import importlib.util
-
-    target.mkdir(parents=True, exist_ok=True)
-    for name in PACKAGES_TO_CARRY:
-        spec = importlib.util.find_spec(name)
-        if spec is None or not spec.submodule_search_locations:
-            sys.exit(f"{name} is not installed here; nothing to carry")
-        source = Path(next(iter(spec.submodule_search_locations)))
-        shutil.copytree(source, target / name, dirs_exist_ok=True,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    size = sum(f.stat().st_size for f in target.rglob("*") if f.is_file())
-    print(f"carried {', '.join(PACKAGES_TO_CARRY)} into {target} ({size / 2**20:.1f} MiB)")
+        yield "cuda: not available here; only the CPU rows were computed"
 
 
 # --- the report -------------------------------------------------------------------------------------------------
-def report(args: argparse.Namespace) -> list[str]:
+class Report:
+    """Lines printed and, with `--out`, appended to the file at once (flushed), so a run cut short keeps its rows."""
+
+    def __init__(self, out: Path | None) -> None:
+        self.file = out.open("a") if out else None
+
+    def __call__(self, line: str) -> None:
+        print(line, flush=True)
+        if self.file:
+            self.file.write(line + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file:
+            self.file.write("\n")
+            self.file.close()
+
+
+def report(args: argparse.Namespace, write: Report) -> bool:
+    """Whether anything could be measured (False: an import is missing)."""
+    started = time.monotonic()
+    deadline = started + args.budget_s
+    missing = missing_imports()
+    write(f"## {time.strftime('%Y-%m-%d')} python bench/gpu_check.py --shapes {','.join(args.shapes)}")
+    if missing:
+        write(f"failed: missing imports: {'; '.join(missing)}. Install them, or run --carry DIR here and copy DIR "
+              f"to .gpu-carry beside bench/ there (openrlhf is carried; torch, transformers and peft must be there).")
+        return False
     import torch
 
-    deadline = time.monotonic() + args.budget_s
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu (no CUDA)"
-    out = [f"## {time.strftime('%Y-%m-%d')} {device}, torch {torch.__version__}: python bench/gpu_check.py "
-           f"--shapes {','.join(args.shapes)}",
-           f"Each step: {args.batch} sequences of {args.prompt} prompt + {args.completion} completion tokens; "
-           f"LoRA r=32 on q,k,v,o; bfloat16; activation checkpointing; FSDP2 over one rank (torchrun); the trainer's "
-           f"other settings at their defaults; median of {args.steps} steps after a warm-up step.",
-           "MFU: forward + backward through the activations, at the card's dense bfloat16 peak; HFU adds the "
-           "recomputed forward. 'table says': bench/scale.py's per-GPU formula (docs/scale.md) for the shape at "
-           "the trainer's micro-batch budget. build/load: seconds to make the random model and to load it.",
-           "", SHAPE_HEADER]
-    print("\n".join(out), flush=True)
+    pydantic_note = "" if "pydantic" in sys.modules else " (no pydantic here: settings without validation)"
+    for line in (f"{device}, torch {torch.__version__}{pydantic_note}",
+                 f"Each step: {args.batch} sequences of {args.prompt} prompt + {args.completion} completion tokens; "
+                 f"LoRA r=32 on q,k,v,o; bfloat16; FSDP2 over one rank (torchrun); the trainer's other settings at "
+                 f"their defaults; median of {args.steps} steps after a warm-up step; each shape with activation "
+                 f"checkpointing and without (no-ckpt).",
+                 "MFU: every epoch's forward + backward through the activations plus the proximal (and reference) "
+                 "forward passes, at the card's dense bfloat16 peak; HFU adds the forward checkpointing recomputes. "
+                 "'table says': bench/scale.py's per-GPU formula (docs/scale.md) for the shape (its head_dim, the "
+                 "root and two layers gathered whole) at the trainer's micro-batch budget. build/load: seconds to "
+                 "make the random model and to load it.",
+                 "", SHAPE_HEADER):
+        write(line)
     for shape in args.shapes:
-        left = deadline - time.monotonic() - args.reserve_s
-        if left < 30:
-            row = f"{shape:<12} skipped: {args.budget_s:.0f} s budget spent"
-        else:
-            row = shape_row(run_shape(args, shape, timeout=left))
-        out.append(row)
-        print(row, flush=True)
-    out += ["", "Log-probs of one seeded model (4 sequences of 192 + 64 tokens), against the CPU in float32:"]
-    print(out[-1], flush=True)
-    for line in agreement(args.workdir, timeout=max(60.0, deadline - time.monotonic())):
-        out.append(line)
-        print(line, flush=True)
-    return out
+        for checkpointing in (True, False) if args.without_checkpointing else (True,):
+            left = deadline - time.monotonic() - args.reserve_s
+            if left < 30:
+                write(shape_row({"shape": shape, "checkpointing": checkpointing,
+                                 "error": f"skipped: {args.budget_s:.0f} s budget spent"}))
+                continue
+            try:
+                write(shape_row(run_shape(args, shape, checkpointing, timeout=left)))
+            except Exception as error:  # the row says what broke; the next part still runs
+                write(shape_row({"shape": shape, "checkpointing": checkpointing,
+                                 "error": f"{type(error).__name__}: {error}"[:1500]}))
+    write("")
+    write("Log-probs of one seeded model (4 sequences of 192 + 64 tokens), against the CPU in float32:")
+    try:
+        for line in agreement(args.workdir, timeout=max(60.0, deadline - time.monotonic())):
+            write(line)
+    except Exception as error:
+        write(f"agreement failed: {type(error).__name__}: {error}"[:1500])
+    write(f"({time.monotonic() - started:.0f} s in all)")
+    return True
 
 
 def main() -> None:
@@ -361,6 +423,10 @@ def main() -> None:
         p.add_argument("--prompt", type=int, default=1536, help="prompt tokens per sequence")
         p.add_argument("--completion", type=int, default=512, help="completion tokens per sequence")
         p.add_argument("--workdir", default=None, help="where the random models are written (default: the temp dir)")
+    inner.add_argument("--no-checkpointing", dest="checkpointing", action="store_false",
+                       help="train without activation checkpointing")
+    parser.add_argument("--without-checkpointing", action=argparse.BooleanOptionalAction, default=True,
+                        help="also measure each shape without activation checkpointing")
     parser.add_argument("--shapes", type=lambda s: s.split(","),
                         default=["qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b"],
                         help=f"comma-separated, of: {', '.join(SHAPES)}")
@@ -379,13 +445,13 @@ def main() -> None:
     unknown = [s for s in args.shapes if s not in SHAPES]
     if unknown:
         parser.error(f"unknown shape(s) {unknown}; known: {', '.join(SHAPES)}")
-    started = time.monotonic()
-    lines = report(args)
-    lines.append(f"({time.monotonic() - started:.0f} s in all)")
-    print(lines[-1])
-    if args.out:
-        with args.out.open("a") as f:
-            f.write("\n".join(lines) + "\n\n")
+    write = Report(args.out)
+    try:
+        measured = report(args, write)
+    finally:
+        write.close()
+    if not measured:
+        sys.exit(1)
 
 
 if __name__ == "__main__":

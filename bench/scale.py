@@ -144,20 +144,23 @@ GPU_COUNTS = (1, 2, 4, 8, 16, 32, 64)
 
 
 def model_numbers(shape: dict) -> dict[str, float]:
-    h, i, layers, head_dim = shape["hidden"], shape["intermediate"], shape["layers"], shape["hidden"] // shape["heads"]
-    kv = shape["kv_heads"] * head_dim
-    layer = 2 * h * h + 2 * h * kv + 3 * h * i + 2 * h
-    embeddings = 2 * shape["vocab"] * h  # input embeddings and an untied LM head
-    lora = layers * LORA_RANK * ((h + h) * 2 + (h + kv) * 2)  # q, o: h -> h; k, v: h -> kv
+    h, i, layers = shape["hidden"], shape["intermediate"], shape["layers"]
+    head_dim = shape.get("head_dim") or h // shape["heads"]  # Qwen3 sets its own (128 where hidden / heads is 64)
+    q, kv = shape["heads"] * head_dim, shape["kv_heads"] * head_dim
+    layer = 2 * h * q + 2 * h * kv + 3 * h * i + 2 * h
+    embeddings = (1 if shape.get("tied") else 2) * shape["vocab"] * h  # input embeddings and an untied LM head
+    lora = layers * LORA_RANK * ((h + q) * 2 + (h + kv) * 2)  # q: h -> q, o: q -> h; k, v: h -> kv
     return {"params": layers * layer + embeddings + h, "layer": layer, "root": embeddings + h, "lora": lora}
 
 
-def per_gpu_gb(shape: dict, gpus: int, context: int, act_per_token: float, offload: bool) -> float:
-    """Memory per GPU: the base's shard (none with offload), what FSDP gathers whole (root + 2 layers), the LoRA
-    state's shard, activations of one sequence of `context` tokens, fixed overheads."""
+def per_gpu_gb(shape: dict, gpus: int, context: int, act_per_token: float, offload: bool,
+               sharded: bool = False) -> float:
+    """Memory per GPU: the base's shard (none with offload), what FSDP gathers whole (root + 2 layers; also on one
+    rank under torchrun, `sharded`: the gathered copy is a buffer of its own), the LoRA state's shard, activations
+    of one sequence of `context` tokens, fixed overheads."""
     n = model_numbers(shape)
     shard = 0 if offload else n["params"] * WEIGHT_BYTES / gpus
-    gathered = (n["root"] + 2 * n["layer"]) * WEIGHT_BYTES if gpus > 1 or offload else 0
+    gathered = (n["root"] + 2 * n["layer"]) * WEIGHT_BYTES if gpus > 1 or offload or sharded else 0
     return (shard + gathered + n["lora"] * LORA_BYTES / gpus + context * act_per_token) / GB + FIXED_GB
 
 

@@ -27,11 +27,13 @@ from typing import Any, TypeVar
 
 import torch
 
+from core.errors import RlproxyError
+
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-class CheckpointMismatchError(RuntimeError):
+class CheckpointMismatchError(RlproxyError, RuntimeError):
     """The safetensors files do not hold a tensor the model needs, or hold it in another shape."""
 
 
@@ -62,7 +64,10 @@ def load_sharded_actor(parts: Any, model_path: str, *, lora: dict[str, Any], dty
     config = AutoConfig.from_pretrained(model_path)
     with init_empty_weights(include_buffers=False):
         base = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
-        model = get_peft_model(base, lora_config(**lora))
+    # A tied LM head is the embeddings' own parameter, as from_pretrained makes it (inside the context above every
+    # parameter set becomes a new meta one, which would untie it again).
+    base.tie_weights()
+    model = get_peft_model(base, lora_config(**lora))  # LoRA on meta too: its values are drawn below
     model.config.use_cache = False
     fresh = _drawn_lora(model, seed)
     sharded = shard(model)
