@@ -13,6 +13,13 @@
   project (recorded before auth was on, or by the operator key) stay open to every key. Only a policy call
   about to be recorded claims an id nobody owns (`claim_for_call`, from proxy/serving.py, once the call is
   checked): a model list, a relayed engine route or a refused request under an id only reads who owns it.
+- A rollout's own token (`rlr_…`, what `POST /rollouts` answers as `token`) and its grader token (`rlg_…`) are
+  checked like keys (the same caches, the same look-up limit) and held to their rollout whether auth is on or
+  off (`check_token_scope`): the routes under `/rollouts/{its id}/…`, the OpenAI routes with `X-Rollout-Id: its
+  id`, and `POST /reward` for it; another rollout answers 404 as an unused id does, every other route 403. With
+  auth off a request with no credential is open as before (every local process is trusted), but one that
+  presents a token is held to it. Who a reward comes from (`reward_giver`) decides whether a sealed rollout
+  takes it or keeps it as a claim (store/rollouts.py).
 - The agent's Authorization header is only read here: calls are recorded from their JSON bodies, and the
   engines get the proxy's own `upstream_api_key`, if any.
 """
@@ -35,13 +42,15 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from core.errors import RlproxyError
 from core.settings import AuthSettings
-from proxy.context import CallContext, call_context
+from proxy.context import CallContext, call_context, one_header
 from proxy.engine_routes import RELAYED
 from proxy.buckets import RateLimiter
 from proxy.errors import Forbidden, NotFoundError, RateLimited, StoreUnavailable, Unauthorized
 from store.errors import NotYours
 from store.keys import (KEY_PREFIX, KeyInfo, claim_rollout, count_active_keys, find_key, hash_key, new_key,
                         rollout_owner)
+from store.reward_sources import RewardedBy
+from store.rollout_tokens import find_token, is_rollout_token
 
 log = logging.getLogger("rlproxy.auth")
 
@@ -237,7 +246,8 @@ class Authenticator:
         info = self._keys.get(digest)
         if info is _MISSING and self._misses.get(digest) is _MISSING:
             info = None
-            if token.startswith(KEY_PREFIX) and len(token) == _KEY_LENGTH:  # anything else is not one of ours
+            lookup = find_key if token.startswith(KEY_PREFIX) else find_token if is_rollout_token(token) else None
+            if lookup is not None and len(token) == _KEY_LENGTH:  # anything else is not one of ours
                 # The look-up limit is for keys nobody has shown to be real. A key this process found before is
                 # checked again, when its entry expires, without it: clients of several projects often share one
                 # address (a gateway, a NAT, one machine running many agents), and one of them sending made-up
@@ -248,7 +258,7 @@ class Authenticator:
                     if wait:
                         raise RateLimited(f"too many unknown API keys from this address; retry in {wait:.2f}s",
                                           retry_after=max(1, math.ceil(wait)))
-                info = await self._query(find_key, digest)
+                info = await self._query(lookup, digest)
             if info is None:
                 self._keys.drop(digest)  # revoked: from now on looked up as any unknown key is
             (self._keys if info is not None else self._misses).put(digest, info)
@@ -327,18 +337,87 @@ AUTH = web.AppKey("rlproxy_auth", Authenticator)
 KEY = "rlproxy_key"  # the request's KeyInfo, when auth is on
 
 
+def presents_rollout_token(request: web.Request) -> bool:
+    """Whether the request presents something shaped as a rollout's token (with auth off, only those are read)."""
+    values = [value.partition(" ")[2].strip() for value in request.headers.getall("Authorization", ())]
+    values += [value.strip() for value in request.headers.getall("x-api-key", ())]
+    return any(is_rollout_token(value) for value in values)
+
+
+TOKEN_MESSAGE = ("a rollout token is good for its own rollout alone: the routes under /rollouts/{rollout_id}/, the "
+                 "OpenAI routes with X-Rollout-Id, and POST /reward for it")
+
+
+def check_token_scope(request: web.Request, key: KeyInfo) -> None:
+    """A rollout token's request goes on only within its rollout: under another rollout's id it is 404 (as an
+    unused id would answer, which the token may not create either), on any other route 403."""
+    pattern = route_pattern(request)
+    if pattern is None:  # no such route: 404 as for anyone
+        return
+    if pattern.startswith("/rollouts/{rollout_id}"):
+        named = request.match_info.get("rollout_id")
+    elif is_openai_route(request):
+        named = one_header(request, "X-Rollout-Id")
+        if not named:
+            raise Forbidden(f"{TOKEN_MESSAGE}: send X-Rollout-Id: {key.rollout}", code="rollout_token_scope")
+    elif request.method == "POST" and pattern == "/reward":
+        return  # its body names the rollout: checked by the route (`own_rollout`)
+    else:
+        raise Forbidden(f"{TOKEN_MESSAGE}; {request.method} {pattern} is not one of them", code="rollout_token_scope")
+    own_rollout(request, named)
+
+
+def own_rollout(request: web.Request, rollout_id: str | None) -> None:
+    """404 when the request's rollout token is another rollout's than `rollout_id` (no token: nothing to check)."""
+    key = request.get(KEY)
+    if key is not None and key.rollout is not None and rollout_id != key.rollout:
+        raise NotFoundError(f"rollout {rollout_id!r} does not exist")
+
+
+def token_rollout(request: web.Request) -> str | None:
+    """The rollout a request's rollout token is good for (None: no token): what it reads is that rollout's only."""
+    key = request.get(KEY)
+    return key.rollout if key is not None else None
+
+
+def reward_giver(request: web.Request, rollout_id: str) -> str:
+    """Who a reward posted by this request comes from (a RewardedBy). With auth off a request without a credential
+    is its agent's, not the operator's: only a grader token gives the reward of a rollout whose grader gives it."""
+    key = request.get(KEY)
+    if key is None:
+        return RewardedBy.AGENT
+    if key.rollout is not None:
+        return RewardedBy.GRADER if key.grader and key.rollout == rollout_id else RewardedBy.AGENT
+    if is_operator_key(key):
+        return RewardedBy.OPERATOR
+    if key.admin:
+        return RewardedBy.ADMIN
+    return RewardedBy.EVAL_KEY if key.eval else RewardedBy.AGENT
+
+
+def may_create_eval(request: web.Request) -> bool:
+    """Whether the request may create evaluation rollouts: the operator key, an admin key of a project, or a key
+    made for evaluation (auth on); with auth off every caller but a rollout token."""
+    key = request.get(KEY)
+    if key is None:
+        return not request.app[AUTH].enabled
+    return key.rollout is None and (key.admin or key.eval)
+
+
 @web.middleware
 async def authenticate(request: web.Request, handler):
     auth = request.app[AUTH]
     access = access_for(request)
-    if not auth.enabled or access is Access.PUBLIC:
+    if access is Access.PUBLIC or not (auth.enabled or presents_rollout_token(request)):
         return await handler(request)
     key = await auth.identify(request)
+    request[KEY] = key
+    if key.rollout is not None:
+        check_token_scope(request, key)
     if access is Access.ADMIN and not key.admin:
         raise Forbidden("this route needs an admin key")
     if access is Access.OPERATOR and not is_operator_key(key):
         raise Forbidden("this route needs the operator key (--admin-key): it shows every project's data")
-    request[KEY] = key
     request["project"] = key.project  # what the rollout routes and the recorder scope by
     return await handler(request)
 

@@ -56,6 +56,15 @@ class RolloutCreated(Body):
     rollout_id: str
     base_url: str = Field(description="The OpenAI-compatible base URL (ends in /v1) an agent is given: every "
                                       "call through it is recorded into this rollout.")
+    token: str = Field(description="The rollout's own token, shown once: what its agent is given as its key. It "
+                                   "works under /rollouts/{rollout_id}/… and for this rollout's reward and "
+                                   "events alone (docs/security.md).")
+    reward_source: Literal["agent", "grader", "judge"] = Field(
+        description="Who gives the final reward: the agent (any credential of the rollout), its grader (the "
+                    "grader token, an admin or evaluation key of its project, the operator key) or the trainer's "
+                    "judge; a reward anyone else posts is kept as a claim.")
+    grader_token: str | None = Field(None, description="With a reward source other than the agent: the grader's "
+                                                       "token, shown once, for whoever grades it, never its agent.")
 
 
 class RewardResult(Body):
@@ -64,6 +73,9 @@ class RewardResult(Body):
     rollout_id: str
     reward: float
     call_id: str | None = Field(None, description="The call the reward was given to (per-call rewards only).")
+    claim: bool | None = Field(None, description="True when the rollout's reward is given by its grader and this "
+                                                "one was kept as a claim beside it: it neither closes the rollout "
+                                                "nor is trained on.")
 
 
 class ChoiceRecord(Body):
@@ -109,7 +121,9 @@ class CallRecord(Body):
 
 class RewardRecord(Body):
     call_id: str | None
-    kind: str
+    kind: str = Field(description='final, call, air, or claim (posted by someone who does not give the rollout\'s '
+                                  'rewards; `reason` says who: agent, admin…)')
+    claim: bool = Field(False, description="Whether it is a claim (kind claim): never trained on.")
     value: float
     reason: str | None
     metadata: dict[str, Any] | None
@@ -150,6 +164,9 @@ class Rollout(Body):
     finished_at: str | None
     trained: bool
     eval: bool
+    reward_source: str | None = Field(None, description="Who gives its final reward: agent, grader or judge.")
+    rewarded_by: str | None = Field(None, description="Who gave it: agent, grader, admin, eval_key, operator or "
+                                                      "judge (null: not rewarded, or before migration 0015).")
     policy: int | None
     calls: list[CallRecord]
     rewards: list[RewardRecord]

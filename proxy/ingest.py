@@ -30,6 +30,7 @@ from proxy.writer import CaptureWriter
 from store import events as store_events
 from store import rollouts as store_rollouts
 from store.models import RewardKind
+from store.reward_sources import RewardedBy
 
 
 class RewardIngest:
@@ -43,18 +44,27 @@ class RewardIngest:
         self.router = router
 
     async def reward(self, rollout_id: str, value: float, *, project: str | None, call_id: str | None = None,
-                     task_id: str | None = None, metadata: dict[str, Any] | None = None
-                     ) -> store_rollouts.RewardResult:
-        """A final reward (no `call_id`: closes the rollout) or one for a call, bounded per call."""
+                     task_id: str | None = None, metadata: dict[str, Any] | None = None,
+                     giver: str = RewardedBy.AGENT) -> store_rollouts.RewardResult:
+        """A final reward (no `call_id`: closes the rollout) or one for a call, bounded per call; from `giver`
+        (proxy/auth.py `reward_giver`), so a rollout whose grader gives its reward keeps anyone else's as a
+        claim."""
         await self.writer.sync()  # the calls this reward refers to may still be on their way to the database
         async with self.sessions() as session, session.begin():
             result = await store_rollouts.post_reward(session, rollout_id, value, call_id=call_id, task_id=task_id,
-                                                      metadata=metadata, project=project)
-            if call_id is not None:  # the rollout is locked: refused here, the reward is never committed
+                                                      metadata=metadata, project=project, giver=giver)
+            if call_id is not None and not result.claim:  # locked: refused here, the reward is never committed
                 await check_call_rewards(session, call_id, self.budget.max_rewards_per_call)
-        if result.created:
+        if result.claim:
+            self.count_claim(result, giver)
+        elif result.created:
             self._count(result)
         return result
+
+    def count_claim(self, result: store_rollouts.RewardResult, giver: str) -> None:
+        """A reward kept as a claim (or, past the rollout's bound on claims, refused alike): counted, so a run
+        whose agents post rewards they do not give shows."""
+        self.metrics.reward_claims.labels("final" if result.call_id is None else "call", giver).inc()
 
     async def event(self, rollout_id: str, event_type: str, data: Any, *, project: str | None) -> None:
         """An event other than a reward, kept with the rollout within its budget."""
@@ -65,7 +75,8 @@ class RewardIngest:
         except store_events.TooManyEvents as exc:
             raise PayloadTooLarge(f"{exc} (--max-rollout-events)", code="too_many_events") from None
 
-    async def spans(self, spans: Iterable[SpanFacts], *, project: str | None) -> list[SpanResult]:
+    async def spans(self, spans: Iterable[SpanFacts], *, project: str | None,
+                    giver: str = RewardedBy.AGENT) -> list[SpanResult]:
         """The rewards of an export's spans, one transaction per rollout; what each span came to."""
         results: list[SpanResult] = []
         by_rollout: dict[str, list[SpanFacts]] = defaultdict(list)
@@ -84,8 +95,10 @@ class RewardIngest:
         for rollout_id, rollout_spans in by_rollout.items():
             async with self.sessions() as session, session.begin():
                 stored = await store_span_rewards(session, rollout_id, rollout_spans, project, self.weights,
-                                                  self.budget.max_rewards_per_call)
+                                                  self.budget.max_rewards_per_call, giver)
             for result in stored:  # once committed
+                if result.claim is not None:
+                    self.count_claim(result.claim, giver)
                 for reward in ([result.final] if result.final else []) + result.call_rewards:
                     self._count(reward)
                 for reason, policy in result.air:

@@ -65,6 +65,10 @@ class ProxyMetrics:
                                     registry=r)
         self.rewards = Counter("rlproxy_rewards_total", "Rewards received, by kind and reason.",
                                ["kind", "reason", "policy"], registry=r)
+        # Rewards posted to a rollout whose reward another gives (its grader, the judge): kept beside it as claims,
+        # never trained on; by kind (final, call) and who posted them (agent, admin, …).
+        self.reward_claims = Counter("rlproxy_reward_claims_total", "Rewards kept as claims: posted to a rollout "
+                                     "whose reward its grader or the judge gives.", ["kind", "giver"], registry=r)
         self.air_errors = Counter("rlproxy_air_errors_total",
                                   "Calls stored without their automatic rewards: AIR could not score them (stage "
                                   "score) or the database refused the rewards (stage store).", ["stage"], registry=r)

@@ -3,7 +3,7 @@ proxy/dialects/: they check only what the proxy relies on; the other fields a ro
 agent sent them, and the proxy forwards the checked JSON object, never a re-serialized model)."""
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictStr,
                       ValidationError, field_validator, model_validator)
@@ -87,7 +87,13 @@ class RolloutCreate(_Stored):
     agent: AgentName | None = None
     metadata: dict[str, Any] | None = None
     eval: StrictBool = Field(False, description="Evaluation traffic: served like any other rollout, never "
-                                                "trained on; its final reward is reported per policy version.")
+                                                "trained on; its final reward, which only its grader gives, is "
+                                                "reported per policy version. Needs the operator key, an admin "
+                                                "key of the project or a key made for evaluation.")
+    reward_source: Literal["agent", "grader", "runner", "judge"] | None = Field(
+        None, description="Who gives the final reward: the agent (the default; any credential of the rollout), "
+                          "its grader (runner is the same: whoever created it, with the grader token the answer "
+                          "holds) or the trainer's judge. A reward anyone else posts is kept as a claim.")
 
 
 class RewardPost(_Stored):

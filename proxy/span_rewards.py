@@ -25,17 +25,19 @@ from store import rewards as reward_rows
 from store import rollouts as store_rollouts
 from store.errors import Conflict, NotFound, NotYours
 from store.models import as_utc
+from store.reward_sources import RewardedBy
 
 # What became of a span (`rlproxy_otlp_spans_total{outcome}`); a span with several rewards counts once, by the
 # first of these that applies.
 REJECTED = "rejected"  # at least one of its rewards was refused (partial_success.rejected_spans)
 REWARDED_FINAL = "rewarded_final"
 REWARDED_CALL = "rewarded_call"
+CLAIMED = "claimed"  # its final reward was kept as a claim: the rollout's grader gives its reward
 AIR = "air"
 DUPLICATE = "duplicate"  # everything it carries was stored already (a replayed export)
 IGNORED_NO_ROLLOUT = "ignored_no_rollout"
 IGNORED_NOTHING_TO_SCORE = "ignored_nothing_to_score"
-OUTCOMES = (REJECTED, REWARDED_FINAL, REWARDED_CALL, AIR, DUPLICATE, IGNORED_NO_ROLLOUT, IGNORED_NOTHING_TO_SCORE)
+OUTCOMES = (REJECTED, REWARDED_FINAL, REWARDED_CALL, CLAIMED, AIR, DUPLICATE, IGNORED_NO_ROLLOUT, IGNORED_NOTHING_TO_SCORE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,7 @@ class SpanResult:
     outcome: str
     error: str | None = None  # why (part of) it was refused
     final: store_rollouts.RewardResult | None = None  # a final reward it stored
+    claim: store_rollouts.RewardResult | None = None  # a final reward kept as a claim (the grader gives it)
     call_rewards: list[store_rollouts.RewardResult] = field(default_factory=list)
     air: list[tuple[str, int | None]] = field(default_factory=list)  # (reason, serving policy) of AIR it stored
 
@@ -145,25 +148,30 @@ class _CallRewards:
 
 
 async def store_span_rewards(session: AsyncSession, rollout_id: str, spans: Sequence[SpanFacts],
-                             project: str | None, weights: ToolWeights, max_per_call: int) -> list[SpanResult]:
+                             project: str | None, weights: ToolWeights, max_per_call: int,
+                             giver: str = RewardedBy.AGENT) -> list[SpanResult]:
     """Store the rewards of one rollout's spans (inside the caller's transaction); one result per span, in no
     particular order. A rollout that does not exist, belongs to another project or has expired refuses all; a
-    per-call reward for a call holding `max_per_call` of them already is refused."""
+    per-call reward for a call holding `max_per_call` of them already is refused. A rollout whose grader gives
+    its reward keeps a final reward from anyone else (`giver`) as a claim and refuses per-call ones."""
     try:
         rollout = await store_rollouts.rollout_taking_rewards(session, rollout_id, project)
     except (NotFound, Conflict, NotYours) as exc:
         return [SpanResult(REJECTED, f"span {span.span_id}: {exc}") for span in spans]
     taken = store_rollouts.taken(rollout)  # a rollout a step took takes no rewards for its calls
+    if not store_rollouts.may_reward(rollout, giver):  # the grader's: per-call rewards only from it
+        taken = f"rollout {rollout_id!r} takes its rewards from its grader; a span's per-call reward is not kept"
     calls = _RolloutCalls(session, rollout_id)
     held = await _call_rewards(session, rollout_id, max_per_call)
     # Per-call rewards first: a final reward closes the rollout, and the trainer may take it from then on.
     ordered = sorted(spans, key=lambda span: span.reward is not None and span.is_final)
-    return [await _store_span(session, rollout_id, span, project, weights, calls, held, taken) for span in ordered]
+    return [await _store_span(session, rollout_id, span, project, weights, calls, held, taken, giver)
+            for span in ordered]
 
 
 async def _store_span(session: AsyncSession, rollout_id: str, span: SpanFacts, project: str | None,
                       weights: ToolWeights, calls: _RolloutCalls, held: _CallRewards,
-                      taken: str | None = None) -> SpanResult:
+                      taken: str | None = None, giver: str = RewardedBy.AGENT) -> SpanResult:
     result = SpanResult(DUPLICATE)
     errors = []
     air = weights.for_span(span)
@@ -182,8 +190,11 @@ async def _store_span(session: AsyncSession, rollout_id: str, span: SpanFacts, p
         try:
             if span.is_final:
                 final = await store_rollouts.post_reward(session, rollout_id, span.reward, metadata=span.key,
-                                                         project=project)
-                result.final = final if final.created else None
+                                                         project=project, giver=giver)
+                if final.claim:
+                    result.claim = final
+                else:
+                    result.final = final if final.created else None
             elif (span.trace_id, span.span_id) not in held.spans:
                 if taken is not None:
                     raise Conflict(taken)
@@ -203,6 +214,8 @@ async def _store_span(session: AsyncSession, rollout_id: str, span: SpanFacts, p
         result.outcome = REWARDED_FINAL
     elif result.call_rewards:
         result.outcome = REWARDED_CALL
+    elif result.claim is not None:
+        result.outcome = CLAIMED
     elif result.air:
         result.outcome = AIR
     return result

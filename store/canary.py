@@ -30,6 +30,7 @@ from core.policy_rules import DEFAULT_POLICY
 from store import policies, verdicts
 from store.errors import Conflict
 from store.models import Call, Policy, PolicyStatus, Rollout, RolloutStatus, as_utc, utcnow
+from store.reward_sources import RewardedBy
 
 ALL, EVAL = "all", "eval"  # the canary's scope: every new rollout, or evaluation rollouts only
 
@@ -147,7 +148,8 @@ async def evidence(session: AsyncSession, canary: Canary, versions: tuple[int, .
     the canary started or a proxy had not yet refreshed) and one with no call of the canary's policy are left
     out: their reward says nothing about a single version. Calls of other policies in the same rollout (another
     agent role's) do not count either way."""
-    scope = [Rollout.eval] if canary.traffic == EVAL else []
+    # evaluation evidence is what an evaluation credential rewarded: never a reward a project key or an agent gave
+    scope = [Rollout.eval, Rollout.rewarded_by.in_(RewardedBy.EVIDENCE)] if canary.traffic == EVAL else []
     per_rollout = (
         select(Rollout.reward.label("reward"), func.min(Call.policy_version).label("version"))
         .join(Call, Call.rollout_id == Rollout.id)

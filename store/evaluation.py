@@ -13,6 +13,7 @@ from sqlalchemy import case, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from store.models import Rollout, RolloutStatus
+from store.reward_sources import RewardedBy
 
 Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
 # Student's t 97.5% quantiles for 1..30 degrees of freedom; beyond, the Cornish-Fisher series (below).
@@ -63,14 +64,16 @@ def summarize(n: int, total: float, squares: float, binary: bool) -> dict[str, A
 
 
 async def traffic_by_version(session: AsyncSession, *, project: str | None = None) -> dict[int, dict[str, Any]]:
-    """Policy version → summary of the final rewards of the finished evaluation rollouts it served. With
+    """Policy version → summary of the final rewards of the finished evaluation rollouts it served, those an
+    evaluation credential rewarded (the grader token, an admin or evaluation key, the operator key; never an
+    agent's or a plain project key's: `rollouts.rewarded_by`). With
     `project`, only that project's rollouts (and those of no project) count, as a project's key sees them."""
     reward = Rollout.reward
     query = (
         select(Rollout.policy_version, func.count(), func.sum(reward), func.sum(reward * reward),
                func.sum(case((or_(reward == 0, reward == 1), 1), else_=0)))
         .where(Rollout.eval, Rollout.status == RolloutStatus.FINISHED, Rollout.policy_version.is_not(None),
-               reward.is_not(None))
+               reward.is_not(None), Rollout.rewarded_by.in_(RewardedBy.EVIDENCE))
         .group_by(Rollout.policy_version)
     )
     if project is not None:

@@ -15,6 +15,7 @@ from rewards.judge import TRAJECTORY_CALLS, RecordedCall, combined_reward
 from store import rewards as reward_rows
 from store.errors import Conflict
 from store.models import Call, Reward, RewardKind, Rollout, RolloutStatus, utcnow
+from store.reward_sources import RewardSource
 from store.rollouts import post_reward
 
 JUDGE_REASON = "judge"  # rewards.reason of a final reward the judge gave
@@ -44,7 +45,9 @@ async def idle_open_rollouts(session: AsyncSession, idle_before: datetime, *, sk
     recent_reward = select(Reward.id).where(Reward.rollout_id == Rollout.id, Reward.created_at >= idle_before)
     query = (select(Rollout.id, Rollout.task_id, last_call.label("last_call_at"), Rollout.project)
              .join(Call, Call.rollout_id == Rollout.id)
-             .where(Rollout.status == RolloutStatus.OPEN, ~Rollout.eval, ~recent_reward.exists())
+             .where(Rollout.status == RolloutStatus.OPEN, ~Rollout.eval, ~recent_reward.exists(),
+                    # its grader gives its reward: the judge's would only be a claim
+                    Rollout.reward_source.is_distinct_from(RewardSource.GRADER))
              .group_by(Rollout.id, Rollout.task_id, Rollout.project)
              .having(last_call < idle_before)
              .order_by(last_call).limit(limit))

@@ -30,6 +30,9 @@ class KeyInfo:
     admin: bool
     rate_limit: float | None = None
     rate_burst: int | None = None
+    eval: bool = False  # made for evaluation: creates and rewards evaluation rollouts (`keys create --eval`)
+    rollout: str | None = None  # a rollout's own token (store/rollout_tokens.py): good for that rollout alone
+    grader: bool = False  # that rollout's grader token: its final reward, where the agent's is a claim
 
 
 def new_key() -> str:
@@ -41,13 +44,14 @@ def hash_key(key: str) -> str:
 
 
 async def create_key(session: AsyncSession, project: str, *, admin: bool = False, label: str | None = None,
-                     rate_limit: float | None = None, rate_burst: int | None = None) -> tuple[str, ApiKey]:
+                     rate_limit: float | None = None, rate_burst: int | None = None,
+                     eval: bool = False) -> tuple[str, ApiKey]:
     """A new key for `project` (created if new): the key itself — the only time it is known — and its row."""
     await session.execute(insert_ignoring_duplicates(session, Project.__table__, ["name"]),
                           [{"name": project, "created_at": utcnow()}])
     key = new_key()
     row = ApiKey(id=secrets.token_hex(6), key_hash=hash_key(key), project=project, admin=admin, label=label,
-                 rate_limit=rate_limit, rate_burst=rate_burst, created_at=utcnow())
+                 rate_limit=rate_limit, rate_burst=rate_burst, eval=eval, created_at=utcnow())
     session.add(row)
     await session.flush()
     return key, row
@@ -76,7 +80,7 @@ async def find_key(session: AsyncSession, key_hash: str) -> KeyInfo | None:
     )).scalar_one_or_none()
     if row is None:
         return None
-    return KeyInfo(row.id, row.project, row.admin, row.rate_limit, row.rate_burst)
+    return KeyInfo(row.id, row.project, row.admin, row.rate_limit, row.rate_burst, eval=row.eval)
 
 
 async def count_active_keys(session: AsyncSession) -> int:

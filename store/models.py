@@ -98,6 +98,10 @@ class RewardKind:
     FINAL = "final"  # the episode outcome; closes the rollout
     CALL = "call"  # an intermediate reward the agent posted for one call
     AIR = "air"  # an automatic intermediate reward derived from what the proxy observed
+    # What someone other than the rollout's reward source posted to a sealed rollout (`reward_source`): kept
+    # beside the real one, final or for one call (`call_id`), never closing it, never trained on nor counted
+    # as evaluation evidence (every reader asks for the kinds above by name). Migration 0015.
+    CLAIM = "claim"
 
 
 class Rollout(Base):
@@ -120,6 +124,12 @@ class Rollout(Base):
     train_step_id: Mapped[int | None] = mapped_column(ForeignKey("train_steps.id"))
     lease_owner: Mapped[str | None] = mapped_column(String(128))
     lease_expires_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    # The rollout's two credentials (store/rollout_tokens.py), SHA-256 only: the agent's token, scoped to this
+    # rollout, and the grader token of a rollout whose reward source is not its agent. Migration 0015.
+    token_hash: Mapped[str | None] = mapped_column(String(64), unique=True, index=True)
+    grader_token_hash: Mapped[str | None] = mapped_column(String(64), unique=True, index=True)
+    reward_source: Mapped[str | None] = mapped_column(String(16))  # RewardSource; None: the agent (before 0015)
+    rewarded_by: Mapped[str | None] = mapped_column(String(16))  # RewardedBy; None: before 0015 or not rewarded
 
     __table_args__ = (
         # What the trainer asks for: finished, untrained rollouts in finishing order (evaluation rollouts are
@@ -386,5 +396,8 @@ class ApiKey(Base):
     label: Mapped[str | None] = mapped_column(String(256))
     rate_limit: Mapped[float | None] = mapped_column(Float)  # requests/s; None: the server's setting
     rate_burst: Mapped[int | None] = mapped_column(Integer)
+    # A key made for evaluation (`rlproxy keys create --eval`): creates evaluation rollouts and gives their
+    # final rewards, as an admin key does, without an admin key's other powers. Migration 0015.
+    eval: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
     created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(Timestamp)

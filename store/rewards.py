@@ -5,6 +5,7 @@ it (docs/architecture.md, checked by tests/test_architecture.py).
     add_call_reward(...)    an intermediate reward for one call: posted with a call id, or an OTLP span's
     add_air(rows)           automatic rewards of recorded calls (proxy/air.py), replays are no-ops
     add_air_once(row)       one automatic reward of a tool span (proxy/span_rewards.py): whether it was new
+    add_claim(...)          a reward posted to a sealed rollout by someone who does not give its rewards
 
 What a reward means and whether its rollout takes it are decided by the callers (store/rollouts.py closes a
 rollout, store/judging.py weighs posted rewards, the proxy scores calls); this module only writes the rows, so
@@ -28,6 +29,22 @@ def add_final(session: AsyncSession, rollout_id: str, value: float, *, reason: s
     """A final reward row of the rollout (its closing is the caller's: store/rollouts.py `post_reward`)."""
     session.add(Reward(rollout_id=rollout_id, kind=RewardKind.FINAL, value=value, reason=reason,
                        metadata_=metadata))
+
+
+CLAIMS_KEPT = 64  # per rollout: an agent posting claims in a loop stores no more rows than this
+
+
+async def add_claim(session: AsyncSession, rollout_id: str, value: float, *, call_id: str | None, giver: str,
+                    metadata: dict[str, Any] | None = None) -> bool:
+    """A claim (kind `claim`: final, or for `call_id`) beside the rollout's real rewards; who posted it is kept in
+    `reason`. False when the rollout holds CLAIMS_KEPT already (the poster is answered, and counted, alike)."""
+    held = (await session.execute(select(func.count()).select_from(Reward).where(
+        Reward.rollout_id == rollout_id, Reward.kind == RewardKind.CLAIM))).scalar_one()
+    if held >= CLAIMS_KEPT:
+        return False
+    session.add(Reward(rollout_id=rollout_id, call_id=call_id, kind=RewardKind.CLAIM, value=value, reason=giver,
+                       metadata_=metadata))
+    return True
 
 
 def add_call_reward(session: AsyncSession, rollout_id: str, call_id: str, value: float,

@@ -13,7 +13,7 @@ from sqlalchemy import BLOB, Text, cast, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from store.errors import NotFound
-from store.models import Call, CallChoice, Reward, Rollout, RolloutEvent
+from store.models import Call, CallChoice, Reward, RewardKind, Rollout, RolloutEvent
 
 MAX_PAGE = 1000  # calls per page (docs/contract.md)
 # A page asked for with `max_bytes` (the web view: PAGE_BYTES) also ends once its calls' stored size passes the
@@ -80,10 +80,13 @@ async def get_rollout(session: AsyncSession, rollout_id: str, *, project: str | 
         "finished_at": rollout.finished_at.isoformat() if rollout.finished_at else None,
         "trained": rollout.trained_at is not None,
         "eval": rollout.eval,
+        "reward_source": rollout.reward_source or "agent",
+        "rewarded_by": rollout.rewarded_by,
         "policy": rollout.policy_version,
         "calls": [call_json(call, choices[call.id]) for call in calls],
         "rewards": [
-            {"call_id": r.call_id, "kind": r.kind, "value": r.value, "reason": r.reason, "metadata": r.metadata_,
+            {"call_id": r.call_id, "kind": r.kind, "claim": r.kind == RewardKind.CLAIM, "value": r.value,
+             "reason": r.reason, "metadata": r.metadata_,
              "created_at": r.created_at.isoformat() if r.created_at else None}
             for r in rewards
         ],

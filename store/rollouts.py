@@ -14,7 +14,10 @@ from core.checks import reward_problem
 from store import rewards as reward_rows
 from store.errors import Conflict, NotFound, NotYours
 from store.models import Call, Rollout, RolloutStatus, as_utc, utcnow
+from store.reward_sources import RewardedBy, RewardSource
 from store.rollout_view import get_rollout
+
+JUDGE_REASON = "judge"  # a final reward's `reason` when the trainer's judge gave it (store/judging.py)
 
 
 @dataclass(slots=True, frozen=True)
@@ -25,6 +28,7 @@ class RewardResult:
     created: bool  # False when an identical final reward was already stored
     policy_version: int | None = None  # the version that served the rollout
     eval: bool = False  # evaluation traffic (never trained on)
+    claim: bool = False  # kept as a claim beside the rollout's reward (who posted it does not give it)
 
 
 async def create_rollout(
@@ -37,9 +41,13 @@ async def create_rollout(
     project: str | None = None,
     policy_version: int | None = None,
     eval: bool = False,
+    reward_source: str = RewardSource.AGENT,
+    token_hash: str | None = None,
+    grader_token_hash: str | None = None,
 ) -> Rollout:
     rollout = Rollout(id=rollout_id, task_id=task_id, agent=agent, metadata_=metadata, project=project,
-                      policy_version=policy_version, status=RolloutStatus.OPEN, call_count=0, eval=eval)
+                      policy_version=policy_version, status=RolloutStatus.OPEN, call_count=0, eval=eval,
+                      reward_source=reward_source, token_hash=token_hash, grader_token_hash=grader_token_hash)
     session.add(rollout)
     await session.flush()
     return rollout
@@ -84,6 +92,21 @@ def taken(rollout: Rollout) -> str | None:
     return None
 
 
+def sealed(rollout: Rollout) -> bool:
+    """Whether the rollout takes its rewards only from its reward source: evaluation rollouts always do (their
+    rewards are the evidence gates promote on), others when created with a source other than the agent."""
+    return rollout.eval or rollout.reward_source not in (None, RewardSource.AGENT)
+
+
+def may_reward(rollout: Rollout, giver: str) -> bool:
+    """Whether `giver` (a RewardedBy) gives this rollout's rewards, or only claims them."""
+    if not sealed(rollout):
+        return True
+    if rollout.reward_source == RewardSource.JUDGE:
+        return giver == RewardedBy.JUDGE
+    return giver in RewardedBy.EVIDENCE
+
+
 def _expired(rollout: Rollout) -> Conflict:
     return Conflict(f"rollout {rollout.id!r} expired at {rollout.finished_at:%Y-%m-%d %H:%M:%S} UTC without a "
                     f"final reward (the trainer's reward TTL); it takes no more rewards")
@@ -99,17 +122,27 @@ async def post_reward(
     metadata: dict[str, Any] | None = None,
     project: str | None = None,
     reason: str | None = None,
+    giver: str = RewardedBy.AGENT,
 ) -> RewardResult:
     """A final reward (no `call_id`) closes the rollout; the same value again is a no-op, another is a
     `Conflict`. With `call_id` it is an intermediate reward for that call of the rollout. `reason` names who
-    gave a final reward other than the agent (the trainer's judge: "judge")."""
+    gave a final reward other than the agent (the trainer's judge: "judge"); `giver` (a RewardedBy) who posted
+    it: a rollout whose reward source is not its agent keeps a reward from anyone else as a claim (`claim` in
+    the result), which neither closes it nor is ever trained on."""
     if problem := reward_problem(value):  # every door checks first; this is the last line
         raise ValueError(problem)
+    if reason == JUDGE_REASON:
+        giver = RewardedBy.JUDGE
     rollout = await rollout_taking_rewards(session, rollout_id, project)
     if call_id is not None:
         owner = (await session.execute(select(Call.rollout_id).where(Call.id == call_id))).scalar_one_or_none()
         if owner != rollout_id:
             raise NotFound(f"call {call_id!r} is not part of rollout {rollout_id!r}")
+    if not may_reward(rollout, giver):
+        stored = await reward_rows.add_claim(session, rollout_id, value, call_id=call_id, giver=giver,
+                                             metadata=metadata)
+        return RewardResult(rollout_id, value, call_id, stored, rollout.policy_version, rollout.eval, claim=True)
+    if call_id is not None:
         if await reward_rows.has_call_reward(session, call_id, value, metadata):  # a retry: already stored
             return RewardResult(rollout_id, value, call_id, False)
         if why := taken(rollout):
@@ -117,7 +150,7 @@ async def post_reward(
         reward_rows.add_call_reward(session, rollout_id, call_id, value, metadata)
         return RewardResult(rollout_id, value, call_id, True)
 
-    closing = {"status": RolloutStatus.FINISHED, "reward": value, "finished_at": utcnow()}
+    closing = {"status": RolloutStatus.FINISHED, "reward": value, "finished_at": utcnow(), "rewarded_by": giver}
     if task_id is not None and rollout.task_id is None:
         closing["task_id"] = task_id
     # Closed only if still open, in one statement: the lock above is a no-op on SQLite, where another request
@@ -154,5 +187,5 @@ async def expire_open_rollouts(session: AsyncSession, created_before: datetime, 
     return result.rowcount or 0
 
 
-__all__ = ["RewardResult", "create_rollout", "expire_open_rollouts", "get_rollout", "post_reward",
+__all__ = ["JUDGE_REASON", "RewardResult", "create_rollout", "may_reward", "sealed", "expire_open_rollouts", "get_rollout", "post_reward",
            "rollout_taking_rewards"]

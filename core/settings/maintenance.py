@@ -21,6 +21,9 @@ class MigrateSettings(StoreCommandSettings):
 class KeysCreateSettings(StoreCommandSettings):
     project: str = Field(description="Project the key belongs to (created if new).")
     admin: bool = Field(False, description="Also allow admin routes (activating its project's own policies, metrics).")
+    eval: bool = Field(False, description="A key made for evaluation: it creates evaluation rollouts and gives "
+                                          "their final rewards (the evidence /policies and the gates report), "
+                                          "without an admin key's other rights.")
     label: str | None = Field(None, description="A note shown by `keys list`.")
     rate_limit: float | None = Field(None, description="Requests per second for this key (default: the server's).")
     rate_burst: int | None = Field(None, description="Burst for this key (default: the server's).")

@@ -7,12 +7,13 @@ rollout (a row of its own, shown in its metadata's "events" by `GET /rollouts/{i
 rollout's `--max-rollout-events` is 413 with the earlier ones kept (reward events are not counted)."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from aiohttp import web
 from pydantic import Field, StrictStr, field_validator
 
 from core.checks import nests_deeper_than, reward_problem
+from proxy.auth import reward_giver
 from proxy.bodies import Body
 from proxy.endpoints import Answer, Endpoint
 from proxy.errors import NotFoundError, PayloadTooLarge, Unprocessable
@@ -39,10 +40,14 @@ class RolloutEvent(_Stored):
 
 
 class EventResult(Body):
+    omit_unset: ClassVar[bool] = True  # claim only for a reward kept as a claim
+
     rollout_id: str
     event_type: str
     reward: float | None = Field(None, description="The final reward stored (reward events only).")
     stored: bool = Field(description="Always true: an event that cannot be kept is refused with 413 instead.")
+    claim: bool | None = Field(None, description="True when the reward event was kept as a claim: the rollout's "
+                                                "grader gives its reward (docs/security.md).")
 
 
 def _reward_value(data: Any) -> float:
@@ -67,10 +72,12 @@ async def post_event(request: web.Request) -> web.Response:
     project, ingest = request.get("project"), app.ingest
     if event.event_type == REWARD:  # as POST /reward without call_id
         result = await ingest.reward(rollout_id, _reward_value(event.data), project=project,
-                                     metadata={"event": REWARD})
-        return EventResult(rollout_id=rollout_id, event_type=REWARD, reward=result.reward, stored=True).reply()
+                                     metadata={"event": REWARD}, giver=reward_giver(request, rollout_id))
+        claim = {"claim": True} if result.claim else {}
+        return EventResult(rollout_id=rollout_id, event_type=REWARD, reward=result.reward, stored=True,
+                           **claim).reply()
     await ingest.event(rollout_id, event.event_type, event.data, project=project)
-    return EventResult(rollout_id=rollout_id, event_type=event.event_type, stored=True).reply()
+    return EventResult(rollout_id=rollout_id, event_type=event.event_type, reward=None, stored=True).reply()
 
 
 def _too_large(size: int | None, limit: int) -> PayloadTooLarge:

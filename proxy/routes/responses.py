@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from proxy.auth import token_rollout
 from proxy.bodies import Response
 from core.responses_chat import history_messages
 from proxy.context import CallContext, call_context
@@ -28,7 +29,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
 
     async def history(body: dict[str, Any], context: CallContext) -> list[dict[str, Any]]:
         previous = body.get("previous_response_id")
-        return await conversation_before(app, previous, context.project) if previous else []
+        return await conversation_before(app, previous, context.project, token_rollout(request)) if previous else []
 
     return await app.serving[RESPONSES.route].handle(request, history)
 
@@ -36,12 +37,15 @@ async def create_response(request: web.Request) -> web.StreamResponse:
 async def get_response(request: web.Request) -> web.Response:
     context = call_context(request)
     app = state(request)
-    stored = await _stored_response(app, request.match_info["response_id"], context.project, param=None)
+    stored = await _stored_response(app, request.match_info["response_id"], context.project, token_rollout(request),
+                                    param=None)
     return json_response(stored.response)
 
 
-async def conversation_before(app: ProxyState, response_id: str, project: str | None) -> list[dict[str, Any]]:
-    """Every earlier turn of the conversation that ends with `response_id`, oldest first, as chat messages."""
+async def conversation_before(app: ProxyState, response_id: str, project: str | None,
+                              rollout_id: str | None = None) -> list[dict[str, Any]]:
+    """Every earlier turn of the conversation that ends with `response_id`, oldest first, as chat messages (with
+    `rollout_id`, a rollout token's: that rollout's turns alone)."""
     turns: list[list[dict[str, Any]]] = []
     seen: set[str] = set()
     while response_id:
@@ -49,20 +53,20 @@ async def conversation_before(app: ProxyState, response_id: str, project: str | 
             raise InvalidRequest(f"previous_response_id chain through {response_id!r} is too long or loops",
                                  param="previous_response_id")
         seen.add(response_id)
-        stored = await _stored_response(app, response_id, project, param="previous_response_id")
+        stored = await _stored_response(app, response_id, project, rollout_id, param="previous_response_id")
         turns.append(history_messages(stored.request, stored.response))
         response_id = stored.request.get("previous_response_id")
     return [message for turn in reversed(turns) for message in turn]
 
 
-async def _stored_response(app: ProxyState, response_id: str, project: str | None, *,
+async def _stored_response(app: ProxyState, response_id: str, project: str | None, rollout_id: str | None, *,
                            param: str | None) -> StoredCall:
     missing = NotFoundError(f"Response with id '{response_id}' not found.", param=param)
     if not response_id.startswith("resp_") or "\x00" in response_id:
         raise missing
     await app.writer.sync()  # the turn just answered may still be on its way to the database
     async with app.sessions() as session:
-        stored = await get_call(session, response_id.removeprefix("resp_"), project=project)
+        stored = await get_call(session, response_id.removeprefix("resp_"), project=project, rollout_id=rollout_id)
     if (stored is None or stored.route != RESPONSES.route or not stored.request or not stored.response
             or stored.request.get("store") is False or "output" not in stored.response):
         raise missing

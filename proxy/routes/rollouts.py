@@ -8,13 +8,17 @@ import uuid
 import orjson
 from aiohttp import web
 
+from proxy.auth import may_create_eval, own_rollout, reward_giver
 from proxy.bodies import RewardResult, Rollout, RolloutCreated
 from proxy.endpoints import Answer, Endpoint
-from proxy.errors import NotFoundError, PayloadTooLarge, Unprocessable
+from proxy.errors import Forbidden, NotFoundError, PayloadTooLarge, Unprocessable
 from proxy.schemas import RewardPost, RolloutCreate, parse_json_object, validate
 from proxy.state import state
 from proxy.uploads import read_within
 from store import rollouts as store_rollouts
+from store.keys import hash_key
+from store.reward_sources import RewardSource
+from store.rollout_tokens import GRADER_TOKEN_PREFIX, ROLLOUT_TOKEN_PREFIX, new_token
 from store.rollout_view import MAX_PAGE, PAGE_BYTES
 
 
@@ -31,9 +35,28 @@ async def read_bounded(request: web.Request) -> bytes:
     return raw
 
 
+def reward_source(body: RolloutCreate) -> str:
+    """Who gives the new rollout's final reward: evaluation rollouts always take theirs from a grader (their
+    rewards are the evidence the gates promote on), others from the agent unless told otherwise."""
+    source = RewardSource.GRADER if body.reward_source == "runner" else body.reward_source
+    if body.eval and source == RewardSource.JUDGE:
+        raise Unprocessable("reward_source: an evaluation rollout is rewarded by its grader, not the judge (the "
+                            "judge scores training rollouts only)", param="reward_source")
+    if body.eval:
+        return RewardSource.GRADER
+    return source or RewardSource.AGENT
+
+
 async def create_rollout(request: web.Request) -> web.Response:
     raw = await read_bounded(request)
     body = validate(RolloutCreate, parse_json_object(raw, Unprocessable) if raw.strip() else {}, Unprocessable)
+    if body.eval and not may_create_eval(request):
+        raise Forbidden("eval: evaluation rollouts are created by the operator key, an admin key of the project or "
+                        "a key made for evaluation (rlproxy keys create --project P --eval); this key may create "
+                        "training rollouts only", param="eval", code="eval_needs_eval_key")
+    source = reward_source(body)
+    token = new_token(ROLLOUT_TOKEN_PREFIX)
+    grader = new_token(GRADER_TOKEN_PREFIX) if source == RewardSource.GRADER else None
     app = state(request)
     rollout_id = uuid.uuid4().hex
     async with app.sessions() as session, session.begin():
@@ -41,18 +64,24 @@ async def create_rollout(request: web.Request) -> web.Response:
             session, rollout_id, task_id=body.task_id, agent=body.agent, metadata=body.metadata,
             project=request.get("project"), policy_version=app.router.version_for_new(rollout_id, body.eval, body.agent,
                                                                                request.get("project")),
-            eval=body.eval,
+            eval=body.eval, reward_source=source, token_hash=hash_key(token),
+            grader_token_hash=hash_key(grader) if grader is not None else None,
         )
     base_url = f"{request.url.origin()}/rollouts/{rollout_id}/v1"
-    return RolloutCreated(rollout_id=rollout_id, base_url=base_url).reply(status=201)
+    return RolloutCreated(rollout_id=rollout_id, base_url=base_url, token=token, reward_source=source,
+                          grader_token=grader).reply(status=201)
 
 
 async def post_reward(request: web.Request) -> web.Response:
     body = validate(RewardPost, parse_json_object(await read_bounded(request), Unprocessable), Unprocessable)
+    own_rollout(request, body.rollout_id)
     result = await state(request).ingest.reward(body.rollout_id, body.reward, project=request.get("project"),
-                                                call_id=body.call_id, task_id=body.task_id, metadata=body.metadata)
-    per_call = {"call_id": result.call_id} if result.call_id is not None else {}
-    return RewardResult(rollout_id=result.rollout_id, reward=result.reward, **per_call).reply()
+                                                call_id=body.call_id, task_id=body.task_id, metadata=body.metadata,
+                                                giver=reward_giver(request, body.rollout_id))
+    extra = {"call_id": result.call_id} if result.call_id is not None else {}
+    if result.claim:
+        extra["claim"] = True
+    return RewardResult(rollout_id=result.rollout_id, reward=result.reward, **extra).reply()
 
 
 async def get_rollout(request: web.Request) -> web.Response:
@@ -102,9 +131,10 @@ def _query_int(request: web.Request, name: str, least: int, most: int | None) ->
 
 ENDPOINTS = [
     Endpoint("post", "/rollouts", create_rollout, "Start a rollout; its base_url records every call made through it",
-             {201: Answer("Created.", RolloutCreated)}, (413, 422, 503), body=RolloutCreate, body_required=False),
+             {201: Answer("Created.", RolloutCreated)}, (403, 413, 422, 503), body=RolloutCreate, body_required=False),
     Endpoint("post", "/reward", post_reward, "Final reward (closes the rollout) or a reward for one call",
-             {200: Answer("Stored (or the same final reward again).", RewardResult)}, (404, 409, 413, 422, 503),
+             {200: Answer("Stored (or the same final reward again; `claim`: kept as a claim beside the grader's).",
+                          RewardResult)}, (404, 409, 413, 422, 503),
              body=RewardPost),
     Endpoint("get", "/rollouts/{rollout_id}", get_rollout,
              "A rollout with one page of its calls (token ids, logprobs), their rewards and the rollout's",

@@ -44,11 +44,13 @@ def keys_create(**params) -> None:
 
     async def work(session):
         key, row = await create_key(session, settings.project, admin=settings.admin, label=settings.label,
-                                    rate_limit=settings.rate_limit, rate_burst=settings.rate_burst)
+                                    rate_limit=settings.rate_limit, rate_burst=settings.rate_burst,
+                                    eval=settings.eval)
         return key, row.id
 
     key, key_id = _run_with_session(settings.database_url, work)
-    click.echo(f"created {'admin ' if settings.admin else ''}key {key_id} for project {settings.project!r}; it is "
+    kind = ("admin " if settings.admin else "") + ("evaluation " if settings.eval else "")
+    click.echo(f"created {kind}key {key_id} for project {settings.project!r}; it is "
                "shown only now — store it:", err=True)
     click.echo(key)
 
