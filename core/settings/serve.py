@@ -53,7 +53,9 @@ class AuthSettings(Part):
     )
     admin_key: SecretStr | None = Field(None, description="Operator key: admin rights, no project scope.")
     key_cache_ttl: float = Field(
-        30.0, description="Seconds a key lookup (found or not) is cached; also how long a revoked key may work.")
+        30.0, description="Seconds a key lookup (found or not) is cached; also how long a revoked key may work, "
+                          "and how long a rollout's owner is remembered (a pruned id another project opens again "
+                          "is its own on this proxy after at most this long).")
     key_lookup_rate: float = Field(
         20.0, gt=0,
         description="Database look-ups of keys this proxy has not found valid before, per second per client "
@@ -67,7 +69,9 @@ class AuthSettings(Part):
         None, description="Largest max_tokens / max_completion_tokens / max_output_tokens accepted; a call "
                           "without one is sent with max_tokens set to this (completions: to the lower of this "
                           "and 16), and min_tokens above it is refused.")
-    max_n: int | None = Field(None, description="Largest n (completions per request) accepted.")
+    max_n: int | None = Field(
+        128, ge=0, description="Largest n (completions per request) accepted; past it, 400 naming the field. 0: no "
+                               "bound (one call of n=20000 made every tenant wait while its answer was captured).")
     upstream_api_key: SecretStr | None = Field(None, description="Bearer key the proxy sends to the engines.")
 
 
