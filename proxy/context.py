@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from core.ids import ID_LIMITS, is_valid_id
+from core.ids import ID_LIMITS, is_valid_id, task_id_problem
 from proxy.errors import InvalidRequest
 
 LIMITS = ID_LIMITS
@@ -25,10 +25,11 @@ class CallContext:
 def _clean(value: str | None, what: str) -> str | None:
     if value is None or value == "":
         return None
+    if what == "task" and (problem := task_id_problem(value)) is not None:
+        raise InvalidRequest(f"X-Task-Id: {problem}", param=what, code="invalid_id")
     if not is_valid_id(value, what):
-        raise InvalidRequest(f"{what} id must be 1-{LIMITS[what]} characters"
-                             + ("" if what == "task" else " of letters, digits and ._:@- (not . or ..)"),
-                             param=what, code="invalid_id")
+        raise InvalidRequest(f"{what} id must be 1-{LIMITS[what]} characters of letters, digits and ._:@- "
+                             "(not . or ..)", param=what, code="invalid_id")
     return value
 
 

@@ -9,7 +9,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, StrictBool, 
                       ValidationError, field_validator, model_validator)
 
 from core.checks import reward_problem
-from core.ids import ID_LIMITS as LIMITS, is_valid_id
+from core.ids import ID_LIMITS as LIMITS, is_valid_id, task_id_problem
 from proxy.errors import InvalidRequest, ProxyError, Unprocessable
 from proxy.strict_json import read_json_object
 
@@ -68,6 +68,8 @@ def _id_rules(what: str):
     """The rules of the X-Task-Id and X-Agent-Name headers (proxy/context.py): what one call may name, a rollout
     may too (and the store's columns hold it)."""
     def check(value: str) -> str:
+        if what == "task" and (problem := task_id_problem(value)) is not None:
+            raise ValueError(problem)
         if not is_valid_id(value, what):
             raise ValueError(f"must be 1-{LIMITS[what]} characters" + (
                 " without control characters" if what == "task" else " of letters, digits and ._:@- (not . or ..)"))
