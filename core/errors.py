@@ -31,6 +31,8 @@ bugs and from the libraries' own errors. The tree:
     ├── EvalCommandError (trainer/gates/command.py)  an --eval-command template that cannot run (ValueError)
     ├── JudgeUnreachable, JudgeRefused (trainer/judge.py)  the judge did not answer, or refused (RuntimeError)
     ├── MissingDependencyError (trainer/compat.py)  an OpenRLHF path needing a package not installed
+    ├── CheckpointMismatchError (trainer/loading.py)  safetensors lacking a tensor the model needs (RuntimeError)
+    ├── DeviceMemoryError (core/hardware.py)       the trainer's GPU lacks the free memory its model needs
     ├── AdapterMismatch (trainer/adapter.py)       a saved adapter made with another rank, alpha or targets (ValueError)
     ├── RunInputError, ProxyRefused, InfrastructureError (runner/errors.py)  what stops `rlproxy run`, or an attempt
     ├── StartupError (demo/startup.py)             the demo cannot start (a taken port, low memory, ...)

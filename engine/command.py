@@ -36,6 +36,7 @@ import sys
 from pathlib import Path
 
 from core.errors import RlproxyError
+from core.hardware import engine_dtype, visible_gpus
 from core.settings import EngineSettings
 
 # The ranks vLLM accepts for --max-lora-rank (vllm/config/lora.py).
@@ -50,12 +51,15 @@ def lora_rank_slot(rank: int) -> int:
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 TOOL_CALL_PARSER = "hermes"
-# float32, for the recorded log-probabilities: served in float32 the engine's sampling logprobs match a
-# float32 Hugging Face forward pass of the same tokens to 2e-5 nats; served in bfloat16 they are off by
-# up to 0.13 nats, which is noise in every importance ratio the trainer computes. bfloat16 is faster on
-# this CPU kind (AVX-512 BF16/AMX): decode 11.5 vs 9.0 tok/s for one stream, 62 vs 52 tok/s for 8, and
-# prefill 3x. Pass dtype="bfloat16" where throughput matters more. Numbers: docs/vllm-wire-format.md.
-DEFAULT_DTYPE = "float32"
+# On a CPU, float32, for the recorded log-probabilities: the CPU trainer computes in float32 where bf16 is slow,
+# and served in float32 the engine's sampling logprobs match a float32 Hugging Face forward pass of the same
+# tokens to 2e-5 nats; served in bfloat16 they are off by up to 0.13 nats, which is noise in every importance
+# ratio the trainer computes. bfloat16 is faster on this CPU kind (AVX-512 BF16/AMX): decode 11.5 vs 9.0 tok/s
+# for one stream, 62 vs 52 tok/s for 8, and prefill 3x. Pass dtype="bfloat16" where throughput matters more.
+# Numbers: docs/vllm-wire-format.md. Where a GPU is visible, `auto` (the checkpoint's bf16), which the GPU trainer
+# computes in too: float32 would double the weights' memory (32 GB for an 8B model) and leave the tensor cores
+# idle (core/hardware.py, engine_dtype).
+DEFAULT_DTYPE = None  # by device: core.hardware.engine_dtype
 DEFAULT_SEED = 0
 
 
@@ -91,11 +95,13 @@ def engine_command(
     settings: EngineSettings,
     model_path: Path,
     *,
-    dtype: str = DEFAULT_DTYPE,
+    dtype: str | None = DEFAULT_DTYPE,
     seed: int = DEFAULT_SEED,
     python: str | None = None,
+    gpus: int | None = None,
 ) -> list[str]:
-    """The command line that starts vLLM's OpenAI-compatible server for `settings` and `model_path`."""
+    """The command line that starts vLLM's OpenAI-compatible server for `settings` and `model_path`. `dtype` None:
+    by the GPUs the engine will see (`gpus`, default: counted here), `auto` on GPUs and float32 on a CPU."""
     if not vllm_available():
         raise EngineError(
             "vLLM is not importable by this interpreter; install the engine extra "
@@ -116,7 +122,7 @@ def engine_command(
         "--max-model-len",
         str(settings.max_model_len),
         "--dtype",
-        dtype,
+        dtype or engine_dtype(visible_gpus() if gpus is None else gpus),
         "--seed",
         str(seed),
         "--enable-lora",

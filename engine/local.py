@@ -86,7 +86,7 @@ class Engine:
         settings: EngineSettings | None = None,
         *,
         model_path: Path | None = None,
-        dtype: str = DEFAULT_DTYPE,
+        dtype: str | None = DEFAULT_DTYPE,  # None: auto on GPUs, float32 on a CPU (engine/command.py)
         seed: int = DEFAULT_SEED,
         grace_period: float = DEFAULT_GRACE_PERIOD,
         log_prefix: str = LOG_PREFIX,

@@ -8,8 +8,8 @@ so a GPU trainer never holds the base in host memory.
 
 Several ranks: the base is built on the meta device (no storage; buffers such as rotary frequencies are real, they
 are small and computed, not loaded), wrapped with LoRA by peft, sharded by FSDP2 (still meta), given empty
-storage, and every rank then reads only its own rows of each tensor from the safetensors files (`get_slice`
-reads the rows it is asked for from the memory-mapped file). Nothing is sent between ranks, and a rank's peak
+storage, and every rank then reads only its own rows of each tensor from the safetensors files (plain reads
+at the rows' offsets, not a memory map). Nothing is sent between ranks, and a rank's peak
 host memory is its shard, not the model: OpenRLHF's Actor would have loaded the whole base on every rank first
 (8 ranks x 16.4 GB for an 8B model in one pod). bench/load_memory.py measures it.
 
@@ -19,6 +19,7 @@ zero B), whole on the CPU, then each rank keeps its slice, so one rank and sever
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Callable
@@ -26,8 +27,11 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
+from accelerate import init_empty_weights
 
 from core.errors import RlproxyError
+from core.hardware import DeviceMemoryError, trainer_bytes, trainer_memory_problem
+from trainer.sharding import laid_out_like
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -57,7 +61,6 @@ def load_sharded_actor(parts: Any, model_path: str, *, lora: dict[str, Any], dty
     """OpenRLHF's Actor around a peft model whose base was never whole here, and what `shard(peft_model)` returned
     (it shards the model with FSDP2, on meta tensors); then this rank's rows of every base tensor are read from the
     checkpoint, in `dtype`. `device`: where the shards live (the CPU when they are offloaded)."""
-    from accelerate import init_empty_weights
     from peft import get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -79,8 +82,6 @@ def load_sharded_actor(parts: Any, model_path: str, *, lora: dict[str, Any], dty
         module._buffers[name] = buffer
     with torch.no_grad():
         _read_shards(model.get_base_model(), model_path)
-        from trainer.sharding import laid_out_like
-
         for name, param in model.named_parameters():
             if name in fresh:
                 param.copy_(laid_out_like(fresh[name].to(param.dtype), param))
@@ -114,39 +115,80 @@ def checkpoint_name(parameter_name: str) -> str:
     return parameter_name.replace(".base_layer.", ".")
 
 
+# safetensors' dtype names (its format's specification)
+_DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
+           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
+           "BOOL": torch.bool}
+
+
 def _read_shards(base: torch.nn.Module, model_path: str) -> None:
     """Fill every base parameter's local part (a DTensor's shard, or a plain tensor whole) from the checkpoint,
-    reading only those rows."""
-    from safetensors import safe_open
-
+    reading only those rows. Read with plain file reads, not through a memory map: the mapped pages of what a
+    rank read would count in its resident memory until the file closes (for a float32 checkpoint, twice the
+    bf16 shard), while read pages stay in the page cache, which the kernel reclaims."""
     wanted = {checkpoint_name(name): param for name, param in base.named_parameters() if "lora_" not in name}
     files = sorted(Path(model_path).glob("*.safetensors"))
     if not files:
         raise CheckpointMismatchError(f"no *.safetensors files in {model_path}: cannot load the base by shards")
     for file in files:
-        with safe_open(str(file), framework="pt") as tensors:
-            for key in tensors.keys():
+        data_start, entries = _safetensors_index(file)
+        with file.open("rb", buffering=0) as stream:
+            for key, entry in entries.items():
                 param = wanted.pop(key, None)
                 if param is not None:
-                    _copy_rows(param, tensors.get_slice(key), key)
+                    _copy_rows(param, stream, data_start, entry, key)
     if wanted:
         raise CheckpointMismatchError(f"{model_path} lacks {len(wanted)} tensors of the model: {sorted(wanted)[:3]}")
 
 
-def _copy_rows(param: torch.Tensor, stored: Any, key: str) -> None:
+def _safetensors_index(file: Path) -> tuple[int, dict[str, dict[str, Any]]]:
+    """Where a safetensors file's data starts, and each tensor's dtype, shape and byte range within it."""
+    with file.open("rb") as stream:
+        length = int.from_bytes(stream.read(8), "little")
+        header = json.loads(stream.read(length))
+    header.pop("__metadata__", None)
+    return 8 + length, header
+
+
+def _copy_rows(param: torch.Tensor, stream: Any, data_start: int, entry: dict[str, Any], key: str) -> None:
     from torch.distributed.tensor import DTensor
 
-    shape = tuple(stored.get_shape())
-    if shape != tuple(param.shape):
-        raise CheckpointMismatchError(f"{key}: the checkpoint has shape {shape}, the model {tuple(param.shape)}")
-    if not isinstance(param, DTensor):
-        param.copy_(stored[:].to(param.dtype))
-        return
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    shape, dtype = tuple(entry["shape"]), _DTYPES.get(entry["dtype"])
+    if shape != tuple(param.shape) or dtype is None:
+        raise CheckpointMismatchError(f"{key}: the checkpoint has {entry['dtype']} {shape}, the model "
+                                      f"{tuple(param.shape)}")
+    local, first = param, 0
+    if isinstance(param, DTensor):
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
-    local = param.to_local()
-    local_shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+        local = param.to_local()
+        local_shape, offset = compute_local_shape_and_global_offset(param.shape, param.device_mesh, param.placements)
+        if tuple(local_shape[1:]) != shape[1:]:
+            raise CheckpointMismatchError(f"{key}: sharded along another dimension than the first")
+        first = offset[0]
+    rows = local.shape[0] if local.dim() else 1
     if local.numel() == 0:
         return
-    index = tuple(slice(start, start + length) for start, length in zip(offset, local_shape))
-    local.copy_(stored[index].to(local.dtype))
+    row_bytes = math.prod(shape[1:]) * dtype.itemsize
+    buffer = bytearray(rows * row_bytes)
+    stream.seek(data_start + entry["data_offsets"][0] + first * row_bytes)
+    if stream.readinto(buffer) != len(buffer):
+        raise CheckpointMismatchError(f"{key}: the file ends inside the tensor")
+    local.copy_(torch.frombuffer(buffer, dtype=dtype).reshape(local.shape))
+
+
+def checkpoint_parameters(model_path: str) -> int:
+    """Elements in the checkpoint's safetensors files, from their headers alone (nothing is loaded)."""
+    return sum(math.prod(entry["shape"]) for file in sorted(Path(model_path).glob("*.safetensors"))
+               for entry in _safetensors_index(file)[1].values())
+
+
+def check_device_memory(device: torch.device, model_path: str, ranks: int) -> None:
+    """Before the load: stop with one line saying what to change when `device` (a GPU) lacks the room this rank's
+    part of the model needs (core/hardware.py), rather than failing with a CUDA OOM halfway through it."""
+    if device.type != "cuda":
+        return
+    free, total = torch.cuda.mem_get_info(device)
+    problem = trainer_memory_problem(str(device), free, total, trainer_bytes(checkpoint_parameters(model_path), ranks))
+    if problem:
+        raise DeviceMemoryError(problem)

@@ -41,7 +41,7 @@ from core.hardware import fast_bf16
 from core.settings import TrainingSettings as TrainConfig  # the training settings (core/settings/training.py)
 from trainer.adapter import load_adapter, save_adapter_atomically
 from trainer.compat import import_openrlhf
-from trainer.loading import load_actor, load_sharded_actor
+from trainer.loading import check_device_memory, load_actor, load_sharded_actor
 from trainer.logprobs import MicroBatch, Scorer, collate, placeholder_micro_batch
 from trainer.memory import activation_checkpointing, release_free_memory, tune_allocator
 from trainer.parallel import Collective
@@ -67,6 +67,7 @@ class PolicyTrainer:
             budget = 4096 if self.device.type == "cuda" else 384
             self.config = config = replace(config, micro_batch_tokens=budget)
         tune_allocator()  # before the model loads: trainer/memory.py
+        check_device_memory(self.device, self.model_path, self.collective.world_size)
         parts = import_openrlhf()
         if config.num_threads:
             torch.set_num_threads(config.num_threads)

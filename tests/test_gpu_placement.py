@@ -1,0 +1,66 @@
+"""Where the engine and the trainer run, and in what precision, decided from what the machine shows: GPUs counted
+from CUDA_VISIBLE_DEVICES or the driver's list (faked here: there is no GPU on CI), the engine's --dtype, and the
+trainer's check of free device memory before it loads."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.errors import RlproxyError
+from core.hardware import (GiB, DeviceMemoryError, engine_dtype, trainer_bytes, trainer_memory_problem,
+                           visible_gpus)
+from core.settings import EngineSettings
+from engine.command import engine_command, vllm_available
+
+
+@pytest.fixture
+def driver(tmp_path) -> Path:
+    """/proc/driver/nvidia/gpus of a machine with eight GPUs."""
+    for i in range(8):
+        (tmp_path / f"0000:{i:02x}:00.0").mkdir()
+    return tmp_path
+
+
+def test_gpus_are_counted_from_the_driver_unless_cuda_visible_devices_says(driver, tmp_path):
+    assert visible_gpus({}, driver) == 8
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0"}, driver) == 1
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "1,2,3"}, driver) == 3
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}, driver) == 0  # hidden
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": "-1"}, driver) == 0
+    assert visible_gpus({}, tmp_path / "no-driver") == 0  # a CPU machine
+
+
+def test_the_engine_serves_bf16_on_gpus_and_float32_on_a_cpu():
+    assert engine_dtype(0) == "float32"  # the CPU trainer's precision: the recorded log-probs match it
+    assert engine_dtype(1) == engine_dtype(8) == "auto"  # the checkpoint's bf16
+
+
+@pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")
+def test_the_engine_command_line_takes_its_dtype_from_the_gpus_it_will_see():
+    def dtype(command: list[str]) -> str:
+        return command[command.index("--dtype") + 1]
+
+    assert dtype(engine_command(EngineSettings(), Path("/m"), gpus=0)) == "float32"
+    assert dtype(engine_command(EngineSettings(), Path("/m"), gpus=4)) == "auto"
+    assert dtype(engine_command(EngineSettings(), Path("/m"), dtype="bfloat16", gpus=0)) == "bfloat16"  # chosen
+
+
+def test_a_trainer_on_the_engines_gpu_is_told_to_move_in_one_line():
+    needed = trainer_bytes(8_000_000_000, ranks=1)
+    assert 16 * GiB < needed < 17 * GiB  # 16 GB (14.9 GiB) of bf16 weights and 2 GiB besides
+    # an 80 GiB card of which vLLM took 90%
+    problem = trainer_memory_problem("cuda:0", free=8 * GiB, total=80 * GiB, needed=needed)
+    assert problem is not None and "\n" not in problem
+    assert "cuda:0 has 8.0 GiB free of 80.0 GiB" in problem
+    assert "CUDA_VISIBLE_DEVICES" in problem and "--gpu-memory-utilization" in problem
+    # an empty card too small for the model: shard it instead
+    small = trainer_memory_problem("cuda:0", free=15 * GiB, total=16 * GiB, needed=needed)
+    assert "--nproc-per-node" in small and "offload_base" in small
+    assert trainer_memory_problem("cuda:0", free=70 * GiB, total=80 * GiB, needed=needed) is None
+
+
+def test_sharding_divides_what_each_rank_needs():
+    one, eight = trainer_bytes(8_000_000_000, 1), trainer_bytes(8_000_000_000, 8)
+    assert eight < one / 3  # a shard, the gathered units and the fixed part
+    assert issubclass(DeviceMemoryError, RlproxyError)
