@@ -292,6 +292,14 @@ def test_example_values_per_model_size_render_with_the_trainer_sized_from_the_sc
     assert trainer["resources"]["limits"]["nvidia.com/gpu"] == trainer_values["gpu"]  # docs/scale.md's table
     assert env_of(trainer)["RLPROXY_MODEL"] == values["engine"]["model"]  # trains the model the engines serve
     assert "activation_checkpointing=true" in " ".join(map(str, trainer.get("args", []) + trainer.get("command", [])))
+    limit = trainer["resources"]["limits"]["memory"]
+    assert limit == trainer["resources"]["requests"]["memory"] and limit != "16Gi"  # the default is for the bundled model
+
+
+def test_the_examples_trainer_memory_is_the_documented_formulas():
+    done = subprocess.run([sys.executable, "bench/deploy_sizes.py", "--check"], cwd=CHART.parent.parent,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout  # bench/deploy_sizes.py: host memory from the model's size and ranks
 
 
 # A rank that reports its global rank, node rank and world size after one all-reduce over gloo.
