@@ -18,6 +18,7 @@ from runner.journal import Journal, Key
 from runner.task_data import env_value, task_id
 from runner.tasks import EVAL, Task
 
+GRADER = "grader"  # reward_source of a rollout whose final reward the runner gives
 NO_KEY = "rlproxy"  # what clients are given as their key when the proxy has keys off (they insist on one)
 # Call statuses that, with a 5xx (or no answer at all), say the engine failed, not the agent (a 4xx is the
 # agent's own bad request).
@@ -56,12 +57,15 @@ class Outcome:
     error: str | None = None  # why the agent failed (its exception, exit status, timeout)
     tries: int = 0  # rollouts created for it (more than one after infrastructure failures)
     policies: tuple[int | None, ...] = ()  # the versions its calls were answered by, in the order each first was
+    claims: int = 0  # final rewards its agent posted that were kept as claims (the runner gives the reward)
 
 
 class AttemptRunner:
     def __init__(self, client: ProxyClient, agent: Any, settings: RunSettings, env: dict[str, str],
                  journal: Journal | None) -> None:
         self.client, self.agent, self.settings, self.env, self.journal = client, agent, settings, env, journal
+        # a harness's --verify result is the reward, whatever the harness posts (runner/harness.py)
+        self.verified = bool(getattr(agent, "verify", None))
 
     async def __call__(self, attempt: Attempt) -> Outcome:
         try:
@@ -104,17 +108,23 @@ class AttemptRunner:
     async def _once(self, attempt: Attempt, tries: int, env: dict[str, str]) -> Outcome:
         settings, task = self.settings, attempt.task
         evaluation = task.split == EVAL
+        # The runner gives the reward of an evaluation attempt (its reward is evidence the gates promote on) and
+        # of a verified one (--verify's result is final): what the agent posts to such a rollout is a claim.
+        graded = evaluation or self.verified
         created = await self.client.create_rollout(
             task.id, agent=attempt.agent_name or settings.agent_name, evaluation=evaluation,
             metadata={"run": {"epoch": attempt.epoch, "attempt": attempt.number, "split": task.split}},
-            owner_key=settings.agent_key() if settings.agent_api_key is not None else None)
+            owner_key=settings.agent_key() if settings.agent_api_key is not None else None,
+            reward_source=GRADER if graded else None)
         rollout_id = created.rollout_id
         self._log("started", attempt, rollout_id=rollout_id, tries=tries)
         rollout_root = created.base_url.removesuffix("/v1")
         config = ClientConfig(
             openai_base_url=created.base_url, anthropic_base_url=rollout_root, rollout_id=rollout_id,
             reward_url=f"{self.client.proxy}/reward", event_url=f"{rollout_root}/events",
-            api_key=settings.agent_key() or NO_KEY, model=settings.model, task_id=task.id, eval=evaluation)
+            # the rollout's own token, never a project key: it reaches this rollout alone (docs/security.md)
+            api_key=created.token or settings.agent_key() or NO_KEY, model=settings.model, task_id=task.id,
+            eval=evaluation)
         began = time.monotonic()
         timed_out = False
         try:
@@ -130,11 +140,13 @@ class AttemptRunner:
             raise InfrastructureError(result.error)
         reward = stored.get("reward")
         if reward is None and result.reward is not None and not result.error:
-            # the agent said its reward and posted none itself (had it, the stored one wins)
-            if await self.client.post_reward(rollout_id, result.reward):
+            # the agent said its reward (the verifier, for a harness) and, unless the runner gives it, posted none
+            # itself (had it, the stored one wins); a graded rollout takes it from the grader token alone
+            if await self.client.post_reward(rollout_id, result.reward, key=created.grader_token):
                 reward = result.reward
             else:
                 reward = ((await self.client.rollout(rollout_id)) or {}).get("reward")
+        claims = sum(1 for entry in stored.get("rewards") or () if entry.get("claim"))
         # a reward posted before the agent hung or failed still counts
         status = ("rewarded" if reward is not None else "timeout" if timed_out
                   else "failed" if result.error else "unrewarded")
@@ -142,9 +154,9 @@ class AttemptRunner:
         summary = calls_summary(stored)
         self._log("finished", attempt, rollout_id=rollout_id, status=status, reward=reward, policy=policy,
                   error=result.error, tries=tries, seconds=round(time.monotonic() - began, 3),
-                  calls=summary["call_count"])
+                  calls=summary["call_count"], **({"claims": claims} if claims else {}))
         return Outcome(task.split, status, reward, policy, attempt, rollout_id, result.error, tries,
-                       tuple(entry["policy"] for entry in summary["policies"]))
+                       tuple(entry["policy"] for entry in summary["policies"]), claims)
 
     async def _engine_failed(self, stored: dict[str, Any]) -> bool:
         """The agent failed because the proxy or engine did: no call was answered and one broke on the engine

@@ -17,6 +17,8 @@ from runner.errors import InfrastructureError, ProxyRefused, RolloutRefused, Run
 class NewRollout:
     rollout_id: str
     base_url: str  # ends in /rollouts/{id}/v1
+    token: str | None = None  # the rollout's own token: what its agent is given (None: a proxy from before them)
+    grader_token: str | None = None  # with a reward source other than the agent: what gives its final reward
 
 
 def proxy_url(proxy: str) -> str:
@@ -98,12 +100,17 @@ class ProxyClient:
             raise InfrastructureError(f"POST {probe}: proxy unreachable ({exc})") from None
 
     async def create_rollout(self, task_id: str, *, agent: str | None, evaluation: bool,
-                             metadata: dict[str, Any], owner_key: str | None = None) -> NewRollout:
+                             metadata: dict[str, Any], owner_key: str | None = None,
+                             reward_source: str | None = None) -> NewRollout:
         """`owner_key`: the key whose project the rollout is (the agents' own, when they have one): a rollout the
-        operator's key created belongs to no project, and a project's key may not add calls or rewards to it."""
+        operator's key created belongs to no project, and a project's key may not add calls or rewards to it.
+        `reward_source` "grader": the runner gives the final reward (with the grader token the answer holds),
+        and a reward the agent posts is only a claim."""
         body = {"task_id": task_id, "metadata": metadata, "eval": evaluation}
         if agent:
             body["agent"] = agent
+        if reward_source:
+            body["reward_source"] = reward_source
         headers = {"Authorization": f"Bearer {owner_key}"} if owner_key else None
         status, payload = await self._call("POST", "/rollouts", body, headers=headers)
         if status in (401, 403):  # the runner's key: no attempt can go on
@@ -119,12 +126,20 @@ class ProxyClient:
         # the agent's URL from the proxy this runner was told to use (--proxy), not from the answer: behind a load
         # balancer that ends TLS or rewrites Host, the answer's origin can be plain http or another host, and the
         # agent would send its key there
-        return NewRollout(rollout_id, f"{self.proxy}/rollouts/{rollout_id}/v1")
+        token, grader = payload.get("token"), payload.get("grader_token")
+        if reward_source and not isinstance(grader, str):
+            raise ProxyRefused("POST /rollouts answered no grader_token for a rollout the runner rewards: is the "
+                               "proxy older than this runner? (rollout tokens came with migration 0015)")
+        return NewRollout(rollout_id, f"{self.proxy}/rollouts/{rollout_id}/v1",
+                          token if isinstance(token, str) else None, grader if isinstance(grader, str) else None)
 
-    async def post_reward(self, rollout_id: str, reward: float) -> bool:
-        """The final reward; False when the rollout already had another one (409)."""
-        status, payload = await self._call("POST", "/reward", {"rollout_id": rollout_id, "reward": reward})
-        if status == 409:
+    async def post_reward(self, rollout_id: str, reward: float, *, key: str | None = None) -> bool:
+        """The final reward (with `key`: that credential, the rollout's grader token); False when the rollout
+        already had another one (409), or kept it only as a claim (the key does not give its reward)."""
+        headers = {"Authorization": f"Bearer {key}"} if key else None
+        status, payload = await self._call("POST", "/reward", {"rollout_id": rollout_id, "reward": reward},
+                                           headers=headers)
+        if status == 409 or (status == 200 and isinstance(payload, dict) and payload.get("claim")):
             return False
         if status != 200:
             raise ProxyRefused(f"POST /reward: {status} {_message(payload)}")

@@ -64,6 +64,8 @@ class Display:
         rate = self._rate()
         # why it failed, on screen as well as in the log: "exit status 1: ModuleNotFoundError: No module named ..."
         why = f": {reason(outcome.error)}" if outcome.error and outcome.reward is None else ""
+        if outcome.claims:  # the runner gives this attempt's reward; its agent posted one anyway
+            why += f" ({claimed(outcome.claims)})"
         if self._bar is not None:
             if why:  # the bar shows only counts: a failed attempt's line goes above it
                 self._print(f"{printable(label)} {outcome.status}{why}")
@@ -92,6 +94,19 @@ class Display:
             self._bar.stop()
 
 
+def claimed(count: int) -> str:
+    return f"its agent posted {count} reward{'s' if count > 1 else ''} of its own: kept as claims, not the reward"
+
+
+def claims_caption(outcomes: list[Outcome]) -> str | None:
+    """The summary's line on attempts whose agent posted a reward the runner gives (kept as claims)."""
+    posted = sum(1 for o in outcomes if o.claims)
+    if not posted:
+        return None
+    return (f"{posted} attempt{'s' if posted > 1 else ''}' agents posted a reward of their own where the runner "
+            "gives it (--verify, evaluation): kept as claims, never trained on")
+
+
 def _row_order(row: tuple[tuple[str, str], list[Outcome]]) -> tuple[str, bool, int]:
     """By split, then by version number (v2 before v10), "-" (no call answered) first and "all" last."""
     split, version = row[0]
@@ -105,7 +120,7 @@ def summary(outcomes: list[Outcome], threshold: float) -> Table:
         version = "-" if outcome.policy is None else f"v{outcome.policy}"
         groups[(outcome.split, version)].append(outcome)
         groups[(outcome.split, "all")].append(outcome)
-    table = Table(title=f"rlproxy run: success is a reward >= {threshold:g}")
+    table = Table(title=f"rlproxy run: success is a reward >= {threshold:g}", caption=claims_caption(outcomes))
     for column in ("split", "policy", "attempts", "rewarded", "success", "mean reward", "failed"):
         table.add_column(column, justify="left" if column in ("split", "policy") else "right")
     versions = defaultdict(int)

@@ -106,7 +106,7 @@ def prepare(settings: RunSettings) -> Plan:
         needed.update(agent.needed_fields())
     else:
         agent = make_agent(kind, target, {"AGL_OPENAI_BASE_URL": f"{proxy}/v1",
-                                          "AGL_KEY": settings.agent_key() or NO_KEY,
+                                          "AGL_KEY": NO_KEY,  # no rollout yet: each gets its own token
                                           "AGL_EVENT_URL": f"{proxy}/rollouts/none/events"}, settings.pass_env)
     tasks: list[Task] = []
     if settings.tasks is not None:

@@ -42,7 +42,7 @@ class Tenants:
     url: str
     stub: Stub
     stub_url: str
-    keys: dict[str, str]  # project (or "alpha-admin", "beta-admin", "operator") -> key
+    keys: dict[str, str]  # project (or "alpha-admin", "beta-admin", "alpha-eval", "operator") -> key
     adapters: dict[str, str]  # project -> its active version's adapter name
 
     def headers(self, who: str) -> dict[str, str]:
@@ -93,6 +93,7 @@ def secured_tenants(postgres_server: str, run_dir: Path, adapters: Path) -> Iter
                                                       engine_url=engine_url, policy=project))[version]
         keys = {project: make_key(database_url, project) for project in ("alpha", "beta", "gamma")}
         keys |= {f"{project}-admin": make_key(database_url, project, admin=True) for project in PROJECTS}
+        keys["alpha-eval"] = make_key(database_url, "alpha", eval=True)  # made for evaluation (keys create --eval)
         rules = [arg for project in PROJECTS for arg in ("--policy-rule", f"project:{project}={project}")]
         with running_proxy([engine_url], database_url, run_dir, "proxy-tenants", "--admin-key", OPERATOR,
                            "--client-max-size", str(MAX_BODY), *rules) as url:

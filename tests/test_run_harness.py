@@ -160,4 +160,6 @@ def test_the_harness_and_its_verifier_get_an_allow_listed_environment(harness_pr
         assert "rlp_the-runners-own-key" not in json.dumps(seen), program
         assert seen["AGENT_NEEDS_THIS"] == "passed on purpose", program
     harness_env = dict(item.split("=", 1) for item in (dumps / "harness").read_text().split("\0") if item)
-    assert harness_env["ANTHROPIC_API_KEY"] == "rlp_the-agents-key" and "RLPROXY_TASK" not in harness_env
+    # the rollout's own token, not the agents' key: it reaches this rollout alone
+    assert harness_env["ANTHROPIC_API_KEY"].startswith("rlr_") and "RLPROXY_TASK" not in harness_env
+    assert "rlp_the-agents-key" not in json.dumps(harness_env)

@@ -53,7 +53,9 @@ def test_the_agent_gets_an_allow_listed_environment_and_the_variables_the_user_p
     import ctypes
     assert ctypes.CDLL(None).prctl(3, 0, 0, 0, 0) == 0  # PR_GET_DUMPABLE
     assert RUNNER_KEY not in json.dumps(seen)  # under no name: the agent has a key of its own
-    assert seen["OPENAI_API_KEY"] == seen["ANTHROPIC_API_KEY"] == AGENT_KEY
+    # nor the agents' key: the rollout's own token, good for this rollout alone
+    assert AGENT_KEY not in json.dumps(seen) and seen["OPENAI_API_KEY"] == seen["ANTHROPIC_API_KEY"]
+    assert seen["OPENAI_API_KEY"].startswith("rlr_")
     assert seen["AGENT_NEEDS_THIS"] == "passed on purpose" and seen["LC_ALL"] == "C.UTF-8"
     assert seen["QUESTION"] == "What is 3+4?" and seen["RLPROXY_TASK_ID"] == "env"
     assert seen["OPENAI_BASE_URL"] == f"{proxy_url}/rollouts/{entry['rollout_id']}/v1"
@@ -74,7 +76,7 @@ def test_an_agent_class_gets_the_same_allow_list(proxy_url, tmp_path, monkeypatc
                          "--pass-env", "DUMP_TO", "--agent-class", "tests.run_agents:DumpsItsEnvironment")
     assert result.exit_code == 0, result.output
     seen = json.loads((tmp_path / "class-env.json").read_text())
-    assert "RUNNER_DATABASE_PASSWORD" not in seen and seen["AGL_KEY"] == "rlproxy"  # the proxy's keys are off
+    assert "RUNNER_DATABASE_PASSWORD" not in seen and seen["AGL_KEY"].startswith("rlr_")  # its rollout's token
     assert seen["AGL_OPENAI_BASE_URL"].endswith("/v1") and "/rollouts/" in seen["AGL_OPENAI_BASE_URL"]
     assert json.loads(seen["RLPROXY_TASK"]) == {"id": "class"} and seen["RLPROXY_TASK_FILE"].endswith("task.json")
 

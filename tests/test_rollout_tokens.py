@@ -1,0 +1,202 @@
+"""A rollout's own credentials against a real proxy with keys on (tests/tenants.py: projects alpha and beta, a stub
+engine, Postgres) and one with keys off: the token `POST /rollouts` answers reaches its own rollout alone, a
+rollout whose grader gives its reward keeps what anyone else posts as a claim, and evaluation rollouts (and the
+figures `GET /policies` reports from them) take only evaluation credentials. Each of these is what an agent with
+a project key did before: list the open rollouts, set its group mates' rewards, create and reward evaluation
+rollouts, move the held-out figures."""
+from __future__ import annotations
+
+import re
+import uuid
+
+import pytest
+import requests
+
+from store import rollouts as store_rollouts
+from store import training
+from store.models import RewardKind
+from store.reward_sources import RewardedBy, RewardSource
+from testkit.stub_engine import BASE_MODEL
+from tests.support import running_proxy, transaction
+
+CHAT = {"model": BASE_MODEL, "messages": [{"role": "user", "content": "What is 6*7?"}], "max_tokens": 4}
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def create(url: str, headers: dict[str, str], **body) -> dict:
+    answer = requests.post(f"{url}/rollouts", json={"task_id": "t-group", **body}, headers=headers)
+    assert answer.status_code == 201, answer.text
+    return answer.json()
+
+
+def reward(url: str, headers: dict[str, str], rollout_id: str, value: float, **body) -> requests.Response:
+    return requests.post(f"{url}/reward", json={"rollout_id": rollout_id, "reward": value, **body}, headers=headers)
+
+
+def claims_counted(tenants, giver: str) -> float:
+    text = requests.get(f"{tenants.url}/metrics", headers=tenants.headers("operator")).text
+    found = re.search(rf'^rlproxy_reward_claims_total{{giver="{giver}",kind="final"}} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def test_a_rollout_token_reaches_its_own_rollout_and_nothing_else(tenants):
+    mine, mate = create(tenants.url, tenants.headers("alpha")), create(tenants.url, tenants.headers("alpha"))
+    assert mine["token"].startswith("rlr_") and mine["token"] != mate["token"]
+    assert mine["reward_source"] == "agent" and mine["grader_token"] is None
+    token, own, other = bearer(mine["token"]), mine["rollout_id"], mate["rollout_id"]
+
+    # its own calls are recorded: under its base URL, and bare with X-Rollout-Id
+    assert requests.post(f"{mine['base_url']}/chat/completions", json=CHAT, headers=token).status_code == 200
+    bare = requests.post(f"{tenants.url}/v1/chat/completions", json=CHAT, headers={**token, "X-Rollout-Id": own})
+    assert bare.status_code == 200, bare.text
+    assert requests.get(f"{tenants.url}/rollouts/{own}/v1/models", headers=token).status_code == 200
+    assert len(requests.get(f"{tenants.url}/rollouts/{own}", headers=token).json()["calls"]) == 2
+
+    # its group mate (same project, same task) is an unused id to it: no call, no reward, no read
+    unseen = f"rollout {other!r} does not exist"
+    for answer in (reward(tenants.url, token, other, 0.0),
+                   requests.get(f"{tenants.url}/rollouts/{other}", headers=token),
+                   requests.post(f"{tenants.url}/rollouts/{other}/events", headers=token,
+                                 json={"event_type": "reward", "data": {"value": 0.0}}),
+                   requests.post(f"{tenants.url}/rollouts/{other}/v1/chat/completions", json=CHAT, headers=token),
+                   requests.post(f"{tenants.url}/v1/chat/completions", json=CHAT,
+                                 headers={**token, "X-Rollout-Id": other})):
+        assert answer.status_code == 404 and answer.json()["error"]["message"] == unseen, answer.text
+    assert requests.get(f"{tenants.url}/rollouts/{other}", headers=tenants.headers("alpha")).json()["status"] == "open"
+
+    # every route that is not its rollout's: listing, creating, evaluation, policies, spans, metrics
+    refused = {
+        "list": requests.get(f"{tenants.url}/ui/api/rollouts", params={"status": "open"}, headers=token),
+        "create": requests.post(f"{tenants.url}/rollouts", json={}, headers=token),
+        "create eval": requests.post(f"{tenants.url}/rollouts", json={"eval": True}, headers=token),
+        "policies": requests.get(f"{tenants.url}/policies", headers=token),
+        "activate": requests.post(f"{tenants.url}/policies/1/activate", headers=token),
+        "traces": requests.post(f"{tenants.url}/v1/traces", json={"resourceSpans": []}, headers=token),
+        "metrics": requests.get(f"{tenants.url}/metrics", headers=token),
+        "bare call": requests.post(f"{tenants.url}/v1/chat/completions", json=CHAT, headers=token),
+    }
+    assert {name: answer.status_code for name, answer in refused.items()} == dict.fromkeys(refused, 403)
+    assert refused["bare call"].json()["error"]["code"] == "rollout_token_scope"
+    assert "its own rollout alone" in refused["list"].json()["error"]["message"]
+
+    # its own reward (the agent gives it: reward_source agent) closes its own rollout
+    assert reward(tenants.url, token, own, 0.75).json() == {"rollout_id": own, "reward": 0.75}
+    closed = requests.get(f"{tenants.url}/rollouts/{own}", headers=token).json()  # still readable once finished
+    assert (closed["status"], closed["reward"], closed["rewarded_by"]) == ("finished", 0.75, "agent")
+
+
+def test_the_graders_reward_is_final_and_everyone_elses_a_claim(tenants):
+    before = claims_counted(tenants, "agent")
+    created = create(tenants.url, tenants.headers("alpha"), reward_source="runner")
+    rollout_id, token = created["rollout_id"], bearer(created["token"])
+    assert created["reward_source"] == "grader" and created["grader_token"].startswith("rlg_")
+    assert requests.post(f"{created['base_url']}/chat/completions", json=CHAT, headers=token).status_code == 200
+
+    # the agent's token, the events URL and a plain key of the project: each answered 2xx, each a claim
+    posted = reward(tenants.url, token, rollout_id, 1.0)
+    assert posted.status_code == 200 and posted.json() == {"rollout_id": rollout_id, "reward": 1.0, "claim": True}
+    event = requests.post(f"{tenants.url}/rollouts/{rollout_id}/events", headers=token,
+                          json={"event_type": "reward", "data": {"value": 1.0}})
+    assert event.status_code == 200 and event.json()["claim"] is True
+    assert reward(tenants.url, tenants.headers("alpha"), rollout_id, 1.0).json()["claim"] is True
+    assert requests.get(f"{tenants.url}/rollouts/{rollout_id}", headers=token).json()["status"] == "open"
+
+    # the grader's word closes it; a claim after it changes nothing
+    graded = reward(tenants.url, bearer(created["grader_token"]), rollout_id, 0.0)
+    assert graded.status_code == 200 and graded.json() == {"rollout_id": rollout_id, "reward": 0.0}
+    assert reward(tenants.url, token, rollout_id, 1.0).json()["claim"] is True
+    stored = requests.get(f"{tenants.url}/rollouts/{rollout_id}", headers=tenants.headers("alpha")).json()
+    assert (stored["status"], stored["reward"], stored["rewarded_by"]) == ("finished", 0.0, "grader")
+    kinds = [(entry["kind"], entry["claim"], entry["value"], entry["reason"]) for entry in stored["rewards"]]
+    assert sorted(kinds) == sorted([("claim", True, 1.0, "agent")] * 4 + [("final", False, 0.0, None)])
+    assert claims_counted(tenants, "agent") == before + 4
+
+    # an admin key of the project gives such a reward too; another rollout's grader token does not
+    other = create(tenants.url, tenants.headers("alpha"), reward_source="grader")
+    assert reward(tenants.url, bearer(created["grader_token"]), other["rollout_id"], 1.0).status_code == 404
+    assert reward(tenants.url, tenants.headers("alpha-admin"), other["rollout_id"], 0.5).json() == {
+        "rollout_id": other["rollout_id"], "reward": 0.5}
+
+
+def alpha_traffic(tenants) -> dict:
+    listed = requests.get(f"{tenants.url}/policies", params={"policy": "alpha"}, headers=tenants.headers("alpha"))
+    return {row["version"]: row["evaluation_traffic"] for row in listed.json()["data"]}
+
+
+def test_evaluation_rollouts_and_their_figures_take_only_evaluation_credentials(tenants):
+    refused = requests.post(f"{tenants.url}/rollouts", json={"eval": True}, headers=tenants.headers("alpha"))
+    assert refused.status_code == 403 and refused.json()["error"]["param"] == "eval"
+    assert "--eval" in refused.json()["error"]["message"]
+    for who in ("alpha-admin", "alpha-eval", "operator"):
+        assert create(tenants.url, tenants.headers(who), eval=True)["reward_source"] == "grader"
+
+    figures = alpha_traffic(tenants)
+    evaluations = [create(tenants.url, tenants.headers("alpha-eval"), eval=True) for _ in range(3)]
+    for rollout in evaluations:  # the agents of each, and a plain project key, post 1.0: claims
+        token = bearer(rollout["token"])
+        assert requests.post(f"{rollout['base_url']}/chat/completions", json=CHAT, headers=token).status_code == 200
+        assert reward(tenants.url, token, rollout["rollout_id"], 1.0).json()["claim"] is True
+        assert reward(tenants.url, tenants.headers("alpha"), rollout["rollout_id"], 1.0).json()["claim"] is True
+    assert alpha_traffic(tenants) == figures  # the held-out figures did not move
+
+    # the rollout's grader token, an evaluation key and an admin key give the evidence
+    graders = [bearer(evaluations[0]["grader_token"]), tenants.headers("alpha-eval"), tenants.headers("alpha-admin")]
+    for rollout, headers in zip(evaluations, graders):
+        assert reward(tenants.url, headers, rollout["rollout_id"], 0.0).json() == {
+            "rollout_id": rollout["rollout_id"], "reward": 0.0}
+    version = requests.get(f"{tenants.url}/rollouts/{evaluations[0]['rollout_id']}",
+                           headers=tenants.headers("alpha")).json()["policy"]
+    counted = alpha_traffic(tenants)[version]
+    assert counted["n"] == (figures[version] or {"n": 0})["n"] + 3
+
+
+@pytest.fixture
+def open_proxy(stub_url, own_database_url, tmp_path):
+    """A proxy with keys off (no key anywhere, loopback): every local process is trusted, as before."""
+    with running_proxy([stub_url], own_database_url, tmp_path, "proxy-open") as url:
+        yield url
+
+
+def test_with_keys_off_a_token_is_held_to_its_rollout_and_only_the_grader_settles(open_proxy):
+    created = create(open_proxy, {}, reward_source="grader")
+    rollout_id, token = created["rollout_id"], bearer(created["token"])
+    assert requests.get(f"{open_proxy}/ui/api/rollouts").status_code == 200  # no credential: open as before
+    assert requests.get(f"{open_proxy}/ui/api/rollouts", headers=token).status_code == 403
+    assert requests.post(f"{open_proxy}/rollouts", json={"eval": True}, headers=token).status_code == 403
+    assert requests.get(f"{open_proxy}/rollouts/{uuid.uuid4().hex}", headers=token).status_code == 404
+    assert requests.get(f"{open_proxy}/rollouts/x", headers=bearer("rlr_" + "x" * 43)).status_code == 401
+
+    # "everyone is the operator" does not settle a graded rollout: only its grader token does
+    assert reward(open_proxy, {}, rollout_id, 1.0).json()["claim"] is True
+    assert reward(open_proxy, token, rollout_id, 1.0).json()["claim"] is True
+    assert reward(open_proxy, bearer(created["grader_token"]), rollout_id, 0.25).json() == {
+        "rollout_id": rollout_id, "reward": 0.25}
+    assert requests.get(f"{open_proxy}/rollouts/{rollout_id}").json()["reward"] == 0.25
+
+    evaluation = create(open_proxy, {}, eval=True)  # keys off: any local caller may create one ...
+    assert reward(open_proxy, {}, evaluation["rollout_id"], 1.0).json()["claim"] is True  # ... not reward it
+
+
+async def test_a_claim_is_never_trained_on(own_database_url):
+    """The trainer's reads: a rollout that holds only claims is open (never ready), and once its grader gave its
+    reward, the claims beside it are not rewards of it or of its calls."""
+    rollout_id = uuid.uuid4().hex
+    async with transaction(own_database_url) as session:
+        await store_rollouts.create_rollout(session, rollout_id, task_id="t", reward_source=RewardSource.GRADER)
+    async with transaction(own_database_url) as session:
+        claimed = await store_rollouts.post_reward(session, rollout_id, 1.0, giver=RewardedBy.AGENT)
+        assert claimed.claim and claimed.created
+    async with transaction(own_database_url) as session:
+        assert await training.ready_rollouts(session, limit=16, group_size=1, group_timeout_s=0) == []
+        assert (await training.waiting_rollouts(session)) == 0
+    async with transaction(own_database_url) as session:
+        await store_rollouts.post_reward(session, rollout_id, 0.0, giver=RewardedBy.GRADER)
+    async with transaction(own_database_url) as session:
+        assert await training.ready_rollouts(session, limit=16, group_size=1, group_timeout_s=0) == [rollout_id]
+        stored = await store_rollouts.get_rollout(session, rollout_id)
+    assert stored["reward"] == 0.0
+    assert [(entry["kind"], entry["value"]) for entry in stored["rewards"]] == [(RewardKind.CLAIM, 1.0),
+                                                                              (RewardKind.FINAL, 0.0)]
