@@ -45,3 +45,20 @@ def completion_text(route: str | None, response: dict[str, Any] | None) -> str |
     if not isinstance(choice, dict):
         return None
     return (choice.get("message") or {}).get("content") if "message" in choice else choice.get("text")
+
+
+def printable(text: str, limit: int | None = None) -> str:
+    """`text` safe to write into a log line or onto a terminal: every character that is not printable (C0 and C1
+    controls: newlines that forge log lines, ESC that drives a terminal; format characters such as U+202E that
+    turn what follows around; line separators; lone surrogates) written as its escape (`\\x1b`, `\\u202e`), and
+    cut at `limit` characters with an ellipsis. What a request sent (its path, ids, a model name) passes through
+    here before any log line quotes it."""
+    if not text.isprintable():
+        text = "".join(character if character.isprintable() or character == " " else _escape(character)
+                       for character in text)
+    return text if limit is None or len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _escape(character: str) -> str:
+    code = ord(character)
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"

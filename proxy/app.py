@@ -5,10 +5,11 @@ import asyncio
 import logging
 
 from aiohttp import web
-from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 
 from core.log_redaction import redact_keys_in
+from core.text import printable
 from core.settings import ProxySettings
 from engine import lifecycle
 from engine.adapters import AdapterError
@@ -59,9 +60,20 @@ async def api_errors(request: web.Request, handler):
     except store_errors.NotYours as exc:
         error = Forbidden(str(exc))
     except (OperationalError, InterfaceError, SQLAlchemyTimeout, ConnectionRefusedError) as exc:
-        log.warning("the database did not answer %s %s: %s", request.method, request.path, exc)
+        log.warning("the database did not answer %s %s: %s", request.method, logged_path(request),
+                    printable(str(exc), 2000))
         error = StoreUnavailable("the database did not answer; try again shortly")
         error.headers = {"Retry-After": "1"}
+    except DBAPIError as exc:
+        if not store_errors.database_not_ready(exc):
+            log.exception("unhandled error on %s %s", request.method, logged_path(request))
+            error = ProxyError("internal error")
+        else:  # the database's state (a failover, a lock, an operator), not the request: retry later
+            log.warning("the database could not answer %s %s now (SQLSTATE %s): %s", request.method,
+                        logged_path(request), store_errors.sqlstate(exc), printable(str(exc), 2000))
+            error = StoreUnavailable(f"the database cannot answer now (SQLSTATE {store_errors.sqlstate(exc)}); "
+                                     "try again shortly")
+            error.headers = {"Retry-After": "1"}
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -73,12 +85,18 @@ async def api_errors(request: web.Request, handler):
     except (asyncio.CancelledError, ConnectionResetError):
         raise
     except Exception:
-        log.exception("unhandled error on %s %s", request.method, request.path)
+        log.exception("unhandled error on %s %s", request.method, logged_path(request))
         error = ProxyError("internal error")
     if messages.in_messages_api(request.path):
         return json_response(anthropic_error_body(error.status, error.message), status=error.status,
                              headers=error.headers)
     return error.response()
+
+
+def logged_path(request: web.Request) -> str:
+    """The request's path as a log line may quote it: percent-decoded, it may hold newlines (a forged log line)
+    and terminal escapes (core/text.py `printable`), and it is cut at 512 characters."""
+    return printable(request.path, 512)
 
 
 def build_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> web.Application:
