@@ -11,7 +11,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from core.policy_rules import DEFAULT_POLICY
-from store.dialect import insert_ignoring_duplicates
+from store.dialect import database_now, insert_ignoring_duplicates
 from store.models import Call, CallChoice, PrefixKind, PrunedRollout, Rollout, as_utc
 from store.records import CallRecord
 
@@ -110,11 +110,14 @@ async def write_calls(session: AsyncSession, records: list[CallRecord], *, may_r
             by_rollout[record.rollout_id].append(record)
 
     if by_rollout:
+        # created now by the database's clock, not the first call's (a proxy's): the reward TTL and retention
+        # compare it with their own `now`, which is the database's too (store/dialect.py)
+        created_at = await database_now(session)
         await session.execute(
             insert_ignoring_duplicates(session, Rollout.__table__, ["id"]),
             [
                 {"id": rid, "task_id": calls[0].task_id, "agent": calls[0].agent, "project": calls[0].project,
-                 "status": "open", "call_count": 0, "created_at": calls[0].started_at,
+                 "status": "open", "call_count": 0, "created_at": created_at,
                  "policy_version": calls[0].policy_version}  # the version that answered its first call
                 for rid, calls in by_rollout.items()
             ],
@@ -231,6 +234,7 @@ def _call_row(record: CallRecord, seq: int | None, parent: Parent | None, kind: 
         "latency_ms": record.latency_ms,
         "ttft_ms": record.ttft_ms,
         "sampling": record.sampling[:64] if record.sampling else None,
+        "logprobs_mode": record.logprobs_mode,
         "started_at": record.started_at,
         "finished_at": record.finished_at,
     }

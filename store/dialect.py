@@ -1,9 +1,13 @@
-"""The few statements that differ between Postgres and SQLite."""
+"""The few statements that differ between Postgres and SQLite, and the database's clock."""
 from __future__ import annotations
 
-from sqlalchemy import Table
+from datetime import datetime
+
+from sqlalchemy import Table, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
+
+from store.models import as_utc, utcnow
 
 
 def insert_ignoring_duplicates(session: AsyncSession, table: Table, index_elements: list[str] | None = None):
@@ -18,3 +22,13 @@ def upsert(session: AsyncSession, table: Table, index_elements: list[str], value
     same row never fail on the key (the last one's values stand)."""
     module = postgresql if session.get_bind().dialect.name == "postgresql" else sqlite
     return module.insert(table).values(**values).on_conflict_do_update(index_elements=index_elements, set_=update)
+
+
+async def database_now(session: AsyncSession) -> datetime:
+    """The database's time (Postgres: its transaction's `now()`), for every time one process writes and another
+    compares: a rollout's creation and finish, a lease's end, a tombstone, the cutoffs of expiry and retention.
+    Each process's own clock would do only if every machine's agreed: a proxy 7 h behind the trainer had its new
+    rollouts expired by the reward TTL at once. SQLite is a file on one machine, whose clock is the database's."""
+    if session.get_bind().dialect.name == "postgresql":
+        return as_utc((await session.execute(select(func.now()))).scalar_one())
+    return utcnow()

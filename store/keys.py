@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from store.dialect import insert_ignoring_duplicates
+from store.dialect import database_now, insert_ignoring_duplicates
 from store.errors import NotFound
 from store.models import ApiKey, Project, Rollout, RolloutStatus, utcnow
 
@@ -105,6 +105,6 @@ async def claim_rollout(session: AsyncSession, rollout_id: str, project: str, *,
     await session.execute(
         insert_ignoring_duplicates(session, Rollout.__table__, ["id"]),
         [{"id": rollout_id, "project": project, "task_id": task_id, "agent": agent,
-          "status": RolloutStatus.OPEN, "call_count": 0, "created_at": utcnow()}],
+          "status": RolloutStatus.OPEN, "call_count": 0, "created_at": await database_now(session)}],
     )
     return (await rollout_owner(session, rollout_id))[1]  # another proxy may have won the race

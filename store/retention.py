@@ -21,8 +21,8 @@ from typing import Literal
 from sqlalchemy import and_, delete, false, func, null, or_, select, true, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from store.dialect import insert_ignoring_duplicates
-from store.models import Call, CallChoice, PrunedRollout, Reward, Rollout, RolloutStatus, utcnow
+from store.dialect import database_now, insert_ignoring_duplicates
+from store.models import Call, CallChoice, PrunedRollout, Reward, Rollout, RolloutStatus
 
 What = Literal["calls", "bodies"]
 
@@ -92,7 +92,7 @@ async def prune_batch(session: AsyncSession, created_before: datetime, *, what: 
             await session.execute(delete(Reward).where(Reward.rollout_id.in_(drop_ids)))
             done.calls += (await session.execute(delete(Call).where(Call.rollout_id.in_(drop_ids)))).rowcount or 0
             done.rollouts += (await session.execute(delete(Rollout).where(Rollout.id.in_(drop_ids)))).rowcount or 0
-            pruned_at = utcnow()
+            pruned_at = await database_now(session)
             await session.execute(insert_ignoring_duplicates(session, PrunedRollout.__table__, ["id"]),
                                   [{"id": rid, "pruned_at": pruned_at} for rid in drop_ids])
     loose = select(Call.id).where(Call.rollout_id.is_(None), Call.started_at < created_before)

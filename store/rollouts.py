@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from core.checks import reward_problem
 from store import rewards as reward_rows
+from store.dialect import database_now
 from store.errors import Conflict, NotFound, NotYours
 from store.models import Call, Rollout, RolloutStatus, as_utc, utcnow
 from store.reward_sources import RewardedBy, RewardSource
@@ -47,7 +48,8 @@ async def create_rollout(
 ) -> Rollout:
     rollout = Rollout(id=rollout_id, task_id=task_id, agent=agent, metadata_=metadata, project=project,
                       policy_version=policy_version, status=RolloutStatus.OPEN, call_count=0, eval=eval,
-                      reward_source=reward_source, token_hash=token_hash, grader_token_hash=grader_token_hash)
+                      reward_source=reward_source, token_hash=token_hash, grader_token_hash=grader_token_hash,
+                      created_at=await database_now(session))  # the reward TTL's clock (store/dialect.py)
     session.add(rollout)
     await session.flush()
     return rollout
@@ -150,7 +152,8 @@ async def post_reward(
         reward_rows.add_call_reward(session, rollout_id, call_id, value, metadata)
         return RewardResult(rollout_id, value, call_id, True)
 
-    closing = {"status": RolloutStatus.FINISHED, "reward": value, "finished_at": utcnow(), "rewarded_by": giver}
+    closing = {"status": RolloutStatus.FINISHED, "reward": value, "finished_at": await database_now(session),
+               "rewarded_by": giver}
     if task_id is not None and rollout.task_id is None:
         closing["task_id"] = task_id
     # Closed only if still open, in one statement: the lock above is a no-op on SQLite, where another request
@@ -183,7 +186,7 @@ async def expire_open_rollouts(session: AsyncSession, created_before: datetime, 
         return 0
     result = await session.execute(
         update(Rollout).where(Rollout.id.in_(ids), Rollout.status == RolloutStatus.OPEN)
-        .values(status=RolloutStatus.EXPIRED, finished_at=utcnow()))
+        .values(status=RolloutStatus.EXPIRED, finished_at=await database_now(session)))
     return result.rowcount or 0
 
 

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import and_, case, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from store.dialect import database_now
 from store.errors import LeaseLost
 from store.judging import judge_had_its_say
 from store.models import (
@@ -96,7 +97,7 @@ async def ready_rollouts(session: AsyncSession, *, limit: int, group_size: int, 
     Groups are counted over every waiting rollout, not over a window of the oldest: traffic that interleaves many
     tasks completes its groups anywhere in the queue, and a complete group never waits for a timeout because
     older partial groups lie ahead of it. Rollouts without a task are always ready."""
-    now = utcnow()
+    now = await database_now(session)  # finish times are the database's (store/dialect.py)
     full, limit = limit, max(limit, most or limit)
     waiting = and_(_trainable(agents, judged), _unleased(now))
     if settle_s > 0:
@@ -157,7 +158,7 @@ def _finished_first(rollout: Rollout) -> tuple[bool, datetime]:
 async def lease(session: AsyncSession, rollout_ids: list[str], owner: str, seconds: float, *,
                 judged: bool = False) -> list[str]:
     """Take a lease on those of `rollout_ids` nobody else holds (row locks skipped, not waited for)."""
-    now = utcnow()
+    now = await database_now(session)  # another trainer compares the lease's end with its own `now`
     query = select(Rollout.id).where(Rollout.id.in_(rollout_ids), _trainable(judged=judged), _unleased(now))
     if session.get_bind().dialect.name == "postgresql":
         query = query.with_for_update(skip_locked=True)

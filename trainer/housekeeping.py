@@ -13,7 +13,7 @@ from datetime import timedelta
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from core.settings import TrainerSettings
-from store.models import utcnow
+from store.dialect import database_now
 from store.retention import prune
 from store.rollouts import expire_open_rollouts
 from trainer.judge import JudgeJob
@@ -50,10 +50,14 @@ class Housekeeping:
         self._next[job] = now + min(cap, period / 10)
         return True
 
+    async def _database_now(self):
+        async with self.sessions() as session:
+            return await database_now(session)
+
     async def expire_unrewarded(self) -> int:
         """Rollouts that waited longer than reward_ttl_s for a final reward become expired (never trained on)."""
         ttl = self.settings.reward_ttl_s
-        cutoff = utcnow() - timedelta(seconds=ttl)
+        cutoff = await self._database_now() - timedelta(seconds=ttl)  # rows' times are the database's
         expired = 0
         while True:
             async with self.sessions() as session, session.begin():
@@ -68,7 +72,7 @@ class Housekeeping:
 
     async def prune_old(self) -> None:
         pruning = self.settings.pruning
-        cutoff = utcnow() - timedelta(seconds=pruning.older_than)
+        cutoff = await self._database_now() - timedelta(seconds=pruning.older_than)
         done = await prune(self.sessions, cutoff, what=pruning.what, keep_trained_ids=pruning.keep_trained_ids)
         self.metrics.pruned_rollouts.inc(done.rollouts)
         self.metrics.pruned_calls.inc(done.calls)
