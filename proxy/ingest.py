@@ -58,7 +58,7 @@ class RewardIngest:
         if result.claim:
             self.count_claim(result, giver)
         elif result.created:
-            self._count(result)
+            self._count(result, giver)
         return result
 
     def count_claim(self, result: store_rollouts.RewardResult, giver: str) -> None:
@@ -100,7 +100,7 @@ class RewardIngest:
                 if result.claim is not None:
                     self.count_claim(result.claim, giver)
                 for reward in ([result.final] if result.final else []) + result.call_rewards:
-                    self._count(reward)
+                    self._count(reward, giver)
                 for reason, policy in result.air:
                     self.metrics.rewards.labels(RewardKind.AIR, reason, "" if policy is None else str(policy)).inc()
             results += stored
@@ -117,12 +117,13 @@ class RewardIngest:
                                   f"most {limit} (--max-rewards-per-export): send them in smaller batches",
                                   code="too_many_rewards")
 
-    def _count(self, result: store_rollouts.RewardResult) -> None:
-        """The metrics of a final or per-call reward just stored."""
+    def _count(self, result: store_rollouts.RewardResult, giver: str) -> None:
+        """The metrics of a final or per-call reward just stored (an evaluation rollout's counts as evaluation
+        evidence only from an evaluation credential, as `GET /policies` counts it)."""
         kind = "final" if result.call_id is None else "call"
         self.metrics.rewards.labels(kind, "", "").inc()
         if kind == "final":
             self.metrics.reward_value.labels(str(self.router.version_for(result.rollout_id))).observe(result.reward)
-            if result.eval:  # by the version that served the rollout (`rollouts.policy_version`)
+            if result.eval and giver in RewardedBy.EVIDENCE:  # by the version that served it (`policy_version`)
                 version = "" if result.policy_version is None else str(result.policy_version)
                 self.metrics.eval_reward_value.labels(version).observe(result.reward)

@@ -95,9 +95,11 @@ def taken(rollout: Rollout) -> str | None:
 
 
 def sealed(rollout: Rollout) -> bool:
-    """Whether the rollout takes its rewards only from its reward source: evaluation rollouts always do (their
-    rewards are the evidence gates promote on), others when created with a source other than the agent."""
-    return rollout.eval or rollout.reward_source not in (None, RewardSource.AGENT)
+    """Whether the rollout takes its rewards only from its reward source: created with a source other than the
+    agent (`POST /rollouts` gives every evaluation rollout its grader). One marked as evaluation later (the
+    `X-Rlproxy-Eval` header, `--eval-agents`) is not: its agent's reward closes it, and is no evidence
+    (store/evaluation.py counts what an evaluation credential rewarded)."""
+    return rollout.reward_source not in (None, RewardSource.AGENT)
 
 
 def may_reward(rollout: Rollout, giver: str) -> bool:

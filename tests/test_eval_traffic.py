@@ -20,6 +20,7 @@ from store import rollouts as store_rollouts
 from store.calls import write_calls
 from store.db import open_database, session_factory
 from store.models import utcnow
+from store.reward_sources import RewardedBy, RewardSource
 from store.records import CallRecord, ChoiceRecord
 from tests.support import free_port, running, running_proxy, stub_command
 
@@ -44,10 +45,13 @@ class Agent:
 
     def __init__(self, proxy: str) -> None:
         self.proxy = proxy
+        self.graders: dict[str, str] = {}  # rollout id -> the grader token of an evaluation rollout it created
 
     def create(self, **body) -> str:
         answer = requests.post(f"{self.proxy}/rollouts", json=body)
         assert answer.status_code == 201, answer.text
+        if answer.json()["grader_token"]:
+            self.graders[answer.json()["rollout_id"]] = answer.json()["grader_token"]
         return answer.json()["rollout_id"]
 
     def call(self, path: str, headers: dict[str, str] | None = None, expect_policy: str | None = None) -> None:
@@ -58,8 +62,11 @@ class Agent:
             assert answer.headers["X-Rlproxy-Policy"] == expect_policy
 
     def reward(self, rollout_id: str, value: float) -> None:
-        answer = requests.post(f"{self.proxy}/reward", json={"rollout_id": rollout_id, "reward": value})
-        assert answer.status_code == 200, answer.text
+        """The final reward, as its grader (an evaluation rollout created with eval: true) or its agent."""
+        grader = self.graders.get(rollout_id)
+        answer = requests.post(f"{self.proxy}/reward", json={"rollout_id": rollout_id, "reward": value},
+                               headers={"Authorization": f"Bearer {grader}"} if grader else {})
+        assert answer.status_code == 200 and "claim" not in answer.json(), answer.text
 
     def rollout(self, rollout_id: str) -> dict:
         answer = requests.get(f"{self.proxy}/rollouts/{rollout_id}")
@@ -136,11 +143,13 @@ def test_eval_rollouts_are_served_never_claimed_and_reported_per_version(own_dat
             data = agent.rollout(rollout_id)
             assert data["eval"] is True and data["policy"] == 0 and data["calls"]  # served and recorded
 
-        v0_rewards = [1.0, 0.0, 1.0, 1.0, 0.0]  # by body, by header, late
+        # the evidence: what an evaluation credential rewarded (the grader tokens of those created as evaluation);
+        # those marked by the header are evaluation traffic too (never trained on), but their agent rewarded them
+        v0_rewards = [1.0, 0.0, 1.0]
         traffic = agent.traffic()
         assert traffic[0]["n"] == len(v0_rewards) and traffic[0]["interval"] == "wilson"
         assert traffic[0]["mean"] == pytest.approx(statistics.fmean(v0_rewards))
-        assert traffic[0]["ci95"] == pytest.approx(list(wilson(3, 5)))
+        assert traffic[0]["ci95"] == pytest.approx(list(wilson(2, 3)))
 
         # a trained version serves; evaluation rollouts it serves are scored under it
         async def add_v1() -> None:
@@ -161,7 +170,7 @@ def test_eval_rollouts_are_served_never_claimed_and_reported_per_version(own_dat
         assert traffic[1]["n"] == 4 and traffic[1]["interval"] == "t"
         assert traffic[1]["mean"] == pytest.approx(statistics.fmean(v1_rewards))
         assert traffic[1]["ci95"] == pytest.approx(list(t_interval(v1_rewards, 3.182446305)))  # t(0.975, 3)
-        assert traffic[0]["n"] == 5  # unchanged: the base served those
+        assert traffic[0]["n"] == 3  # unchanged: the base served those
 
         # the trainer: told the evaluation agent, it marks the probes and claims the training traffic only
         settings = TrainerSettings(database_url=own_database_url, upstreams=(engine_url,), adapters_dir=tmp_path,
@@ -188,15 +197,14 @@ def test_eval_rollouts_are_served_never_claimed_and_reported_per_version(own_dat
         for rollout_id in probes:
             assert agent.rollout(rollout_id)["eval"] is True
 
-        traffic = agent.traffic()  # the probes (two rewards of 0) now count under v0
-        assert traffic[0]["n"] == 7 and traffic[0]["mean"] == pytest.approx(3 / 7)
-        assert traffic[0]["ci95"] == pytest.approx(list(wilson(3, 7)))
+        traffic = agent.traffic()  # the probes are evaluation traffic now, but their agent rewarded them: no evidence
+        assert traffic[0]["n"] == 3 and traffic[0]["mean"] == pytest.approx(2 / 3)
         assert traffic[1]["n"] == 4
 
         # metrics: the proxy counts what was marked when the reward came (the trainer, the probes above)
         text = requests.get(f"{proxy}/metrics").text
-        assert metric(text, "rlproxy_eval_reward_value_count", "0") == 5
-        assert metric(text, "rlproxy_eval_reward_sum", "0") == pytest.approx(3.0)
+        assert metric(text, "rlproxy_eval_reward_value_count", "0") == 3
+        assert metric(text, "rlproxy_eval_reward_sum", "0") == pytest.approx(2.0)
         assert metric(text, "rlproxy_eval_reward_value_count", "1") == 4
         assert metric(text, "rlproxy_eval_reward_sum", "1") == pytest.approx(sum(v1_rewards))
         # every final reward is still in the overall histogram (probes and training traffic too)
@@ -213,28 +221,32 @@ async def sessions(request):
 
 
 async def _episode(sessions, reward: float, *, version: int | None = 0, eval: bool = False, agent: str | None = None,
-                   project: str | None = None, header: bool = False) -> str:
+                   project: str | None = None, header: bool = False, giver: str = RewardedBy.AGENT) -> str:
+    """A rollout with one call and its final reward from `giver`; `eval`: created as evaluation (its grader gives
+    its reward, as POST /rollouts makes it), `header`: marked by its call."""
     rollout_id = uuid.uuid4().hex
     async with sessions() as session, session.begin():
         await store_rollouts.create_rollout(session, rollout_id, task_id="t", agent=agent, project=project,
-                                            policy_version=version, eval=eval)
+                                            policy_version=version, eval=eval,
+                                            reward_source=RewardSource.GRADER if eval else RewardSource.AGENT)
     async with sessions() as session, session.begin():
         await write_calls(session, [CallRecord(
             id=uuid.uuid4().hex, route="chat", started_at=utcnow(), rollout_id=rollout_id, policy_version=version,
             prompt_token_ids=[1, 2, 3], choices=[ChoiceRecord(0, [4, 2], [-0.1, -0.2], "stop")], eval=header)])
     async with sessions() as session, session.begin():
-        result = await store_rollouts.post_reward(session, rollout_id, reward)
-    assert result.eval == (eval or header) and result.policy_version == version
+        result = await store_rollouts.post_reward(session, rollout_id, reward, giver=giver)
+    assert result.eval == (eval or header) and result.policy_version == version and not result.claim
     return rollout_id
 
 
 async def test_the_store_skips_and_reports_evaluation_rollouts(sessions):
     """The claim, the marking by agent and the per-version report on both databases (booleans differ)."""
     normal = [await _episode(sessions, 1.0), await _episode(sessions, 0.0, agent="solver")]
-    await _episode(sessions, 2.0, eval=True)
-    await _episode(sessions, 4.0, header=True)
-    await _episode(sessions, 9.0, eval=True, project="elsewhere")
-    await _episode(sessions, 1.0, eval=True, version=None)  # served by no policy version: not reported
+    await _episode(sessions, 2.0, eval=True, giver=RewardedBy.GRADER)
+    await _episode(sessions, 4.0, header=True, giver=RewardedBy.ADMIN)  # marked by its call, an admin rewarded it
+    await _episode(sessions, 100.0, header=True)  # marked by its call, its agent rewarded it: no evidence
+    await _episode(sessions, 9.0, eval=True, project="elsewhere", giver=RewardedBy.EVAL_KEY)
+    await _episode(sessions, 1.0, eval=True, version=None, giver=RewardedBy.GRADER)  # no policy version: not reported
     probe = await _episode(sessions, 0.0, agent="probe", version=3)
 
     async with sessions() as session, session.begin():
@@ -253,8 +265,8 @@ async def test_the_store_skips_and_reports_evaluation_rollouts(sessions):
     assert everyone[0]["n"] == 3 and everyone[0]["mean"] == pytest.approx(5.0)
     assert everyone[0]["ci95"] == pytest.approx(list(t_interval([2.0, 4.0, 9.0], 4.302652730)))
     assert mine[0]["n"] == 2 and mine[0]["mean"] == pytest.approx(3.0)  # another project's rollout left out
-    assert set(everyone) == {0} and set(mine) == {0, 3}  # v3 has no policy row: only versions that exist listed
-    assert mine[3] == {"n": 1, "mean": 0.0, "ci95": list(wilson(0, 1)), "interval": "wilson"}
+    # the probe marked by its agent's name is evaluation traffic now, but its agent rewarded it: no evidence
+    assert set(everyone) == {0} and set(mine) == {0}
 
 
 def test_intervals():

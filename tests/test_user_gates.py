@@ -159,9 +159,12 @@ async def users_episode(http: aiohttp.ClientSession, proxy: str, *, evaluation: 
     finally:
         await client.close()
     version = int(raw.headers["X-Rlproxy-Policy"])
+    # an evaluation rollout's reward is its grader's (the token POST /rollouts answered): the others' are the
+    # agent's, served as evaluation traffic but no evidence for the gate
+    grader = {"Authorization": f"Bearer {created['grader_token']}"} if created.get("grader_token") else {}
     async with http.post(f"{proxy}/reward", json={"rollout_id": created["rollout_id"],
-                                                  "reward": reward_by_version[version]}) as response:
-        assert response.status == 200, await response.text()
+                                                  "reward": reward_by_version[version]}, headers=grader) as response:
+        assert response.status == 200 and "claim" not in await response.json(), await response.text()
     return version
 
 
@@ -171,8 +174,9 @@ async def test_the_eval_traffic_gate_proves_a_candidate_on_evaluation_rollouts_o
     settings = TrainerSettings(database_url=own_database_url, metrics_port=None, poll_interval=0.1,
                                gate="eval-traffic", eval_fraction=0.5, canary_min_rollouts=16, gate_margin=0.1,
                                training=TrainingSettings(eval_agents=["grader"]))
-    # 16 candidate rollouts before the decision: about 11 rounds of the three ways of marking evaluation
-    # traffic, so each way meets both versions of the random half-and-half split (all but ~0.3% of runs)
+    # 16 candidate rollouts before the decision, from the evaluation rollouts created as such (the only ones
+    # whose reward an evaluation credential gives): about 32 rounds, so each way of marking evaluation traffic
+    # meets both versions of the random half-and-half split
     gate = build_gate(settings)
     assert isinstance(gate, CanaryGate)
     rewards = {2: 1.0, 1: 0.25}
