@@ -117,8 +117,8 @@ class RateLimited(ProxyError):
     type = "requests"
     default_code = "rate_limit_exceeded"
 
-    def __init__(self, message: str, *, retry_after: int) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, *, retry_after: int, code: str | None = None) -> None:
+        super().__init__(message, code=code)
         self.headers = {"Retry-After": str(retry_after)}
 
 

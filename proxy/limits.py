@@ -4,6 +4,7 @@ in the route's shape before the request reaches the engine or the recorder. The 
 `--max-n`) is checked on the parsed body, at the request boundary (proxy/boundary.py)."""
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Any
 
@@ -48,6 +49,8 @@ class Limits:
         self.inflate = InflateBounds(min(settings.max_inflated_size, settings.client_max_size),
                                      settings.max_inflation_ratio)
         self.limiter = RateLimiter()
+        self.max_open = auth.max_open_per_key
+        self.open: dict[str, int] = {}  # key id -> its requests being served (no entry at 0)
 
     def check_rate(self, request: web.Request) -> None:
         key = request.get(KEY)
@@ -61,6 +64,29 @@ class Limits:
         if wait:
             raise RateLimited(f"rate limit reached: {rate:g} requests/s with bursts of {burst}; "
                               f"retry in {wait:.2f}s", retry_after=max(1, math.ceil(wait)))
+
+    @contextlib.contextmanager
+    def open_request(self, request: web.Request):
+        """Count the request among its key's open ones while it is served (a stream until its last byte); 429
+        when the key has `max_open_per_key` open already."""
+        key = request.get(KEY)
+        if key is None or not self.max_open:
+            yield
+            return
+        held = self.open.get(key.id, 0)
+        if held >= self.max_open:
+            raise RateLimited(f"this key has {held} requests open, the most one key may (--max-open-per-key "
+                              f"{self.max_open}); retry once one of them ends", retry_after=1,
+                              code="too_many_open_requests")
+        self.open[key.id] = held + 1
+        try:
+            yield
+        finally:
+            left = self.open[key.id] - 1
+            if left:
+                self.open[key.id] = left
+            else:
+                del self.open[key.id]
 
     def check_size(self, request: web.Request) -> None:
         """A declared length above the limit is refused before reading; a chunked body that grows past it is
@@ -87,6 +113,7 @@ async def enforce_limits(request: web.Request, handler):
         raise InvalidRequest("this route takes no request body", code="body_not_allowed")
     if request.body_exists:
         body_encoding(request)  # an encoding the proxy does not read: 415 before the body is invited
-    await continue_upload(request)
-    await inflate_body(request, limits.inflate, limits.max_body)
-    return await handler(request)
+    with limits.open_request(request) if checked else contextlib.nullcontext():
+        await continue_upload(request)
+        await inflate_body(request, limits.inflate, limits.max_body)
+        return await handler(request)

@@ -65,6 +65,10 @@ class AuthSettings(Part):
                     "expires, so a flood from an address other projects' agents share does not turn them away.")
     rate_limit: float | None = Field(None, description="Requests per second per key (None: unlimited).")
     rate_burst: int | None = Field(None, description="Requests a key may send at once (default: the rate).")
+    max_open_per_key: int = Field(
+        256, ge=0, description="Requests one key may have open at once, streams included; past it, 429 with "
+                               "Retry-After until one ends. The rate limit counts requests as they start, so 2 "
+                               "requests/s held 30 streams open after 15 s. 0: no bound.")
     max_tokens: int | None = Field(
         None, description="Largest max_tokens / max_completion_tokens / max_output_tokens accepted; a call "
                           "without one is sent with max_tokens set to this (completions: to the lower of this "
