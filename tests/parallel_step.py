@@ -51,10 +51,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1)
     parser.add_argument("--resume", help="an adapter folder to start from (with its optimizer state)")
     parser.add_argument("--bf16", action="store_true", help="bfloat16 where the machine has it fast")
+    parser.add_argument("--mesh", default="auto", help="how the ranks hold the base (the trainer's mesh setting)")
     args = parser.parse_args()
     collective = parallel.init_from_environment() if parallel.launched_by_torchrun() else None
     config = TrainingSettings(bf16=args.bf16, mini_batches=2, ppo_epochs=2, micro_batch_tokens=64, learning_rate=1e-2,
-                         kl_coef=0.01)
+                         kl_coef=0.01, mesh=args.mesh)
     policy = PolicyTrainer(args.model, config, adapter_dir=args.resume, collective=collective)
     rank = collective.rank if collective else 0
     args.out.mkdir(parents=True, exist_ok=True)

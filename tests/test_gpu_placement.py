@@ -64,3 +64,17 @@ def test_sharding_divides_what_each_rank_needs():
     one, eight = trainer_bytes(8_000_000_000, 1), trainer_bytes(8_000_000_000, 8)
     assert eight < one / 3  # a shard, the gathered units and the fixed part
     assert issubclass(DeviceMemoryError, RlproxyError)
+
+
+def test_the_mesh_replicates_a_base_that_fits_one_device_and_shards_one_that_does_not():
+    from trainer.sharding import mesh_shape
+
+    eight_b, h100 = 16_400_000_000, 80 * GiB
+    assert mesh_shape("auto", 8, 8, eight_b, h100) == (8, 1)  # a third of the card at most: ddp
+    assert mesh_shape("auto", 8, 8, 4 * eight_b, h100) == (1, 8)  # 32B on one node: fsdp
+    assert mesh_shape("auto", 16, 8, 4 * eight_b, h100) == (2, 8)  # two nodes: hsdp, gathers inside a node
+    assert mesh_shape("auto", 2, 2, 1000, None) == (1, 2)  # CPUs: always sharded
+    assert mesh_shape("fsdp", 16, 8, eight_b, h100) == (1, 16)  # as set
+    assert mesh_shape("hsdp", 16, 8, eight_b, h100) == (2, 8)
+    with pytest.raises(ValueError, match="same ranks on every node"):
+        mesh_shape("hsdp", 12, 8, eight_b, h100)

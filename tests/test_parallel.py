@@ -89,6 +89,15 @@ def test_the_base_sharded_over_two_ranks_makes_the_same_update_as_one_process(fi
         assert held["whole"] == whole["whole"] and held["local"] <= 0.51 * whole["whole"], held
 
 
+def test_two_replicas_of_the_whole_base_make_the_same_update_as_one_process(first_steps, tiny_model, tmp_path):
+    alone, _ = first_steps
+    train(tiny_model, tmp_path, "--mesh", "ddp", ranks=2)  # a 2-D mesh of two replicas, one shard each
+    assert_same_update(adapter(alone / "step-1"), adapter(tmp_path / "step-1"), FLOAT32)
+    for rank in (0, 1):  # nothing sharded: each rank holds all of it
+        held = json.loads((tmp_path / f"rank-{rank}.json").read_text())
+        assert held["local"] == held["whole"], held
+
+
 def test_an_adapter_saved_by_one_process_resumes_on_two_ranks_as_it_would_alone(first_steps, tiny_model, tmp_path):
     alone, _ = first_steps
     train(tiny_model, tmp_path, "--resume", str(alone / "step-1"), ranks=2)  # each rank takes its shard of the files

@@ -41,11 +41,11 @@ from core.hardware import fast_bf16
 from core.settings import TrainingSettings as TrainConfig  # the training settings (core/settings/training.py)
 from trainer.adapter import load_adapter, save_adapter_atomically
 from trainer.compat import import_openrlhf
-from trainer.loading import check_device_memory, load_actor, load_sharded_actor
+from trainer.loading import check_device_memory, checkpoint_parameters, load_actor, load_sharded_actor
 from trainer.logprobs import MicroBatch, Scorer, collate, placeholder_micro_batch
 from trainer.memory import activation_checkpointing, release_free_memory, tune_allocator
 from trainer.parallel import Collective
-from trainer.sharding import decoder_layers, lora_weights, shard, whole, whole_optimizer_state
+from trainer.sharding import decoder_layers, lora_weights, mesh_shape, shard, whole, whole_optimizer_state
 from trainer.step_metrics import StepMetrics, StepTally
 from trainer.transitions import SkipReasons, Transition, pack_micro_batches, validate_transition
 
@@ -67,7 +67,8 @@ class PolicyTrainer:
             budget = 4096 if self.device.type == "cuda" else 384
             self.config = config = replace(config, micro_batch_tokens=budget)
         tune_allocator()  # before the model loads: trainer/memory.py
-        check_device_memory(self.device, self.model_path, self.collective.world_size)
+        replicas, shards = self._mesh() if self.collective.sharded else (1, 1)
+        check_device_memory(self.device, self.model_path, shards)
         parts = import_openrlhf()
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
@@ -78,7 +79,7 @@ class PolicyTrainer:
         if self.collective.sharded:  # each rank reads only its shard of the base (trainer/loading.py)
             def sharded_scorer(model: torch.nn.Module) -> Scorer:
                 scorer = Scorer(model)  # FSDP's root unit; LoRA A drawn alike on every rank (same seed)
-                shard(scorer, decoder_layers(model), self.device, offload=config.offload_base)
+                shard(scorer, decoder_layers(model), self.device, offload=config.offload_base, replicas=replicas)
                 return scorer
 
             shards_on = torch.device("cpu") if config.offload_base else self.device
@@ -128,6 +129,19 @@ class PolicyTrainer:
             self.step_count = int(state.get("step", 0))
         if config.bf16 and not self.autocast_enabled:
             log.info("no fast bfloat16 on this machine: training computes in float32")
+
+    def _mesh(self) -> tuple[int, int]:
+        """(whole copies of the base the ranks hold, ranks each copy is sharded over): the `mesh` setting
+        (trainer/sharding.py)."""
+        world = self.collective.world_size
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        device_bytes = (torch.cuda.get_device_properties(self.device).total_memory
+                        if self.device.type == "cuda" else None)
+        replicas, shards = mesh_shape(self.config.mesh, world, local_world,
+                                      2 * checkpoint_parameters(self.model_path), device_bytes)
+        log.info("mesh %s: %d replica(s) of the base, each sharded over %d rank(s)", self.config.mesh, replicas,
+                 shards)
+        return replicas, shards
 
     # --- one training step ------------------------------------------------------------------------
     def step(self, transitions: list[Transition], served_version: int | None = None,

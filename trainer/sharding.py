@@ -40,11 +40,33 @@ def decoder_layers(peft_model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
-def shard(root: torch.nn.Module, layers: list[torch.nn.Module], device: torch.device, *, offload: bool) -> None:
+def mesh_shape(mesh: str, world: int, local_world: int, base_bytes: int, device_bytes: int | None) -> tuple[int, int]:
+    """(replicas, shards per replica) for the `mesh` setting (core/settings/training.py) over `world` ranks,
+    `local_world` of them per node; `device_bytes` None on a CPU. auto: a whole copy per rank where the bf16 base
+    takes under a third of a device (FSDP would all-gather all of it two or three times per micro-batch for
+    nothing), else shards within a node and replicas across nodes when there are several, else shards."""
+    if mesh == "auto":
+        fits = device_bytes is not None and 3 * base_bytes < device_bytes
+        mesh = "ddp" if fits else "hsdp" if world > local_world > 0 else "fsdp"
+    if mesh == "ddp":
+        return world, 1
+    if mesh == "hsdp":
+        if local_world <= 0 or world % local_world:
+            raise ValueError(f"mesh=hsdp needs the same ranks on every node: {world} ranks, {local_world} per node")
+        return world // local_world, local_world
+    return 1, world
+
+
+def shard(root: torch.nn.Module, layers: list[torch.nn.Module], device: torch.device, *, offload: bool,
+          replicas: int = 1) -> None:
     """Shard `root` across the default process group's ranks: one FSDP unit per decoder layer (its shards are
     gathered just before it runs), then the root for the rest. With `offload`, shards live in CPU memory and are
-    copied to the GPU unit by unit (AdamW then steps on the CPU; the LoRA state is small)."""
-    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
+    copied to the GPU unit by unit (AdamW then steps on the CPU; the LoRA state is small). `replicas` > 1: a 2-D
+    mesh, the ranks split into that many groups holding the whole base each (HSDP: shards within a group,
+    gradients summed across groups; one rank per group is plain replication)."""
+    world = torch.distributed.get_world_size()
+    mesh = (init_device_mesh(device.type, (world,)) if replicas == 1 else
+            init_device_mesh(device.type, (replicas, world // replicas), mesh_dim_names=("replicate", "shard")))
     if offload and device.type == "cpu":
         log.info("offload_base has no effect on a CPU: the shards are in CPU memory already")
         offload = False

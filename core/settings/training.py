@@ -21,6 +21,7 @@ CorrectionGating = Literal["ratio", "binary_kl", "tv"]
 PolicyLossType = Literal["ppo", "gspo"]
 TokenSource = Literal["recorded", "retokenized"]
 ChoicesTrained = Literal["continued", "all"]
+Mesh = Literal["auto", "fsdp", "hsdp", "ddp"]
 
 
 # A dataclass (pydantic's: validated like the models), as the policy trainer copies it with one value changed
@@ -106,6 +107,14 @@ class TrainingSettings:
                     "trainer/parallel.py): keep each rank's shard in CPU memory and copy it to the GPU layer by "
                     "layer, so GPU memory holds about one layer of the base at a time; every forward pass then "
                     "crosses PCIe. `rlproxy train` starts torchrun for it even with one GPU. No effect on CPUs.")
+    mesh: Mesh = Field(
+        "auto",
+        description="How several ranks hold the base (trainer/sharding.py). fsdp: each rank 1/N of it, gathered "
+                    "layer by layer for every pass; hsdp: sharded within a node (LOCAL_WORLD_SIZE ranks) and "
+                    "replicated across nodes, so the gathers stay inside a node and only the LoRA gradients "
+                    "cross; ddp: a whole copy on every rank, nothing gathered (the base must fit one device "
+                    "beside its activations). auto: ddp on GPUs where the bf16 base takes under a third of a "
+                    "device, else hsdp across several nodes, else fsdp (always fsdp on CPUs).")
 
     # --- loss ---------------------------------------------------------------------------------------
     clip_eps_low: float = Field(0.2, gt=0, lt=1, description="PPO ratio clip below: 1 - eps.")
