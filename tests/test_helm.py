@@ -217,6 +217,12 @@ def test_a_trainer_across_three_nodes_of_eight_gpus(monkeypatch):
     assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
     assert container["command"] == ["torchrun"]
     assert env_of(container)["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert env_of(container)["NCCL_DEBUG"] == "WARN"  # trainer.nccl: the fabric's settings reach every pod
+    infiniband = {**THREE_NODES, "trainer": {**THREE_NODES["trainer"], "nccl": {"NCCL_IB_HCA": "mlx5",
+                                                                               "NCCL_IB_GID_INDEX": 3}}}
+    [rdma] = by_kind(render(infiniband), "StatefulSet")["prod-rlproxy-trainer"]["spec"]["template"]["spec"][
+        "containers"]
+    assert env_of(rdma)["NCCL_IB_HCA"] == "mlx5" and env_of(rdma)["NCCL_IB_GID_INDEX"] == "3"
 
     # Each pod's command line as Kubernetes expands it ($(POD_NAME): pod i of a StatefulSet is <name>-i),
     # read by torchrun's own parser.
