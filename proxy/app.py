@@ -138,7 +138,8 @@ def _lifecycle(settings: ProxySettings, metrics: ProxyMetrics):
         boundary = RequestBoundary(settings.allow_request_fields, settings.auth.max_tokens, settings.auth.max_n,
                                    media_urls=settings.allow_media_urls)
         serving = {route: CompletionServing(dialect, upstreams, router, writer, metrics, access, boundary,
-                                            redact=settings.redaction.redact_content)
+                                            redact=settings.redaction.redact_content,
+                                            logprobs_mode=settings.engine_logprobs_mode)
                    for route, dialect in DIALECTS.items()}
         ingest = RewardIngest(settings, sessions, writer, metrics, router)
         app[STATE] = ProxyState(settings, database, sessions, metrics, upstreams, router, writer, serving, access,

@@ -1,12 +1,11 @@
-"""Whether the log-probs the engine returns for a call are the probabilities its tokens were sampled with.
+"""How each call was sampled, as far as its recorded log-probs depend on it (`calls.sampling`, core/sampling_rules.py).
 
-vLLM returns raw log-probs (`--logprobs-mode raw_logprobs`, its default and the engine's here): the log-softmax
-of the logits before temperature, top-p/top-k/min-p, penalties, logit bias, grammar masks and the thinking budget
-(docs/vllm-wire-format.md section 12). They are the sampling probabilities only when none of those changed
-the distribution. Trained as behaviour log-probs otherwise, the importance weight would be computed against a
-distribution the tokens were not drawn from: a call sampled at temperature 0.7 is sharper than its recorded
-log-probs say, and nothing would correct for it. Such a call is recorded as it is and marked with the first
-field that changed its sampling; the trainer skips it under its own reason (trainer/batch.py).
+The engines run with `--logprobs-mode processed_logprobs` (engine/command.py): a call's log-probs are those its
+tokens were sampled with, after temperature and top-k/top-p (docs/vllm-wire-format.md section 12). The trainer
+rebuilds that distribution from its own logits (trainer/logprobs.py), so a call sampled at temperature 0.7 with
+top_p 0.95 is recorded as `temperature=0.7 top_p=0.95` and trained as it was sampled. What the trainer cannot
+rebuild (penalties, logit bias, a grammar, a forced tool, a thinking budget, min_p) is named by its first field,
+and the trainer skips such a call under its own reason (trainer/sampled.py).
 
 Read from the body sent upstream (every wire format translated to the engine's), with absent fields at vLLM's
 defaults: the engine is started with `--generation-config vllm`, so a model's own generation_config.json (Qwen3:
@@ -16,11 +15,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.sampling_rules import Sampled
+
 # field -> the values that leave the distribution as the raw log-probs describe it
 _NEUTRAL: dict[str, Any] = {
-    "temperature": (1, 1.0),
-    "top_p": (1, 1.0),
-    "top_k": (0, -1),
     "min_p": (0, 0.0),
     "presence_penalty": (0, 0.0),
     "frequency_penalty": (0, 0.0),
@@ -33,8 +31,9 @@ _CONSTRAINTS = ("logit_bias", "allowed_token_ids", "bad_words", "structured_outp
 
 
 def altered_sampling(upstream_body: dict[str, Any]) -> str | None:
-    """The first field that made the sampled distribution differ from the raw log-probs (as `name=value`), or
-    None when the recorded log-probs are the sampling probabilities."""
+    """How the call's distribution differs from vLLM's neutral one: the first field the trainer cannot rebuild
+    (as `name=value` or `name`), else the temperature, top_p and top_k it can (`temperature=0.7 top_p=0.95`),
+    else None (sampled at temperature 1 from the whole vocabulary)."""
     for name, neutral in _NEUTRAL.items():
         value = upstream_body.get(name)
         if value is not None and value not in neutral:
@@ -54,4 +53,17 @@ def altered_sampling(upstream_body: dict[str, Any]) -> str | None:
     tool_choice = upstream_body.get("tool_choice")
     if tool_choice == "required" or isinstance(tool_choice, dict):  # vLLM forces these with a grammar
         return "tool_choice=required" if tool_choice == "required" else "tool_choice=named"
-    return None
+    return _reproducible(upstream_body)
+
+
+def _reproducible(body: dict[str, Any]) -> str | None:
+    """`temperature=... top_p=... top_k=...` for the settings that are not neutral (a value the engine will refuse
+    is named as it came: the call fails there and is never trained)."""
+    temperature, top_p, top_k = body.get("temperature"), body.get("top_p"), body.get("top_k")
+    try:
+        sampled = Sampled(temperature=1.0 if temperature is None else float(temperature),
+                          top_p=1.0 if top_p is None else float(top_p),
+                          top_k=0 if top_k is None or top_k == -1 else int(top_k))
+    except (TypeError, ValueError):
+        return f"temperature={temperature}"[:64]
+    return sampled.describe()

@@ -53,8 +53,9 @@ class CompletionServing:
 
     def __init__(self, dialect: Dialect, upstreams: UpstreamPool, router: PolicyRouter, writer: CaptureWriter,
                  metrics: ProxyMetrics, access: ModelAccess, boundary: RequestBoundary, *,
-                 redact: bool = False) -> None:
+                 redact: bool = False, logprobs_mode: str = "processed") -> None:
         self.dialect = dialect
+        self.logprobs_mode = logprobs_mode  # what the engines' log-probs are, recorded on each call
         self.upstreams = upstreams
         self.access = access
         self.boundary = boundary
@@ -89,7 +90,9 @@ class CompletionServing:
             model=body["model"], upstream_model=target.upstream_model, policy_version=target.policy_version,
             policy=target.policy, stream=bool(body.get("stream")), request=body, eval=context.eval,
             # why its recorded log-probs cannot be trained as its behaviour: its sampling, or media in the prompt
-            sampling=altered_sampling(upstream_body) or media_in_prompt(upstream_body),
+            # media first: a tempered call with an image in its prompt is still one the trainer cannot score
+            sampling=media_in_prompt(upstream_body) or altered_sampling(upstream_body),
+            logprobs_mode=self.logprobs_mode,
         )
         headers = {"X-Rlproxy-Call-Id": record.id}
         if target.policy_version is not None:

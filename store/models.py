@@ -201,6 +201,13 @@ class Call(Base):
     finished_at: Mapped[datetime | None] = mapped_column(Timestamp)
 
     __table_args__ = (
+    # what its recorded log-probs are (migration 0016): 'processed', the probabilities its tokens were sampled
+    # with (after temperature and top-k/top-p), or 'raw', the log-softmax before them; None: recorded before the
+    # engines ran processed_logprobs, i.e. raw
+    logprobs_mode: Mapped[str | None] = mapped_column(String(16))
+    # what the trainer did with it when a step consumed its rollout: 'trained' or the skip reason (the names of
+    # a step's `skipped` metrics); None: not decided yet, or trained before migration 0016
+    train_decision: Mapped[str | None] = mapped_column(String(64))
         UniqueConstraint("rollout_id", "seq", name="uq_calls_rollout_seq"),
         Index("ix_calls_rollout_id", "rollout_id"),
         Index("ix_calls_started_at", "started_at"),

@@ -41,9 +41,10 @@ class CallRecord:
     finished_at: datetime | None = None
     complete: bool = False  # a stream's end marker reached the agent (a disconnect after it loses nothing)
     eval: bool = False  # sent with `X-Rlproxy-Eval`: its rollout is evaluation traffic, never trained on
-    # the first request field that made the sampled distribution differ from the recorded (raw) log-probs, e.g.
-    # "temperature=0.7" (proxy/sampling.py); None: the log-probs are the sampling probabilities
+    # how it was sampled, as far as its log-probs depend on it (core/sampling_rules.py), e.g.
+    # "temperature=0.7 top_p=0.95" or "logit_bias" (proxy/sampling.py); None: temperature 1, whole vocabulary
     sampling: str | None = None
+    logprobs_mode: str | None = None  # what the engine's log-probs are: 'processed' or 'raw' (--logprobs-mode)
 
     @property
     def completion_tokens(self) -> int | None:

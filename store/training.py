@@ -41,7 +41,8 @@ class CallData:
     rewards: list[float] = field(default_factory=list)  # intermediate rewards (posted and automatic)
     policy: str | None = None  # the named policy that answered it
     started_at: datetime | None = None  # when the proxy sent it to the engine: its age counts as staleness
-    sampling: str | None = None  # what made its sampling differ from its recorded log-probs (proxy/sampling.py)
+    sampling: str | None = None  # how it was sampled, as far as its log-probs depend on it (core/sampling_rules.py)
+    logprobs_mode: str | None = None  # 'processed', 'raw', or None: recorded before the column, i.e. raw
 
 
 @dataclass(slots=True)
@@ -202,16 +203,17 @@ async def load_rollouts(session: AsyncSession, rollout_ids: list[str]) -> list[R
     rollouts = (await session.execute(select(Rollout).where(Rollout.id.in_(rollout_ids)))).scalars().all()
     calls = (await session.execute(
         select(Call.id, Call.rollout_id, Call.seq, Call.agent, Call.policy_version, Call.prompt_token_ids,
-               Call.prefix_kind, Call.policy, Call.started_at, Call.sampling)
+               Call.prefix_kind, Call.policy, Call.started_at, Call.sampling, Call.logprobs_mode)
         .where(Call.rollout_id.in_(rollout_ids), Call.status == CallStatus.OK).order_by(Call.seq)
     )).all()
     by_call: dict[str, CallData] = {}
     per_rollout: dict[str, list[CallData]] = defaultdict(list)
     rollout_agent = {r.id: r.agent for r in rollouts}
-    for call_id, rollout_id, seq, agent, version, prompt_ids, prefix_kind, policy, started_at, sampling in calls:
+    for (call_id, rollout_id, seq, agent, version, prompt_ids, prefix_kind, policy, started_at, sampling,
+         logprobs_mode) in calls:
         # a call made on the rollout's plain base_url (no /agents/{name}/) is the rollout's agent's
         data = CallData(call_id, seq, agent or rollout_agent.get(rollout_id), version, prompt_ids, prefix_kind, [],
-                        policy=policy, started_at=started_at, sampling=sampling)
+                        policy=policy, started_at=started_at, sampling=sampling, logprobs_mode=logprobs_mode)
         by_call[call_id] = data
         per_rollout[rollout_id].append(data)
     if by_call:
@@ -237,8 +239,11 @@ async def load_call_texts(session: AsyncSession, call_ids: list[str]) -> dict[st
 
 
 async def record_step(session: AsyncSession, rollout_ids: list[str], owner: str, *, policy_version: int | None,
-                      transition_count: int, metrics: dict[str, Any]) -> int:
-    """Record a finished step and mark its rollouts trained, in the caller's transaction."""
+                      transition_count: int, metrics: dict[str, Any], decisions: dict[str, str] | None = None,
+                      undecided: str | None = None) -> int:
+    """Record a finished step and mark its rollouts trained, in the caller's transaction. `decisions` (call id ->
+    'trained' or the skip reason) is stored on each call (`calls.train_decision`); `undecided` on the rollouts'
+    calls that have none yet."""
     step = TrainStep(policy_version=policy_version, rollout_count=len(rollout_ids),
                      transition_count=transition_count, metrics=metrics)
     session.add(step)
@@ -272,9 +277,25 @@ async def finished_groups(session: AsyncSession, *, include_trained: bool, after
 
 
 async def finished_in_groups(session: AsyncSession, groups: list[tuple[str | None, str]], *,
+    await store_decisions(session, rollout_ids, decisions or {}, undecided)
                              include_trained: bool) -> list[str]:
     """The finished rollouts of `groups`, oldest finished first."""
     if not groups:
+async def store_decisions(session: AsyncSession, rollout_ids: list[str], decisions: dict[str, str],
+                           undecided: str | None = None) -> None:
+    """Store what the trainer decided on each call of these rollouts (`calls.train_decision`); `undecided` on the
+    rest. One statement per reason (a step decides thousands of calls, under a handful of reasons)."""
+    by_reason: dict[str, list[str]] = defaultdict(list)
+    for call_id, reason in decisions.items():
+        by_reason[reason].append(call_id)
+    for reason, call_ids in by_reason.items():
+        await session.execute(update(Call).where(Call.id.in_(call_ids), Call.rollout_id.in_(rollout_ids))
+                              .values(train_decision=reason[:64]))
+    if undecided is not None:
+        await session.execute(update(Call).where(Call.rollout_id.in_(rollout_ids), Call.train_decision.is_(None))
+                              .values(train_decision=undecided[:64]))
+
+
         return []
     query = select(Rollout.id).where(_finished(include_trained), or_(
         *(_group_is(Rollout.project, Rollout.task_id, project, task) for project, task in groups)))

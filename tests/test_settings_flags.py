@@ -169,7 +169,6 @@ def test_the_demo_offers_the_trainers_settings_with_its_own_defaults(monkeypatch
 
 
 @pytest.mark.parametrize("settings, words", [
-    ({"temperature": 0.7}, "temperature must be 1.0"),
     ({"lora_dropout": 0.1}, "lora_dropout > 0 with proximal_policy=recomputed"),
     ({"policy_loss_type": "gspo"}, "policy_loss_type=gspo with is_correction_level on"),
 ])
@@ -178,7 +177,6 @@ def test_training_settings_that_would_bias_the_ratio_are_refused_with_why(settin
 
     with pytest.raises(ValueError, match=words):
         TrainingSettings(**settings)
-    if "temperature" not in settings:  # each has a form that is sound
-        sound = {"lora_dropout": 0.1, "proximal_policy": "behaviour"} if "lora_dropout" in settings else \
-            {"policy_loss_type": "gspo", "is_correction_level": "off"}
-        TrainingSettings(**sound)
+    sound = {"lora_dropout": 0.1, "proximal_policy": "behaviour"} if "lora_dropout" in settings else \
+        {"policy_loss_type": "gspo", "is_correction_level": "off"}
+    TrainingSettings(**sound)  # each has a form that is sound

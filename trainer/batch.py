@@ -7,6 +7,7 @@ from core.checks import reward_problem
 from core.settings import TrainingSettings
 from rewards import assign_credit, group_advantages
 from store.training import RolloutData
+from trainer.sampled import MEDIA_IN_PROMPT, SAMPLING_ALTERED, GREEDY, sampled_with, unreproducible  # noqa: F401 (names of skip reasons)
 from trainer.staleness import Staleness
 from trainer.transitions import Call, SkipReasons, Transition, merge_trajectory
 
@@ -17,9 +18,8 @@ STALE = "stale_policy"
 NO_CALLS = "rollout_without_calls"
 ZERO_ADVANTAGE = "zero_advantage"
 INVALID_REWARD = "invalid_reward"
-SAMPLING_ALTERED = "sampling_altered"  # sampled at another temperature, top-p, ...: its log-probs are not its behaviour
-MEDIA_IN_PROMPT = "media_in_prompt"  # an image, audio, video: the trainer sees only its placeholder ids
 CHOICE_NOT_CONTINUED = "choice_not_continued"  # n > 1 and no later call says which choice the agent went on from
+TRAINED = "trained"  # the decision stored for a call a step trained (calls.train_decision)
 
 
 def build_transitions(rollouts: list[RolloutData], config: TrainingSettings, active_version: int,
@@ -39,7 +39,7 @@ def build_transitions(rollouts: list[RolloutData], config: TrainingSettings, act
     trainable = []  # (rollout, its calls this step trains)
     for rollout in rollouts:
         if reward_problem(rollout.reward) or any(reward_problem(r) for call in rollout.calls for r in call.rewards):
-            skips[INVALID_REWARD] += 1  # stored before the doors bounded rewards: its square would overflow below
+            skips.skip(INVALID_REWARD, _answered_by(rollout, policy))  # stored before the doors bounded rewards: its square would overflow below
             continue
         calls = _trainable_calls(rollout, config, active_version, skips, policy, lineage, staleness)
         if calls:
@@ -70,14 +70,14 @@ def build_transitions(rollouts: list[RolloutData], config: TrainingSettings, act
             choices = call.choices or [(None, None)]
             if len(choices) > 1 and config.choices_trained == "continued":
                 if call.id not in continued:
-                    skips[CHOICE_NOT_CONTINUED] += 1
+                    skips.skip(CHOICE_NOT_CONTINUED, [call.id])
                     continue
                 choices = [choices[continued[call.id]]]
             for token_ids, logprobs in choices:
                 staged.append(Call(
                     prompt_ids=call.prompt_ids or [], completion_ids=token_ids or [], logprobs=logprobs or [],
                     advantage=advantage, call_id=call.id, rollout_id=rollout.id,
-                    policy_version=call.policy_version,
+                    policy_version=call.policy_version, sampled=sampled_with(call),
                     # Only a single-choice call can continue a chain (n > 1 choices stand alone). merge_trajectory
                     # merges only where the call's prompt starts with the chain's exact tokens, so the store's link
                     # is not asked: it names the agent's latest call, which may be a failed one the engine never
@@ -87,9 +87,11 @@ def build_transitions(rollouts: list[RolloutData], config: TrainingSettings, act
                 ))
         for transition in merge_trajectory(staged, max_seq_len=config.max_seq_len, skips=skips):
             if not keep_zero and all(a == 0.0 for a in transition.advantages()):
-                skips[ZERO_ADVANTAGE] += 1  # no gradient signal: not worth a forward pass
+                skips.skip(ZERO_ADVANTAGE, transition.call_ids)  # no gradient signal: not worth a forward pass
                 continue
             transitions.append(transition)
+            for call_id in transition.call_ids:
+                skips.decisions.setdefault(call_id, TRAINED)
     return transitions
 
 
@@ -128,15 +130,15 @@ def _trainable_calls(rollout: RolloutData, config: TrainingSettings, active_vers
     kept = []
     for call in rollout.calls:
         if config.train_agents and call.agent not in config.train_agents:
-            skips[NOT_TRAINED_AGENT] += 1
+            skips.skip(NOT_TRAINED_AGENT, [call.id])
         elif call.policy_version is None:
-            skips[NOT_POLICY] += 1  # the agent asked for another model by name
-        elif call.sampling is not None:  # proxy/sampling.py, proxy/boundary.py: no importance weight can be computed
-            skips[MEDIA_IN_PROMPT if call.sampling.startswith("media=") else SAMPLING_ALTERED] += 1
+            skips.skip(NOT_POLICY, [call.id])  # the agent asked for another model by name
+        elif (reason := unreproducible(call)) is not None:  # trainer/sampled.py: no importance weight can be computed
+            skips.skip(reason, [call.id])
         elif policy is not None and call.policy != policy:
-            skips[OTHER_POLICY] += 1
+            skips[OTHER_POLICY] += 1  # not this policy's to decide: its own policy's line does
         elif (lag := position(active_version) - position(call.policy_version)) > config.max_staleness:
-            skips[STALE] += 1
+            skips.skip(STALE, [call.id])
             if staleness is not None:
                 staleness.drop(lag)
         else:
@@ -144,3 +146,8 @@ def _trainable_calls(rollout: RolloutData, config: TrainingSettings, active_vers
             if staleness is not None:
                 staleness.kept(lag, call.started_at)
     return kept
+
+
+def _answered_by(rollout: RolloutData, policy: str | None) -> list[str]:
+    """The ids of the rollout's calls this policy's line decides on (all of them without a named policy)."""
+    return [call.id for call in rollout.calls if policy is None or call.policy == policy or call.policy_version is None]

@@ -33,6 +33,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from trainer.transitions import Transition
+from trainer.truncation import truncate
 
 # Rows per chunk: the [rows, V] float32 logits stay near 32 MB (170 rows for a 49k vocabulary): small next
 # to the model, large enough that the projection runs at full matmul speed.
@@ -56,14 +57,21 @@ class MicroBatch:
     # [B, K] the loss mask of rows sampled by the version the trainer holds (lag 0), or None: where the engine's
     # log-probs and the trainer's must agree (trainer/agreement.py)
     served: torch.Tensor | None = None
+    # [B] each row's sampling as its call was sampled (Transition.sampled), or None when every row was sampled at
+    # temperature 1 from the whole vocabulary: temperature (NaN: the scorer's default), top_p (1: none), top_k
+    # (0: none). One micro-batch may hold several.
+    temperature: torch.Tensor | None = None
+    top_p: torch.Tensor | None = None
+    top_k: torch.Tensor | None = None
 
     def to(self, device: torch.device) -> "MicroBatch":
         if device.type == "cpu":
             return self
         move = {name: getattr(self, name).to(device) for name in
                 ("input_ids", "attention_mask", "scored", "loss_mask", "behaviour_logprobs", "advantages")}
-        served = None if self.served is None else self.served.to(device)
-        return MicroBatch(**move, start=self.start, tokens=self.tokens, placeholder=self.placeholder, served=served)
+        optional = {name: None if getattr(self, name) is None else getattr(self, name).to(device)
+                    for name in ("served", "temperature", "top_p", "top_k")}
+        return MicroBatch(**move, start=self.start, tokens=self.tokens, placeholder=self.placeholder, **optional)
 
 
 def collate(transitions: list[Transition], pad_id: int = 0, served_version: int | None = None) -> MicroBatch:
@@ -88,7 +96,13 @@ def collate(transitions: list[Transition], pad_id: int = 0, served_version: int 
     if served_version is not None:
         fresh = torch.tensor([float(t.policy_version == served_version) for t in transitions]).unsqueeze(1)
         served = mask * fresh
-    return MicroBatch(ids, attention, start, scored, mask, behaviour, advantages, int(attention.sum()), served=served)
+    mb = MicroBatch(ids, attention, start, scored, mask, behaviour, advantages, int(attention.sum()), served=served)
+    if any(t.sampled is not None for t in transitions):
+        sampled = [t.sampled for t in transitions]
+        mb.temperature = torch.tensor([float("nan") if s is None else s.temperature for s in sampled])
+        mb.top_p = torch.tensor([1.0 if s is None else s.top_p for s in sampled])
+        mb.top_k = torch.tensor([0 if s is None else s.top_k for s in sampled], dtype=torch.long)
+    return mb
 
 
 def placeholder_micro_batch() -> MicroBatch:
@@ -131,9 +145,14 @@ def score(peft_model: torch.nn.Module, mb: MicroBatch, *, temperature: float = 1
                                     position_ids=position_ids, use_cache=False).last_hidden_state
     where = mb.scored
     targets = mb.input_ids[:, mb.start + 1:][where]
+    top_p = top_k = None
+    if mb.temperature is not None:  # each token at its own call's sampling
+        rows = where.nonzero()[:, 0]
+        per_row = torch.where(mb.temperature.isnan(), torch.full_like(mb.temperature, temperature), mb.temperature)
+        temperature, top_p, top_k = per_row[rows], mb.top_p[rows], mb.top_k[rows]
     scores = token_scores(hidden[:, mb.start: -1][where], base.get_output_embeddings(), targets,
                           temperature=temperature, compute_dtype=autocast_dtype,
-                          softcap=getattr(base.config, "final_logit_softcapping", None))
+                          softcap=getattr(base.config, "final_logit_softcapping", None), top_p=top_p, top_k=top_k)
     logprobs = torch.zeros(where.shape, dtype=torch.float32, device=where.device)
     entropy = torch.zeros_like(logprobs)
     logprobs[where] = scores.logprobs
@@ -151,10 +170,13 @@ def chunk_rows(vocab_size: int) -> int:
     return max(1, CHUNK_ELEMENTS // vocab_size)
 
 
-def token_scores(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, *, temperature: float = 1.0,
-                 compute_dtype: torch.dtype | None = None, softcap: float | None = None,
-                 rows: int | None = None) -> TokenScores:
-    """Log-prob of `targets[i]` after `hidden[i]`, and the entropy there, under logits `head(hidden) / temperature`.
+def token_scores(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, *,
+                 temperature: float | torch.Tensor = 1.0, compute_dtype: torch.dtype | None = None,
+                 softcap: float | None = None, rows: int | None = None, top_p: torch.Tensor | None = None,
+                 top_k: torch.Tensor | None = None) -> TokenScores:
+    """Log-prob of `targets[i]` after `hidden[i]`, and the entropy there, under logits `head(hidden) / temperature`
+    (a number, or one per row [N]), with each row's `top_k` / `top_p` [N] truncation applied and renormalised over
+    the kept tokens (trainer/truncation.py) when given.
 
     `compute_dtype` is the precision of the vocabulary projection (default: the head's weight dtype; pass
     bfloat16 where the model runs under bfloat16 autocast); softmax and everything after it are float32.
@@ -165,11 +187,13 @@ def token_scores(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Ten
     plain = (type(head) is torch.nn.Linear and head.bias is None and not weight.requires_grad and softcap is None)
     if plain:
         logprobs, entropy = _ProjectedLogprobs.apply(hidden, weight, targets, temperature,
-                                                     compute_dtype or weight.dtype, rows)
+                                                     compute_dtype or weight.dtype, rows, top_p, top_k)
         return TokenScores(logprobs, entropy)
     pieces = []
     for start in range(0, hidden.shape[0], rows):
-        args = (hidden[start: start + rows], targets[start: start + rows], head, temperature, softcap)
+        piece = slice(start, start + rows)
+        args = (hidden[piece], targets[piece], head, _rows_of(temperature, piece), softcap,
+                _rows_of(top_p, piece), _rows_of(top_k, piece))
         pieces.append(checkpoint(_chunk_scores, *args, use_reentrant=False) if torch.is_grad_enabled()
                       else _chunk_scores(*args))
     if not pieces:
@@ -185,17 +209,33 @@ def _vocab_size(head: torch.nn.Module) -> int:
     return weight.shape[0]
 
 
-def _chunk_scores(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module, temperature: float,
-                  softcap: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _rows_of(value, piece: slice):
+    """A per-row tensor's rows of one chunk (a number as it is)."""
+    return value[piece] if isinstance(value, torch.Tensor) else value
+
+
+def _tempered(z: torch.Tensor, temperature) -> torch.Tensor:
+    """z / temperature, in place: one temperature, or one per row."""
+    if isinstance(temperature, torch.Tensor):
+        return z.div_(temperature.to(z.dtype)[:, None])
+    return z.div_(temperature) if temperature != 1.0 else z
+
+
+def _chunk_scores(hidden: torch.Tensor, targets: torch.Tensor, head: torch.nn.Module, temperature,
+                  softcap: float | None, top_p: torch.Tensor | None = None,
+                  top_k: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The plain computation for one chunk: what the general path checkpoints."""
     logits = head(hidden).float()
     if softcap is not None:
         logits = torch.tanh(logits / softcap) * softcap
-    if temperature != 1.0:
-        logits = logits / temperature
+    logits = logits / (temperature[:, None] if isinstance(temperature, torch.Tensor) else temperature)
+    if top_p is not None or top_k is not None:
+        with torch.no_grad():  # which tokens are kept is not differentiated (a mask), the kept logits are
+            dropped = truncate(logits.detach().clone(), targets, top_p, top_k).isneginf()
+        logits = logits.masked_fill(dropped, float("-inf"))
     logp = torch.log_softmax(logits, dim=-1)
     with torch.no_grad():
-        entropy = -(logp.exp() * logp).sum(-1)
+        entropy = -(logp.exp() * logp.nan_to_num(neginf=0.0)).sum(-1)
     return logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), entropy
 
 
@@ -203,7 +243,7 @@ class _ProjectedLogprobs(torch.autograd.Function):
     """Log-probs through a frozen linear head, chunk by chunk, with the analytic gradient (module docstring)."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, targets, temperature, dtype, rows):
+    def forward(ctx, hidden, weight, targets, temperature, dtype, rows, top_p=None, top_k=None):
         n = hidden.shape[0]
         logprobs = torch.empty(n, dtype=torch.float32, device=hidden.device)
         entropy = torch.empty_like(logprobs)
@@ -217,18 +257,22 @@ class _ProjectedLogprobs(torch.autograd.Function):
         with torch.autocast(hidden.device.type, enabled=False):
             for start in range(0, n, rows):
                 end = min(n, start + rows)
-                z = (hidden[start:end].to(dtype) @ w.T).float()
-                if temperature != 1.0:
-                    z /= temperature
+                z = _tempered((hidden[start:end].to(dtype) @ w.T).float(), _rows_of(temperature, slice(start, end)))
+                if top_p is not None or top_k is not None:  # dropped tokens get p = 0: the residual needs no change
+                    truncate(z, targets[start:end], _rows_of(top_p, slice(start, end)),
+                             _rows_of(top_k, slice(start, end)))
                 z -= torch.logsumexp(z, dim=-1, keepdim=True)  # z is now log p
                 logprobs[start:end] = z.gather(1, targets[start:end, None]).squeeze(1)
                 p = z.exp()
-                entropy[start:end] = -(z.mul_(p)).sum(-1)
+                entropy[start:end] = -(z.nan_to_num_(neginf=0.0).mul_(p)).sum(-1)
                 if residual is not None:
                     p.neg_().scatter_add_(1, targets[start:end, None], torch.ones_like(p[:, :1]))  # onehot - p
                     residual[start:end] = (p.to(dtype) @ w).float()
                 del z, p
-        ctx.save_for_backward(residual)
+        if isinstance(temperature, torch.Tensor):
+            ctx.save_for_backward(residual, temperature)
+        else:
+            ctx.save_for_backward(residual)
         ctx.temperature = temperature
         ctx.hidden_dtype = hidden.dtype
         ctx.mark_non_differentiable(entropy)
@@ -236,8 +280,9 @@ class _ProjectedLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logprobs, _grad_entropy):
-        (residual,) = ctx.saved_tensors
+        residual, *per_row = ctx.saved_tensors
         if residual is None:
-            return (None,) * 6
-        grad = residual * (grad_logprobs / ctx.temperature).unsqueeze(1)
-        return grad.to(ctx.hidden_dtype), None, None, None, None, None
+            return (None,) * 8
+        temperature = per_row[0].to(grad_logprobs.dtype) if per_row else ctx.temperature
+        grad = residual * (grad_logprobs / temperature).unsqueeze(1)
+        return grad.to(ctx.hidden_dtype), None, None, None, None, None, None, None

@@ -67,6 +67,20 @@ class TrainerMetrics:
                                        registry=r)
         self.skipped = Counter("rlproxy_trainer_skipped_calls_total", "Calls not trained on, by reason.",
                                ["reason"], registry=r)
+        self.calls_seen = Counter("rlproxy_trainer_calls_seen_total",
+                                  "Calls a step consumed, by the policy that answered them and agent name.",
+                                  ["policy", "agent"], registry=r)
+        self.calls_trained = Counter("rlproxy_trainer_calls_trained_total",
+                                     "Calls trained, by policy and agent name.", ["policy", "agent"], registry=r)
+        self.calls_skipped = Counter("rlproxy_trainer_calls_not_trained_total",
+                                     "Calls a step consumed and did not train, by policy, agent name and reason "
+                                     "(each call once: calls.train_decision).", ["policy", "agent", "reason"],
+                                     registry=r)
+        self.yield_alerts = Counter(
+            "rlproxy_trainer_yield_alerts_total",
+            "ALERT lines: more than yield_alert_share of a policy's calls over the last yield_window steps skipped "
+            "for one reason (reason), or its recent task groups greedy (reason 'greedy').", ["policy", "reason"],
+            registry=r)
         self.trained_call_lag = Histogram(
             "rlproxy_trainer_trained_call_lag_versions",
             "Calls trained on, by how many versions of their policy's line the trainer had moved on since the version "

@@ -27,6 +27,9 @@ class Transition:
     call_ids: list[str] = field(default_factory=list)
     rollout_id: str | None = None
     policy_version: int | None = None  # oldest policy that sampled any of its tokens
+    # the distribution its tokens were drawn from (core.sampling_rules.Sampled: temperature, top-p, top-k);
+    # None: temperature 1, the whole vocabulary. One per transition: calls sampled otherwise are not merged.
+    sampled: Any = None
 
     def __len__(self) -> int:
         return len(self.prompt_ids) + len(self.completion_ids)
@@ -59,10 +62,24 @@ class Call:
     call_id: str | None = None
     rollout_id: str | None = None
     policy_version: int | None = None
+    sampled: Any = None  # as Transition.sampled
 
 
 class SkipReasons(Counter):
-    """Counts why calls were not trained on (reason -> calls)."""
+    """Counts why calls were not trained on (reason -> calls), and keeps the reason each named call got
+    (`decisions`, call id -> reason: stored as `calls.train_decision`). The first reason a call gets is its own:
+    a call counted twice (one choice dropped, another trained) keeps the earlier."""
+
+    def __init__(self, *args: Any, **counts: int) -> None:
+        super().__init__(*args, **counts)
+        self.decisions: dict[str, str] = {}
+
+    def skip(self, reason: str, call_ids: Iterable[str | None] = ()) -> None:
+        """Count one skip under `reason` and note it for each of `call_ids` not decided yet."""
+        self[reason] += 1
+        for call_id in call_ids:
+            if call_id is not None:
+                self.decisions.setdefault(str(call_id), reason)
 
     NO_TOKEN_IDS = "no_token_ids"
     EMPTY_COMPLETION = "empty_completion"
@@ -115,13 +132,17 @@ class _Chain:
         self.call_ids: list[str] = []
         self.versions: list[int] = []
         self.rollout_id = _get(call, "rollout_id")
+        self.sampled = _neutral_as_none(_get(call, "sampled"))
         self._add_generated(call)
 
     def __len__(self) -> int:
         return len(self.prompt) + len(self.completion)
 
     def extended_by(self, call: Any) -> bool:
-        """True when `call`'s prompt starts with this chain's exact token sequence."""
+        """True when `call`'s prompt starts with this chain's exact token sequence and it was sampled alike (one
+        transition is scored at one temperature and truncation)."""
+        if _neutral_as_none(_get(call, "sampled")) != self.sampled:
+            return False
         return list(_get(call, "prompt_ids")[: len(self)]) == self.prompt + self.completion
 
     def extend(self, call: Any) -> None:
@@ -157,7 +178,12 @@ class _Chain:
             call_ids=self.call_ids,
             rollout_id=self.rollout_id,
             policy_version=min(self.versions) if self.versions else None,
+            sampled=self.sampled,
         )
+
+
+def _neutral_as_none(sampled: Any) -> Any:
+    return None if sampled is None or getattr(sampled, "neutral", False) else sampled
 
 
 def merge_trajectory(
@@ -176,7 +202,7 @@ def merge_trajectory(
     for call in calls:
         reason = _skip_reason(call, max_seq_len)
         if reason is not None:
-            skips[reason] += 1
+            skips.skip(reason, [_get(call, "call_id")])
             if chain is not None:
                 transitions.append(chain.to_transition())
                 chain = None

@@ -48,6 +48,7 @@ from trainer.staleness import Staleness
 from trainer.step_report import merged as _merged, observe_step, reasons as _reasons
 from trainer.transitions import SkipReasons, Transition
 
+from trainer.yields import StepYield, YieldWatch, describe_yield
 log = logging.getLogger("rlproxy.trainer")
 
 
@@ -91,6 +92,7 @@ class TrainerWorker:
                                           self.publisher.drain)
         self.agreement = AgreementWatch(settings.agreement_alarm_kl, self.metrics)
         self.policy = None  # trainer.ppo.PolicyTrainer, built on start (torch is imported lazily)
+        self.yields = YieldWatch(self.metrics, settings.training)  # the yield ALERTs, over the last steps
         self.collective = collective or Collective()  # several ranks: this worker is rank 0 (trainer/parallel.py)
         self.lines = {name: Line(name) for name in settings.policies}
         self.loaded: str | None = None  # the policy whose parent adapter the model holds now
@@ -192,8 +194,8 @@ class TrainerWorker:
                                   len(rollout_ids))
                     return
                 await training.record_step(session, rollout_ids, self.lease_owner, policy_version=None,
-                                           transition_count=0, metrics={"failed": describe(exc),
-                                                                        "skipped": {STEP_FAILED: len(rollout_ids)}})
+                                           transition_count=0, undecided=STEP_FAILED, metrics={
+                                               "failed": describe(exc), "skipped": {STEP_FAILED: len(rollout_ids)}})
         if not again:
             log.exception("a step over %d rollouts failed; they are tried once more", len(rollout_ids))
             return
@@ -217,13 +219,13 @@ class TrainerWorker:
         began = time.perf_counter()
         trained: list[Trained] = []
         skipped: dict[str, dict[str, int]] = {}
-        lags = Staleness(now=utcnow())  # every policy's, for a step that trains nothing
+        lags, ledger = Staleness(now=utcnow()), StepYield(rollouts, self.yields)  # every policy's
         for line in self.lines.values():
             skips, staleness, usable = SkipReasons(), Staleness(now=lags.now), set()
             transitions = build_transitions(rollouts, self.settings.training, line.parent_version, skips,
                                             policy=line.policy, lineage=lineages[line.policy], staleness=staleness,
                                             usable=usable)
-            skipped[line.policy] = dict(skips)
+            skipped[line.policy], calls = dict(skips), ledger.line(line.policy, skips)
             staleness.observe(self.metrics)
             lags.merge(staleness)
             if not transitions:
@@ -246,18 +248,17 @@ class TrainerWorker:
                                 policy=line.policy, staleness=staleness.as_dict())
             trained.append(Trained(line, version, path, len(transitions), step_metrics, agreement))
             log.info("step %d, policy %r: %d rollouts, %d transitions, reward %.3f, loss %.4f, lr x%.2f -> v%d in "
-                     "%.1f s; dropped: %s; %s; IS weights clipped/masked %.1f%%%s", self.steps + 1, line.policy,
+                     "%.1f s; %s; dropped: %s; %s; IS weights clipped/masked %.1f%%%s", self.steps + 1, line.policy,
                      len(rollouts), len(transitions), statistics.fmean(rewards), step_metrics.get("loss", 0.0),
-                     lr_scale, version, time.perf_counter() - step_began,
+                     lr_scale, version, time.perf_counter() - step_began, describe_yield(calls),
                      _reasons(skips), staleness.describe(), 100 * step_metrics.get("is_filtered", 0.0),
                      "" if agreement is None else f"; v{agreement.version} served as trained: KL {agreement.kl:.4f}")
         for reasons in skipped.values():
             for reason, count in reasons.items():
                 self.metrics.skipped.labels(reason).inc(count)
-        await self._finish(rollout_ids, trained, skipped, lags)
+        await self._finish(rollout_ids, trained, skipped, lags, ledger)
         if not trained:
-            log.info("%d rollouts gave nothing to learn from (dropped: %s; %s)", len(rollouts),
-                     _reasons(_merged(skipped)), lags.describe())
+            ledger.nothing_learned(len(rollouts), _reasons(_merged(skipped)), lags.describe())
             return True
         self.steps += 1
         self.metrics.steps.inc()
@@ -327,7 +328,7 @@ class TrainerWorker:
         return version, path
 
     async def _finish(self, rollout_ids: list[str], trained: list[Trained],
-                      skipped: dict[str, dict[str, int]], lags: Staleness) -> None:
+                      skipped: dict[str, dict[str, int]], lags: Staleness, ledger: StepYield) -> None:
         """Record each new version and mark the rollouts trained, in one transaction (a step per version)."""
         async with self.sessions() as session, session.begin():
             await training.hold_leases(session, rollout_ids, self.lease_owner)
@@ -341,8 +342,8 @@ class TrainerWorker:
                                            transition_count=new.transitions, metrics=new.metrics)
             if not trained:
                 await training.record_step(session, rollout_ids, self.lease_owner, policy_version=None,
-                                           transition_count=0,
-                                           metrics={"skipped": _merged(skipped), "staleness": lags.as_dict()})
+                                           transition_count=0, metrics=ledger.untrained(_merged(skipped), lags))
+            await training.store_decisions(session, rollout_ids, ledger.decisions)
 
     async def _publish(self, line: Line, version: int, path: Path, step_began: float) -> None:
         published = await self.publisher.publish(version, str(path), activate=self.on_published is None,

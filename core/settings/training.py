@@ -184,9 +184,17 @@ class TrainingSettings:
     )
     temperature: float = Field(
         1.0, gt=0,
-        description="Logits are divided by this before log-probs. Must be 1.0, as the recorded behaviour log-probs "
-                    "are (vLLM's raw logprobs; calls sampled at another temperature are skipped as sampling_altered).",
+        description="The temperature of calls recorded without one (vLLM's default is 1.0: change it only for "
+                    "engines started with another default sampling temperature). A call sampled at its own "
+                    "temperature, top_p or top_k is scored at those (docs/learning.md).",
     )
+    yield_window: int = Field(
+        10, ge=1, description="Steps over which a policy's yield is watched for the yield ALERTs.")
+    yield_alert_share: float = Field(
+        0.5, ge=0, le=1,
+        description="ALERT when more than this share of a policy's calls over the last yield_window steps was not "
+                    "trained for one reason (the line names the reason and what fixes it), and when more than this "
+                    "share of its task groups is greedy (temperature 0, or every attempt the same). 0: no ALERT.")
 
     # --- pipeline (read by the worker) ------------------------------------------------------------
     batch_rollouts: int = Field(
@@ -283,17 +291,6 @@ class TrainingSettings:
     def _dual_clip_above_one(cls, value: float) -> float:
         if value and value <= 1:
             raise ValueError("dual_clip must be above 1 (or 0: off)")
-        return value
-
-    @field_validator("temperature")
-    @classmethod
-    def _temperature_of_the_recorded_logprobs(cls, value: float) -> float:
-        # Every call trained was sampled at temperature 1 (the proxy marks any other, and the trainer skips it as
-        # sampling_altered), so its recorded log-probs are the raw ones: a trainer at 0.7 would compare sharper
-        # log-probs of its own with them and bias every ratio and importance weight.
-        if value != 1.0:
-            raise ValueError("temperature must be 1.0: the calls trained were sampled at temperature 1, and their "
-                             "recorded log-probs are the engine's raw ones (calls sampled otherwise are skipped)")
         return value
 
     @model_validator(mode="after")
