@@ -78,3 +78,20 @@ def test_the_mesh_replicates_a_base_that_fits_one_device_and_shards_one_that_doe
     assert mesh_shape("hsdp", 16, 8, eight_b, h100) == (2, 8)
     with pytest.raises(ValueError, match="same ranks on every node"):
         mesh_shape("hsdp", 12, 8, eight_b, h100)
+
+
+def test_the_trainer_refuses_to_load_onto_a_gpu_without_room_before_reading_a_weight(tiny_model, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from trainer.loading import check_device_memory, checkpoint_parameters
+
+    from transformers import AutoModelForCausalLM
+
+    parameters = checkpoint_parameters(str(tiny_model))  # from the safetensors headers alone
+    assert parameters == AutoModelForCausalLM.from_pretrained(tiny_model).num_parameters()
+    needed = trainer_bytes(parameters, 1)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (needed - 1, 16 * GiB))  # an engine took it
+    with pytest.raises(DeviceMemoryError, match="cuda:0 has .* GiB free of 16.0 GiB.*CUDA_VISIBLE_DEVICES"):
+        check_device_memory(torch.device("cuda", 0), str(tiny_model), ranks=1)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (needed, 16 * GiB))
+    check_device_memory(torch.device("cuda", 0), str(tiny_model), ranks=1)  # just enough
+    check_device_memory(torch.device("cpu"), str(tiny_model), ranks=1)  # nothing to check on a CPU
