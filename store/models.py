@@ -124,6 +124,10 @@ class Rollout(Base):
     train_step_id: Mapped[int | None] = mapped_column(ForeignKey("train_steps.id"))
     lease_owner: Mapped[str | None] = mapped_column(String(128))
     lease_expires_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    # steps begun over it that did not finish (several ranks: a failed step stops every rank), and the last
+    # failure seen; trainer/worker.py sets a rollout aside after two
+    step_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    step_error: Mapped[str | None] = mapped_column(Text)
     # The rollout's two credentials (store/rollout_tokens.py), SHA-256 only: the agent's token, scoped to this
     # rollout, and the grader token of a rollout whose reward source is not its agent. Migration 0015.
     token_hash: Mapped[str | None] = mapped_column(String(64), unique=True, index=True)
@@ -197,10 +201,6 @@ class Call(Base):
     # distribution (proxy/sampling.py), or `media=<part>` for an image, audio or video in the prompt
     # (proxy/boundary.py); None: nothing
     sampling: Mapped[str | None] = mapped_column(String(64))
-    started_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
-    finished_at: Mapped[datetime | None] = mapped_column(Timestamp)
-
-    __table_args__ = (
     # what its recorded log-probs are (migration 0016): 'processed', the probabilities its tokens were sampled
     # with (after temperature and top-k/top-p), or 'raw', the log-softmax before them; None: recorded before the
     # engines ran processed_logprobs, i.e. raw
@@ -208,6 +208,10 @@ class Call(Base):
     # what the trainer did with it when a step consumed its rollout: 'trained' or the skip reason (the names of
     # a step's `skipped` metrics); None: not decided yet, or trained before migration 0016
     train_decision: Mapped[str | None] = mapped_column(String(64))
+    started_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(Timestamp)
+
+    __table_args__ = (
         UniqueConstraint("rollout_id", "seq", name="uq_calls_rollout_seq"),
         Index("ix_calls_rollout_id", "rollout_id"),
         Index("ix_calls_started_at", "started_at"),
