@@ -110,17 +110,17 @@ class ProxySettings(CommandSettings):
                            "fetches them from wherever they point (vLLM allows every domain unless started with "
                            "--allowed-media-domains). Off: such a part is refused (400 media_url_refused); media "
                            "sent inline as a data: URL always passes.")
-    upstream_timeout: float = Field(600.0, description="Seconds an upstream request may take in total.")
-    upstream_connect_attempts: int = Field(3, description="Connection attempts per request before the first byte.")
-    policy_refresh_interval: float = Field(1.0, description="Seconds between reads of the active policy.")
-    policy_rules: tuple[str, ...] = Field(
-        (), description="Which named policy answers a call, by agent and/or project, first match wins: "
     engine_logprobs_mode: Literal["processed", "raw"] = Field(
         "processed", description="What the engines' log-probs are (vLLM --logprobs-mode): `processed` "
                                  "(processed_logprobs, as rlproxy engine, serve, demo and the chart run them: the "
                                  "probabilities tokens were sampled with) or `raw` (vLLM's default: before "
                                  "temperature and top-k/top-p; only temperature-1, untruncated calls are then "
                                  "trained). Recorded on each call.")
+    upstream_timeout: float = Field(600.0, description="Seconds an upstream request may take in total.")
+    upstream_connect_attempts: int = Field(3, description="Connection attempts per request before the first byte.")
+    policy_refresh_interval: float = Field(1.0, description="Seconds between reads of the active policy.")
+    policy_rules: tuple[str, ...] = Field(
+        (), description="Which named policy answers a call, by agent and/or project, first match wins: "
                         "agent:NAME=POLICY, project:NAME=POLICY, project:A&agent:B=POLICY; POLICY `base` is the "
                         "base model, never trained (docs/policies.md). Repeat the flag for each rule.",
         json_schema_extra={"flag": "policy-rule"})
