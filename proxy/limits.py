@@ -12,9 +12,11 @@ from aiohttp import web
 
 from core.checks import nests_deeper_than
 from core.settings import ProxySettings
-from proxy.auth import KEY, Access, access_for
+from proxy.auth import KEY, Access, access_for, reads_no_rollout
 from proxy.buckets import RateLimiter
 from proxy.errors import InvalidRequest, PayloadTooLarge, RateLimited
+from proxy.metrics import ProxyMetrics
+from proxy.storage_budget import StorageBudget, stored_bytes
 from proxy.uploads import InflateBounds, body_encoding, check_transfer_coding, continue_upload, inflate_body
 
 MAX_JSON_VALUES = 1_000_000
@@ -41,7 +43,8 @@ def too_deep(value: Any, raw: bytes | None = None, limit: int = MAX_JSON_DEPTH) 
 
 
 class Limits:
-    def __init__(self, settings: ProxySettings) -> None:
+    def __init__(self, settings: ProxySettings, metrics: ProxyMetrics | None = None) -> None:
+        self.metrics = metrics
         auth = settings.auth
         self.rate = auth.rate_limit
         self.burst = auth.rate_burst
@@ -51,6 +54,7 @@ class Limits:
         self.limiter = RateLimiter()
         self.max_open = auth.max_open_per_key
         self.open: dict[str, int] = {}  # key id -> its requests being served (no entry at 0)
+        self.storage = StorageBudget(settings.project_bytes_per_hour)
 
     def check_rate(self, request: web.Request) -> None:
         key = request.get(KEY)
@@ -88,6 +92,14 @@ class Limits:
             else:
                 del self.open[key.id]
 
+    def stores_for(self, request: web.Request) -> str | None:
+        """The project a request would make the proxy store data for (`--project-bytes-per-hour`): a project
+        key's requests with a body, but those of the routes that record nothing."""
+        key = request.get(KEY)
+        if not self.storage.enabled or key is None or key.project is None or request.method in ("GET", "HEAD"):
+            return None
+        return None if reads_no_rollout(request) else key.project
+
     def check_size(self, request: web.Request) -> None:
         """A declared length above the limit is refused before reading; a chunked body that grows past it is
         stopped by aiohttp itself (`client_max_size`), which the error middleware shapes the same way."""
@@ -114,6 +126,20 @@ async def enforce_limits(request: web.Request, handler):
     if request.body_exists:
         body_encoding(request)  # an encoding the proxy does not read: 415 before the body is invited
     with limits.open_request(request) if checked else contextlib.nullcontext():
+        project = limits.stores_for(request) if checked else None
+        if project is not None:
+            try:
+                limits.storage.admit(project)
+            except RateLimited:
+                if limits.metrics is not None:
+                    limits.metrics.storage_refused.inc()
+                raise
         await continue_upload(request)
         await inflate_body(request, limits.inflate, limits.max_body)
-        return await handler(request)
+        response = None
+        try:
+            response = await handler(request)
+            return response
+        finally:
+            if project is not None:  # charged also when it failed: its call is recorded all the same
+                limits.storage.take(project, stored_bytes(request, response))

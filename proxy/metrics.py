@@ -43,6 +43,9 @@ class ProxyMetrics:
             "rlproxy_capture_foreign_calls_total",
             "Calls of one project whose rollout id belonged to another project by the time they were stored (the id "
             "was pruned and opened again by the other project): kept in the rejected file, not stored.", registry=r)
+        self.storage_refused = Counter(
+            "rlproxy_storage_budget_refused_total",
+            "Requests refused 429 because their project had stored its --project-bytes-per-hour.", registry=r)
         self.rows_written = Counter("rlproxy_capture_calls_written_total", "Calls stored in the database.",
                                     registry=r)
         self.rows_spooled = Counter("rlproxy_capture_calls_spooled_total",

@@ -6,14 +6,15 @@ from aiohttp import web
 from core.settings import ProxySettings
 from proxy.auth import AUTH, Authenticator, authenticate, scope_rollouts
 from proxy.limits import LIMITS, Limits, enforce_limits
+from proxy.metrics import ProxyMetrics
 from proxy.state import STATE
 
 
-def install(app: web.Application, settings: ProxySettings) -> None:
+def install(app: web.Application, settings: ProxySettings, metrics: ProxyMetrics | None = None) -> None:
     """Adds, inside the error middleware: who is calling → rate and size limits → rollout ownership. Whether
     keys are needed is settled at startup, once the database is reachable (`Authenticator.start`)."""
     app[AUTH] = Authenticator(settings.auth)
-    app[LIMITS] = Limits(settings)
+    app[LIMITS] = Limits(settings, metrics)
     app.middlewares.extend([authenticate, enforce_limits, scope_rollouts])
 
     async def start_auth(app: web.Application) -> None:  # on_startup runs after the cleanup contexts started
