@@ -111,8 +111,9 @@ def build_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> w
     app[BUILT] = {}  # the OpenAPI document, built once per served model name
     app[READINESS] = ReadinessLooks()  # /readyz's shared look
     passthrough.add_routes(app)  # the engine's read-only routes, relayed (proxy/engine_routes.py)
-    install_security(app, settings)
-    app.cleanup_ctx.append(_lifecycle(settings, metrics or ProxyMetrics()))
+    metrics = metrics or ProxyMetrics()
+    install_security(app, settings, metrics)
+    app.cleanup_ctx.append(_lifecycle(settings, metrics))
     app.cleanup_ctx.append(decoders_of(settings.ingest))  # OTLP exports are decoded in worker processes
     app.on_shutdown.append(_draining(settings))
     return app

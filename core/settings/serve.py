@@ -81,6 +81,11 @@ class AuthSettings(Part):
 
 class ProxySettings(CommandSettings):
     host: str = Field("127.0.0.1", description="Interface to listen on.")
+    project_bytes_per_hour: int = Field(
+        8 * 2**30, ge=0,
+        description="Bytes one project's keys may make this proxy store per hour (call requests and answers, "
+                    "rollout metadata, events, rewards; bursts up to an hour's worth); past it, 429 with "
+                    "Retry-After, and what was accepted is stored whole. Per proxy process. 0: no bound.")
     port: int = Field(8400, description="Port to listen on.")
     upstreams: tuple[str, ...] = Field(
         (), description="OpenAI-compatible engine base URL without /v1; repeat for replicas. None given: `rlproxy "
