@@ -39,7 +39,7 @@ class ClientConfig:
     rollout_id: str
     reward_url: str  # POST {"rollout_id", "reward"} here (the proxy's /reward)
     event_url: str  # or Agent Lightning's event body here
-    api_key: str  # the agent's key to the proxy: --agent-api-key, else --api-key ("rlproxy" when keys are off)
+    api_key: str  # the rollout's own token (runner/attempt.py): good for this rollout alone
     model: str  # the model name to ask for ("auto": the rollout's policy)
     task_id: str
     eval: bool

@@ -124,6 +124,10 @@ class Rollout(Base):
     train_step_id: Mapped[int | None] = mapped_column(ForeignKey("train_steps.id"))
     lease_owner: Mapped[str | None] = mapped_column(String(128))
     lease_expires_at: Mapped[datetime | None] = mapped_column(Timestamp)
+    # steps begun over it that did not finish (several ranks: a failed step stops every rank), and the last
+    # failure seen; trainer/worker.py sets a rollout aside after two
+    step_attempts: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))
+    step_error: Mapped[str | None] = mapped_column(Text)
     # The rollout's two credentials (store/rollout_tokens.py), SHA-256 only: the agent's token, scoped to this
     # rollout, and the grader token of a rollout whose reward source is not its agent. Migration 0015.
     token_hash: Mapped[str | None] = mapped_column(String(64), unique=True, index=True)

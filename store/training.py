@@ -179,8 +179,7 @@ async def release_untrained(session: AsyncSession, worker_id: str) -> int:
     """Drop the leases on untrained rollouts of every earlier run of `worker_id` (owners `worker_id` and
     `worker_id:<run>`): a restarted worker takes back what its dead predecessor held instead of waiting for the
     leases to expire. Returns how many were released."""
-    owned = or_(Rollout.lease_owner == worker_id, Rollout.lease_owner.startswith(f"{worker_id}:", autoescape=True))
-    result = await session.execute(update(Rollout).where(owned, Rollout.trained_at.is_(None))
+    result = await session.execute(update(Rollout).where(_earlier_runs(worker_id), Rollout.trained_at.is_(None))
                                    .values(lease_owner=None, lease_expires_at=None))
     return result.rowcount or 0
 
@@ -197,6 +196,34 @@ async def hold_leases(session: AsyncSession, rollout_ids: list[str], owner: str)
     if len(held) != len(set(rollout_ids)):
         raise LeaseLost(f"{len(set(rollout_ids)) - len(held)} of the step's {len(set(rollout_ids))} rollouts are no "
                         f"longer leased to {owner!r}; the step is not recorded")
+
+
+def _earlier_runs(worker_id: str):
+    return or_(Rollout.lease_owner == worker_id, Rollout.lease_owner.startswith(f"{worker_id}:", autoescape=True))
+
+
+async def begin_attempt(session: AsyncSession, rollout_ids: list[str], owner: str) -> None:
+    """Count a step begun over these rollouts, before it runs: one that never finishes (a rank that raised,
+    ran out of memory or died stops every rank) is known to the restarted trainer (`unfinished_attempts`)."""
+    await session.execute(update(Rollout).where(Rollout.id.in_(rollout_ids), Rollout.lease_owner == owner)
+                          .values(step_attempts=Rollout.step_attempts + 1))
+
+
+async def note_step_error(session: AsyncSession, rollout_ids: list[str], error: str) -> None:
+    """Keep the failure a step over these rollouts ended with (what the set-aside record will say)."""
+    await session.execute(update(Rollout).where(Rollout.id.in_(rollout_ids)).values(step_error=error))
+
+
+async def unfinished_attempts(session: AsyncSession, worker_id: str, attempts: int) -> dict[str | None, list[str]]:
+    """The untrained rollouts an earlier run of `worker_id` held whose steps began `attempts` times or more and
+    never finished, by the last error noted on them (None: none was)."""
+    rows = await session.execute(select(Rollout.id, Rollout.step_error).where(
+        _earlier_runs(worker_id), Rollout.trained_at.is_(None), Rollout.step_attempts >= attempts)
+        .order_by(Rollout.finished_at, Rollout.id))
+    failed: dict[str | None, list[str]] = defaultdict(list)
+    for rollout_id, error in rows:
+        failed[error].append(rollout_id)
+    return dict(failed)
 
 
 async def load_rollouts(session: AsyncSession, rollout_ids: list[str]) -> list[RolloutData]:

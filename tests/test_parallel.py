@@ -17,6 +17,7 @@ import requests
 from tests.support import ROOT, free_port, running, stub_command, trainer_command
 from tests.test_trainer_faults import SMALL_STEPS, is_complete_adapter, snapshot, wait_for
 from tests.test_trainer_worker import record_episodes
+from tests.conftest import TINY_VOCAB
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.train
@@ -200,3 +201,68 @@ def test_a_rank_killed_stops_the_whole_trainer_and_a_restart_trains_every_rollou
     versions = [version for version, _, _ in final["policies"]]
     assert versions == list(range(1, len(versions) + 1))
     assert all(is_complete_adapter(path) for _, _, path in final["policies"])
+
+
+async def plant_token_past_the_vocabulary(database_url: str, rollout_id: str) -> None:
+    """One completion token of one rollout that the model has no embedding for: the rank that takes that
+    transition raises (IndexError, as a CUDA OOM on one long transition would raise), the other does not."""
+    from sqlalchemy import select, update
+
+    from store.db import open_database, session_factory
+    from store.models import Call, CallChoice
+
+    database = open_database(database_url)
+    async with session_factory(database)() as session, session.begin():
+        [call_id] = (await session.execute(select(Call.id).where(Call.rollout_id == rollout_id))).scalars()
+        [tokens] = (await session.execute(select(CallChoice.token_ids).where(CallChoice.call_id == call_id))).scalars()
+        await session.execute(update(CallChoice).where(CallChoice.call_id == call_id)
+                              .values(token_ids=[TINY_VOCAB + 1000, *tokens[1:]]))
+    await database.dispose()
+
+
+async def rollout_rows(database_url: str, ids: list[str]):
+    from sqlalchemy import select
+
+    from store.db import open_database, session_factory
+    from store.models import Rollout, TrainStep
+
+    database = open_database(database_url)
+    async with session_factory(database)() as session:
+        rows = (await session.execute(select(Rollout.trained_at, Rollout.step_attempts, TrainStep.policy_version,
+                                             TrainStep.metrics).outerjoin(TrainStep)
+                                      .where(Rollout.id.in_(ids)))).all()
+    await database.dispose()
+    return rows
+
+
+def test_a_batch_that_fails_on_one_rank_is_set_aside_by_every_rank_and_training_goes_on(
+        tiny_model, own_database_url, tmp_path):
+    """It used to stop a multi-rank trainer for good: the step's exception was re-raised, and every restart
+    claimed the same rollouts again. Now each step is counted on its rollouts before it runs; every rank stops,
+    the chart starts them again (here the test does), and after two unfinished tries the batch is set aside and
+    never claimed again."""
+    poison = asyncio.run(record_episodes(own_database_url, groups=1, group_size=2, calls=1, task_prefix="poison"))
+    asyncio.run(plant_token_past_the_vocabulary(own_database_url, poison[0]))
+    healthy = asyncio.run(record_episodes(own_database_url, groups=2, group_size=2, calls=1, task_prefix="healthy"))
+    port = free_port()
+    engine = f"http://127.0.0.1:{port}"
+    command = trainer_command(own_database_url, engine, tiny_model, tmp_path / "adapters", "--nproc-per-node", "2",
+                              "--max-steps", "2", "--poll-interval", "0.1",
+                              settings={"batch_rollouts": 2, "max_batch_rollouts": 2, "group_size": 2,
+                                        "micro_batch_tokens": 256})
+    exits = []
+    with running(stub_command(port), engine + "/health", log_path=tmp_path / "stub.log"):
+        while not exits or exits[-1] != 0 and len(exits) < 4:  # restarted as the chart restarts a failed pod
+            done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300,
+                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
+            exits.append(done.returncode)
+            output = done.stdout + done.stderr
+    assert len(exits) == 3 and exits[0] != 0 and exits[1] != 0 and exits[2] == 0, (exits, output[-4000:])
+    assert "set aside as step_failed" in output and "rank 1: stopped after 2 steps" in output
+    # third start: the batch whose steps failed twice is set aside, and both ranks train both healthy batches
+
+    set_aside = asyncio.run(rollout_rows(own_database_url, poison))
+    assert all(trained is not None and attempts == 2 and version is None and metrics["failed"]
+               and metrics["skipped"] == {"step_failed": 2} for trained, attempts, version, metrics in set_aside)
+    trained = asyncio.run(rollout_rows(own_database_url, healthy))
+    assert sorted(version for _, _, version, _ in trained) == [1, 1, 2, 2]  # each once, after the poisoned one

@@ -6,18 +6,22 @@ a project key did before: list the open rollouts, set its group mates' rewards, 
 rollouts, move the held-out figures."""
 from __future__ import annotations
 
+import json
 import re
+import sys
 import uuid
 
 import pytest
 import requests
+from click.testing import CliRunner
 
 from store import rollouts as store_rollouts
 from store import training
 from store.models import RewardKind
 from store.reward_sources import RewardedBy, RewardSource
+from rlproxy.cli import main
 from testkit.stub_engine import BASE_MODEL
-from tests.support import running_proxy, transaction
+from tests.support import ROOT, running_proxy, transaction
 
 CHAT = {"model": BASE_MODEL, "messages": [{"role": "user", "content": "What is 6*7?"}], "max_tokens": 4}
 
@@ -200,3 +204,49 @@ async def test_a_claim_is_never_trained_on(own_database_url):
     assert stored["reward"] == 0.0
     assert [(entry["kind"], entry["value"]) for entry in stored["rewards"]] == [(RewardKind.CLAIM, 1.0),
                                                                               (RewardKind.FINAL, 0.0)]
+
+
+HOSTILE = ROOT / "tests" / "scripts" / "hostile_agent.py"
+
+
+def test_a_hostile_agent_under_rlproxy_run_changes_no_reward_but_its_own_result(tenants, tmp_path):
+    """Three attempts of one task at once and an evaluation attempt, each running tests/scripts/hostile_agent.py
+    with what the runner gave it; the runner's key is the operator's, the agents' project key alpha's."""
+    shared, out = tmp_path / "shared", tmp_path / "out"
+    shared.mkdir(), out.mkdir()
+    (tmp_path / "tasks.jsonl").write_text(json.dumps({"id": "hostile", "reward": "0.9"}) + "\n")
+    (tmp_path / "eval.jsonl").write_text(json.dumps({"id": "hostile-eval", "reward": "0.2"}) + "\n")
+    figures = alpha_traffic(tenants)
+    log = tmp_path / "run.jsonl"
+    result = CliRunner().invoke(main, [
+        "run", "--proxy", tenants.url, "--log", str(log), "--tasks", str(tmp_path / "tasks.jsonl"),
+        "--eval-tasks", str(tmp_path / "eval.jsonl"), "--task-id-field", "id", "--attempts", "3",
+        "--concurrency", "4", "--command", f"{sys.executable} {HOSTILE}", "--env-map", "HOSTILE_REWARD=reward",
+        "--pass-env", "HOSTILE_SHARED", "--pass-env", "HOSTILE_OUT", "--pass-env", "HOSTILE_GROUP"],
+        env={"RLPROXY_API_KEY": tenants.keys["operator"], "RLPROXY_AGENT_API_KEY": tenants.keys["alpha"],
+             "HOSTILE_SHARED": str(shared), "HOSTILE_OUT": str(out), "HOSTILE_GROUP": "3"},
+        catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    ended = {entry["rollout_id"]: entry for entry in map(json.loads, log.read_text().splitlines())
+             if entry["event"] == "finished"}
+    assert sorted((entry["split"], entry["status"], entry["reward"]) for entry in ended.values()) == [
+        ("eval", "rewarded", 0.2), ("train", "rewarded", 0.9), ("train", "rewarded", 0.9), ("train", "rewarded", 0.9)]
+
+    for rollout_id, entry in ended.items():
+        seen = json.loads((out / f"{rollout_id}.json").read_text())
+        assert {name: seen[name] for name in ("list", "create", "create_eval", "policies", "activate")} == dict.fromkeys(
+            ("list", "create", "create_eval", "policies", "activate"), 403), seen
+        assert seen["mates"] and set(seen["mates"]) == {404}, seen  # its group mates: unused ids to it
+        stored = requests.get(f"{tenants.url}/rollouts/{rollout_id}", headers=tenants.headers("operator")).json()
+        # the runner posted each printed result: with its own key (the operator's), an evaluation's with its grader
+        assert stored["reward"] == entry["reward"] and stored["rewarded_by"] == (
+            "grader" if entry["split"] == "eval" else "operator")
+        if entry["split"] == "eval":  # its own 1.0 was a claim; the printed 0.2 is the evidence
+            assert seen["own_eval"] == [200, {"rollout_id": rollout_id, "reward": 1.0, "claim": True}]
+            assert [r["value"] for r in stored["rewards"] if r["claim"]] == [1.0] and entry["claims"] == 1
+            version = stored["policy"]
+    assert "posted a reward of their own" in result.output
+    after = alpha_traffic(tenants)[version]
+    before = figures[version] or {"n": 0, "mean": 0.0}
+    assert after["n"] == before["n"] + 1
+    assert after["mean"] * after["n"] == pytest.approx((before["mean"] or 0.0) * before["n"] + 0.2)

@@ -151,7 +151,12 @@ def follow(build, collective: Collective) -> int:
         if command == "start":
             policy = build(*args)
         elif command in FOLLOWED:
-            getattr(policy, command)(*args)
+            try:
+                getattr(policy, command)(*args)
+            except Exception:
+                log.exception("rank %d: %s failed; every rank stops (rank 0 notes it on the batch), and the "
+                              "restarted trainer sets a batch aside after two such tries", collective.rank, command)
+                raise
             steps += command == "step"
         elif command == "stop":
             log.info("rank %d: stopped after %d steps", collective.rank, steps)

@@ -36,7 +36,7 @@ from store.models import utcnow
 from trainer.agreement import Agreement, AgreementWatch
 from trainer.batch import build_transitions
 from trainer.claim import claim_batch
-from trainer.failures import NOT_THE_BATCH, STEP_FAILED, FailedBatches, describe
+from trainer.failures import NOT_THE_BATCH, STEP_FAILED, FailedBatches, StepAttempts, describe
 from trainer.housekeeping import Housekeeping
 from trainer.metrics import TrainerMetrics
 from trainer.parallel import Collective, LeaderPolicy
@@ -104,8 +104,10 @@ class TrainerWorker:
         # process started with the same id takes back the first's leases, and the first's step is then not
         # recorded, rather than both training the same rollouts).
         self.lease_owner = f"{settings.worker_id}:{secrets.token_hex(4)}"
+        self.attempts = StepAttempts(self.sessions, settings.worker_id, self.lease_owner, self.metrics)
 
     async def start(self) -> None:
+        await self.attempts.set_aside_unfinished()  # before their leases are released below
         async with self.sessions() as session, session.begin():
             released = await training.release_untrained(session, self.settings.worker_id)
             for line in self.lines.values():
@@ -152,11 +154,12 @@ class TrainerWorker:
     async def step_once(self) -> bool:
         """Claim, train each policy, publish. False when nothing was ready."""
         await self.publisher.unload_drained()
-        if not self._room_for_save():
+        if not self.retention.room_for_save(self.policy, self.metrics):
             return False
         rollout_ids = await self._claim()
         if not rollout_ids:
             return False
+        await self.attempts.begin(rollout_ids)
         try:
             return await self._train(rollout_ids)
         except NoRoomForAdapter:
@@ -173,8 +176,9 @@ class TrainerWorker:
         except NOT_THE_BATCH:
             raise
         except Exception as exc:  # noqa: BLE001 — a batch this trainer cannot digest (trainer/failures.py)
-            if self.collective.world_size > 1:
-                raise  # other ranks may be inside the step's collective: torchrun stops them all
+            if self.collective.world_size > 1:  # other ranks may be inside the step's collective: every rank
+                await self.attempts.failed(rollout_ids, exc)  # exits, and the restart sets the batch aside
+                raise
             await self._failed(rollout_ids, exc)
             return True
 
@@ -307,15 +311,12 @@ class TrainerWorker:
     async def _claim(self) -> list[str]:
         return await claim_batch(self.sessions, self.settings, self.metrics, self.lease_owner)
 
-    def _room_for_save(self) -> bool:
-        return self.retention.room_for_save(self.policy, self.metrics)
-
     async def _sweep(self) -> None:
-        removed = await self.retention.sweep({line.policy: line.parent_version for line in self.lines.values()})
-        self.metrics.adapters_removed.inc(len(removed))
+        trains_from = {line.policy: line.parent_version for line in self.lines.values()}
+        self.metrics.adapters_removed.inc(len(await self.retention.sweep(trains_from)))
 
     async def _save(self) -> tuple[int, Path]:
-        if not self._room_for_save():
+        if not self.retention.room_for_save(self.policy, self.metrics):
             raise NoRoomForAdapter(f"too little free space in {self.settings.adapters_dir} for a version")
         async with self.sessions() as session:
             # a step's versions are recorded together after the last policy's: number past those saved already
