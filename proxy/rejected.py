@@ -17,6 +17,7 @@ from typing import Any
 
 import orjson
 
+from core.text import printable
 from proxy.metrics import ProxyMetrics
 from store.records import CallRecord
 
@@ -47,7 +48,8 @@ class RejectedCalls:
         self.metrics.rows_rejected.inc()
         reason = reason if len(reason) <= MAX_REASON else reason[:MAX_REASON] + "…"
         call_id = _text(getattr(record, "id", "?"))
-        log.error("call %s cannot be stored (%s); kept in %s", call_id, reason, self.path)
+        # the reason quotes what the database said of the call's content: escaped in the log, whole in the file
+        log.error("call %s cannot be stored (%s); kept in %s", printable(call_id, 128), printable(reason), self.path)
         try:
             line = _line(record, reason)
             if self.max_bytes is not None and _size(self.path) + len(line) > self.max_bytes:
