@@ -7,6 +7,7 @@ rollouts, move the held-out figures."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 import uuid
@@ -250,3 +251,35 @@ def test_a_hostile_agent_under_rlproxy_run_changes_no_reward_but_its_own_result(
     before = figures[version] or {"n": 0, "mean": 0.0}
     assert after["n"] == before["n"] + 1
     assert after["mean"] * after["n"] == pytest.approx((before["mean"] or 0.0) * before["n"] + 0.2)
+
+
+def test_under_verify_the_verifiers_reward_wins_over_the_one_the_harness_posts(tenants, tmp_path, monkeypatch):
+    """A harness (here a stand-in `claude` on PATH) that posts 1.0 to its events URL while the verifier says 0:
+    0 is stored, the 1.0 is kept as a claim, counted, and the run says so."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    harness = bin_dir / "claude"
+    harness.write_text(f"#!{sys.executable}\n" + '''import json, os, urllib.request
+request = urllib.request.Request(os.environ["ANTHROPIC_BASE_URL"] + "/events", method="POST",
+                                 data=json.dumps({"event_type": "reward", "data": {"value": 1.0}}).encode(),
+                                 headers={"Authorization": "Bearer " + os.environ["ANTHROPIC_API_KEY"],
+                                          "Content-Type": "application/json"})
+print(urllib.request.urlopen(request, timeout=30).read().decode())
+''')
+    harness.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    before = claims_counted(tenants, "agent")
+    (tmp_path / "tasks.jsonl").write_text(json.dumps({"id": "verified", "prompt": "Fix the bug."}) + "\n")
+    log = tmp_path / "run.jsonl"
+    result = CliRunner().invoke(main, [
+        "run", "--proxy", tenants.url, "--log", str(log), "--tasks", str(tmp_path / "tasks.jsonl"),
+        "--task-id-field", "id", "--attempts", "1", "--harness", "claude-code", "--verify", "echo 0"],
+        env={"RLPROXY_API_KEY": tenants.keys["alpha"]}, catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    [entry] = [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "finished"]
+    assert (entry["status"], entry["reward"], entry["claims"]) == ("rewarded", 0.0, 1), entry
+    stored = requests.get(f"{tenants.url}/rollouts/{entry['rollout_id']}", headers=tenants.headers("alpha")).json()
+    assert (stored["reward"], stored["reward_source"], stored["rewarded_by"]) == (0.0, "grader", "grader")
+    assert [(r["kind"], r["value"]) for r in stored["rewards"]] == [("claim", 1.0), ("final", 0.0)]
+    assert claims_counted(tenants, "agent") == before + 1
+    assert "posted a reward of their own" in result.output
