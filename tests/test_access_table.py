@@ -2,7 +2,8 @@
 proxy's behaviour. The table is read from the document; every route of the proxy's router must have a row
 (a new route without one fails here) and every row a route; then every row is walked with every kind of key
 against a running proxy with keys on (tests/tenants.py), once with objects of the caller's project (alpha's
-rollouts, response, policy) and once with another project's (beta's).
+rollouts, response, policy) and once with another project's (beta's). A rollout's own credentials (its token and
+its grader token) are walked with their own rollout as the caller's object.
 
 The admin routes are scoped like data: beta's admin key once switched alpha to the base model and then to a
 version of alpha's never evaluated (`POST /policies/0/activate?policy=alpha`)."""
@@ -22,7 +23,9 @@ from proxy.endpoints import PREFIXES
 from testkit.stub_engine import BASE_MODEL
 from tests.support import ROOT
 
-KINDS = {"none": None, "project key": "alpha", "project admin key": "alpha-admin", "operator key": "operator"}
+KINDS = {"none": None, "project key": "alpha", "project admin key": "alpha-admin", "operator key": "operator",
+         "eval key": "alpha-eval", "rollout token": "token", "grader token": "grader_token"}
+TOKENS = ("token", "grader_token")  # a rollout's own credentials: the fields of POST /rollouts' answer
 OWN, OTHER = "alpha", "beta"
 VERSIONS = {"alpha": 1, "beta": 2}  # each project's active policy version (tests/tenants.py)
 CHAT = [{"role": "user", "content": "What is 6*7?"}]
@@ -49,9 +52,9 @@ def table() -> list[Row]:
         cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
         route = re.fullmatch(r"`(GET|POST) (/[^`]*)`( †)?", cells[0])
         if route is not None:
-            rows.append(Row(route[1], route[2], bool(route[3]), dict(zip(KINDS, cells[1:5]))))
+            rows.append(Row(route[1], route[2], bool(route[3]), dict(zip(KINDS, cells[1:]))))
         elif cells[0] == "any other path":
-            rows.append(Row("*", "", False, dict(zip(KINDS, cells[1:5]))))
+            rows.append(Row("*", "", False, dict(zip(KINDS, cells[1:]))))
     return rows
 
 
@@ -80,19 +83,30 @@ class Objects:
     rollout_id: str
     response_id: str
     task_id: str
+    credentials: dict[str, str]  # the rollout's token and grader token
 
 
 @pytest.fixture(scope="module")
 def objects(tenants) -> dict[str, Objects]:
     found = {}
     for project in (OWN, OTHER):
-        answer = requests.post(f"{tenants.url}/v1/responses", headers=tenants.headers(project),
+        task_id = f"task-{project}-{uuid.uuid4().hex[:6]}"
+        created = graded_rollout(tenants, project, task_id)
+        # the Response is the rollout's (a rollout token reads its own rollout's alone)
+        answer = requests.post(f"{created['base_url']}/responses", headers=tenants.headers(project),
                                json={"model": BASE_MODEL, "input": "What is 6*7?"})
         assert answer.status_code == 200, answer.text
-        task_id = f"task-{project}-{uuid.uuid4().hex[:6]}"
-        created = requests.post(f"{tenants.url}/rollouts", json={"task_id": task_id}, headers=tenants.headers(project))
-        found[project] = Objects(project, created.json()["rollout_id"], answer.json()["id"], task_id)
+        found[project] = Objects(project, created["rollout_id"], answer.json()["id"], task_id,
+                                 {name: created[name] for name in TOKENS})
     return found
+
+
+def graded_rollout(tenants, project: str, task_id: str | None = None) -> dict:
+    """A rollout whose grader gives its reward, so that it has both credentials of a rollout."""
+    created = requests.post(f"{tenants.url}/rollouts", json={"task_id": task_id, "reward_source": "grader"},
+                            headers=tenants.headers(project))
+    assert created.status_code == 201, created.text
+    return created.json()
 
 
 def body_for(path: str, rollout_id: str) -> dict | None:
@@ -120,12 +134,22 @@ def attempt(tenants, objects: dict[str, Objects], method: str, path: str, who: s
     """What a caller (`who`: a key of tenants.keys, None for no key) gets on `path` with `whose` objects:
     "served", "hidden" (answered as if the object did not exist), "status" (ready or not, and nothing of what was
     looked at), or the status 401, 403 or 404."""
-    rollout_id = tenants.rollout(whose)["rollout_id"] if path in CLOSING else objects[whose].rollout_id
+    credentials = objects[OWN].credentials  # a token's own rollout: the caller's project's object
+    if path in CLOSING:
+        fresh = graded_rollout(tenants, whose)
+        rollout_id = fresh["rollout_id"]
+        if whose == OWN:
+            credentials = {name: fresh[name] for name in TOKENS}
+    else:
+        rollout_id = objects[whose].rollout_id
     response_id = objects[whose].response_id
     version = VERSIONS[whose]
     target = path.format(rollout_id=rollout_id, agent="solver", response_id=response_id, version=version,
                          task_id=objects[whose].task_id, name="app.js")
-    headers = dict(tenants.headers(who)) if who is not None else {}
+    if who in TOKENS:
+        headers = {"Authorization": f"Bearer {credentials[who]}"}
+    else:
+        headers = dict(tenants.headers(who)) if who is not None else {}
     if not path.startswith("/rollouts/"):
         headers["X-Rollout-Id"] = rollout_id  # a bare call of the agent's rollout
     query = {"policy": whose} if path.startswith("/policies") else {}
@@ -175,12 +199,13 @@ def test_each_kind_of_key_gets_what_the_table_says(tenants, objects, row: Row):
     assert got == wanted
 
 
-def test_any_other_path_is_401_without_a_key_and_404_with_one(tenants):
+def test_any_other_path_is_401_without_a_key_and_404_with_one(tenants, objects):
     [row] = [row for row in ROWS if row.method == "*"]
     for kind, who in KINDS.items():
         for method, path in UNKNOWN_PATHS:
-            answer = requests.request(method, tenants.url + path, json={"model": BASE_MODEL},
-                                      headers=tenants.headers(who) if who else {})
+            headers = {"Authorization": f"Bearer {objects[OWN].credentials[who]}"} if who in TOKENS else \
+                tenants.headers(who) if who else {}
+            answer = requests.request(method, tenants.url + path, json={"model": BASE_MODEL}, headers=headers)
             assert str(answer.status_code) == row.cells[kind], (kind, method, path, answer.text)
             assert set(answer.json()["error"]) == {"message", "type", "param", "code"}
 
