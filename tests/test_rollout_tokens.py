@@ -212,7 +212,8 @@ HOSTILE = ROOT / "tests" / "scripts" / "hostile_agent.py"
 
 def test_a_hostile_agent_under_rlproxy_run_changes_no_reward_but_its_own_result(tenants, tmp_path):
     """Three attempts of one task at once and an evaluation attempt, each running tests/scripts/hostile_agent.py
-    with what the runner gave it; the runner's key is the operator's, the agents' project key alpha's."""
+    with what the runner gave it; the runner's key is the operator's, the agents' key an evaluation key of alpha
+    (the runner creates their rollouts, evaluation ones included, with it; the agents never see it)."""
     shared, out = tmp_path / "shared", tmp_path / "out"
     shared.mkdir(), out.mkdir()
     (tmp_path / "tasks.jsonl").write_text(json.dumps({"id": "hostile", "reward": "0.9"}) + "\n")
@@ -224,7 +225,7 @@ def test_a_hostile_agent_under_rlproxy_run_changes_no_reward_but_its_own_result(
         "--eval-tasks", str(tmp_path / "eval.jsonl"), "--task-id-field", "id", "--attempts", "3",
         "--concurrency", "4", "--command", f"{sys.executable} {HOSTILE}", "--env-map", "HOSTILE_REWARD=reward",
         "--pass-env", "HOSTILE_SHARED", "--pass-env", "HOSTILE_OUT", "--pass-env", "HOSTILE_GROUP"],
-        env={"RLPROXY_API_KEY": tenants.keys["operator"], "RLPROXY_AGENT_API_KEY": tenants.keys["alpha"],
+        env={"RLPROXY_API_KEY": tenants.keys["operator"], "RLPROXY_AGENT_API_KEY": tenants.keys["alpha-eval"],
              "HOSTILE_SHARED": str(shared), "HOSTILE_OUT": str(out), "HOSTILE_GROUP": "3"},
         catch_exceptions=False)
     assert result.exit_code == 0, result.output
@@ -246,6 +247,7 @@ def test_a_hostile_agent_under_rlproxy_run_changes_no_reward_but_its_own_result(
             assert seen["own_eval"] == [200, {"rollout_id": rollout_id, "reward": 1.0, "claim": True}]
             assert [r["value"] for r in stored["rewards"] if r["claim"]] == [1.0] and entry["claims"] == 1
             version = stored["policy"]
+            assert version == 1  # alpha's rollout, served by alpha's policy (tests/tenants.py)
     assert "posted a reward of their own" in result.output
     after = alpha_traffic(tenants)[version]
     before = figures[version] or {"n": 0, "mean": 0.0}
