@@ -6,7 +6,8 @@ bugs and from the libraries' own errors. The tree:
     ├── UnsupportedContent (core/responses_chat.py)  a Responses content part with no chat form (ValueError)
     ├── JudgeOutputError (rewards/judge.py)        a judge reply that breaks the JSON contract (ValueError)
     ├── StoreError (store/errors.py)               NotFound, Conflict: what a store operation refused;
-    │                                              TooManyEvents (store/events.py): a rollout's event budget spent
+    │                                              TooManyEvents (store/events.py): a rollout's event budget spent;
+    │                                              WeightsRemoved (store/policies.py): a version's folder is gone
     ├── BadQuery (store/browse.py)                 a filter or cursor of the web view's queries (ValueError)
     ├── AdapterError (engine/adapters.py)          EngineUnavailable, AdapterRefused, LoadFailed, UnloadFailed;
     │                                              NotVerified (engine/fleet.py): a replica serves other weights
@@ -34,6 +35,7 @@ bugs and from the libraries' own errors. The tree:
     ├── CheckpointMismatchError (trainer/loading.py)  safetensors lacking a tensor the model needs (RuntimeError)
     ├── DeviceMemoryError (core/hardware.py)       the trainer's GPU lacks the free memory its model needs
     ├── AdapterMismatch (trainer/adapter.py)       a saved adapter made with another rank, alpha or targets (ValueError)
+    ├── NoRoomForAdapter (trainer/retention.py)    too little free space for the next adapter version
     ├── RunInputError, ProxyRefused, InfrastructureError (runner/errors.py)  what stops `rlproxy run`, or an attempt
     ├── StartupError (demo/startup.py)             the demo cannot start (a taken port, low memory, ...)
     ├── CalcError (demo/calculator.py)             the demo agent's calculator refuses an expression (ValueError)
