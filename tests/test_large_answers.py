@@ -52,7 +52,8 @@ def test_a_call_of_thousands_of_choices_does_not_hold_the_other_requests(stub_ur
         slowest, answer = slowest_health_answer_during(
             url, lambda: requests.post(f"{url}/rollouts/{rollout}/v1/chat/completions", json=body, timeout=120))
     assert answer.status_code == 200 and len(answer.json()["choices"]) == n
-    # On the 2-core test machine: 0.58 s with the answer captured and its choices stored on the event loop,
-    # 0.37-0.40 s with both off it (what is left: the call's row, its bodies as JSON, and its AIR scoring). The
-    # bound leaves room for a loaded machine; the default --max-n keeps such calls away unless allowed.
-    assert slowest < 1.0, slowest
+    # On the idle 2-core test machine: 0.58 s with the answer captured and its choices stored on the event loop,
+    # 0.37-0.40 s with both off it (what is left: the call's row, its bodies as JSON, and its AIR scoring); under a
+    # load of 9 on its two cores, 1.8 s. The bound is for a loaded machine: what keeps such calls away is the
+    # default --max-n (test_n_is_bounded_by_default).
+    assert slowest < 3.0, slowest
