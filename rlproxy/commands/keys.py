@@ -58,14 +58,14 @@ def keys_create(**params) -> None:
 @keys.command("list")
 @LIST_FLAGS
 def keys_list(**params) -> None:
-    """Every key: id, project, admin, created, revoked (never the key itself)."""
+    """Every key: id, project, admin, eval, created, revoked (never the key itself)."""
     settings = LIST_FLAGS.build(params)
     rows = _run_with_session(settings.database_url, lambda session: list_keys(session, settings.project))
-    click.echo(f"{'id':<14}{'project':<24}{'admin':<7}{'created':<22}{'revoked':<22}label")
+    click.echo(f"{'id':<14}{'project':<24}{'admin':<7}{'eval':<6}{'created':<22}{'revoked':<22}label")
     for row in rows:
         when = lambda t: t.strftime("%Y-%m-%d %H:%M:%S") if t else "-"  # noqa: E731
-        click.echo(f"{row.id:<14}{row.project:<24}{'yes' if row.admin else 'no':<7}{when(row.created_at):<22}"
-                   f"{when(row.revoked_at):<22}{row.label or ''}")
+        click.echo(f"{row.id:<14}{row.project:<24}{'yes' if row.admin else 'no':<7}{'yes' if row.eval else 'no':<6}"
+                   f"{when(row.created_at):<22}{when(row.revoked_at):<22}{row.label or ''}")
 
 
 @keys.command("revoke")
