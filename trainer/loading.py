@@ -1,7 +1,9 @@
 """The policy model built without the whole base in host memory on every rank.
 
-    actor = load_actor(parts, model_path, lora=..., dtype=torch.bfloat16, device=device)          # one process
-    actor = load_sharded_actor(parts, model_path, lora=..., dtype=..., device=device, layers_of=..., shard=...)
+    actor = load_actor(parts, model_path, lora=lora, device=device)                     # one process
+    actor, root = load_sharded_actor(parts, model_path, lora=lora, dtype=torch.bfloat16, device=device,
+                                     shard=shard_it, seed=seed)       # under torchrun; shard_it(peft_model) -> root
+    check_device_memory(device, model_path, ranks)      # before either: room on the GPU, or one line saying why not
 
 One process: transformers loads each tensor from the safetensors files straight onto `device` (`device_map`),
 so a GPU trainer never holds the base in host memory.
@@ -9,9 +11,9 @@ so a GPU trainer never holds the base in host memory.
 Several ranks: the base is built on the meta device (no storage; buffers such as rotary frequencies are real, they
 are small and computed, not loaded), wrapped with LoRA by peft, sharded by FSDP2 (still meta), given empty
 storage, and every rank then reads only its own rows of each tensor from the safetensors files (plain reads
-at the rows' offsets, not a memory map). Nothing is sent between ranks, and a rank's peak
-host memory is its shard, not the model: OpenRLHF's Actor would have loaded the whole base on every rank first
-(8 ranks x 16.4 GB for an 8B model in one pod). bench/load_memory.py measures it.
+at the rows' offsets, not a memory map). Nothing is sent between ranks, and a rank's host memory holds at most
+its rows of one tensor on their way to the device: OpenRLHF's Actor would have loaded the whole base on every
+rank first (8 ranks x 16.4 GB for an 8B model in one pod). bench/load_memory.py measures it on CPU.
 
 The LoRA weights are drawn as peft draws them in one process (the same seed, the same order: kaiming-uniform A,
 zero B), whole on the CPU, then each rank keeps its slice, so one rank and several start from the same adapter
@@ -64,9 +66,11 @@ def load_sharded_actor(parts: Any, model_path: str, *, lora: dict[str, Any], dty
     from peft import get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.from_pretrained(model_path)
+    # trust_remote_code as OpenRLHF's Actor loads the one-process model: the same classes either way
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=True)
     with init_empty_weights(include_buffers=False):
-        base = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)
+        base = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype,
+                                                trust_remote_code=True)
     # A tied LM head is the embeddings' own parameter, as from_pretrained makes it (inside the context above every
     # parameter set becomes a new meta one, which would untie it again).
     base.tie_weights()
