@@ -37,6 +37,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+from core.hardware import visible_gpus
 from core.settings import EngineSettings
 from engine.command import (
     DEFAULT_DTYPE,
@@ -143,7 +144,9 @@ class Engine:
         return self._proc is not None and self._proc.poll() is None
 
     def command(self) -> list[str]:
-        return engine_command(self.settings, self.model_path, dtype=self.dtype, seed=self.seed)
+        # the GPUs the engine's own environment shows (CUDA_VISIBLE_DEVICES there picks its devices and dtype)
+        return engine_command(self.settings, self.model_path, dtype=self.dtype, seed=self.seed,
+                              gpus=visible_gpus(self._env))
 
     def log_tail(self, lines: int = 40) -> list[str]:
         with self._tail_lock:

@@ -95,3 +95,11 @@ def test_the_trainer_refuses_to_load_onto_a_gpu_without_room_before_reading_a_we
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (needed, 16 * GiB))
     check_device_memory(torch.device("cuda", 0), str(tiny_model), ranks=1)  # just enough
     check_device_memory(torch.device("cpu"), str(tiny_model), ranks=1)  # nothing to check on a CPU
+
+
+@pytest.mark.skipif(not vllm_available(), reason="vLLM is not installed")
+def test_an_engine_given_no_gpu_in_its_environment_serves_float32():
+    from engine.local import Engine
+
+    command = Engine(EngineSettings(), model_path=Path("/m"), env={"CUDA_VISIBLE_DEVICES": ""}).command()
+    assert command[command.index("--dtype") + 1] == "float32"
