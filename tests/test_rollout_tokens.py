@@ -107,6 +107,9 @@ def test_the_graders_reward_is_final_and_everyone_elses_a_claim(tenants):
                           json={"event_type": "reward", "data": {"value": 1.0}})
     assert event.status_code == 200 and event.json()["claim"] is True
     assert reward(tenants.url, tenants.headers("alpha"), rollout_id, 1.0).json()["claim"] is True
+    [call] = requests.get(f"{tenants.url}/rollouts/{rollout_id}", headers=token).json()["calls"]
+    per_call = reward(tenants.url, token, rollout_id, 1.0, call_id=call["call_id"])  # a claim for one call, too
+    assert per_call.json() == {"rollout_id": rollout_id, "reward": 1.0, "call_id": call["call_id"], "claim": True}
     assert requests.get(f"{tenants.url}/rollouts/{rollout_id}", headers=token).json()["status"] == "open"
 
     # the grader's word closes it; a claim after it changes nothing
@@ -116,7 +119,7 @@ def test_the_graders_reward_is_final_and_everyone_elses_a_claim(tenants):
     stored = requests.get(f"{tenants.url}/rollouts/{rollout_id}", headers=tenants.headers("alpha")).json()
     assert (stored["status"], stored["reward"], stored["rewarded_by"]) == ("finished", 0.0, "grader")
     kinds = [(entry["kind"], entry["claim"], entry["value"], entry["reason"]) for entry in stored["rewards"]]
-    assert sorted(kinds) == sorted([("claim", True, 1.0, "agent")] * 4 + [("final", False, 0.0, None)])
+    assert sorted(kinds) == sorted([("claim", True, 1.0, "agent")] * 5 + [("final", False, 0.0, None)])
     assert claims_counted(tenants, "agent") == before + 4
 
     # an admin key of the project gives such a reward too; another rollout's grader token does not
