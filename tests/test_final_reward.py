@@ -11,7 +11,7 @@ import requests
 import sqlalchemy as sa
 
 from migrations.apply import upgrade
-from store.models import Reward, Rollout
+from store.models import Reward, utcnow
 from testkit.processes import create_database, drop_database
 from tests.support import running_proxy
 
@@ -93,9 +93,12 @@ def test_duplicate_final_rewards_are_reduced_to_the_rollouts_own_on_migration(da
     try:
         with engine.begin() as connection:
             # a race the old code lost: three final rows, the rollout holds the second one's value
-            connection.execute(Rollout.__table__.insert(), [
-                {"id": raced, "status": "finished", "reward": 0.5},
-                {"id": judged, "status": "finished", "reward": 0.6}])
+            # the rollouts table as 0005 left it: the model's has columns of later migrations
+            rollouts = sa.table("rollouts", *map(sa.column, ("id", "status", "reward", "eval", "call_count",
+                                                             "created_at")))
+            connection.execute(rollouts.insert(), [
+                {"id": rollout_id, "status": "finished", "reward": reward, "eval": False, "call_count": 0,
+                 "created_at": utcnow()} for rollout_id, reward in ((raced, 0.5), (judged, 0.6))])
             connection.execute(Reward.__table__.insert(), [
                 {"rollout_id": raced, "kind": "final", "value": value, "reason": None}
                 for value in (0.1, 0.5, 0.9)])
