@@ -14,7 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from rewards.judge import TRAJECTORY_CALLS, RecordedCall, combined_reward
 from store import rewards as reward_rows
 from store.errors import Conflict
-from store.models import Call, Reward, RewardKind, Rollout, RolloutStatus, utcnow
+from store.dialect import database_now
+from store.models import Call, Reward, RewardKind, Rollout, RolloutStatus
 from store.reward_sources import RewardSource
 from store.rollouts import post_reward
 
@@ -107,7 +108,7 @@ def _unjudged_posted(owner: str, now: datetime):
 async def hold_posted(session: AsyncSession, owner: str, seconds: float, *, skip: Collection[str] = ()) -> int:
     """Lease the finished, untrained rollouts whose posted reward the judge has not weighed yet to `owner`, so
     the trainer does not claim them first (its claim skips leased rollouts). Renewed on every run."""
-    now = utcnow()
+    now = await database_now(session)  # the trainer compares the lease's end with the database's clock too
     query = update(Rollout).where(_unjudged_posted(owner, now)).values(
         lease_owner=owner, lease_expires_at=now + timedelta(seconds=seconds))
     if skip:
@@ -122,7 +123,7 @@ async def held_posted_rollouts(session: AsyncSession, owner: str, idle_before: d
     rows = await session.execute(
         select(Rollout.id, Rollout.task_id, last_call, Rollout.reward, Rollout.project)
         .join(Call, Call.rollout_id == Rollout.id)
-        .where(_unjudged_posted(owner, utcnow()), Rollout.lease_owner == owner)
+        .where(_unjudged_posted(owner, await database_now(session)), Rollout.lease_owner == owner)
         .group_by(Rollout.id, Rollout.task_id, Rollout.reward, Rollout.project).having(last_call < idle_before)
         .order_by(last_call).limit(limit))
     return [IdleRollout(rollout_id, task_id, moment, posted, project)

@@ -80,15 +80,15 @@ async def rollout_taking_rewards(session: AsyncSession, rollout_id: str, project
     return rollout
 
 
-def taken(rollout: Rollout) -> str | None:
+def taken(rollout: Rollout, now: datetime | None = None) -> str | None:
     """Why a reward for one of the rollout's calls would be stored and never used (a training step has it or had
     it, and read the calls' rewards when it took it), or None. The final reward is no matter here: the same value
-    again is a no-op whenever it comes."""
+    again is a no-op whenever it comes. `now`: the database's (a lease's end is), else this machine's."""
     if rollout.trained_at is not None:
         return (f"rollout {rollout.id!r} was trained at {rollout.trained_at:%Y-%m-%d %H:%M:%S} UTC; a reward for one "
                 "of its calls now would never be used (send per-call rewards before the final one)")
     if rollout.lease_owner is not None and rollout.lease_expires_at is not None \
-            and as_utc(rollout.lease_expires_at) > utcnow():
+            and as_utc(rollout.lease_expires_at) > (now or utcnow()):
         return (f"rollout {rollout.id!r} is being trained; a reward for one of its calls now would not be used "
                 "(send per-call rewards before the final one)")
     return None
@@ -149,7 +149,7 @@ async def post_reward(
     if call_id is not None:
         if await reward_rows.has_call_reward(session, call_id, value, metadata):  # a retry: already stored
             return RewardResult(rollout_id, value, call_id, False)
-        if why := taken(rollout):
+        if why := taken(rollout, await database_now(session)):
             raise Conflict(why)
         reward_rows.add_call_reward(session, rollout_id, call_id, value, metadata)
         return RewardResult(rollout_id, value, call_id, True)
