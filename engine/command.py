@@ -131,9 +131,13 @@ def engine_command(
         "--max-loras",
         str(settings.max_loras),
         # an absent sampling field means vLLM's neutral default, not the model's generation_config.json (which
-        # would sample at another temperature than the recorded raw log-probs describe: proxy/sampling.py)
+        # would sample at another temperature than the call records: proxy/sampling.py)
         "--generation-config",
         "vllm",
+        # the log-probs tokens were sampled with (after temperature and top-k/top-p), which the trainer rebuilds
+        # from the call's recorded settings; raw ones describe only temperature-1 calls (docs/vllm-wire-format.md)
+        "--logprobs-mode",
+        "processed_logprobs",
         "--enable-auto-tool-choice",
         "--tool-call-parser",
         TOOL_CALL_PARSER,

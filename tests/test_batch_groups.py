@@ -96,3 +96,40 @@ def test_discounted_credit_discounts_the_advantage_not_the_reward():
     first = {t.call_id: t.advantages()[0] for t in transitions}
     assert first["won-4"] > first["won-0"] > 0 > first["lost-0"] > first["lost-4"]  # later calls weigh more
     assert first["won-0"] == pytest.approx(0.9 ** 4 * first["won-4"])
+
+
+def test_a_tempered_call_with_processed_log_probs_is_trained_at_its_own_settings():
+    """The engine recorded the probabilities the tokens were drawn with: the transition carries the call's settings
+    for the trainer to score it by. Without `logprobs_mode` (every call recorded before it existed: raw log-probs)
+    the same call is skipped, as above."""
+    warm = rollout("warm", 1.0, sampling="temperature=0.7 top_p=0.95 top_k=20")
+    warm.calls[0].logprobs_mode = "processed"
+    skips = SkipReasons()
+    transitions = build_transitions([rollout("a", 0.0), warm], TrainingSettings(), 3, skips)
+    sampled = {t.call_id: t.sampled for t in transitions}
+    assert sampled["a"] is None
+    assert (sampled["warm"].temperature, sampled["warm"].top_p, sampled["warm"].top_k) == (0.7, 0.95, 20)
+    assert skips.decisions == {"a": "trained", "warm": "trained"}
+
+
+@pytest.mark.parametrize("sampling, reason", [
+    ("temperature=0", "greedy_sampling"),  # no token was drawn at its probability: the greedy ALERT says what to set
+    ("logit_bias", "sampling_altered"),
+    ("presence_penalty=0.5", "sampling_altered"),
+    ("response_format=json_schema", "sampling_altered"),
+    ("media=image_url", "media_in_prompt"),
+])
+def test_what_the_trainer_cannot_rebuild_is_skipped_with_its_reason_stored_per_call(sampling, reason):
+    odd = rollout("odd", 1.0, sampling=sampling)
+    odd.calls[0].logprobs_mode = "processed"
+    skips = SkipReasons()
+    build_transitions([rollout("a", 1.0), rollout("b", 0.0), odd], TrainingSettings(), 3, skips)
+    assert skips == {reason: 1} and skips.decisions["odd"] == reason
+
+
+def test_a_call_longer_than_any_old_bound_is_kept_when_max_seq_len_is_0():
+    long = RolloutData("long", "t", 1.0, NOW, [CallData("long", 0, "solver", 3, list(range(3, 9000)), "first",
+                                                        [([8, 9, 2], [-1.0, -1.0, -1.0])], started_at=NOW)])
+    skips = SkipReasons()
+    transitions = build_transitions([long, rollout("b", 0.0)], TrainingSettings(max_seq_len=0), 3, skips)
+    assert sorted(t.call_id for t in transitions) == ["b", "long"] and not skips

@@ -115,9 +115,15 @@ def _skip_reason(call: Any, max_seq_len: int) -> str | None:
         return SkipReasons.NO_TOKEN_IDS
     if not _all_finite(logprobs):
         return SkipReasons.NONFINITE_LOGPROB
-    if len(prompt) + len(completion) > max_seq_len:
+    if _too_long(len(prompt) + len(completion), max_seq_len):
         return SkipReasons.TOO_LONG
     return None
+
+
+def _too_long(length: int, max_seq_len: int) -> bool:
+    """Over the bound; 0 is none (max_seq_len 0 before the worker read the engines' max_model_len: the
+    transitions a rank is handed, an export)."""
+    return 0 < max_seq_len < length
 
 
 class _Chain:
@@ -234,7 +240,7 @@ def validate_transition(t: Transition, max_seq_len: int) -> str | None:
         return SkipReasons.NO_TOKEN_IDS
     if not _all_finite(t.behaviour_logprobs):
         return SkipReasons.NONFINITE_LOGPROB
-    if len(t) > max_seq_len:
+    if _too_long(len(t), max_seq_len):
         return SkipReasons.TOO_LONG
     if t.num_trained_tokens() == 0:
         return SkipReasons.EMPTY_COMPLETION

@@ -47,6 +47,7 @@ from trainer.retokenize import retokenize
 from trainer.staleness import Staleness
 from trainer.step_report import merged as _merged, observe_step, reasons as _reasons
 from trainer.transitions import SkipReasons, Transition
+from trainer.seq_len import with_engine_seq_len
 from trainer.yields import StepYield, YieldWatch, describe_yield
 
 log = logging.getLogger("rlproxy.trainer")
@@ -107,6 +108,7 @@ class TrainerWorker:
         self.attempts = StepAttempts(self.sessions, settings.worker_id, self.lease_owner, self.metrics)
 
     async def start(self) -> None:
+        self.settings = await with_engine_seq_len(self.settings)  # max_seq_len 0: the engines' max_model_len
         await self.attempts.set_aside_unfinished()  # before their leases are released below
         async with self.sessions() as session, session.begin():
             released = await training.release_untrained(session, self.settings.worker_id)

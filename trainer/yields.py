@@ -24,6 +24,7 @@ from trainer.transitions import SkipReasons
 
 log = logging.getLogger("rlproxy.trainer")
 
+SAID_BY_GREEDY = (GREEDY, "zero_advantage")  # what a greedy policy's calls are skipped as
 UNDECIDED = "not_decided"  # a call no rule named (never expected: counted so that it would show)
 
 # reason -> what fixes it (the ALERT's advice)
@@ -101,17 +102,6 @@ class YieldWatch:
         now: list[str] = []
         if self.share <= 0 or seen == 0:
             return now
-        for reason, n in skipped.items():
-            if n / seen > self.share:
-                if reason not in alerted:
-                    alerted.add(reason)
-                    now.append(reason)
-                    self.metrics.yield_alerts.labels(policy, reason).inc()
-                    log.warning("ALERT policy %r: %d of its last %d calls (%.0f%%, over %d steps) were not trained: "
-                                "%s. %s", policy, n, seen, 100 * n / seen, len(recent), reason,
-                                FIXES.get(reason, "see docs/learning.md"))
-            else:
-                alerted.discard(reason)
         greedy, all_groups = sum(r[2] for r in recent), sum(r[3] for r in recent)
         if all_groups and greedy / all_groups > self.share:
             if "greedy" not in alerted:
@@ -124,8 +114,20 @@ class YieldWatch:
                             "training rollouts.", policy, greedy, all_groups)
         else:
             alerted.discard("greedy")
+        for reason, n in skipped.items():
+            if reason in SAID_BY_GREEDY and "greedy" in alerted:
+                continue  # the greedy ALERT says it, and what to set
+            if n / seen > self.share:
+                if reason not in alerted:
+                    alerted.add(reason)
+                    now.append(reason)
+                    self.metrics.yield_alerts.labels(policy, reason).inc()
+                    log.warning("ALERT policy %r: %d of its last %d calls (%.0f%%, over %d steps) were not trained: "
+                                "%s. %s", policy, n, seen, 100 * n / seen, len(recent), reason,
+                                FIXES.get(reason, "see docs/learning.md"))
+            else:
+                alerted.discard(reason)
         return now
-
 
 def greedy_groups(rollouts: list[RolloutData], policy: str | None, decisions: dict[str, str]) -> tuple[int, int]:
     """(greedy, all) task groups of the policy's calls: a group is greedy when its calls were sampled at

@@ -77,8 +77,10 @@ class TrainingSettings:
                     "longer than with 4096, which needed several GB (bench/memory.py).",
     )
     max_seq_len: int = Field(
-        2048, gt=1,
-        description="Longest prompt + completion trained on; longer transitions are skipped.",
+        0, ge=0,
+        description="Longest prompt + completion trained on; longer calls are skipped (too_long). 0: the engines' "
+                    "own max_model_len (read from their model lists at start), so no call they served is dropped "
+                    "for its length; one longer than micro_batch_tokens is trained as a micro-batch of its own.",
     )
     bf16: bool = Field(
         True,
