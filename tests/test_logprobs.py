@@ -149,3 +149,43 @@ def test_confident_tokens_keep_their_gradient_when_the_projection_is_in_bfloat16
     exact, fast = gradient(torch.float32), gradient(torch.bfloat16)
     error = ((fast - exact).norm(dim=1) / exact.norm(dim=1))[confident]
     assert float(error.median()) < 0.1, error
+
+
+def _as_sampled(logits: torch.Tensor, targets: torch.Tensor, temperature: torch.Tensor, top_p: torch.Tensor,
+                top_k: torch.Tensor) -> torch.Tensor:
+    """Row by row, as vLLM samples: logits / T, top-k, then top-p over what is left, renormalised."""
+    out = []
+    for z, target, t, p, k in zip(logits, targets, temperature, top_p, top_k):
+        z = z / t
+        if k > 0:
+            z = z.masked_fill(z < z.topk(min(int(k), z.numel())).values[-1], float("-inf"))
+        probs = z.softmax(-1)
+        ordered, order = probs.sort(descending=True)
+        dropped = order[(ordered.cumsum(0) - ordered) >= p]
+        z = z.clone()
+        z[dropped[dropped != order[0]]] = float("-inf")
+        out.append(z.log_softmax(-1)[target])
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("trained_head", [False, True])
+def test_each_row_is_scored_at_its_own_temperature_and_truncation_with_the_same_gradients(trained_head):
+    """One batch of tokens at 0.7 / top_p 0.95 / top_k 20, 1.3, 1.0 untruncated, a top_k past the vocabulary (all
+    kept) and top_p 0 (the most probable token alone), through both paths (frozen head: analytic backward;
+    trained head: checkpointed chunks), against the plain computation."""
+    torch.manual_seed(0)
+    hidden = torch.randn(5, 16, requires_grad=True)
+    head = torch.nn.Linear(16, 50, bias=False).requires_grad_(trained_head)
+    with torch.no_grad():
+        targets = (hidden @ head.weight.T).argsort(-1, descending=True)[:, 3]  # the fourth most probable
+        targets[4] = (hidden[4] @ head.weight.T).argmax()  # top_p 0 keeps only it
+    temperature = torch.tensor([0.7, 1.3, 1.0, 0.9, 1.0])
+    top_p = torch.tensor([0.95, 1.0, 1.0, 1.0, 0.0])
+    top_k = torch.tensor([20, 0, 0, 10_000, 0])
+    scores = token_scores(hidden, head, targets, temperature=temperature, top_p=top_p, top_k=top_k, rows=2)
+    expected = _as_sampled(hidden @ head.weight.T, targets, temperature, top_p, top_k)
+    torch.testing.assert_close(scores.logprobs, expected, atol=1e-5, rtol=1e-5)
+    assert float(scores.logprobs[4]) == pytest.approx(0.0, abs=1e-6)  # the only token kept
+    mine, = torch.autograd.grad(scores.logprobs.sum(), hidden)
+    plain, = torch.autograd.grad(expected.sum(), hidden)
+    torch.testing.assert_close(mine, plain, atol=1e-5, rtol=1e-5)

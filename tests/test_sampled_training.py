@@ -54,7 +54,7 @@ def engine_sample(model, prompt: list[int], steps: int, rng: torch.Generator, *,
 
 
 async def record_group(database_url: str, task: str, calls: list[tuple[list[int], list[int], list[float]]],
-                       *, sampling: str | None, version: int = 0) -> list[str]:
+                       *, sampling: str | None, version: int = 0, logprobs_mode: str | None = "processed") -> list[str]:
     """One rollout per call, rewarded 1, 0, 1, 0, ...; the call ids."""
     db = open_database(database_url)
     sessions = session_factory(db)
@@ -63,7 +63,7 @@ async def record_group(database_url: str, task: str, calls: list[tuple[list[int]
         rollout_id, call_id = uuid.uuid4().hex, uuid.uuid4().hex
         record = CallRecord(id=call_id, route="chat", started_at=utcnow(), rollout_id=rollout_id, agent="solver",
                             task_id=task, policy_version=version, prompt_token_ids=prompt, sampling=sampling,
-                            logprobs_mode="processed",
+                            logprobs_mode=logprobs_mode,
                             choices=[ChoiceRecord(0, completion, logprobs, "stop")])
         async with sessions() as session, session.begin():
             await write_calls(session, [record])
@@ -74,13 +74,14 @@ async def record_group(database_url: str, task: str, calls: list[tuple[list[int]
     return ids
 
 
-def one_step(database_url: str, stub_url: str, model_path, adapters, record) -> tuple[object, dict[str, str]]:
+def one_step(database_url: str, stub_url: str, model_path, adapters, record,
+             batch: int = GROUP_SIZE) -> tuple[object, dict[str, str]]:
     """Start a trainer, let `record(worker)` store the calls, take one step; (worker, call id -> decision)."""
     from trainer.worker import TrainerWorker
 
     settings = TrainerSettings(database_url=database_url, upstreams=(stub_url,), adapters_dir=adapters,
                                metrics_port=None, worker_id="sampled-trainer",
-                               training=TrainingSettings(batch_rollouts=GROUP_SIZE, group_size=GROUP_SIZE,
+                               training=TrainingSettings(batch_rollouts=batch, group_size=GROUP_SIZE,
                                                          micro_batch_tokens=512, bf16=False))
 
     async def run():
@@ -177,3 +178,22 @@ def test_a_call_longer_than_a_micro_batch_is_trained_with_the_engines_max_model_
     worker, decisions = one_step(own_database_url, stub_url, tiny_model, tmp_path, record)
     assert decisions[called[0]] == "trained"
     assert latest_step(worker)["calls_trained"] == GROUP_SIZE
+
+
+def test_a_tempered_call_recorded_before_the_logprobs_mode_column_keeps_its_meaning(
+        tiny_model, own_database_url, stub_url, tmp_path):
+    """A row without `logprobs_mode` (recorded before migration 0016) holds raw log-probs: its tempered calls are
+    still skipped as sampling_altered, with that reason stored, and its temperature-1 calls trained."""
+    seeds = random.Random(2)
+    calls = [([seeds.randrange(3, VOCAB) for _ in range(8)], [seeds.randrange(3, VOCAB) for _ in range(3)],
+              [-6.0] * 3) for _ in range(GROUP_SIZE)]
+    tempered: list[str] = []
+    plain: list[str] = []
+
+    async def record(worker):
+        tempered.extend(await record_group(own_database_url, "old", calls, sampling=TEMPERED, logprobs_mode=None))
+        plain.extend(await record_group(own_database_url, "old-plain", calls, sampling=None, logprobs_mode=None))
+
+    worker, decisions = one_step(own_database_url, stub_url, tiny_model, tmp_path, record, batch=2 * GROUP_SIZE)
+    assert [decisions[c] for c in tempered] == ["sampling_altered"] * GROUP_SIZE
+    assert [decisions[c] for c in plain] == ["trained"] * GROUP_SIZE
