@@ -251,7 +251,7 @@ class TrainerWorker:
             version, path = await self._save()
             step_metrics.update(skipped=dict(skips), reward_mean=statistics.fmean(rewards), rollouts=len(rollouts),
                                 usable_rollouts=usable_rollouts, lr_scale=lr_scale,
-                                policy=line.policy, staleness=staleness.as_dict())
+                                policy=line.policy, staleness=staleness.as_dict(), **calls)
             trained.append(Trained(line, version, path, len(transitions), step_metrics, agreement))
             log.info("step %d, policy %r: %d rollouts, %d transitions, reward %.3f, loss %.4f, lr x%.2f -> v%d in "
                      "%.1f s; %s; dropped: %s; %s; IS weights clipped/masked %.1f%%%s", self.steps + 1, line.policy,
