@@ -141,7 +141,9 @@ def test_default_values_render_valid_manifests_for_one_gpu_engine():
     assert "command" not in trainer["containers"][0] and trainer["containers"][0]["args"] == [
         "train", "--set", "settle_s=15"]
     assert "nvidia.com/gpu" not in trainer["containers"][0]["resources"].get("limits", {})
-    assert trainer["containers"][0]["livenessProbe"]["tcpSocket"]["port"] == "metrics"
+    probe = trainer["containers"][0]["livenessProbe"]["exec"]["command"]  # the ranks' heartbeat files
+    assert probe[:2] == ["python", "-c"] and "/tmp/rlproxy-heartbeat" in probe[2] and "< 1800" in probe[2]
+    assert env_of(trainer["containers"][0])["RLPROXY_HEARTBEAT_DIR"] == "/tmp/rlproxy-heartbeat"
     assert "prod-rlproxy-trainer-ranks" not in by_kind(documents, "Service")
 
     # adapters: one claim, mounted at the same path by the trainer (writes) and the engine (reads)
@@ -248,7 +250,7 @@ def test_a_trainer_across_three_nodes_of_eight_gpus(monkeypatch):
     # ... rank 0, the worker, is the only rank serving metrics: the metrics Service points at pod 0
     metrics = services["prod-rlproxy-trainer"]["spec"]["selector"]
     assert metrics["statefulset.kubernetes.io/pod-name"] == "prod-rlproxy-trainer-0"
-    assert "livenessProbe" not in container  # the other pods have no metrics port to probe
+    assert "exec" in container["livenessProbe"]  # every pod's ranks are probed by their heartbeat files
     # every rank runs `rlproxy train`, which, launched by torchrun, does not start torchrun again
     for launch in launches:
         assert launch.module and launch.training_script == "rlproxy.cli"

@@ -21,8 +21,14 @@ a re-tokenized batch, the gathering of a saved adapter, the load of another), in
 0 knows what comes next; the followers need no database, engines or ports. Within a step every rank takes its
 own share of every mini-batch; each rank's loss is already divided by the token count of the whole mini-batch,
 so the summed gradients are the single-process gradient (tests/test_parallel.py checks this against one
-process). A rank that dies stops the job: torchrun ends the others, and an adapter is only ever published by
-rank 0's atomic rename after every rank has handed over its shard.
+process). A rank that dies stops the job: torchrun ends the others on its machine, and an adapter is only ever
+published by rank 0's atomic rename after every rank has handed over its shard.
+
+Timeouts. Rank 0's commands go over a separate gloo (CPU) group with a long timeout: waiting for work is normal,
+and an idle follower waits on a socket, not in a device kernel. Everything inside a step runs on the default
+group (NCCL on GPUs) under `collective_timeout_s` (minutes). Peers on other machines are watched through the
+rendezvous store (trainer/liveness.py): a rank not heard from within that timeout, idle or mid-step, makes the
+survivors exit with a message naming it.
 """
 from __future__ import annotations
 
@@ -33,11 +39,14 @@ from typing import Any
 
 import torch
 
+from trainer.liveness import EXIT_PEER_LOST, Heartbeat, exit_for_lost_peer, peer_lost, watch_peers
+
 log = logging.getLogger("rlproxy.trainer")
 
-# Followers wait in a collective while rank 0 polls for work, possibly for hours; torchrun stops every rank
-# when one fails, so a long timeout never leaves a rank hanging.
+# Followers wait for rank 0's next command while it polls for work, possibly for hours: the command group's
+# timeout. A dead peer is noticed by trainer/liveness.py's watch, not by this timeout.
 IDLE_TIMEOUT = datetime.timedelta(days=7)
+COLLECTIVE_TIMEOUT_S = 300.0  # TrainerSettings.collective_timeout_s' default
 
 
 class Collective:
@@ -48,6 +57,7 @@ class Collective:
     local_rank = 0
     device = torch.device("cpu")
     sharded = False  # whether the model is split over the process group's ranks (trainer/sharding.py)
+    heartbeat = Heartbeat(None, 0)  # this rank's liveness file (trainer/liveness.py); none by default
 
     def sum_(self, tensor: torch.Tensor) -> None:
         """Sum `tensor` over all ranks, in place."""
@@ -65,8 +75,11 @@ class TorchCollective(Collective):
 
     sharded = True
 
-    def __init__(self, rank: int, world_size: int, local_rank: int, device: torch.device) -> None:
+    def __init__(self, rank: int, world_size: int, local_rank: int, device: torch.device, commands=None,
+                 heartbeat: Heartbeat | None = None) -> None:
         self.rank, self.world_size, self.local_rank, self.device = rank, world_size, local_rank, device
+        self.commands = commands  # the gloo group rank 0's commands go over (None: the default group)
+        self.heartbeat = heartbeat or Heartbeat(None, rank)
 
     def sum_(self, tensor: torch.Tensor) -> None:
         torch.distributed.all_reduce(tensor, op=torch.distributed.ReduceOp.SUM)
@@ -78,7 +91,10 @@ class TorchCollective(Collective):
 
     def send(self, message: Any) -> Any:
         box = [message]
-        torch.distributed.broadcast_object_list(box, src=0, device=self.device)
+        if self.commands is None:
+            torch.distributed.broadcast_object_list(box, src=0, device=self.device)
+        else:  # on the CPU: an idle follower spins no device kernel
+            torch.distributed.broadcast_object_list(box, src=0, group=self.commands, device=torch.device("cpu"))
         return box[0]
 
 
@@ -87,8 +103,11 @@ def launched_by_torchrun() -> bool:
     return "TORCHELASTIC_RUN_ID" in os.environ or int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
-def init_from_environment() -> TorchCollective:
-    """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR, ...): NCCL on GPUs, else gloo."""
+def init_from_environment(collective_timeout_s: float = COLLECTIVE_TIMEOUT_S,
+                          heartbeat_dir: os.PathLike | None = None) -> TorchCollective:
+    """Join the process group torchrun describes (RANK, WORLD_SIZE, MASTER_ADDR, ...): NCCL on GPUs, else gloo,
+    each collective bounded by `collective_timeout_s`; plus the gloo group for rank 0's commands, and the watch
+    on the peers (trainer/liveness.py), with this rank's heartbeat file in `heartbeat_dir`."""
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():
         device = torch.device("cuda", local_rank)
@@ -96,9 +115,15 @@ def init_from_environment() -> TorchCollective:
         backend = "nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
-    torch.distributed.init_process_group(backend=backend, timeout=IDLE_TIMEOUT)
-    collective = TorchCollective(rank=torch.distributed.get_rank(), world_size=torch.distributed.get_world_size(),
-                                 local_rank=local_rank, device=device)
+    torch.distributed.init_process_group(backend=backend,
+                                         timeout=datetime.timedelta(seconds=collective_timeout_s))
+    commands = torch.distributed.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
+    rank, world_size = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    heartbeat = Heartbeat(heartbeat_dir, rank)
+    if world_size > 1:
+        watch_peers(rank, world_size, collective_timeout_s, heartbeat)
+    collective = TorchCollective(rank=rank, world_size=world_size, local_rank=local_rank, device=device,
+                                 commands=commands, heartbeat=heartbeat)
     log.info("rank %d of %d on %s (%s)", collective.rank, collective.world_size, device, backend)
     return collective
 
@@ -133,7 +158,12 @@ class LeaderPolicy:
 
     def _everywhere(self, command: str, *args):
         self.collective.send((command, args))
-        return getattr(self.policy, command)(*args)
+        try:
+            return getattr(self.policy, command)(*args)
+        except Exception as exc:
+            if peer_lost(exc):  # not the batch's fault: said so, not noted on it
+                exit_for_lost_peer(self.collective.rank, command, exc)
+            raise
 
     def __getattr__(self, name: str):  # config, step_count, ...: rank 0's part alone
         return getattr(self.policy, name)
@@ -147,17 +177,29 @@ def follow(build, collective: Collective) -> int:
     Returns the number of steps taken."""
     policy, steps = None, 0
     while True:
-        command, args = collective.send(None)
+        collective.heartbeat.waiting = True
+        try:
+            command, args = collective.send(None)
+        except RuntimeError as exc:  # the command group's peer went away (rank 0 died): no command will come
+            log.error("ALERT: rank %d: lost rank 0 while waiting for its next command (%s); exiting so that the "
+                      "job starts again (torchrun, the chart)", collective.rank, exc)
+            raise SystemExit(EXIT_PEER_LOST) from None
+        finally:
+            collective.heartbeat.waiting = False
+        collective.heartbeat.beat()
         if command == "start":
             policy = build(*args)
         elif command in FOLLOWED:
             try:
                 getattr(policy, command)(*args)
-            except Exception:
+            except Exception as exc:
+                if peer_lost(exc):
+                    exit_for_lost_peer(collective.rank, command, exc)
                 log.exception("rank %d: %s failed; every rank stops (rank 0 notes it on the batch), and the "
                               "restarted trainer sets a batch aside after two such tries", collective.rank, command)
                 raise
             steps += command == "step"
+            collective.heartbeat.beat()
         elif command == "stop":
             log.info("rank %d: stopped after %d steps", collective.rank, steps)
             return steps

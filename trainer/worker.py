@@ -38,6 +38,7 @@ from trainer.batch import build_transitions
 from trainer.claim import claim_batch
 from trainer.failures import NOT_THE_BATCH, STEP_FAILED, FailedBatches, StepAttempts, describe
 from trainer.housekeeping import Housekeeping
+from trainer.liveness import Heartbeat
 from trainer.metrics import TrainerMetrics
 from trainer.parallel import Collective, LeaderPolicy
 from trainer.ppo import PolicyTrainer
@@ -47,7 +48,6 @@ from trainer.retokenize import retokenize
 from trainer.staleness import Staleness
 from trainer.step_report import merged as _merged, observe_step, reasons as _reasons
 from trainer.transitions import SkipReasons, Transition
-from trainer.seq_len import with_engine_seq_len
 from trainer.yields import StepYield, YieldWatch, describe_yield
 
 log = logging.getLogger("rlproxy.trainer")
@@ -95,6 +95,7 @@ class TrainerWorker:
         self.yields = YieldWatch(self.metrics, settings.training)  # the yield ALERTs, over the last steps
         self.policy = None  # trainer.ppo.PolicyTrainer, built on start (torch is imported lazily)
         self.collective = collective or Collective()  # several ranks: this worker is rank 0 (trainer/parallel.py)
+        self.heartbeat = Heartbeat(settings.heartbeat_dir, self.collective.rank)  # what the liveness probe reads
         self.lines = {name: Line(name) for name in settings.policies}
         self.loaded: str | None = None  # the policy whose parent adapter the model holds now
         self._last_saved = 0  # the newest version number this worker has saved
@@ -108,7 +109,6 @@ class TrainerWorker:
         self.attempts = StepAttempts(self.sessions, settings.worker_id, self.lease_owner, self.metrics)
 
     async def start(self) -> None:
-        self.settings = await with_engine_seq_len(self.settings)  # max_seq_len 0: the engines' max_model_len
         await self.attempts.set_aside_unfinished()  # before their leases are released below
         async with self.sessions() as session, session.begin():
             released = await training.release_untrained(session, self.settings.worker_id)
@@ -136,6 +136,7 @@ class TrainerWorker:
         await self.start()
         try:
             while not stop.is_set():
+                self.heartbeat.beat()
                 if self.settings.max_steps is not None and self.steps >= self.settings.max_steps:
                     break
                 await self.housekeeping.run_due()
@@ -251,7 +252,7 @@ class TrainerWorker:
             version, path = await self._save()
             step_metrics.update(skipped=dict(skips), reward_mean=statistics.fmean(rewards), rollouts=len(rollouts),
                                 usable_rollouts=usable_rollouts, lr_scale=lr_scale,
-                                policy=line.policy, staleness=staleness.as_dict(), **calls)
+                                policy=line.policy, staleness=staleness.as_dict())
             trained.append(Trained(line, version, path, len(transitions), step_metrics, agreement))
             log.info("step %d, policy %r: %d rollouts, %d transitions, reward %.3f, loss %.4f, lr x%.2f -> v%d in "
                      "%.1f s; %s; dropped: %s; %s; IS weights clipped/masked %.1f%%%s", self.steps + 1, line.policy,

@@ -101,6 +101,16 @@ class TrainerSettings(CommandSettings):
                              "version, its parent, candidates under evaluation): the newest this many of each "
                              "policy; older folders are removed once the engines unloaded them, their rows kept "
                              "(docs/retention.md). Optimizer state is kept only where training resumes from.")
+    collective_timeout_s: float = Field(
+        300.0, gt=0, description="With several ranks: seconds one collective of a step may wait for its peers, and "
+                                 "how long a rank that is not heard from counts as alive; then every rank exits "
+                                 "with a message naming the lost one, and torchrun or the chart restarts the job "
+                                 "(docs/deploy.md). Idle waiting for the next step is not bounded by it, but a dead "
+                                 "peer is noticed within it then too.")
+    heartbeat_dir: Path | None = Field(
+        None, description="A folder where every rank touches its file (rank-N) as its loop goes on; a liveness "
+                          "probe that finds one older than it should be restarts the pod (helm/rlproxy). None: "
+                          "no files.")
     reward: Literal["posted", "judge", "judge+posted"] = Field(
         "posted", description="Where final rewards come from (docs/judge.md). posted: only POST /reward; judge: "
                               "also an LLM judge, which scores the rollouts of a task group that got no posted "

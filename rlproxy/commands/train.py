@@ -42,7 +42,8 @@ def train(pairs, **params) -> None:
     if (settings.nproc_per_node > 1 or settings.training.offload_base) and not parallel.launched_by_torchrun():
         _exec_torchrun(settings.nproc_per_node)
     model_path = settings.model or default_model_path()  # prepares the bundled model when it is not yet
-    collective = parallel.init_from_environment() if parallel.launched_by_torchrun() else None
+    collective = (parallel.init_from_environment(settings.collective_timeout_s, settings.heartbeat_dir)
+                  if parallel.launched_by_torchrun() else None)
     if collective is not None and collective.rank != 0:  # a follower: no database, engines or metrics port
         from trainer.ppo import PolicyTrainer  # torch, as above
 
