@@ -48,6 +48,7 @@ from trainer.retokenize import retokenize
 from trainer.staleness import Staleness
 from trainer.step_report import merged as _merged, observe_step, reasons as _reasons
 from trainer.transitions import SkipReasons, Transition
+from trainer.seq_len import with_engine_seq_len
 from trainer.yields import StepYield, YieldWatch, describe_yield
 
 log = logging.getLogger("rlproxy.trainer")
@@ -109,6 +110,7 @@ class TrainerWorker:
         self.attempts = StepAttempts(self.sessions, settings.worker_id, self.lease_owner, self.metrics)
 
     async def start(self) -> None:
+        self.settings = await with_engine_seq_len(self.settings)  # max_seq_len 0: the engines' max_model_len
         await self.attempts.set_aside_unfinished()  # before their leases are released below
         async with self.sessions() as session, session.begin():
             released = await training.release_untrained(session, self.settings.worker_id)
@@ -252,7 +254,7 @@ class TrainerWorker:
             version, path = await self._save()
             step_metrics.update(skipped=dict(skips), reward_mean=statistics.fmean(rewards), rollouts=len(rollouts),
                                 usable_rollouts=usable_rollouts, lr_scale=lr_scale,
-                                policy=line.policy, staleness=staleness.as_dict())
+                                policy=line.policy, staleness=staleness.as_dict(), **calls)
             trained.append(Trained(line, version, path, len(transitions), step_metrics, agreement))
             log.info("step %d, policy %r: %d rollouts, %d transitions, reward %.3f, loss %.4f, lr x%.2f -> v%d in "
                      "%.1f s; %s; dropped: %s; %s; IS weights clipped/masked %.1f%%%s", self.steps + 1, line.policy,
