@@ -7,12 +7,15 @@ import copy
 
 import pytest
 from alembic import command
+import sqlalchemy as sa
 from sqlalchemy import select
 
 from migrations.apply import alembic_config, upgrade
 from store import policies, verdicts
+from store.policies import adapter_name
 from store.db import short_session
-from store.models import Policy, PolicyVerdict
+from core.policy_rules import DEFAULT_POLICY
+from store.models import Policy, PolicyVerdict, utcnow
 from testkit.processes import create_database, drop_database
 
 # What the writers before 0009 left in `evaluation`: v1 scored as a parent by the command gate, v2 judged by
@@ -51,11 +54,17 @@ def unmigrated_url(request, tmp_path):
 
 
 async def plant_legacy_policies(url: str) -> None:
+    # the policies table as 0008 left it: the model's has columns of later migrations
+    table = sa.table("policies", *map(sa.column, ("version", "name", "policy", "parent_version", "status", "path",
+                                                  "base_model")),
+                     sa.column("evaluation", Policy.evaluation.type), sa.column("created_at", Policy.created_at.type))
     async with short_session(url) as sessions, sessions() as session, session.begin():
         for version, evaluation in LEGACY.items():
-            row = await policies.add_candidate(session, version, f"/adapters/v{version}",
-                                               parent_version=version - 1, base_model="base")
-            row.evaluation = copy.deepcopy(evaluation)  # as the writers before 0009 did
+            await session.execute(table.insert().values(
+                version=version, name=adapter_name(version), policy=DEFAULT_POLICY, parent_version=version - 1,
+                status="candidate", path=f"/adapters/v{version}", base_model="base",
+                evaluation=copy.deepcopy(evaluation),
+                created_at=utcnow()))  # as the writers before 0009 did
 
 
 async def read(url: str, what):

@@ -207,7 +207,7 @@ def test_a_proxy_that_fails_while_resuming_is_said_in_one_line(tmp_path):
         server.shutdown()
     assert result.exit_code == 1, result.output
     assert result.output.strip().splitlines() == [
-        f"rlproxy run: GET /rollouts/r1: proxy answered 503 ({{}}); `--resume` goes on from {log}"]
+        f"rlproxy run: GET /rollouts/r1?calls=false: proxy answered 503 ({{}}); `--resume` goes on from {log}"]
 
 
 def test_resuming_from_a_log_that_does_not_exist_is_refused_before_anything_starts(tmp_path):
