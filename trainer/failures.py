@@ -10,7 +10,9 @@ counted on its rollouts in the store before it runs (`StepAttempts.begin`), and 
 on them; every rank exits and the chart (or whatever runs `rlproxy train`) starts them again; the restarted trainer
 sets aside, before it claims anything, the rollouts of its earlier runs whose steps began twice and never
 finished, recorded as a step that trained nothing, with the error, counted as step_failed. A batch that fails
-once (a peer lost to something else) is tried once more, as in one process.
+once (a peer lost to something else) is tried once more, as in one process; a trainer killed twice during
+the same batch's step (an eviction, say) sets that batch aside too. One process counts no attempts: it catches
+its step's failure itself.
 """
 from __future__ import annotations
 

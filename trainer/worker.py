@@ -164,7 +164,8 @@ class TrainerWorker:
         rollout_ids = await self._claim()
         if not rollout_ids:
             return False
-        await self.attempts.begin(rollout_ids)
+        if self.collective.world_size > 1:  # one process catches a failing step itself (_failed)
+            await self.attempts.begin(rollout_ids)
         try:
             return await self._train(rollout_ids)
         except NoRoomForAdapter:
