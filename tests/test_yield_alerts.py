@@ -26,7 +26,7 @@ def test_a_reason_that_skips_most_of_a_policys_recent_calls_is_named_once_with_i
     assert watch.observe("coder", report(0, sampling_altered=10)) == ["sampling_altered"]
     assert watch.observe("coder", report(0, sampling_altered=10)) == []  # said once while it lasts
     [alert] = alerts(caplog)
-    assert "policy 'coder'" in alert and "sampling_altered" in alert and "--rollout-sampling" in alert
+    assert "policy 'coder'" in alert and "sampling_altered" in alert and "drop it from the agent" in alert
     assert watch.metrics.yield_alerts.labels("coder", "sampling_altered")._value.get() == 1
     for _ in range(3):
         watch.observe("coder", report(10))  # cleared: the window trains again
