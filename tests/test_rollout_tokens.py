@@ -237,11 +237,14 @@ def test_a_hostile_agent_under_rlproxy_run_changes_no_reward_but_its_own_result(
     assert sorted((entry["split"], entry["status"], entry["reward"]) for entry in ended.values()) == [
         ("eval", "rewarded", 0.2), ("train", "rewarded", 0.9), ("train", "rewarded", 0.9), ("train", "rewarded", 0.9)]
 
+    tried_mates = 0
     for rollout_id, entry in ended.items():
         seen = json.loads((out / f"{rollout_id}.json").read_text())
         assert {name: seen[name] for name in ("list", "create", "create_eval", "policies", "activate")} == dict.fromkeys(
             ("list", "create", "create_eval", "policies", "activate"), 403), seen
-        assert seen["mates"] and set(seen["mates"]) == {404}, seen  # its group mates: unused ids to it
+        assert set(seen["mates"]) <= {404}, seen  # its group mates: unused ids to it
+        # an attempt that ran while no other was open (the evaluation one may run alone) had no mates to try
+        tried_mates += bool(seen["mates"]) and entry["split"] == "train"
         stored = requests.get(f"{tenants.url}/rollouts/{rollout_id}", headers=tenants.headers("operator")).json()
         # the runner posted each printed result: with its own key (the operator's), an evaluation's with its grader
         assert stored["reward"] == entry["reward"] and stored["rewarded_by"] == (
@@ -251,6 +254,7 @@ def test_a_hostile_agent_under_rlproxy_run_changes_no_reward_but_its_own_result(
             assert [r["value"] for r in stored["rewards"] if r["claim"]] == [1.0] and entry["claims"] == 1
             version = stored["policy"]
             assert version == 1  # alpha's rollout, served by alpha's policy (tests/tenants.py)
+    assert tried_mates, "no training attempt ran beside another: nothing tried a group mate's reward"
     assert "posted a reward of their own" in result.output
     after = alpha_traffic(tenants)[version]
     before = figures[version] or {"n": 0, "mean": 0.0}

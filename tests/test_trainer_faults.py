@@ -94,9 +94,13 @@ def test_sigkill_at_any_point_trains_every_rollout_exactly_once(tiny_model, own_
     assert final["stepped"] == final["trained"] == ROLLOUTS
     versions = [version for version, _, _ in final["policies"]]
     assert versions == list(range(1, len(versions) + 1)) and len(versions) >= 2
-    assert all(is_complete_adapter(path) for _, _, path in final["policies"])
+    # retention removes the folders of versions nothing serves or rolls back to; what it keeps is whole
+    kept = [path for _, _, path in final["policies"] if Path(path).exists()]
+    assert kept and Path(final["policies"][-1][2]) in map(Path, kept)
+    assert all(is_complete_adapter(path) for path in kept)
     statuses = {version: status for version, status, _ in final["policies"]}
     assert statuses[versions[-1]] == "active" and "failed" not in statuses.values()
     adapters_loaded = [m for m in served if m["parent"] is not None]
-    assert adapters_loaded and all(is_complete_adapter(m["root"]) for m in adapters_loaded)
+    # the engine holds loaded weights in memory; every folder of a loaded adapter that is still there is whole
+    assert adapters_loaded and all(is_complete_adapter(m["root"]) for m in adapters_loaded if Path(m["root"]).exists())
     assert final["names"][versions[-1]] in {m["id"] for m in adapters_loaded}
