@@ -38,6 +38,7 @@ from pathlib import Path
 from core.errors import RlproxyError
 from core.hardware import engine_dtype, visible_gpus
 from core.settings import EngineSettings
+from engine.families import ServingPlan, serving_plan
 
 # The ranks vLLM accepts for --max-lora-rank (vllm/config/lora.py).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -50,7 +51,6 @@ def lora_rank_slot(rank: int) -> int:
 
 
 VLLM_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
-TOOL_CALL_PARSER = "hermes"
 # On a CPU, float32, for the recorded log-probabilities: the CPU trainer computes in float32 where bf16 is slow,
 # and served in float32 the engine's sampling logprobs match a float32 Hugging Face forward pass of the same
 # tokens to 2e-5 nats; served in bfloat16 they are off by up to 0.13 nats, which is noise in every importance
@@ -89,6 +89,13 @@ KEY_ON_EVERY_ROUTE = "engine.route_guard.RequireEngineKey"
 def served_name(settings: EngineSettings, model_path: Path) -> str:
     """The name the engine serves the base model under: the setting, else the model folder's name."""
     return settings.served_model_name or Path(model_path).name
+
+
+def family_plan(settings: EngineSettings, model_path: Path) -> ServingPlan:
+    """The parsers, tokenizer mode and chat template the engine serves `model_path` with: its family's, each
+    replaced by the operator's setting where given."""
+    return serving_plan(Path(model_path), family=settings.model_family, tool_call_parser=settings.tool_call_parser,
+                        reasoning_parser=settings.reasoning_parser, chat_template=settings.chat_template)
 
 
 def engine_command(
@@ -138,9 +145,8 @@ def engine_command(
         # from the call's recorded settings; raw ones describe only temperature-1 calls (docs/vllm-wire-format.md)
         "--logprobs-mode",
         "processed_logprobs",
-        "--enable-auto-tool-choice",
-        "--tool-call-parser",
-        TOOL_CALL_PARSER,
+        # the tool-call and reasoning parsers (and tokenizer mode) of the model's family (engine/families.py)
+        *family_plan(settings, model_path).args(),
         "--no-enable-log-requests",
         "--disable-uvicorn-access-log",
         # vLLM checks its key under /v1 only; with a key, the engine's other routes (POST /adapters loads weights)

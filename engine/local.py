@@ -4,8 +4,8 @@
         requests.get(engine.base_url + "/v1/models")
 
 The engine runs ``python -m vllm.entrypoints.openai.api_server`` with the interpreter running us, on
-loopback, with runtime LoRA loading (its routes are used by engine/adapters.py alone), the hermes
-tool-call parser and a seed. `engine_command` builds the command line, `engine_env` its environment.
+loopback, with runtime LoRA loading (its routes are used by engine/adapters.py alone), the tool-call and
+reasoning parsers of the model's family (engine/families.py) and a seed. `engine_command` builds the command line, `engine_env` its environment.
 
 The engine never outlives us. It runs in its own process group (setsid), led by a small guard
 process (`GUARD_SCRIPT`, plain Python, no imports of ours) whose child is vLLM. `Engine.stop` sends
@@ -46,6 +46,7 @@ from engine.command import (
     connect_host,
     engine_command,
     engine_env,
+    family_plan,
     lora_rank_slot,
     port_free,
     served_name,
@@ -163,6 +164,7 @@ class Engine:
         cmd = self.command()
         env = engine_env(self.settings, self._env)
         log.info("starting engine: %s", " ".join(cmd))
+        log.info("%s", family_plan(self.settings, self.model_path).describe())
         guarded = [cmd[0], "-c", GUARD_SCRIPT, str(self.grace_period), *cmd]
         parent = os.getpid()
         try:

@@ -125,3 +125,13 @@ def tiny_model(tmp_path_factory) -> Path:
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
     LlamaForCausalLM(config).save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def family_model():
+    """`family_model("qwen3")`: the folder of that family's tiny random model with its real vocabulary
+    (testkit/model_kit), built once per machine and cached (RLPROXY_MODEL_KIT_CACHE)."""
+    pytest.importorskip("transformers")
+    from testkit.model_kit import build_model
+
+    return build_model

@@ -40,7 +40,7 @@ PROJECT = set(LAYERS) | OUTSIDE
 # Imported inside functions on purpose: optional or heavy, so that the proxy (which has no torch) and quick
 # commands start without them. Anything else is imported at the top of its module.
 HEAVY = {"torch", "transformers", "peft", "safetensors", "openrlhf", "matplotlib", "datasets", "uvloop", "vllm",
-         "gguf", "ctypes"}
+         "gguf", "ctypes", "tokenizers", "mistral_common"}
 # The command line imports in a function only the parts that need an optional extra (the trainer and the demo:
 # torch, vLLM, openai), each command what it runs: the proxy's image has none of them, and `rlproxy serve`
 # must not load the trainer. It says why where it does.

@@ -19,6 +19,16 @@ class EngineSettings(CommandSettings):
     max_model_len: int = Field(4096, description="Context length the engine allocates for.")
     kv_cache_gib: int = Field(2, description="KV cache size on CPU, GiB.")
     startup_timeout: float = Field(600.0, description="Seconds to wait for the engine to answer.")
+    model_family: str | None = Field(None, description="Model family whose parsers serve the model (qwen3, llama3, mistral, "
+                                                 "gpt-oss, chatml); default: read from the model folder "
+                                                 "(engine/families.py).")
+    tool_call_parser: str | None = Field(None, description="vLLM tool-call parser; default: the family's (qwen3 and "
+                                                           "chatml hermes, llama3 llama3_json, mistral mistral, "
+                                                           "gpt-oss openai); none: no tool-call parsing.")
+    reasoning_parser: str | None = Field(None, description="vLLM reasoning parser; default: the family's (qwen3 "
+                                                           "qwen3, gpt-oss openai_gptoss, others none); none: off.")
+    chat_template: Path | None = Field(None, description="Chat template file the engine renders chats with; "
+                                                         "default: the model folder's.")
     extra_args: tuple[str, ...] = Field((), description="One more argument passed to vLLM as it is (repeat).",
                                         json_schema_extra={"flag": "engine-arg", "split": False})
     engine_key: SecretStr | None = Field(

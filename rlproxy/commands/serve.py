@@ -11,7 +11,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from core.settings import EngineSettings, ProxySettings
 from core.settings.maintenance import MigrateSettings
-from engine.command import port_free
+from engine.command import family_plan, port_free
 from engine.local import Engine
 from migrations.apply import upgrade
 from proxy.air import air_rules
@@ -120,7 +120,9 @@ def engine(**params) -> None:
                    "load weights under a served adapter's name", err=True)
     stopped = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopped.set())
-    with Engine(settings) as running:
+    engine_process = Engine(settings)
+    click.echo(f"rlproxy engine: {family_plan(settings, engine_process.model_path).describe()}", err=True)
+    with engine_process as running:
         click.echo(f"engine ready at {running.base_url}/v1 serving {running.served_model_name!r}", err=True)
         try:
             while not stopped.wait(1.0):
