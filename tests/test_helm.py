@@ -592,7 +592,7 @@ def test_no_pod_downloads_model_weights():
     assert engine_pod(documents)["containers"][0]["args"][0] == "Qwen/Qwen3-8B"
     assert env_of(trainer_container(documents))["RLPROXY_MODEL"] == "Qwen/Qwen3-8B"
     # ... or images that carry it
-    documents = render({"model": {"inImages": True}, "engine": {"model": "/weights/qwen"}})
+    documents = render({"model": {"inImages": True}, "engine": {"model": "/weights/qwen", "family": "qwen3"}})
     assert engine_pod(documents)["containers"][0]["args"][0] == "/weights/qwen"
 
 
@@ -694,3 +694,38 @@ def test_a_trainer_for_external_engines_names_its_model():
     assert "prod-rlproxy-engine" not in by_kind(documents, "StatefulSet")
     documents = render({**external, "trainer": {"model": "bundled"}})
     assert "RLPROXY_MODEL" not in env_of(trainer_container(documents))
+
+
+def engine_args(values: dict) -> list[str]:
+    return pod_of(render(values), "StatefulSet", "prod-rlproxy-engine")["containers"][0]["args"]
+
+
+@pytest.mark.parametrize("model, parsers", [
+    ("bundled", ["--tool-call-parser", "hermes"]),
+    ("Qwen/Qwen3-8B", ["--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"]),
+    ("/models/Llama-3.2-3B-Instruct", ["--tool-call-parser", "llama3_json"]),
+    ("meta-llama/Meta-Llama-3.1-8B-Instruct", ["--tool-call-parser", "llama3_json"]),
+    ("mistralai/Ministral-8B-Instruct-2410", ["--tool-call-parser", "mistral", "--tokenizer-mode", "mistral"]),
+    ("openai/gpt-oss-20b", ["--tool-call-parser", "openai", "--reasoning-parser", "openai_gptoss"]),
+])
+def test_the_engines_parsers_follow_the_models_family(model, parsers):
+    """The chart reads the family from the model's name (engine/families.py reads the folder): a Llama 3 served
+    with the hermes parser would return its JSON tool calls as plain content."""
+    args = engine_args({"model": {"claim": "models"}, "engine": {"model": model}})
+    start = args.index("--enable-auto-tool-choice")
+    assert args[start + 1: start + 1 + len(parsers)] == parsers
+    assert args.count("--tool-call-parser") == 1 and ("--reasoning-parser" in args) == ("--reasoning-parser" in parsers)
+
+
+def test_the_operator_names_the_family_or_the_parsers():
+    claim = {"model": {"claim": "models"}}
+    args = engine_args({**claim, "engine": {"model": "/models/base", "family": "qwen3", "reasoningParser": "none",
+                                            "chatTemplate": "/models/base/template.jinja"}})
+    assert "--reasoning-parser" not in args and args[args.index("--tool-call-parser") + 1] == "hermes"
+    assert args[args.index("--chat-template") + 1] == "/models/base/template.jinja"
+    args = engine_args({**claim, "engine": {"model": "Qwen/Qwen3-8B", "toolCallParser": "none"}})
+    assert "--enable-auto-tool-choice" not in args and "--tool-call-parser" not in args
+    with pytest.raises(Exception, match="names no model family the chart knows"):
+        render({**claim, "engine": {"model": "/models/base"}})
+    with pytest.raises(Exception, match='engine.family "llama2": one of'):
+        render({**claim, "engine": {"model": "/models/base", "family": "llama2"}})

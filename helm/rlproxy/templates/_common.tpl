@@ -187,3 +187,60 @@ neither fails here rather than in a crash-looping pod. */}}
 {{- end }}
 {{- mul (int64 $number) (get $units $unit) }}
 {{- end }}
+
+{{/* The engine model's family, which picks vLLM's tool-call and reasoning parsers (docs/deploy.md, Model
+families): engine.family, else "chatml" for the bundled model, else read from engine.model's name (the chart
+renders before any pod sees the folder; `rlproxy engine` reads the folder itself). Empty when the name says
+nothing. */}}
+{{- define "rlproxy.engineFamily" -}}
+{{- $e := .Values.engine }}
+{{- $name := lower (toString $e.model) }}
+{{- if $e.family }}{{ $e.family }}
+{{- else if include "rlproxy.bundled" $e.model }}chatml
+{{- else if regexMatch "qwen3" $name }}qwen3
+{{- else if regexMatch "llama-?3" $name }}llama3
+{{- else if regexMatch "gpt-oss" $name }}gpt-oss
+{{- else if regexMatch "(mistral|ministral|magistral|devstral|codestral)" $name }}mistral
+{{- end }}
+{{- end }}
+
+{{/* vLLM's flags for the family's parsers, each replaced by engine.toolCallParser, engine.reasoningParser,
+engine.tokenizerMode where set ("none" turns one off), and engine.chatTemplate. The same table as
+engine/families.py. */}}
+{{- define "rlproxy.engineFamilyArgs" -}}
+{{- $e := .Values.engine }}
+{{- $families := dict
+      "qwen3" (dict "tool" "hermes" "reasoning" "qwen3")
+      "llama3" (dict "tool" "llama3_json")
+      "mistral" (dict "tool" "mistral" "tokenizer" "mistral")
+      "gpt-oss" (dict "tool" "openai" "reasoning" "openai_gptoss")
+      "chatml" (dict "tool" "hermes") }}
+{{- $family := include "rlproxy.engineFamily" . }}
+{{- if and $family (not (hasKey $families $family)) }}
+{{- fail (printf "engine.family %q: one of qwen3, llama3, mistral, gpt-oss, chatml" $family) }}
+{{- end }}
+{{- if and (not $family) (not $e.toolCallParser) }}
+{{- fail (printf "engine.model %q names no model family the chart knows (Qwen3, Llama 3, Mistral, gpt-oss), and the tool-call parser depends on it: set engine.family (qwen3, llama3, mistral, gpt-oss, chatml) or engine.toolCallParser (docs/deploy.md, Model families)" (toString $e.model)) }}
+{{- end }}
+{{- $f := get $families $family | default dict }}
+{{- $tool := $e.toolCallParser | default (get $f "tool") }}
+{{- $reasoning := $e.reasoningParser | default (get $f "reasoning") }}
+{{- $tokenizer := $e.tokenizerMode | default (get $f "tokenizer") }}
+{{- if and $tool (ne $tool "none") }}
+- --enable-auto-tool-choice
+- --tool-call-parser
+- {{ $tool | quote }}
+{{- end }}
+{{- if and $reasoning (ne $reasoning "none") }}
+- --reasoning-parser
+- {{ $reasoning | quote }}
+{{- end }}
+{{- if and $tokenizer (ne $tokenizer "none") }}
+- --tokenizer-mode
+- {{ $tokenizer | quote }}
+{{- end }}
+{{- with $e.chatTemplate }}
+- --chat-template
+- {{ . | quote }}
+{{- end }}
+{{- end }}
