@@ -7,6 +7,7 @@ bugs and from the libraries' own errors. The tree:
     ├── JudgeOutputError (rewards/judge.py)        a judge reply that breaks the JSON contract (ValueError)
     ├── StoreError (store/errors.py)               NotFound, Conflict: what a store operation refused;
     │                                              TooManyEvents (store/events.py): a rollout's event budget spent;
+    │                                              TooManyCallRewards (store/rewards.py): a call's reward budget;
     │                                              WeightsRemoved (store/policies.py): a version's folder is gone
     ├── BadQuery (store/browse.py)                 a filter or cursor of the web view's queries (ValueError)
     ├── AdapterError (engine/adapters.py)          EngineUnavailable, AdapterRefused, LoadFailed, UnloadFailed;
@@ -17,17 +18,17 @@ bugs and from the libraries' own errors. The tree:
     ├── ProxyError (proxy/errors.py)               an HTTP error in the route's own format: InvalidRequest 400,
     │                                              Unauthorized 401, NotFoundError 404 (ModelNotFound,
     │                                              proxy/tenancy.py), RateLimited 429 (DecodersBusy,
-    │                                              proxy/otlp_share.py: a project's share of the OTLP decoders
+    │                                              proxy/otlp/share.py: a project's share of the OTLP decoders
     │                                              is taken), UpstreamUnavailable 502,
-    │                                              DecoderUnavailable 503 (proxy/otlp_decoding.py),
+    │                                              DecoderUnavailable 503 (proxy/otlp/decoding.py),
     │                                              ... (each carries its status)
     ├── AuthConfigError (proxy/auth.py)            the access settings cannot be served as given
     ├── SpoolInUse (proxy/spool.py)                another process writes this spool;
     │                                              SpoolForeign (proxy/spool_identity.py): its calls are for
     │                                              another database
     ├── SetAside (proxy/spool_writes.py)           a call went to the rejected file instead (the writer's own flow)
-    ├── OtlpFormatError (proxy/otlp.py)            a body that is no OTLP trace export (ValueError)
-    ├── Exceeded, _Malformed (proxy/otlp_wire.py)  an export over its span/attribute budget; bytes not protobuf
+    ├── OtlpFormatError (proxy/otlp/export.py)     a body that is no OTLP trace export (ValueError)
+    ├── Exceeded, _Malformed (proxy/otlp/wire.py)  an export over its span/attribute budget; bytes not protobuf
     ├── EvalError (trainer/gates/evaluate.py)      `rlproxy eval` cannot measure what it was asked to
     ├── EvalCommandError (trainer/gates/command.py)  an --eval-command template that cannot run (ValueError)
     ├── JudgeUnreachable, JudgeRefused (trainer/judge.py)  the judge did not answer, or refused (RuntimeError)

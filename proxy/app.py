@@ -25,7 +25,7 @@ from proxy.errors import ConflictError, Forbidden, NotFoundError, ProxyError, St
 from proxy.http_server import Router, use_guarded_handler, valid_host
 from proxy.ingest import RewardIngest
 from proxy.metrics import ProxyMetrics
-from proxy.otlp_decoding import decoders_of
+from proxy.otlp import decoders_of
 from proxy.policy import PolicyRouter
 from proxy.routes import all_endpoints, documented_endpoints, messages, passthrough
 from proxy.routes.docs import BUILT, DOCUMENTED
@@ -140,7 +140,8 @@ def _lifecycle(settings: ProxySettings, metrics: ProxyMetrics):
                                    media_urls=settings.allow_media_urls)
         serving = {route: CompletionServing(dialect, upstreams, router, writer, metrics, access, boundary,
                                             redact=settings.redaction.redact_content,
-                                            logprobs_mode=settings.engine_logprobs_mode)
+                                            logprobs_mode=settings.engine_logprobs_mode,
+                                            rollout_sampling=settings.sampling_rules())
                    for route, dialect in DIALECTS.items()}
         ingest = RewardIngest(settings, sessions, writer, metrics, router)
         app[STATE] = ProxyState(settings, database, sessions, metrics, upstreams, router, writer, serving, access,

@@ -14,20 +14,20 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from core.settings import ProxySettings
 from proxy.errors import PayloadTooLarge
 from proxy.metrics import ProxyMetrics
-from proxy.otlp import SpanFacts
-from proxy.policy import PolicyRouter
-from proxy.reward_budget import check_call_rewards
-from proxy.span_rewards import (
+from proxy.otlp import (
     IGNORED_NO_ROLLOUT,
-    REJECTED,
     IGNORED_NOTHING_TO_SCORE,
+    REJECTED,
+    SpanFacts,
     SpanResult,
     ToolWeights,
     has_rewards,
     store_span_rewards,
 )
+from proxy.policy import PolicyRouter
 from proxy.writer import CaptureWriter
 from store import events as store_events
+from store import rewards as reward_rows
 from store import rollouts as store_rollouts
 from store.models import RewardKind
 from store.reward_sources import RewardedBy
@@ -50,11 +50,15 @@ class RewardIngest:
         (proxy/auth.py `reward_giver`), so a rollout whose grader gives its reward keeps anyone else's as a
         claim."""
         await self.writer.sync()  # the calls this reward refers to may still be on their way to the database
-        async with self.sessions() as session, session.begin():
-            result = await store_rollouts.post_reward(session, rollout_id, value, call_id=call_id, task_id=task_id,
-                                                      metadata=metadata, project=project, giver=giver)
-            if call_id is not None and not result.claim:  # locked: refused here, the reward is never committed
-                await check_call_rewards(session, call_id, self.budget.max_rewards_per_call)
+        try:
+            async with self.sessions() as session, session.begin():
+                result = await store_rollouts.post_reward(session, rollout_id, value, call_id=call_id,
+                                                          task_id=task_id, metadata=metadata, project=project,
+                                                          giver=giver)
+                if call_id is not None and not result.claim:  # locked: refused here, never committed
+                    await reward_rows.check_call_rewards(session, call_id, self.budget.max_rewards_per_call)
+        except reward_rows.TooManyCallRewards as exc:
+            raise PayloadTooLarge(f"{exc} (--max-rewards-per-call)", code="too_many_rewards") from None
         if result.claim:
             self.count_claim(result, giver)
         elif result.created:

@@ -78,7 +78,8 @@ class ProxyMetrics:
         self.reward_value = FinalRewards(r)
         self.eval_reward_value = EvalRewards(r)
         self.otlp_spans = Counter("rlproxy_otlp_spans_total",
-                                  "Spans received on /v1/traces, by what became of them (proxy/span_rewards.py).",
+                                  "Spans received on /v1/traces, by what became of them "
+                                  "(proxy/otlp/span_rewards.py).",
                                   ["outcome"], registry=r)
         self.active_policy = Gauge("rlproxy_active_policy_version",
                                    "Version the default policy serves for the model (0: the base model).",

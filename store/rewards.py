@@ -4,8 +4,9 @@ it (docs/architecture.md, checked by tests/test_architecture.py).
     add_final(...)          a final reward: posted (`POST /reward`, an OTLP span) or the trainer's judge
     add_call_reward(...)    an intermediate reward for one call: posted with a call id, or an OTLP span's
     add_air(rows)           automatic rewards of recorded calls (proxy/air.py), replays are no-ops
-    add_air_once(row)       one automatic reward of a tool span (proxy/span_rewards.py): whether it was new
+    add_air_once(row)       one automatic reward of a tool span (proxy/otlp/span_rewards.py): whether it was new
     add_claim(...)          a reward posted to a sealed rollout by someone who does not give its rewards
+    check_call_rewards(...) the per-call budget (`--max-rewards-per-call`): TooManyCallRewards past it
 
 What a reward means and whether its rollout takes it are decided by the callers (store/rollouts.py closes a
 rollout, store/judging.py weighs posted rewards, the proxy scores calls); this module only writes the rows, so
@@ -21,6 +22,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from store.dialect import insert_ignoring_duplicates
+from store.errors import StoreError
 from store.models import Reward, RewardKind, utcnow
 
 
@@ -89,6 +91,25 @@ async def call_rewards_held(session: AsyncSession, rollout_id: str) -> tuple[set
     spans = {(m["trace_id"], m["span_id"]) for _, m in rows
              if isinstance(m, dict) and m.get("source") == "otlp" and "trace_id" in m and "span_id" in m}
     return spans, Counter(call_id for call_id, _ in rows)
+
+
+class TooManyCallRewards(StoreError):
+    """A call holds the most per-call rewards it may keep (`--max-rewards-per-call`); the reward is not stored.
+    Every reward row is read back with its rollout, by the trainer and by `GET /rollouts/{id}`, so an agent that
+    sends thousands for one call would make every later read of the rollout pay for them; a call needs a handful.
+    The proxy answers it 413 (a posted reward) or as a rejected span (an OTLP export)."""
+
+    def __init__(self, call_id: str, limit: int) -> None:
+        super().__init__(f"call {call_id[:128]!r} holds {limit} per-call rewards already, the most kept")
+        self.limit = limit
+
+
+async def check_call_rewards(session: AsyncSession, call_id: str, limit: int) -> None:
+    """TooManyCallRewards when the call holds more than `limit` per-call rewards, counting those the transaction
+    added and has not committed; call it after adding, with the rollout locked, so concurrent rewards count."""
+    await session.flush()
+    if await call_reward_count(session, call_id) > limit:
+        raise TooManyCallRewards(call_id, limit)
 
 
 async def call_reward_count(session: AsyncSession, call_id: str) -> int:

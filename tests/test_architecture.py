@@ -141,6 +141,56 @@ def test_a_route_module_imports_no_other_route_module():
     assert not wrong, "\n".join(wrong)
 
 
+# The proxy's wings: folders of modules that work for the call path (app, routes, serving on proxy/'s top level)
+# behind one door each, their __init__.py. docs/architecture.md names what each holds.
+WINGS = ("proxy.otlp",)
+
+
+def wing_of(module: str, wings: tuple[str, ...] = WINGS) -> str | None:
+    return next((wing for wing in wings if module == wing or module.startswith(wing + ".")), None)
+
+
+def imports_past_a_door(known: dict[str, Path], wings: tuple[str, ...] = WINGS, root: Path = ROOT) -> list[str]:
+    """`path:line imports name` for each import of a module inside a wing from a module outside that wing
+    (another wing's inside included): only the wing's door (its package) may be imported from outside."""
+    wrong = []
+    for module, path in known.items():
+        for name, _, line in imports(path, module):
+            target = name if name in known else name.rsplit(".", 1)[0]
+            wing = wing_of(target, wings)
+            if wing and target != wing and wing_of(module, wings) != wing:
+                wrong.append(f"{path.relative_to(root)}:{line} imports {name} (only {wing} itself, its door)")
+    return sorted(set(wrong))
+
+
+def test_a_wing_is_entered_only_by_its_door():
+    assert set(WINGS) <= set(modules()), "a wing in WINGS is no package of proxy/"
+    wrong = imports_past_a_door(modules())
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_door_rule_sees_an_import_past_a_door(tmp_path):
+    planted = {
+        "proxy/wing/__init__.py": "from proxy.wing.inside import thing\n",
+        "proxy/wing/inside.py": "thing = 1\n",
+        "proxy/other/__init__.py": "",
+        "proxy/other/inside.py": "from proxy.wing.inside import thing\n",
+        "proxy/serving.py": "from proxy.wing import thing\nfrom proxy.wing.inside import thing as same\n",
+    }
+    known = {}
+    for name, source in planted.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(source)
+        parts = Path(name).with_suffix("").parts
+        known[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = tmp_path / name
+    assert imports_past_a_door(known, ("proxy.wing", "proxy.other"), tmp_path) == [
+        "proxy/other/inside.py:1 imports proxy.wing.inside (only proxy.wing itself, its door)",
+        "proxy/other/inside.py:1 imports proxy.wing.inside.thing (only proxy.wing itself, its door)",
+        "proxy/serving.py:2 imports proxy.wing.inside (only proxy.wing itself, its door)",
+        "proxy/serving.py:2 imports proxy.wing.inside.thing (only proxy.wing itself, its door)",
+    ]
+
+
 def test_no_module_imports_another_in_a_circle():
     graph: dict[str, set[str]] = {}
     known = modules()

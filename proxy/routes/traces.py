@@ -9,10 +9,10 @@ its bounds (proxy/uploads.py). The answer is an ExportTraceServiceResponse in th
 partial_success counts the refused spans (another project's or an unknown rollout, an expired one, a conflicting final reward, a reward for no call,
 one for a call that holds the most rewards kept) and says why. Keys and projects apply as on `POST /reward`.
 
-Bounded before the work: the body is decoded in a worker process (proxy/otlp_decoding.py), which refuses an
+Bounded before the work: the body is decoded in a worker process (proxy/otlp/decoding.py), which refuses an
 export past `--otlp-max-spans` or `--otlp-max-attributes` with 413 before reading it span by span; an export
 with more reward-carrying spans than `--max-rewards-per-export` is 413 before anything of it is stored. Each
-project has a share of the decoders (proxy/otlp_share.py): an export past it is 429 before its body is read."""
+project has a share of the decoders (proxy/otlp/share.py): an export past it is 429 before its body is read."""
 from __future__ import annotations
 
 from aiohttp import web
@@ -23,10 +23,8 @@ from proxy.auth import reward_giver
 from proxy.bodies import TraceExportResult
 from proxy.endpoints import Answer, Endpoint
 from proxy.errors import InvalidRequest, UnsupportedMediaType
-from proxy.otlp import JSON_TYPE, PROTOBUF_TYPES, export_response
-from proxy.otlp_decoding import DECODERS
+from proxy.otlp import DECODERS, JSON_TYPE, PROTOBUF_TYPES, REJECTED, export_response
 from proxy.schemas import TraceExport
-from proxy.span_rewards import REJECTED
 from proxy.state import state
 
 MESSAGES_SHOWN = 10  # refused spans explained in error_message; the rest are counted

@@ -25,7 +25,7 @@ from aiohttp import web
 from google.protobuf import any_pb2, duration_pb2
 
 from proxy.errors import RateLimited, json_response
-from proxy.otlp import PROTOBUF_TYPES
+from proxy.otlp.export import PROTOBUF_TYPES
 
 RETRY_AFTER = 1
 """Seconds a refused exporter is told to wait. The OpenTelemetry SDK waits exactly this long (no jitter) and gives

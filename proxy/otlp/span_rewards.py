@@ -1,6 +1,6 @@
 """The rewards a rollout's spans carry, stored: a failed tool span as the automatic `tool_error` reward of the
 call that asked for the tool, `rlproxy.reward` as a final reward (closing the rollout as `POST /reward` does)
-or as a reward for one call. What the spans mean is read in proxy/otlp.py; this module finds the calls they
+or as a reward for one call. What the spans mean is read in proxy/otlp/export.py; this module finds the calls they
 refer to and writes the rewards, all of one rollout's spans in one transaction under the rollout's row lock.
 
 Replays are no-ops: an automatic reward is stored once per call and reason (the `uq_rewards_air` index), a
@@ -17,8 +17,7 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from core.settings import ProxySettings
-from proxy.otlp import SpanFacts, requested_tool_call_ids
-from proxy.reward_budget import over_budget_message
+from proxy.otlp.export import SpanFacts, requested_tool_call_ids
 from rewards.air import TOOL_ERROR, TOOL_SUCCESS
 from store import calls as store_calls
 from store import rewards as reward_rows
@@ -200,12 +199,14 @@ async def _store_span(session: AsyncSession, rollout_id: str, span: SpanFacts, p
                     raise Conflict(taken)
                 call = await calls.target(span, explicit=True)
                 if held.per_call[call.id] >= held.limit:
-                    raise Conflict(over_budget_message(call.id, held.limit))
+                    raise reward_rows.TooManyCallRewards(call.id, held.limit)
                 reward_rows.add_call_reward(session, rollout_id, call.id, span.reward,
                                             {**span.key, "name": span.name})
                 held.spans.add((span.trace_id, span.span_id))
                 held.per_call[call.id] += 1
                 result.call_rewards.append(store_rollouts.RewardResult(rollout_id, span.reward, call.id, True))
+        except reward_rows.TooManyCallRewards as exc:
+            errors.append(f"{exc} (--max-rewards-per-call)")
         except (NotFound, Conflict) as exc:
             errors.append(str(exc))
     if errors:

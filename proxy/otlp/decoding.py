@@ -1,7 +1,7 @@
 """OTLP exports decoded in worker processes, never on the event loop: reading a protobuf or JSON export and
 turning its spans into `SpanFacts` is CPU work that grows with what the sender packed into the body (2 MB of
 protobuf can hold a million empty spans), and a thread would still hold the interpreter lock while protobuf's
-parser runs. A process takes the body, checks it against the export budget first (proxy/otlp.py) and sends
+parser runs. A process takes the body, checks it against the export budget first (proxy/otlp/export.py) and sends
 back the spans' facts or why it refused them; the loop meanwhile serves everyone else."""
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from aiohttp import web
 
 from core.settings import IngestSettings
 from proxy.errors import InvalidRequest, PayloadTooLarge, ProxyError
-from proxy.otlp import ExportBudget, OtlpFormatError, OtlpTooLarge, SpanFacts, decode_request, span_facts
-from proxy.otlp_share import ProjectShares, Share
+from proxy.otlp.export import ExportBudget, OtlpFormatError, OtlpTooLarge, SpanFacts, decode_request, span_facts
+from proxy.otlp.share import ProjectShares, Share
 
 log = logging.getLogger("rlproxy.otlp")
 

@@ -1,5 +1,5 @@
 """OTLP trace export requests read into what the proxy scores: which rollout a span belongs to, whether it is a
-tool execution that failed, and the reward it carries. Pure: no I/O, no database (proxy/span_rewards.py stores
+tool execution that failed, and the reward it carries. Pure: no I/O, no database (proxy/otlp/span_rewards.py stores
 what this finds, proxy/routes/traces.py is the HTTP edge).
 
 The wire formats are OpenTelemetry's own (`opentelemetry-proto`): binary protobuf, or OTLP's JSON encoding,
@@ -37,7 +37,7 @@ from core.chat_view import chat_view
 from core.errors import RlproxyError
 from core.ids import is_valid_id
 from proxy.limits import MAX_JSON_DEPTH, too_deep
-from proxy.otlp_wire import Exceeded, Malformed, count_export
+from proxy.otlp.wire import Exceeded, Malformed, count_export
 from proxy.strict_json import json_values_bound
 
 PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
@@ -136,7 +136,7 @@ class SpanFacts:
 
 def decode_request(body: bytes, content_type: str, budget: ExportBudget) -> ExportTraceServiceRequest:
     """The export request in `body`; OtlpFormatError when it is not one, OtlpTooLarge when it holds more than
-    `budget`, decided before the body is parsed: protobuf is counted on the wire (proxy/otlp_wire.py); JSON's
+    `budget`, decided before the body is parsed: protobuf is counted on the wire (proxy/otlp/wire.py); JSON's
     values are bounded by its commas and brackets, then its spans and attributes counted on the parsed document
     before protobuf's JSON mapping reads it."""
     message = ExportTraceServiceRequest()
