@@ -189,3 +189,87 @@ def test_each_row_is_scored_at_its_own_temperature_and_truncation_with_the_same_
     mine, = torch.autograd.grad(scores.logprobs.sum(), hidden)
     plain, = torch.autograd.grad(expected.sum(), hidden)
     torch.testing.assert_close(mine, plain, atol=1e-5, rtol=1e-5)
+
+
+def _multi_turn(vocab: int) -> list[Transition]:
+    """Merged agent turns: sampled spans (mask 1) with tool results between them (mask 0), as trainer/batch.py
+    builds them; ragged, so padding is exercised too."""
+    g = torch.Generator().manual_seed(5)
+    rows = []
+    for prompt, spans in ((8, ((4, 1), (6, 0), (3, 1), (9, 0), (2, 1))), (5, ((3, 1), (12, 0), (5, 1)))):
+        mask = [keep for length, keep in spans for _ in range(length)]
+        ids = torch.randint(0, vocab, (prompt + len(mask),), generator=g).tolist()
+        rows.append(Transition(prompt_ids=ids[:prompt], completion_ids=ids[prompt:],
+                               behaviour_logprobs=[-2.0 if keep else 0.0 for keep in mask],
+                               advantage=1.0, loss_mask=mask))
+    return rows
+
+
+def test_a_step_projects_only_its_trained_positions_and_learns_what_the_full_projection_learns(tiny_model):
+    """A step's micro-batches send only loss-mask-1 positions through the LM head (the tool results between the
+    sampled spans stop at the last hidden state): the log-probs there, their gradients and one PPO step's LoRA
+    weights equal those of the projection of every completion position."""
+    from trainer import ppo
+
+    settings = TrainingSettings(bf16=False, kl_coef=0.0, mini_batches=1, learning_rate=1e-2)
+    batch = _multi_turn(512)
+    full = collate(batch)
+    trained = collate(batch, trained_only=True)
+    assert int(trained.projected.sum()) == sum(t.num_trained_tokens() for t in batch) == 17
+    assert int(full.scored.sum()) == 44  # 27 positions of tool results are not projected
+
+    policy = PolicyTrainer(tiny_model, settings)
+    with torch.no_grad():  # a trained adapter: with B = 0 no gradient reaches A
+        for name, param in policy.model.named_parameters():
+            if "lora_B" in name:
+                param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(1)) * 0.05)
+    start = {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+    every, _ = score(policy.model, full)
+    only, _ = score(policy.model, trained)
+    torch.testing.assert_close(only, every * trained.loss_mask, rtol=1e-6, atol=1e-6)
+    assert float((only.detach() * (1 - trained.loss_mask)).abs().sum()) == 0.0
+    weights = torch.linspace(0.5, 1.5, full.scored.numel()).view_as(full.scored) * full.loss_mask
+    grads = {}
+    for name, mb in (("every", full), ("only", trained)):
+        policy.optimizer.zero_grad(set_to_none=True)
+        (score(policy.model, mb)[0] * weights).sum().backward()
+        grads[name] = {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+    for name, grad in grads["every"].items():
+        assert float(grad.abs().max()) > 0, name
+        torch.testing.assert_close(grads["only"][name], grad, rtol=1e-5, atol=1e-7)
+
+    def stepped(projection) -> dict[str, torch.Tensor]:
+        policy.optimizer.state.clear()
+        policy.optimizer.zero_grad(set_to_none=True)  # the gradients above are not this step's
+        policy.step_count = 0  # the same shuffle of the batch
+        with torch.no_grad():
+            for name, param in policy.model.named_parameters():
+                if name in start:
+                    param.copy_(start[name])
+        original = ppo.collate
+        ppo.collate = projection
+        try:
+            metrics = policy.step(batch)
+        finally:
+            ppo.collate = original
+        assert metrics.trained_tokens == 17 and metrics.grad_norm > 0
+        return {n: p.detach().clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+
+    as_trained = stepped(collate)
+    as_full = stepped(lambda group, served_version=None, trained_only=False: collate(group,
+                                                                                      served_version=served_version))
+    for name, value in as_full.items():
+        assert not torch.equal(value, start[name]), name  # the step moved every LoRA matrix
+        torch.testing.assert_close(as_trained[name], value, rtol=1e-6, atol=1e-8)
+
+
+def test_lm_head_rows_per_chunk_follow_the_device():
+    """A CPU keeps 32 MB of logits per chunk; a GPU takes an eighth of its free memory for a chunk's tensors, from
+    the CPU's rows up to 4,096 (Qwen3's 151,936-token vocabulary: 55 rows on a CPU)."""
+    from trainer.logprobs import chunk_rows, device_chunk_rows
+
+    qwen3 = 151_936
+    assert chunk_rows(qwen3) == 55 == device_chunk_rows(qwen3, torch.device("cpu"))
+    assert chunk_rows(qwen3, free_bytes=30 * 10**9) == 30 * 10**9 // (8 * 12 * qwen3) == 2056
+    assert chunk_rows(qwen3, free_bytes=10**8) == 55  # a nearly full device: never below the CPU's chunk
+    assert chunk_rows(32_000, free_bytes=10**12) == 4096

@@ -6,13 +6,19 @@
     token_scores(hidden, head, targets)             # the same from hidden states [N, H] and targets [N]
 
 Only completion positions reach the vocabulary projection: prompts (often most of an agent's tokens) and
-padding stop at the last hidden state.
+padding stop at the last hidden state. A training step goes further (`collate(..., trained_only=True)`): only the
+positions its loss reads (loss mask 1) are projected, so the context a merged multi-turn transition carries between
+its sampled spans (tool results, user turns: mask 0) is not projected either; their log-probs are 0, as the loss
+and every statistic of the step multiply them by the mask.
 
 The plain way, `log_softmax(head(hidden)).gather(targets)`, holds [N, V] float32 tensors for the whole
 micro-batch (logits, log-softmax, and in backward the softmax and the logits' gradient): with the bundled
 model's 49,152-token vocabulary that is 200 KB per scored token per tensor, 0.8 GB each for 4,096 tokens.
 Here rows go through the vocabulary projection a chunk at a time (`chunk_rows`), so only a few [chunk, V]
-tensors (about 33 MB each for the bundled model) exist at any time, and none outlives its chunk.
+tensors exist at any time, and none outlives its chunk. On a CPU a chunk's float32 logits stay near 32 MB (170 rows
+of the bundled model's vocabulary), which fits the caches; on a GPU the chunk is sized by the device's free memory
+(an eighth of it for the chunk's few [chunk, V] tensors, up to 4,096 rows): 55 rows of Qwen3's 151,936-token
+vocabulary were a memory-bound sliver of a matmul, a device with 30 GB free takes about 2,000 of them.
 
 Backward needs no second vocabulary projection. For logits z = h W^T / T and log p_t = z_t - logsumexp(z),
 
@@ -35,9 +41,14 @@ from torch.utils.checkpoint import checkpoint
 from trainer.transitions import Transition
 from trainer.truncation import truncate
 
-# Rows per chunk: the [rows, V] float32 logits stay near 32 MB (170 rows for a 49k vocabulary): small next
-# to the model, large enough that the projection runs at full matmul speed.
+# Rows per chunk on a CPU: the [rows, V] float32 logits stay near 32 MB (170 rows for a 49k vocabulary): small
+# next to the model, large enough that the projection runs at full matmul speed (bench/lm_head.py).
 CHUNK_ELEMENTS = 1 << 23
+# On a GPU: a chunk's live [rows, V] tensors (the bf16 product, float32 log-probs and probabilities, their bf16 cast:
+# about 12 bytes an element) take at most this share of the device's free memory, within these rows.
+DEVICE_SHARE = 8
+BYTES_PER_ELEMENT = 12
+MAX_ROWS = 4096
 
 
 @dataclass
@@ -57,6 +68,9 @@ class MicroBatch:
     # [B, K] the loss mask of rows sampled by the version the trainer holds (lag 0), or None: where the engine's
     # log-probs and the trainer's must agree (trainer/agreement.py)
     served: torch.Tensor | None = None
+    # [B, K] the positions that go through the vocabulary projection, or None: every scored one. A training step's
+    # micro-batches project only the trained positions (collate's `trained_only`).
+    projected: torch.Tensor | None = None
     # [B] each row's sampling as its call was sampled (Transition.sampled), or None when every row was sampled at
     # temperature 1 from the whole vocabulary: temperature (NaN: the scorer's default), top_p (1: none), top_k
     # (0: none). One micro-batch may hold several.
@@ -70,12 +84,14 @@ class MicroBatch:
         move = {name: getattr(self, name).to(device) for name in
                 ("input_ids", "attention_mask", "scored", "loss_mask", "behaviour_logprobs", "advantages")}
         optional = {name: None if getattr(self, name) is None else getattr(self, name).to(device)
-                    for name in ("served", "temperature", "top_p", "top_k")}
+                    for name in ("served", "projected", "temperature", "top_p", "top_k")}
         return MicroBatch(**move, start=self.start, tokens=self.tokens, placeholder=self.placeholder, **optional)
 
 
-def collate(transitions: list[Transition], pad_id: int = 0, served_version: int | None = None) -> MicroBatch:
-    """`served_version`: mark the rows that version sampled (their oldest call's version: `MicroBatch.served`)."""
+def collate(transitions: list[Transition], pad_id: int = 0, served_version: int | None = None,
+            trained_only: bool = False) -> MicroBatch:
+    """`served_version`: mark the rows that version sampled (their oldest call's version: `MicroBatch.served`).
+    `trained_only`: project only the positions the loss trains (`MicroBatch.projected`); the others score 0."""
     rows = len(transitions)
     width = max(len(t) for t in transitions)
     start = min(len(t.prompt_ids) for t in transitions) - 1
@@ -97,6 +113,11 @@ def collate(transitions: list[Transition], pad_id: int = 0, served_version: int 
         fresh = torch.tensor([float(t.policy_version == served_version) for t in transitions]).unsqueeze(1)
         served = mask * fresh
     mb = MicroBatch(ids, attention, start, scored, mask, behaviour, advantages, int(attention.sum()), served=served)
+    if trained_only:
+        trained = scored & (mask > 0)
+        # nothing trained (a placeholder): its scored positions still run, so that every rank's backward reaches
+        # the decoder's layers alike (a sharded base reduces their gradients there)
+        mb.projected = trained if bool(trained.any()) else scored
     if any(t.sampled is not None for t in transitions):
         sampled = [t.sampled for t in transitions]
         mb.temperature = torch.tensor([float("nan") if s is None else s.temperature for s in sampled])
@@ -143,7 +164,7 @@ def score(peft_model: torch.nn.Module, mb: MicroBatch, *, temperature: float = 1
     with torch.autocast(device, dtype=autocast_dtype) if autocast_dtype else contextlib.nullcontext():
         hidden = base.get_decoder()(input_ids=mb.input_ids, attention_mask=mb.attention_mask,
                                     position_ids=position_ids, use_cache=False).last_hidden_state
-    where = mb.scored
+    where = mb.scored if mb.projected is None else mb.projected
     targets = mb.input_ids[:, mb.start + 1:][where]
     top_p = top_k = None
     if mb.temperature is not None:  # each token at its own call's sampling
@@ -166,8 +187,21 @@ class TokenScores:
     entropy: torch.Tensor  # [N] float32, the policy's entropy at each row; no gradient
 
 
-def chunk_rows(vocab_size: int) -> int:
-    return max(1, CHUNK_ELEMENTS // vocab_size)
+def chunk_rows(vocab_size: int, free_bytes: int | None = None) -> int:
+    """Rows per chunk of the vocabulary projection: by `free_bytes` of device memory (a GPU's), else the CPU's
+    fixed 32 MB of logits."""
+    cpu_rows = max(1, CHUNK_ELEMENTS // vocab_size)
+    if free_bytes is None:
+        return cpu_rows
+    return max(cpu_rows, min(MAX_ROWS, free_bytes // (DEVICE_SHARE * BYTES_PER_ELEMENT * vocab_size)))
+
+
+def device_chunk_rows(vocab_size: int, device: torch.device) -> int:
+    """`chunk_rows` for the device the hidden states are on, its free memory read now."""
+    if device.type != "cuda":
+        return chunk_rows(vocab_size)
+    free, _total = torch.cuda.mem_get_info(device)
+    return chunk_rows(vocab_size, free)
 
 
 def token_scores(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Tensor, *,
@@ -182,7 +216,7 @@ def token_scores(hidden: torch.Tensor, head: torch.nn.Module, targets: torch.Ten
     bfloat16 where the model runs under bfloat16 autocast); softmax and everything after it are float32.
     `softcap` is a Gemma-style final logit soft-cap (tanh(z / cap) * cap before the temperature), if the model has one.
     """
-    rows = rows or chunk_rows(_vocab_size(head))
+    rows = rows or device_chunk_rows(_vocab_size(head), hidden.device)
     weight = getattr(head, "weight", None)
     plain = (type(head) is torch.nn.Linear and head.bias is None and not weight.requires_grad and softcap is None)
     if plain:

@@ -185,7 +185,7 @@ class PolicyTrainer:
         minis = []
         for share in split_mini_batches(batch, updates, seed=cfg.seed + self.step_count):
             packed = [pack_micro_batches(share[r::world], cfg.micro_batch_tokens) for r in range(world)]
-            mine = [collate(group, served_version=served_version) for group in packed[rank]]
+            mine = [collate(group, served_version=served_version, trained_only=True) for group in packed[rank]]
             mine += [placeholder_micro_batch() for _ in range(max(map(len, packed)) - len(mine))]
             minis.append(MiniBatch([mb.to(self.device) for mb in mine],
                                    tokens=float(sum(sum(t.mask()) for t in share)), sequences=float(len(share))))
