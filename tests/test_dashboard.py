@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import requests
 
+from core.step_record import gauge_fields
 from proxy.metrics import ProxyMetrics
 from tests.support import free_port, running, running_proxy, stub_command, trainer_command
 from trainer.metrics import TrainerMetrics
@@ -73,6 +74,20 @@ def test_the_dashboard_only_queries_metrics_the_proxy_and_trainer_export():
             assert panel["targets"] and panel["datasource"]["uid"] == "${datasource}", panel["title"]
     ids = [panel["id"] for panel in panels(dashboard)]
     assert len(ids) == len(set(ids))
+
+
+def test_the_training_panels_name_fields_of_the_step_record():
+    """The trainer's step gauges are made from the step record's fields (core/step_record.py): a panel that
+    queries `rlproxy_trainer_<name>` where no trainer metric of that name exists names a step field that does not
+    (renamed or removed), and every step field exported as a gauge is charted."""
+    step_metrics = {metric: name for name, (metric, _) in gauge_fields().items()}
+    others = metric_names(TrainerMetrics().registry) - set(step_metrics)
+    queried = {(title, name) for title, expr in expressions(load_dashboard())
+               for name in re.findall(r"\brlproxy_trainer_[a-z_]+", expr)}
+    missing = sorted((title, name) for title, name in queried if name not in others and name not in step_metrics)
+    assert not missing, "panels name step record fields that do not exist: " + ", ".join(
+        f"[{title}] {name.removeprefix('rlproxy_trainer_')}" for title, name in missing)
+    assert set(step_metrics) <= {name for _, name in queried}, "a step gauge no panel charts"
 
 
 def test_every_metric_is_documented():

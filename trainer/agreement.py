@@ -14,6 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from core.step_record import StepMetrics
 from trainer.metrics import TrainerMetrics
 
 log = logging.getLogger("rlproxy.trainer")
@@ -40,13 +41,13 @@ class AgreementWatch:
         self.metrics = metrics
         self._exported: dict[str, str] = {}  # policy -> the version label its gauge carries now
 
-    def check(self, policy: str, step: dict[str, Any]) -> Agreement | None:
+    def check(self, policy: str, step: StepMetrics) -> Agreement | None:
         """The agreement a step measured (None when no call of its batch had lag 0), exported and alarmed on."""
-        if step.get("agreement_kl") is None or step.get("served_version") is None:
+        if step.agreement_kl is None or step.served_version is None:
             return None
-        found = Agreement(policy, int(step["served_version"]), float(step["agreement_kl"]),
-                          float(step["agreement_abs"]), int(step["agreement_tokens"]), self.bound,
-                          alarm=self.bound > 0 and step["agreement_kl"] > self.bound)
+        found = Agreement(policy, int(step.served_version), float(step.agreement_kl),
+                          float(step.agreement_abs or 0.0), int(step.agreement_tokens), self.bound,
+                          alarm=self.bound > 0 and step.agreement_kl > self.bound)
         self._export(found)
         if found.alarm:
             self.metrics.agreement_alarms.labels(policy).inc()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from core.step_record import gauge_fields
 from engine.fleet import FleetMetrics
 
 STEP_BUCKETS = (0.5, 1, 2, 5, 10, 20, 30, 60, 120, 300, 600)
@@ -16,15 +17,13 @@ class TrainerMetrics:
         self.registry = registry or CollectorRegistry()
         r = self.registry
         self.steps = Counter("rlproxy_trainer_steps_total", "Training steps finished.", registry=r)
-        self.loss = Gauge("rlproxy_trainer_loss", "Total loss of the last step.", registry=r)
-        self.policy_loss = Gauge("rlproxy_trainer_policy_loss", "PPO policy loss of the last step.", registry=r)
-        self.kl = Gauge("rlproxy_trainer_kl", "KL to the base model in the last step.", registry=r)
-        self.clip_fraction = Gauge("rlproxy_trainer_clip_fraction", "Share of tokens clipped.", registry=r)
+        # One gauge per step record field that names one (core/step_record.py), set after each step.
+        self.step_gauges = {name: Gauge(metric, description, registry=r)
+                            for name, (metric, description) in gauge_fields().items()}
         self.reward_mean = Gauge("rlproxy_trainer_reward_mean", "Mean final reward of the step's rollouts.",
                                  registry=r)
         self.reward_std = Gauge("rlproxy_trainer_reward_std", "Std of the step's final rewards.", registry=r)
         self.advantage_std = Gauge("rlproxy_trainer_advantage_std", "Std of the step's advantages.", registry=r)
-        self.tokens_per_second = Gauge("rlproxy_trainer_tokens_per_second", "Training throughput.", registry=r)
         self.tokens = Counter("rlproxy_trainer_tokens_total", "Tokens trained on.", registry=r)
         self.step_duration = Histogram("rlproxy_trainer_step_duration_seconds", "Duration of one PPO step.",
                                        buckets=STEP_BUCKETS, registry=r)
@@ -93,16 +92,6 @@ class TrainerMetrics:
             "rlproxy_trainer_trained_call_age_seconds",
             "Calls trained on, by seconds from their being sent to the engine to the step that trained them.",
             buckets=AGE_BUCKETS, registry=r)
-        self.off_policy_kl = Gauge(
-            "rlproxy_trainer_off_policy_kl",
-            "Last step: mean(engine log-prob - trainer's proximal log-prob) per trained token: staleness and "
-            "engine/trainer numerics together (proximal_policy=recomputed).", registry=r)
-        self.is_weight_max = Gauge("rlproxy_trainer_is_weight_max",
-                                   "Last step: the largest importance weight proximal / engine, before the "
-                                   "correction clipped or masked it.", registry=r)
-        self.is_filtered = Gauge("rlproxy_trainer_is_filtered_fraction",
-                                 "Last step: share of trained tokens (sequences, level seq) whose importance weight "
-                                 "the correction clipped or masked.", registry=r)
         self.served_agreement_kl = Gauge(
             "rlproxy_trainer_served_agreement_kl",
             "Per policy, for the latest version measured: KL per token between the engines' log-probs of the calls "

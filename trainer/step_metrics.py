@@ -1,4 +1,5 @@
-"""What one PPO step reports, and the collector that adds it up over micro-batches, updates, epochs and ranks.
+"""What one PPO step reports (core/step_record.py StepMetrics), and the collector that adds it up over
+micro-batches, updates, epochs and ranks.
 
     tally = StepTally(trained_tokens, micro_batches)
     tally.micro_batch(mb, logprobs, entropy, loss=..., policy_loss=..., kl_loss=..., clip_fraction=...)
@@ -12,52 +13,14 @@ sums them, so the numbers are those of one process computing the whole batch.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from typing import Any
-
 import torch
 
+from core.step_record import StepMetrics
 from trainer.logprobs import MicroBatch
 
 SUMMED = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean", "behaviour_kl", "entropy", "tokens",
           "micro_batches", "is_weight_mean", "is_filtered", "off_policy_kl", "agreement_kl", "agreement_abs",
           "agreement_tokens")
-
-
-@dataclass
-class StepMetrics:
-    loss: float = 0.0
-    policy_loss: float = 0.0
-    kl: float | None = None  # KL(policy || base) per trained token; None when the reference pass is off
-    clip_fraction: float = 0.0
-    ratio_mean: float = 1.0  # PPO ratio policy / proximal (proximal_policy=behaviour: / behaviour) over trained tokens
-    ratio_max: float = 1.0
-    behaviour_kl: float = 0.0  # mean(behaviour logp - policy logp): how off-policy the batch is
-    # Decoupled PPO (proximal_policy=recomputed), over trained tokens:
-    off_policy_kl: float = 0.0  # mean(behaviour logp - proximal logp): staleness and engine numerics together
-    is_weight_mean: float = 1.0  # importance weight proximal / behaviour, before the correction clips or masks it
-    is_weight_max: float = 1.0
-    is_filtered: float = 0.0  # share of trained tokens (or of sequences, level seq) the correction clipped or masked
-    # The engine's log-probs against the trainer's on the calls the version the trainer holds sampled (lag 0),
-    # per token: KL (k3 estimate) and mean |difference|; None when no call of the batch had lag 0.
-    served_version: int | None = None
-    agreement_kl: float | None = None
-    agreement_abs: float | None = None
-    agreement_tokens: int = 0
-    entropy: float = 0.0
-    grad_norm: float = 0.0
-    transitions: int = 0
-    micro_batches: int = 0
-    updates: int = 0  # optimizer steps taken (ppo_epochs x mini-batches)
-    tokens: int = 0  # prompt + completion tokens through the model (all epochs)
-    trained_tokens: int = 0  # model-sampled tokens in the loss (one epoch)
-    tokens_per_s: float = 0.0
-    duration_s: float = 0.0
-    step: int = 0
-    skipped: dict[str, int] = field(default_factory=dict)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class StepTally:

@@ -1,25 +1,35 @@
-"""What the trainer worker reports of a step: its metrics into Prometheus, its skip reasons into log lines."""
+"""What the trainer worker reports of a step: its record into Prometheus and into the step's log line.
+
+    observe_step(metrics, record, transitions, seconds)   # the gauges the record's fields name, and counters
+    log.info(step_line(record, ...))                      # `step 3, policy 'default': 8 rollouts, ...`
+"""
 from __future__ import annotations
 
 import statistics
-from typing import Any
 
+from core.step_record import StepRecord
 from trainer.metrics import TrainerMetrics
 from trainer.transitions import Transition
+from trainer.yields import describe_yield
 
 
-def observe_step(m: TrainerMetrics, step: dict[str, Any], transitions: list[Transition], seconds: float) -> None:
-    """A step's metrics into the trainer's gauges and counters."""
-    for name, gauge in (("loss", m.loss), ("policy_loss", m.policy_loss), ("kl", m.kl),
-                        ("clip_fraction", m.clip_fraction), ("tokens_per_s", m.tokens_per_second),
-                        ("off_policy_kl", m.off_policy_kl), ("is_weight_max", m.is_weight_max),
-                        ("is_filtered", m.is_filtered)):
-        if step.get(name) is not None:
-            gauge.set(step[name])
+def observe_step(m: TrainerMetrics, record: StepRecord, transitions: list[Transition], seconds: float) -> None:
+    """A step's record into the trainer's gauges (one per field that names one) and counters."""
+    for name, value in record.gauge_values():
+        m.step_gauges[name].set(value)
     advantages = [a for t in transitions for a, keep in zip(t.advantages(), t.mask()) if keep]
     m.advantage_std.set(statistics.pstdev(advantages) if len(advantages) > 1 else 0.0)
     m.tokens.inc(sum(t.num_trained_tokens() for t in transitions))
     m.step_duration.observe(seconds)
+
+
+def step_line(number: int, record: StepRecord, version: int, seconds: float, staleness: str,
+              served: str = "") -> str:
+    """The step's log line, from its record."""
+    return (f"step {number}, policy {record.policy!r}: {record.rollouts} rollouts, {record.transitions} transitions, "
+            f"reward {record.reward_mean:.3f}, loss {record.loss:.4f}, lr x{record.lr_scale:.2f} -> v{version} in "
+            f"{seconds:.1f} s; {describe_yield(vars(record))}; dropped: {reasons(record.skipped)}; {staleness}; IS weights "
+            f"clipped/masked {100 * record.is_filtered:.1f}%{served}")
 
 
 def merged(skipped: dict[str, dict[str, int]]) -> dict[str, int]:

@@ -24,11 +24,11 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from core.settings import TrainerSettings
+from core.step_record import StepRecord
 from store import policies, training
 from store.db import open_database, session_factory
 from store.errors import LeaseLost
@@ -36,6 +36,7 @@ from store.models import utcnow
 from trainer.agreement import Agreement, AgreementWatch
 from trainer.batch import build_transitions
 from trainer.claim import claim_batch
+from trainer.distill import IdleCloser, observe_teacher, policy_transitions, start_distillers
 from trainer.failures import NOT_THE_BATCH, STEP_FAILED, FailedBatches, StepAttempts, describe
 from trainer.housekeeping import Housekeeping
 from trainer.liveness import Heartbeat
@@ -46,10 +47,10 @@ from trainer.publish import Publisher
 from trainer.retention import AdapterRetention, NoRoomForAdapter
 from trainer.retokenize import retokenize
 from trainer.staleness import Staleness
-from trainer.step_report import merged as _merged, observe_step, reasons as _reasons
+from trainer.step_report import merged as _merged, observe_step, reasons as _reasons, step_line
 from trainer.transitions import SkipReasons, Transition
 from trainer.seq_len import with_engine_seq_len
-from trainer.yields import StepYield, YieldWatch, describe_yield
+from trainer.yields import StepYield, YieldWatch
 
 log = logging.getLogger("rlproxy.trainer")
 
@@ -69,7 +70,7 @@ class Trained:
     version: int
     path: Path
     transitions: int
-    metrics: dict[str, Any]
+    record: StepRecord
     agreement: Agreement | None = None  # of the version it was trained from, on the calls that version served
 
 
@@ -108,9 +109,13 @@ class TrainerWorker:
         # recorded, rather than both training the same rollouts).
         self.lease_owner = f"{settings.worker_id}:{secrets.token_hex(4)}"
         self.attempts = StepAttempts(self.sessions, settings.worker_id, self.lease_owner, self.metrics)
+        self.distillers: dict = {}  # policy -> trainer.distill.Distiller, for the policies with a teacher
+        self.closer = IdleCloser(self.sessions, settings, [])
 
     async def start(self) -> None:
         self.settings = await with_engine_seq_len(self.settings)  # max_seq_len 0: the engines' max_model_len
+        self.distillers = await start_distillers(self.settings, self.model_path)  # refuses a foreign tokenizer
+        self.closer = IdleCloser(self.sessions, self.settings, list(self.distillers))
         await self.attempts.set_aside_unfinished()  # before their leases are released below
         async with self.sessions() as session, session.begin():
             released = await training.release_untrained(session, self.settings.worker_id)
@@ -222,7 +227,7 @@ class TrainerWorker:
             serving = {name: await policies.active_policy(session, name) for name in self.lines}
         for line in self.lines.values():
             await self._follow(line, serving[line.policy])
-        rewards = [r.reward for r in rollouts]
+        rewards = [r.reward for r in rollouts if r.reward is not None] or [0.0]  # closed without one: a teacher's
         self.metrics.reward_mean.set(statistics.fmean(rewards))
         self.metrics.reward_std.set(statistics.pstdev(rewards))
 
@@ -232,9 +237,16 @@ class TrainerWorker:
         lags, ledger = Staleness(now=utcnow()), StepYield(rollouts, self.yields)  # every policy's
         for line in self.lines.values():
             skips, staleness, usable = SkipReasons(), Staleness(now=lags.now), set()
-            transitions = build_transitions(rollouts, self.settings.training, line.parent_version, skips,
-                                            policy=line.policy, lineage=lineages[line.policy], staleness=staleness,
-                                            usable=usable)
+            distiller = self.distillers.get(line.policy)
+            transitions = policy_transitions(rollouts, self.settings.training, line.parent_version, skips,
+                                             taught=distiller is not None,
+                                             policy=line.policy, lineage=lineages[line.policy], staleness=staleness,
+                                             usable=usable)
+            if distiller is not None and transitions:
+                transitions, taught = await distiller.teach(transitions, await self._requests(distiller, transitions),
+                                                            self.policy, skips)
+                observe_teacher(self.metrics, line.policy, taught)
+                log.info("step %d, policy %r: %s", self.steps + 1, line.policy, taught.describe())
             skipped[line.policy], calls = dict(skips), ledger.line(line.policy, skips)
             staleness.observe(self.metrics)
             lags.merge(staleness)
@@ -248,21 +260,18 @@ class TrainerWorker:
             lr_scale = wanted.lr_scale_for(usable_rollouts)
             step_began = time.perf_counter()
             async with self.while_computing():
-                step_metrics = (await asyncio.to_thread(self.policy.step, transitions, line.parent_version,
-                                                        wanted.updates_for(usable_rollouts), lr_scale)).as_dict()
-            observe_step(self.metrics, step_metrics, transitions, time.perf_counter() - step_began)
-            agreement = self.agreement.check(line.policy, step_metrics)
+                step_metrics = await asyncio.to_thread(self.policy.step, transitions, line.parent_version,
+                                                       wanted.updates_for(usable_rollouts), lr_scale)
+            record = StepRecord.of(step_metrics, skipped=dict(skips), reward_mean=statistics.fmean(rewards),
+                                   rollouts=len(rollouts), usable_rollouts=usable_rollouts, lr_scale=lr_scale,
+                                   policy=line.policy, staleness=staleness.as_dict(), **calls)
+            observe_step(self.metrics, record, transitions, time.perf_counter() - step_began)
+            agreement = self.agreement.check(line.policy, record)
             version, path = await self._save()
-            step_metrics.update(skipped=dict(skips), reward_mean=statistics.fmean(rewards), rollouts=len(rollouts),
-                                usable_rollouts=usable_rollouts, lr_scale=lr_scale,
-                                policy=line.policy, staleness=staleness.as_dict(), **calls)
-            trained.append(Trained(line, version, path, len(transitions), step_metrics, agreement))
-            log.info("step %d, policy %r: %d rollouts, %d transitions, reward %.3f, loss %.4f, lr x%.2f -> v%d in "
-                     "%.1f s; %s; dropped: %s; %s; IS weights clipped/masked %.1f%%%s", self.steps + 1, line.policy,
-                     len(rollouts), len(transitions), statistics.fmean(rewards), step_metrics.get("loss", 0.0),
-                     lr_scale, version, time.perf_counter() - step_began, describe_yield(calls),
-                     _reasons(skips), staleness.describe(), 100 * step_metrics.get("is_filtered", 0.0),
-                     "" if agreement is None else f"; v{agreement.version} served as trained: KL {agreement.kl:.4f}")
+            trained.append(Trained(line, version, path, len(transitions), record, agreement))
+            log.info("%s", step_line(self.steps + 1, record, version, time.perf_counter() - step_began,
+                                     staleness.describe(), "" if agreement is None else
+                                     f"; v{agreement.version} served as trained: KL {agreement.kl:.4f}"))
         for reasons in skipped.values():
             for reason, count in reasons.items():
                 self.metrics.skipped.labels(reason).inc(count)
@@ -314,7 +323,16 @@ class TrainerWorker:
             mask = t.mask()
             t.behaviour_logprobs = [lp if keep else 0.0 for lp, keep in zip(scores, mask)]
 
+    async def _requests(self, distiller, transitions: list[Transition]) -> dict[str, dict | None]:
+        """call id -> recorded request of each transition's first call, where the teacher's context needs it."""
+        if not distiller.needs_requests:
+            return {}
+        async with self.sessions() as session:
+            texts = await training.load_call_texts(session, [t.call_id for t in transitions if t.call_id])
+        return {call_id: request for call_id, (request, _) in texts.items()}
+
     async def _claim(self) -> list[str]:
+        await self.closer.run_due()  # a taught policy's rollouts close without a reward too
         return await claim_batch(self.sessions, self.settings, self.metrics, self.lease_owner)
 
     async def _sweep(self) -> None:
@@ -344,9 +362,9 @@ class TrainerWorker:
                     await policies.record_agreement(session, new.agreement.version, new.agreement.as_dict())
                 await policies.add_candidate(session, new.version, str(new.path), policy=new.line.policy,
                                              parent_version=new.line.parent_version,
-                                             base_model=str(self.model_path), metrics=new.metrics)
+                                             base_model=str(self.model_path), metrics=new.record.as_dict())
                 await training.record_step(session, rollout_ids, self.lease_owner, policy_version=new.version,
-                                           transition_count=new.transitions, metrics=new.metrics)
+                                           transition_count=new.transitions, metrics=new.record.as_dict())
             if not trained:
                 await training.record_step(session, rollout_ids, self.lease_owner, policy_version=None,
                                            transition_count=0, metrics=ledger.untrained(_merged(skipped), lags))
