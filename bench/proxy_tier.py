@@ -212,9 +212,10 @@ def measure(server: str, stub: str, stub_process: psutil.Process, processes: int
         ports = [free_port() for _ in range(processes)]
         proxies = []
         for number, port in enumerate(ports):  # one after the other: each `serve` imports a lot at start
-            command = proxy_command(port, [stub], database_url, "--no-migrate", "--admin-key", ADMIN_KEY,
+            command = proxy_command(port, [stub], database_url, "--no-migrate",
                                     "--spool-path", str(workdir / f"spool-{processes}-{number}.jsonl"))
             started = stack.enter_context(running(command, f"http://127.0.0.1:{port}/readyz", timeout=180,
+                                                  env={"RLPROXY_ADMIN_KEY": ADMIN_KEY},
                                                   log_path=workdir / f"proxy-{processes}-{number}.log"))
             proxies.append(psutil.Process(started.pid))
         database = database_url.rsplit("/", 1)[1]

@@ -34,7 +34,7 @@ def proxy_url(proxy: str) -> str:
         raise RunInputError(f"--proxy {proxy!r}: not an http:// or https:// URL of the proxy")
     if url.user is not None or url.password is not None:
         raise RunInputError("--proxy: holds a user name or password, which every agent would be handed; give "
-                            "the runner's key with --api-key")
+                            "the runner's key in RLPROXY_API_KEY (or --api-key-file)")
     if url.query_string or url.fragment:
         raise RunInputError(f"--proxy {proxy!r}: the proxy's URL has no query or fragment")
     return base

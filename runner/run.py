@@ -191,8 +191,8 @@ class Runner:
                 raise RunInputError("the agents' key (--agent-api-key) is an administrator's: give them a project "
                                     "key without admin rights (rlproxy keys create --project P)")
             raise RunInputError("the runner's key is an administrator's, and without --agent-api-key every agent "
-                                "gets it: give the agents a project key of their own (--agent-api-key, or "
-                                "RLPROXY_AGENT_API_KEY)")
+                                "gets it: give the agents a project key of their own (RLPROXY_AGENT_API_KEY, or "
+                                "--agent-api-key-file)")
 
     async def close(self) -> None:
         if self._attempt is None:

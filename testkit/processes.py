@@ -158,12 +158,13 @@ def fresh_database(server: str, prefix: str = "rlproxy_test"):
 
 @contextmanager
 def running_proxy(upstreams: list[str], database_url: str, workdir: Path, name: str = "proxy", *extra: str,
-                  stub_controls: bool = True):
+                  stub_controls: bool = True, env: dict[str, str] | None = None):
     """`rlproxy serve` as a real process on a free port, its spool and log in `workdir`; yields its URL.
-    `stub_controls`: it takes the stand-in engine's controls as request fields (testkit/processes.py)."""
+    `stub_controls`: it takes the stand-in engine's controls as request fields (testkit/processes.py); `env`: more
+    variables, the secrets among them (`RLPROXY_ADMIN_KEY`: no secret is taken on the command line)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     args = proxy_command(port, upstreams, database_url, "--spool-path", str(workdir / f"{name}-spool.jsonl"),
                          *extra, stub_controls=stub_controls)
-    with running(args, url + "/healthz", log_path=workdir / f"{name}.log"):
+    with running(args, url + "/healthz", env=env, log_path=workdir / f"{name}.log"):
         yield url

@@ -61,10 +61,11 @@ def bounded_proxy(stub_url: str, postgres_server: str, run_dir: Path) -> Iterato
         alpha, beta = make_key(database_url, "alpha"), make_key(database_url, "beta")
         port = free_port()
         args = proxy_command(port, [stub_url], database_url, "--spool-path", str(run_dir / "bounded-spool.jsonl"),
-                             "--admin-key", ADMIN_KEY, "--max-rollout-events", str(MAX_EVENTS),
+                             "--max-rollout-events", str(MAX_EVENTS),
                              "--max-rewards-per-call", str(MAX_REWARDS_PER_CALL))
         url = f"http://127.0.0.1:{port}"
-        with running(args, url + "/healthz", log_path=run_dir / "proxy-bounded.log") as process:
+        with running(args, url + "/healthz", env={"RLPROXY_ADMIN_KEY": ADMIN_KEY},
+                     log_path=run_dir / "proxy-bounded.log") as process:
             yield Proxy(url, alpha, beta, database_url, process.pid)
 
 

@@ -95,6 +95,6 @@ def secured_tenants(postgres_server: str, run_dir: Path, adapters: Path) -> Iter
         keys |= {f"{project}-admin": make_key(database_url, project, admin=True) for project in PROJECTS}
         keys["alpha-eval"] = make_key(database_url, "alpha", eval=True)  # made for evaluation (keys create --eval)
         rules = [arg for project in PROJECTS for arg in ("--policy-rule", f"project:{project}={project}")]
-        with running_proxy([engine_url], database_url, run_dir, "proxy-tenants", "--admin-key", OPERATOR,
-                           "--client-max-size", str(MAX_BODY), *rules) as url:
+        with running_proxy([engine_url], database_url, run_dir, "proxy-tenants",
+                           "--client-max-size", str(MAX_BODY), *rules, env={"RLPROXY_ADMIN_KEY": OPERATOR}) as url:
             yield Tenants(url, stub, engine_url, {**keys, "operator": OPERATOR}, names)

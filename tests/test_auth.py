@@ -125,9 +125,9 @@ def secured(postgres_server, run_dir) -> Secured:
             "admin": make_key(database_url, "ops", admin=True),
             "slow": make_key(database_url, "gamma", rate_limit=0.5, rate_burst=2),
         }
-        with running_proxy([engine.url], database_url, run_dir, "proxy-auth", "--admin-key", OPERATOR_KEY,
-                           "--upstream-api-key", ENGINE_KEY, "--max-tokens", str(MAX_TOKENS),
-                           "--client-max-size", str(MAX_BODY), "--key-cache-ttl", "1") as url:
+        with running_proxy([engine.url], database_url, run_dir, "proxy-auth", "--max-tokens", str(MAX_TOKENS),
+                           "--client-max-size", str(MAX_BODY), "--key-cache-ttl", "1",
+                           env={"RLPROXY_ADMIN_KEY": OPERATOR_KEY, "RLPROXY_UPSTREAM_API_KEY": ENGINE_KEY}) as url:
             yield Secured(url, database_url, engine, keys)
     engine.shutdown()
 
@@ -232,7 +232,7 @@ def test_the_event_url_has_the_keys_and_tenancy_of_reward(secured):
 
 
 def test_rlproxy_run_with_the_projects_key(secured, tmp_path):
-    """The runner sends its --api-key; the agent asks for "auto", which reaches the engine as its base model;
+    """The runner sends its key (RLPROXY_API_KEY); the agent asks for "auto", which reaches the engine as its base model;
     this engine always answers 42, so exactly the two tasks whose answer is 42 succeed."""
     from click.testing import CliRunner
 
@@ -241,17 +241,17 @@ def test_rlproxy_run_with_the_projects_key(secured, tmp_path):
     tasks, log = ROOT / "examples" / "run_tasks.jsonl", tmp_path / "run.jsonl"
     args = ["run", "--proxy", secured.url, "--tasks", str(tasks), "--task-id-field", "id", "--attempts", "1",
             "--agent", "examples.run_agent:solve", "--log", str(log)]
-    wrong = CliRunner().invoke(main, [*args, "--api-key", "wrong"])
+    wrong = CliRunner().invoke(main, args, env={"RLPROXY_API_KEY": "wrong"})
     assert wrong.exit_code == 1 and wrong.output.strip().splitlines() == [
         "rlproxy run: POST /rollouts: 401 invalid API key (unknown or revoked)"]
 
     # an administrator's key would reach every agent (code a model wrote): refused unless the agents get their own
     for admin in (OPERATOR_KEY, secured.keys["admin"]):
-        refused = CliRunner().invoke(main, [*args, "--api-key", admin])
+        refused = CliRunner().invoke(main, args, env={"RLPROXY_API_KEY": admin})
         assert refused.exit_code == 2 and "--agent-api-key" in refused.output, refused.output
 
     seen = len(secured.engine.seen)
-    result = CliRunner().invoke(main, [*args, "--api-key", secured.keys["alpha"]])
+    result = CliRunner().invoke(main, args, env={"RLPROXY_API_KEY": secured.keys["alpha"]})
     assert result.exit_code == 0, result.output
     ended = [json.loads(line) for line in log.read_text().splitlines() if '"finished"' in line]
     assert {e["task_id"]: e["reward"] for e in ended} == {"add-3-4": 0.0, "add-2-5": 0.0, "mul-6-7": 1.0,
@@ -264,7 +264,8 @@ def test_rlproxy_run_with_the_projects_key(secured, tmp_path):
 
     # the operator's key for the runner, the project's for its agents: the rollouts are the agents' project's
     log.unlink()
-    result = CliRunner().invoke(main, [*args, "--api-key", OPERATOR_KEY, "--agent-api-key", secured.keys["alpha"]])
+    result = CliRunner().invoke(main, args, env={"RLPROXY_API_KEY": OPERATOR_KEY,
+                                                 "RLPROXY_AGENT_API_KEY": secured.keys["alpha"]})
     assert result.exit_code == 0, result.output
     ended = [json.loads(line) for line in log.read_text().splitlines() if '"finished"' in line]
     assert sorted(e["reward"] for e in ended) == [0.0] * 4 + [1.0] * 2

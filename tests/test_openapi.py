@@ -92,8 +92,8 @@ def api(stub_url, postgres_server, run_dir) -> Api:
     with fresh_database(postgres_server) as database_url:
         key = make_key(database_url, "schema")
         limits = ["--max-tokens", str(SETTINGS.auth.max_tokens), "--max-n", str(SETTINGS.auth.max_n)]
-        with running_proxy([stub_url], database_url, run_dir, "proxy-openapi", "--admin-key", ADMIN_KEY,
-                           *limits, stub_controls=False) as url:  # the fields documented: the routes' own
+        with running_proxy([stub_url], database_url, run_dir, "proxy-openapi", *limits,
+                           stub_controls=False, env={"RLPROXY_ADMIN_KEY": ADMIN_KEY}) as url:  # the fields documented: the routes' own
             yield Api(url, key)
 
 

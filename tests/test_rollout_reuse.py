@@ -60,8 +60,8 @@ def test_a_pruned_id_opened_again_by_another_project_takes_no_call_of_the_first(
     alpha, beta = make_key(own_database_url, "alpha"), make_key(own_database_url, "beta")
     rid = f"reused-{uuid.uuid4().hex[:8]}"
     chat = f"/rollouts/{rid}/v1/chat/completions"
-    with running_proxy([stub_url], own_database_url, tmp_path, "first", "--admin-key", OPERATOR,
-                       "--key-cache-ttl", str(CACHE_TTL)) as first, \
+    with running_proxy([stub_url], own_database_url, tmp_path, "first",
+                       "--key-cache-ttl", str(CACHE_TTL), env={"RLPROXY_ADMIN_KEY": OPERATOR}) as first, \
             running_proxy([stub_url], own_database_url, tmp_path, "second") as second:
         assert requests.post(first + chat, json=CHAT, headers=bearer(alpha), timeout=10).status_code == 200
         assert len(wait_for_calls(first, alpha, rid, 1)) == 1

@@ -34,9 +34,10 @@ def three_tasks(tmp_path) -> Path:
     return path
 
 
-def rlproxy_run(proxy_url: str, log: Path, *args: str):
-    """`rlproxy run` in this process (its agents and the proxy are real; only the command is not a new process)."""
-    result = CliRunner().invoke(main, ["run", "--proxy", proxy_url, "--log", str(log), *args],
+def rlproxy_run(proxy_url: str, log: Path, *args: str, env: dict[str, str] | None = None):
+    """`rlproxy run` in this process (its agents and the proxy are real; only the command is not a new process);
+    `env`: variables it reads, its keys among them (`RLPROXY_API_KEY`: no key is taken on the command line)."""
+    result = CliRunner().invoke(main, ["run", "--proxy", proxy_url, "--log", str(log), *args], env=env,
                                 catch_exceptions=False)
     return result
 

@@ -148,10 +148,11 @@ def test_the_harness_and_its_verifier_get_an_allow_listed_environment(harness_pr
     monkeypatch.setenv("RLPROXY_API_KEY", "rlp_the-runners-own-key")
     monkeypatch.setenv("CLAUDE_CODE_USE_BEDROCK", "1")  # would point the harness away from the rollout
     monkeypatch.setenv("AGENT_NEEDS_THIS", "passed on purpose")
+    monkeypatch.setenv("RLPROXY_AGENT_API_KEY", "rlp_the-agents-key")
     dumps = tmp_path / "dumps"
     dumps.mkdir()
     entry = run_one(harness_proxy, tmp_path, "claude-code", {"prompt": "Write the marker file."},
-                    "--pass-env", "AGENT_NEEDS_THIS", "--agent-api-key", "rlp_the-agents-key",
+                    "--pass-env", "AGENT_NEEDS_THIS",
                     "--verify", f"cp {ENV_DUMP} {dumps}/harness && env -0 > {dumps}/verify && test -f {MARKER}")
     assert entry["status"] == "rewarded", entry
     for program in ("harness", "verify"):

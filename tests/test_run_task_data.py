@@ -35,13 +35,14 @@ def test_the_agent_gets_an_allow_listed_environment_and_the_variables_the_user_p
     monkeypatch.setenv("RLPROXY_API_KEY", RUNNER_KEY)  # the runner's own key, read as its --api-key
     monkeypatch.setenv("AGENT_NEEDS_THIS", "passed on purpose")
     monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    monkeypatch.setenv("RLPROXY_AGENT_API_KEY", AGENT_KEY)
     tasks = write_tasks(tmp_path / "tasks.jsonl", {"id": "env", "question": "What is 3+4?"})
     dumps = tmp_path / "dumps"
     dumps.mkdir()
     result = CliRunner().invoke(main, [
         "run", "--proxy", proxy_url, "--log", str(tmp_path / "run.jsonl"), "--tasks", str(tasks),
         "--task-id-field", "id", "--attempts", "1", "--env-map", "QUESTION=question",
-        "--pass-env", "AGENT_NEEDS_THIS", "--agent-api-key", AGENT_KEY,
+        "--pass-env", "AGENT_NEEDS_THIS",
         "--command", f"env -0 > {dumps}/command; cat \"$RLPROXY_TASK_FILE\" > {dumps}/task; echo 1"],
         catch_exceptions=False)
     assert result.exit_code == 0, result.output

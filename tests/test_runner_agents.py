@@ -158,14 +158,14 @@ def test_agents_never_get_an_administrators_key(tenants, tmp_path):
     """Not the runner's (without --agent-api-key), nor one given them with --agent-api-key."""
     tasks = write_tasks(tmp_path / "tasks.jsonl", {"id": "one"})
     base = ["--tasks", str(tasks), "--attempts", "1", "--command", "echo 1"]
-    given = rlproxy_run(tenants.url, tmp_path / "a.jsonl", *base, "--api-key", tenants.keys["operator"],
-                        "--agent-api-key", tenants.keys["alpha-admin"])
+    given = rlproxy_run(tenants.url, tmp_path / "a.jsonl", *base, env={
+        "RLPROXY_API_KEY": tenants.keys["operator"], "RLPROXY_AGENT_API_KEY": tenants.keys["alpha-admin"]})
     assert given.exit_code == 2 and given.output.strip() == (
         "rlproxy run: the agents' key (--agent-api-key) is an administrator's: give them a project key without "
         "admin rights (rlproxy keys create --project P)")
     assert not Path(tmp_path / "a.jsonl").read_text()  # no attempt started
-    own = rlproxy_run(tenants.url, tmp_path / "b.jsonl", *base, "--api-key", tenants.keys["operator"],
-                      "--agent-api-key", tenants.keys["alpha"])
+    own = rlproxy_run(tenants.url, tmp_path / "b.jsonl", *base, env={
+        "RLPROXY_API_KEY": tenants.keys["operator"], "RLPROXY_AGENT_API_KEY": tenants.keys["alpha"]})
     assert own.exit_code == 0, own.output
     assert [e["status"] for e in finished(tmp_path / "b.jsonl")] == ["rewarded"]
     assert json.loads((tmp_path / "b.jsonl").read_text().splitlines()[0])["event"] == "started"

@@ -46,9 +46,9 @@ def proxy(postgres_server: str, tmp_path_factory) -> Iterator[Proxy]:
                 "operator": OPERATOR}
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        args = proxy_command(port, [engine_url], database_url, "--auth", "on", "--admin-key", OPERATOR,
+        args = proxy_command(port, [engine_url], database_url, "--auth", "on",
                              "--spool-path", str(spool))
-        with running(args, url + "/healthz", log_path=workdir / "proxy.log"):
+        with running(args, url + "/healthz", env={"RLPROXY_ADMIN_KEY": OPERATOR}, log_path=workdir / "proxy.log"):
             refuse_marked_calls(database_url)
             yield Proxy(url, port, engine_url, workdir / "proxy.log", spool, keys)
 

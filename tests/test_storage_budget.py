@@ -23,8 +23,8 @@ def chat(size: int) -> dict:
 def test_a_project_past_its_storage_budget_is_told_to_wait_and_loses_nothing(stub_url, own_database_url, tmp_path):
     alpha, beta = make_key(own_database_url, "alpha"), make_key(own_database_url, "beta")
     rollout = uuid.uuid4().hex
-    with running_proxy([stub_url], own_database_url, tmp_path, "budget", "--admin-key", OPERATOR,
-                       "--project-bytes-per-hour", str(BUDGET)) as url:
+    with running_proxy([stub_url], own_database_url, tmp_path, "budget",
+                       "--project-bytes-per-hour", str(BUDGET), env={"RLPROXY_ADMIN_KEY": OPERATOR}) as url:
         calls = f"{url}/rollouts/{rollout}/v1/chat/completions"
         as_alpha = {"Authorization": f"Bearer {alpha}"}
         first = requests.post(calls, json=chat(200_000), headers=as_alpha, timeout=30)

@@ -8,6 +8,7 @@ from pydantic import Field, field_validator
 from core.settings.base import CommandSettings
 from core.settings.locations import DEFAULT_DATABASE_URL, DEFAULT_PROXY
 from core.settings.urls import engine_url
+from core.settings.fields import SECRET
 
 
 class EvalSettings(CommandSettings):
@@ -32,7 +33,8 @@ class EvalSettings(CommandSettings):
     seed: int = Field(0, description="Which held-out tasks (the same seed gives the same tasks).")
     concurrency: int = Field(8, ge=1, description="Episodes in flight (demo task).")
     eval_timeout: float = Field(1800.0, gt=0, description="Seconds --command may take.")
-    api_key: str = Field("rlproxy", description="Bearer key sent to the proxy (when its auth is on).")
+    api_key: str = Field("rlproxy", description="Bearer key sent to the proxy (when its auth is on).",
+                         json_schema_extra=SECRET)
     database_url: str = Field(DEFAULT_DATABASE_URL, description="SQLAlchemy async database URL.")
 
     @field_validator("upstream")

@@ -8,6 +8,11 @@ fields' own defaults, and a field without one is required). The field holding a 
 before each of its flags: the trainer's `prune-` before the pruning group's) and "was" (a field name -> the flag
 it had before, still read as an alias, with its variable).
 
+A secret (a SecretStr field, or one saying "secret": "value") is never taken on the command line, where every
+process of the machine reads it (`/proc/PID/cmdline`): its variable gives it, or a file (`--FLAG-file PATH`,
+`RLPROXY_<FLAG>_FILE`). A database URL (a field named `database_url`) may hold a password: it is refused there only when it
+holds one (rlproxy/commands/flags.py).
+
 A list or tuple field is a repeatable flag that also takes comma-separated values (`"split": False` keeps
 commas: regular expressions); its environment variable separates values by spaces."""
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 ENV_PREFIX = "RLPROXY_"
+SECRET = {"secret": "value"}  # json_schema_extra of a secret kept as text (a key with a default)
 
 
 def env_name(flag: str, prefix: str = ENV_PREFIX) -> str:
@@ -45,6 +51,16 @@ class Setting:
     metavar: str | None = None  # what --help shows for the value, when the type's name says too little
     text: bool = False  # the flag takes text the model itself parses (`v3` for a version number)
     was: tuple[str, ...] = ()  # flags it had before, still accepted (and their variables read)
+    secret: str | None = None  # "value": never on a command line; "password": not with a password in it
+
+    @property
+    def file_flag(self) -> str:
+        """The flag naming a file that holds a secret setting's value: `api-key-file`."""
+        return self.flag + "-file"
+
+    @property
+    def file_env(self) -> str:
+        return env_name(self.file_flag)
 
     @property
     def name(self) -> str:
@@ -105,9 +121,11 @@ def _settings(model: type, prefix: tuple[str, ...], instance: Any, flag_prefix: 
             continue
         if isinstance(default, SecretStr):
             default = default.get_secret_value()
+        secret = "value" if kind is SecretStr else extra.get("secret") or (
+            "password" if name.endswith("database_url") else None)
         found.append(Setting((*prefix, name), flag_prefix + str(extra.get("flag", name.replace("_", "-"))), kind,
                              default, info.description or "", bool(extra.get("split", True)), extra.get("metavar"),
-                             bool(extra.get("text", False)), tuple(filter(None, [was.get(name)]))))
+                             bool(extra.get("text", False)), tuple(filter(None, [was.get(name)])), secret))
     return found
 
 
