@@ -234,12 +234,26 @@ class Policy(Body):
     activated_at: str | None
 
 
+class PolicyYield(Body):
+    """What the trainer did with a policy's calls over its last steps (store/step_history.py recent_yield)."""
+
+    steps: int = Field(description="Steps counted (the policy's last yield_window steps, fewer at first), those "
+                                   "that trained nothing of it included.")
+    calls_seen: int = Field(description="Calls the policy answered in those steps' rollouts.")
+    calls_trained: int
+    calls_skipped: dict[str, int] = Field(description="Calls not trained, by reason (docs/learning.md).")
+    share_trained: float | None = Field(description="calls_trained / calls_seen; null before any call.")
+
+
 class PolicyList(Body):
     data: list[Policy]
     policy: str = Field(description="The named policy listed.")
     active: int = Field(description="The version of that policy that serves (0: the base model).")
     policies: dict[str, int] = Field(description="Every named policy the routing rules or the store know, with "
                                                  "the version it serves.")
+    yields: dict[str, PolicyYield] | None = Field(
+        None, description="Per named policy in `policies`, what the trainer did with its calls over its last "
+                          "steps; null for a project's key (a step's batch holds every project's rollouts).")
 
 
 class Activated(Body):

@@ -33,7 +33,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from core.checks import reward_problem
 from core.errors import RlproxyError
 from rewards.advantages import grpo
-from store.models import Rollout, RolloutStatus
+from store.models import Call, Rollout, RolloutStatus
 from store.rollout_view import PAGE_BYTES, get_rollout
 
 # Null rewards sort as the lowest reward. Written into the SQL as a literal, not a parameter, and spelled as the index
@@ -262,7 +262,8 @@ async def visible_rollout(session: AsyncSession, scope: str | None, rollout_id: 
 async def rollout_page(session: AsyncSession, scope: str | None, rollout_id: str, *, after: int = -1,
                        limit: int = 50) -> dict[str, Any] | None:
     """The rollout's summary and one page of its calls (seq > `after`) with their rewards and the rollout's own
-    (store/rollout_view.py, as `GET /rollouts/{id}` pages them); None if the caller may not see it.
+    (store/rollout_view.py, as `GET /rollouts/{id}` pages them) and each call's `train_decision`; None if the
+    caller may not see it.
 
     A page ends at `limit` calls or at about PAGE_BYTES of stored calls, whichever comes first (at least one call):
     recorded bodies are whatever the agents sent, megabytes each. The metadata and events come with the first page
@@ -275,6 +276,10 @@ async def rollout_page(session: AsyncSession, scope: str | None, rollout_id: str
     page = await get_rollout(session, rollout_id, project=scope, limit=max(1, min(limit, MAX_PAGE)), after=after,
                              max_bytes=PAGE_BYTES, with_metadata=first)
     summary = _row(rollout) | ({"metadata": page["metadata"]} if first else {})
+    decisions = dict((await session.execute(select(Call.id, Call.train_decision).where(
+        Call.id.in_([c["call_id"] for c in page["calls"]])))).all()) if page["calls"] else {}
+    for call in page["calls"]:  # what the trainer decided: "trained", a skip reason, or None (not yet trained)
+        call["train_decision"] = decisions.get(call["call_id"])
     return {"rollout": summary, "rewards": page["rewards"], "calls": page["calls"], "next": page["next"]}
 
 

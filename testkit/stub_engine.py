@@ -61,6 +61,7 @@ def tokenize(text: str) -> list[int]:
 
 
 EOS_ID = token_id("<|im_end|>")  # as in ChatML models: the end-of-turn token ends a completion
+stub_pooling.SPELLED.update({token_id(word): word for word in [*VOCAB, "<|im_end|>"]})  # what /detokenize spells
 
 
 def render_chat(messages: list[dict]) -> str:

@@ -65,11 +65,14 @@ def _listing(body: dict, kind: str, data: list[dict], texts: list[str]) -> dict[
             "data": data, "usage": _usage(texts)}
 
 
+SPELLED: dict[int, str] = {}  # ids the stub spells as words (its vocabulary); others read as <id>
+
+
 def detokenize(body: dict) -> dict:
     tokens = _field(body, "tokens")
     if not isinstance(tokens, list) or not _ids(tokens):
         raise BadBody("tokens must be a list of token ids")
-    return {"prompt": " ".join(f"<{t}>" for t in tokens)}
+    return {"prompt": " ".join(SPELLED.get(t, f"<{t}>") for t in tokens)}
 
 
 def embeddings(body: dict) -> dict:

@@ -20,7 +20,9 @@ from proxy.errors import InvalidRequest, NotFoundError, UpstreamUnavailable
 from proxy.state import state
 from store import errors as store_errors
 from store import policies as store_policies
+from store import step_history
 
+YIELD_WINDOW = 10  # steps: the trainer's default yield_window, over which its yield ALERTs look
 UNTRAINED = "/"  # a name no version can have (check_policy_name refuses it): reads as a line never trained
 
 POLICY_QUERY = {"policy": {"type": "string", "pattern": r"^[A-Za-z0-9._-]{1,64}$",
@@ -55,12 +57,14 @@ async def list_policies(request: web.Request) -> web.Response:
         listed = await store_policies.list_policies(session, project=request.get("project"),
                                                     policy=policy if shown else UNTRAINED)
         known = await store_policies.names(session)
+        served = {name: app.router.line(name).active.version
+                  for name in dict.fromkeys([*app.router.rules.policies(), *known])
+                  if readable is None or name in readable}
+        yields = None if request.get("project") is not None else {
+            name: await step_history.recent_yield(session, name, window=YIELD_WINDOW) for name in served}
     listed[0] = {**listed[0], "policy": policy}
-    served = {name: app.router.line(name).active.version
-              for name in dict.fromkeys([*app.router.rules.policies(), *known])
-              if readable is None or name in readable}
     active = app.router.line(policy).active.version if shown else store_policies.BASE_VERSION
-    return PolicyList(data=listed, policy=policy, active=active, policies=served).reply()
+    return PolicyList(data=listed, policy=policy, active=active, policies=served, yields=yields).reply()
 
 
 def _hidden_policy(policy: str) -> NotFoundError:

@@ -18,14 +18,17 @@ import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
+from core.policy_rules import RuleError, check_policy_name
 from proxy.endpoints import Answer, Endpoint
-from proxy.errors import InvalidRequest, NotFoundError, StoreUnavailable
+from proxy.errors import Forbidden, InvalidRequest, NotFoundError, StoreUnavailable
 from proxy.state import state
-from store import browse
+from proxy.token_text import token_texts
+from store import browse, step_history
 
 # The script is ES modules: app.js imports the others (plain files, no build step).
 ASSETS = {"app.js": "text/javascript", "common.js": "text/javascript", "turns.js": "text/javascript",
-          "policies.js": "text/javascript", "style.css": "text/css"}
+          "policies.js": "text/javascript", "training.js": "text/javascript", "charts.js": "text/javascript",
+          "style.css": "text/css"}
 # The page loads only its own script and style and talks only to this server: injected markup could not run or
 # send anything anywhere, and no other site may frame it.
 SECURITY_HEADERS = {
@@ -155,6 +158,9 @@ async def rollout_calls(request: web.Request) -> web.Response:
                                           after=-1 if after is None else after, limit=limit)
     if found is None:
         raise NotFoundError(f"rollout {rollout_id!r} does not exist")
+    texts = await token_texts(state(request), [c["completion_token_ids"] for c in found["calls"]])
+    for call, text in zip(found["calls"], texts):
+        call["completion_token_text"] = text  # each token's text, by the engine's tokenizer (proxy/token_text.py)
     return await _json(found)
 
 
@@ -171,6 +177,21 @@ async def task_attempts(request: web.Request) -> web.Response:
     if not group["data"]:
         raise NotFoundError(f"task {task_id!r} has no rollouts")
     return await _json({"task_id": task_id, "estimator": "grpo", **group})
+
+
+async def training(request: web.Request) -> web.Response:
+    """A named policy's training steps over time, oldest first (store/step_history.py): the operator's only, as
+    the step records are on `GET /policies` (a step's batch holds every project's rollouts)."""
+    try:
+        policy = check_policy_name(_text(request, "policy", 64) or state(request).router.rules.default)
+    except RuleError as exc:
+        raise InvalidRequest(str(exc), param="policy") from None
+    limit = _number(request, "limit", int, 1, step_history.MAX_STEPS) or 500
+    if request.get("project") is not None:
+        raise Forbidden("the training steps hold every project's rollouts: only the operator key reads them")
+    async with _reading(request) as session:
+        steps = await step_history.policy_steps(session, policy, limit=limit)
+    return await _json({"policy": policy, "charted": list(step_history.CHARTED), "data": steps})
 
 
 # --- documentation -----------------------------------------------------------------------------------------------
@@ -190,6 +211,12 @@ class UiRolloutCalls(_Open):
     rewards: list[dict[str, Any]]
     calls: list[dict[str, Any]]
     next: int | None
+
+
+class UiTraining(_Open):
+    policy: str
+    charted: list[str]  # the step record fields each step carries (core/step_record.py)
+    data: list[dict[str, Any]]  # one per step, oldest first: step_id, at, version (None: nothing of it trained)
 
 
 class UiTaskAttempts(_Open):
@@ -218,6 +245,11 @@ CALLS_QUERY = {"after": {"type": "integer", "minimum": -1, "maximum": 2**31 - 1,
                          "description": "Calls after this seq (the previous page's `next`)."},
                "limit": {"type": "integer", "minimum": 1, "maximum": browse.MAX_PAGE}}
 
+TRAINING_QUERY = {"policy": {"type": "string", "pattern": r"^[A-Za-z0-9._-]{1,64}$",
+                              "description": "A named policy (default: the proxy's default policy)."},
+                  "limit": {"type": "integer", "minimum": 1, "maximum": step_history.MAX_STEPS,
+                            "description": "The newest steps (500 unless given)."}}
+
 ENDPOINTS = [
     Endpoint("get", "/ui/", page, "The web view (read-only; it asks for a key and reads the routes below)",
              {200: Answer("The page.", media=("text/html",))}, access="public"),
@@ -232,4 +264,6 @@ ENDPOINTS = [
     Endpoint("get", "/ui/api/tasks/{task_id}", task_attempts, "The attempts of one task and their advantages",
              {200: Answer("The group.", UiTaskAttempts)}, (400, 404, 503), path_params={"task_id": _STRING},
              query_params=TASK_QUERY),
+    Endpoint("get", "/ui/api/training", training, "A named policy's training steps over time (operator key)",
+             {200: Answer("The steps.", UiTraining)}, (400, 403, 503), query_params=TRAINING_QUERY),
 ]

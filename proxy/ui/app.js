@@ -1,10 +1,12 @@
 // rlproxy's web view: a read-only page over the proxy's JSON API. Every value from the server is put into the page
 // as text (textContent, attributes), never as markup, so a recorded conversation cannot inject anything; the
 // page's Content-Security-Policy forbids any other script too. The key lives in sessionStorage: this tab only.
-// Modules: common.js (elements, formatting, the API), turns.js (one call as a conversation), policies.js.
+// Modules: common.js (elements, formatting, the API), turns.js (one call as a conversation), policies.js,
+// training.js (the steps over time, drawn by charts.js).
 import {ApiError, KEY, api, content, el, enc, failed, fmt, link, say, shown, taskApi, when} from "./common.js";
 import {callSection} from "./turns.js";
 import {policiesView} from "./policies.js";
+import {trainingView} from "./training.js";
 
 let liveTimer = null;
 
@@ -36,6 +38,7 @@ async function render() {
     if (view === "rollout" && arg) await rolloutView(arg);
     else if (view === "task" && arg) await taskView(arg);
     else if (view === "policies") await policiesView();
+    else if (view === "training") await trainingView();
     else await rolloutsView(params);
   } catch (error) {
     failed(error);

@@ -1,5 +1,5 @@
 // The policies page: each named policy's versions, their lineage, held-out success and verdicts (GET /policies).
-import {api, content, el, enc, fmt, say, when} from "./common.js";
+import {api, content, el, enc, fmt, isObject, say, when} from "./common.js";
 
 function lineage(versions) {
   const children = new Map();
@@ -42,9 +42,29 @@ function chart(versions) {  // held-out (evaluation traffic) success by version,
   return svg;
 }
 
+// A verdict record as fields: each key a term, each value a number, text, a list, or fields again.
+function fields(value, depth = 0) {
+  if (isObject(value) && depth < 6) {
+    return el("dl", {class: "fields"}, Object.entries(value).map(([k, v]) => [el("dt", {text: k.replaceAll("_", " ")}),
+      el("dd", {}, fields(v, depth + 1))]));
+  }
+  if (Array.isArray(value) && value.every((x) => !isObject(x) && !Array.isArray(x))) return value.map((x) => fmt(x)).join(", ") || "–";
+  if (typeof value === "boolean") return value ? "yes" : "no";
+  return fmt(value);
+}
+
 function verdicts(v) {
   if (!v.evaluation || !Object.keys(v.evaluation).length) return "–";
-  return el("pre", {class: "json", text: JSON.stringify(v.evaluation, null, 1)});
+  return fields(v.evaluation);
+}
+
+// What the trainer did with the policy's calls over its last steps (GET /policies `yields`; the operator's only).
+function yieldLine(report) {
+  if (!report) return null;
+  if (!report.calls_seen) return el("p", {class: "muted", text: `No calls seen by its last ${report.steps} steps.`});
+  const skipped = Object.entries(report.calls_skipped).sort((a, b) => b[1] - a[1]).map(([r, n]) => `${r} ${n}`).join(", ");
+  return el("p", {class: "yield", text: `Last ${report.steps} steps: ${report.calls_trained} of ${report.calls_seen} ` +
+    `calls trained (${(100 * report.share_trained).toFixed(0)}%)` + (skipped ? `; not trained: ${skipped}` : "")});
 }
 
 function agreementCell(v) {  // the engines against the trainer on the calls this version served (docs/learning.md)
@@ -63,6 +83,7 @@ export async function policiesView() {
     const versions = listed.data;
     content.append(el("section", {class: "policy", "aria-label": "policy " + name},
       el("h2", {text: `${name} — serving v${listed.active}`}),
+      yieldLine(overview.yields ? overview.yields[name] : null),
       el("h3", {text: "Held-out success by version"}), chart(versions),
       el("h3", {text: "Lineage"}), lineage(versions),
       el("h3", {text: "Versions"}),

@@ -99,11 +99,21 @@ function turnList(turns, label) {
       el("pre", {text: typeof t.text === "string" ? t.text : json(t.text)}))));
 }
 
-// Completion tokens coloured by the probability the engine sampled them with (exp of the behaviour log-prob).
+// Completion tokens as text, coloured by the probability the engine sampled them with (exp of the behaviour
+// log-prob); the id on hover. The text is the engine tokenizer's (the server decodes each id: proxy/token_text.py);
+// an id it could not decode shows as the id.
 function tokenStrings(call) {
+  if (Array.isArray(call.completion_token_text)) return call.completion_token_text.map((t) => (typeof t === "string" ? t : undefined));
   const choice = isObject(call.response) ? listOf(call.response.choices)[0] : null;
   const content = isObject(choice) && isObject(choice.logprobs) ? choice.logprobs.content : null;
   return Array.isArray(content) ? content.map((c) => (isObject(c) && typeof c.token === "string" ? c.token : undefined)) : null;
+}
+
+// What the trainer did with the call (calls.train_decision): trained, or the reason it was not.
+export function decision(value) {
+  if (value === null || value === undefined) return "not decided yet (its rollout is not trained)";
+  if (value === "trained") return "trained";
+  return "not trained: " + value;
 }
 
 function tokenView(call) {
@@ -117,9 +127,10 @@ function tokenView(call) {
     const lp = logprobs[i];
     const p = typeof lp === "number" ? Math.exp(lp) : null;
     const hue = p === null ? 0 : Math.round(120 * p);  // red (unlikely) to green (likely)
-    const span = el("span", {class: "token", "data-id": id, "data-logprob": lp,
+    const text = strings && strings[i] !== undefined ? strings[i] : null;
+    const span = el("span", {class: "token" + (text === null ? " id" : ""), "data-id": id, "data-logprob": lp,
       title: `token ${id} · logprob ${fmt(lp, 4)}${p === null ? "" : " · p " + p.toFixed(3)}`},
-      strings && strings[i] !== undefined ? strings[i] : String(id));
+      text === null ? String(id) : text);
     if (p !== null) span.style.setProperty("--hue", hue);
     box.append(span);
   });
@@ -146,10 +157,11 @@ function drawCall(call) {
     ["route", call.route], ["model", call.model], ["policy", call.policy_name ? `${call.policy_name} v${fmt(call.policy)}` : fmt(call.policy)],
     ["status", call.status], ["finish", call.finish_reason], ["latency", typeof call.latency_ms === "number" ? `${fmt(call.latency_ms, 0)} ms` : "–"],
     ["prompt tokens", listOf(call.prompt_token_ids).length], ["completion tokens", listOf(call.completion_token_ids).length],
+    ["training", decision(call.train_decision)],
   ];
   return el("section", {class: "call", "aria-label": `call ${fmt(call.seq)}`},
     el("h3", {text: `Call ${fmt(call.seq)} · ${fmt(call.call_id)}`}),
-    el("dl", {class: "facts"}, facts.map(([k, v]) => [el("dt", {text: k}), el("dd", {text: fmt(v)})])),
+    el("dl", {class: "facts"}, facts.map(([k, v]) => [el("dt", {text: k}), el("dd", {text: fmt(v), "data-fact": k})])),
     el("details", {}, el("summary", {text: "Prompt as the agent sent it"}),
       orRaw(() => turnList(promptTurns(call.request), "prompt"), call.request, "prompt")),
     el("h4", {text: "Answer"}), orRaw(() => turnList(answerTurns(call.response), "answer"), call.response, "answer"),
