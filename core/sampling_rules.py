@@ -17,6 +17,9 @@ from dataclasses import dataclass
 
 PROCESSED = "processed"
 RAW = "raw"
+# vLLM 0.32 samples a temperature above 0 and below this at this (vllm/sampling_params.py `_MAX_TEMP`, with a
+# warning in its log); 0 itself is greedy
+ENGINE_MIN_TEMPERATURE = 0.01
 REPRODUCED = ("temperature", "top_p", "top_k")  # what the trainer applies to its own logits, in this order
 
 
@@ -60,7 +63,10 @@ def parse_sampled(text: str | None) -> Sampled | None:
             return None
         values[name] = value
     try:
-        return Sampled(temperature=float(values.get("temperature", 1.0)), top_p=float(values.get("top_p", 1.0)),
+        temperature = float(values.get("temperature", 1.0))
+        if 0 < temperature < ENGINE_MIN_TEMPERATURE:  # what the engine sampled with, not what was asked
+            temperature = ENGINE_MIN_TEMPERATURE
+        return Sampled(temperature=temperature, top_p=float(values.get("top_p", 1.0)),
                        top_k=int(values.get("top_k", 0)))
     except ValueError:
         return None

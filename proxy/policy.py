@@ -117,6 +117,16 @@ class PolicyRouter:
                 evaluation = created_eval or agent in canary.eval_agents
         return self.route(requested_model, context.rollout_id, evaluation, policy)
 
+    async def rollout_kind(self, rollout_id: str) -> tuple[bool, str | None]:
+        """(evaluation, agent) of a rollout as this proxy knows it: created so (`POST /rollouts`), or marked by a
+        call's `X-Rlproxy-Eval` (`mark_eval`); read from the store once."""
+        return await self._rollout_kind(rollout_id)
+
+    def mark_eval(self, rollout_id: str, agent: str | None) -> None:
+        """A call said its rollout is evaluation traffic: so are its later calls that do not say it again."""
+        known = self._kinds.get(rollout_id)
+        self.remember_rollout(rollout_id, True, known[1] if known is not None else agent)
+
     def remember_rollout(self, rollout_id: str, evaluation: bool, agent: str | None) -> None:
         self._kinds[rollout_id] = (evaluation, agent)
         if len(self._kinds) > ROLLOUT_CACHE_SIZE:

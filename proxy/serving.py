@@ -15,6 +15,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from core.rollout_sampling import RolloutSampling
 from proxy.auth import claim_for_call
 from proxy.boundary import RequestBoundary, engine_bytes, media_in_prompt
 from proxy.capture import Additions, StreamAssembler, capture_response, prepare_upstream_body
@@ -23,13 +24,14 @@ from proxy.dialects.base import ENDED_EARLY, Dialect, Translator, replay
 from proxy.errors import ProxyError, StoreUnavailable, UpstreamTimeout, UpstreamUnavailable, engine_failure
 from proxy.metrics import ProxyMetrics
 from proxy.policy import PolicyRouter
-from proxy.redact import redact_record
+from proxy.recording import redact_record
+from proxy.rollout_sampling import resample
 from proxy.sampling import altered_sampling
 from proxy.schemas import parse_json_object
 from proxy.sse import Event, SSEParser
 from proxy.tenancy import ModelAccess
 from proxy.upstream import UpstreamPool
-from proxy.writer import CaptureWriter
+from proxy.recording import CaptureWriter
 from store.models import CallStatus, utcnow
 from store.records import CallRecord
 
@@ -53,8 +55,10 @@ class CompletionServing:
 
     def __init__(self, dialect: Dialect, upstreams: UpstreamPool, router: PolicyRouter, writer: CaptureWriter,
                  metrics: ProxyMetrics, access: ModelAccess, boundary: RequestBoundary, *,
-                 redact: bool = False, logprobs_mode: str = "processed") -> None:
+                 redact: bool = False, logprobs_mode: str = "processed",
+                 rollout_sampling: RolloutSampling | None = None) -> None:
         self.dialect = dialect
+        self.rollout_sampling = rollout_sampling or RolloutSampling()  # the operator's, for training rollouts
         self.logprobs_mode = logprobs_mode  # what the engines' log-probs are, recorded on each call
         self.upstreams = upstreams
         self.access = access
@@ -81,6 +85,7 @@ class CompletionServing:
             boundary.carry_allowed(body, engine_body)
         boundary.check_media(engine_body)
         target = await self.router.route_call(body["model"], context)
+        engine_body, override = await resample(self.rollout_sampling, self.router, context, target, engine_body)
         upstream_body, additions = prepare_upstream_body(engine_body, dialect.engine_route, target.upstream_model)
         boundary.budget.bound(upstream_body, dialect.engine_route)
         await claim_for_call(request, context)  # checked, to be recorded: only now may it claim its rollout
@@ -92,7 +97,7 @@ class CompletionServing:
             # why its recorded log-probs cannot be trained as its behaviour: its sampling, or media in the prompt
             # media first: a tempered call with an image in its prompt is still one the trainer cannot score
             sampling=media_in_prompt(upstream_body) or altered_sampling(upstream_body),
-            logprobs_mode=self.logprobs_mode,
+            logprobs_mode=self.logprobs_mode, sampling_override=override,
         )
         headers = {"X-Rlproxy-Call-Id": record.id}
         if target.policy_version is not None:

@@ -235,6 +235,7 @@ def _call_row(record: CallRecord, seq: int | None, parent: Parent | None, kind: 
         "ttft_ms": record.ttft_ms,
         "sampling": record.sampling[:64] if record.sampling else None,
         "logprobs_mode": record.logprobs_mode,
+        "sampling_override": record.sampling_override,
         "started_at": record.started_at,
         "finished_at": record.finished_at,
     }

@@ -205,6 +205,9 @@ class Call(Base):
     # with (after temperature and top-k/top-p), or 'raw', the log-softmax before them; None: recorded before the
     # engines ran processed_logprobs, i.e. raw
     logprobs_mode: Mapped[str | None] = mapped_column(String(16))
+    # what `rlproxy serve --rollout-sampling` changed in the agent's request before it went upstream (migration
+    # 0017): {"rule", "asked", "sent"}; `request` stays what the agent sent, `sampling` is what the engine got
+    sampling_override: Mapped[dict[str, Any] | None] = mapped_column(Document)
     # what the trainer did with it when a step consumed its rollout: 'trained' or the skip reason (the names of
     # a step's `skipped` metrics); None: not decided yet, or trained before migration 0016
     train_decision: Mapped[str | None] = mapped_column(String(64))

@@ -45,6 +45,9 @@ class CallRecord:
     # "temperature=0.7 top_p=0.95" or "logit_bias" (proxy/sampling.py); None: temperature 1, whole vocabulary
     sampling: str | None = None
     logprobs_mode: str | None = None  # what the engine's log-probs are: 'processed' or 'raw' (--logprobs-mode)
+    # what the operator's rollout sampling changed (core/rollout_sampling.py): {"rule", "asked": the agent's
+    # values, "sent": the engine's}; None: the call went upstream with the agent's own sampling
+    sampling_override: dict[str, Any] | None = None
 
     @property
     def completion_tokens(self) -> int | None:

@@ -210,6 +210,7 @@ def call_json(call: Call, choices: list[CallChoice]) -> dict[str, Any]:
         "latency_ms": call.latency_ms,
         "ttft_ms": call.ttft_ms,
         "sampling": call.sampling,
+        "sampling_override": call.sampling_override,
         "request": call.request,
         "response": call.response,
         "error": call.error,

@@ -153,7 +153,7 @@ def test_a_greedy_group_fires_one_alert_naming_the_setting_and_each_call_keeps_i
     worker, decisions = one_step(own_database_url, stub_url, tiny_model, tmp_path, record)
     alerts = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ALERT")]
     assert len(alerts) == 1, alerts
-    assert "cannot learn" in alerts[0] and "temperature above 0" in alerts[0]
+    assert "cannot learn" in alerts[0] and "--rollout-sampling policy:default/temperature=1.0" in alerts[0]
     assert [decisions[c] for c in called] == ["greedy_sampling"] * GROUP_SIZE
     step = latest_step(worker)
     assert step["policies"]["default"]["calls_skipped"] == {"greedy_sampling": GROUP_SIZE}

@@ -32,12 +32,14 @@ FIXES: dict[str, str] = {
     SAMPLING_ALTERED: "the agent samples with a field the trainer cannot rebuild (penalties, logit_bias, a "
                       "grammar, a forced tool, min_p; see each call's `sampling`): drop it from the agent's "
                       "training runs",
-    GREEDY: "the agent samples at temperature 0: give its training runs a temperature above 0 (1.0 explores most)",
+    GREEDY: "the agent samples at temperature 0: sample its training rollouts at the proxy with `rlproxy serve "
+            "--rollout-sampling temperature=1.0` (or agent:NAME/temperature=1.0 for this agent alone), or give its "
+            "training runs a temperature above 0",
     MEDIA_IN_PROMPT: "images, audio and video are not trained: leave the agent on the base model (a policy rule)",
     SkipReasons.TOO_LONG: "raise max_seq_len (0: the engine's max_model_len) or the engine's --max-model-len",
     "stale_policy": "raise max_staleness, or pace the agent (rlproxy run --max-untrained)",
     "zero_advantage": "every attempt of a task got the same reward: raise group_size or sample more diversely "
-                      "(the agent's temperature 1.0)",
+                      "(the agent's temperature 1.0, or `rlproxy serve --rollout-sampling temperature=1.0`)",
     "agent_not_trained": "add the agent to train_agents",
     "not_served_by_policy": "the agent asks for another model by name: point it at the policy's model",
     "choice_not_continued": "set choices_trained=all to train every choice of an n > 1 call",
@@ -110,8 +112,10 @@ class YieldWatch:
                 self.metrics.yield_alerts.labels(policy, "greedy").inc()
                 log.warning("ALERT policy %r cannot learn: %d of its last %d task groups are greedy (sampled at "
                             "temperature 0, or every attempt the same), so every attempt gets the same reward and "
-                            "no advantage. Give the agent's training runs a temperature above 0 (1.0 explores "
-                            "most).", policy, greedy, all_groups)
+                            "no advantage. Sample its training rollouts at the proxy: `rlproxy serve "
+                            "--rollout-sampling policy:%s/temperature=1.0` (evaluation rollouts keep the agent's "
+                            "own sampling), or give the agent's training runs a temperature above 0.",
+                            policy, greedy, all_groups, policy)
         else:
             alerted.discard("greedy")
         for reason, n in skipped.items():

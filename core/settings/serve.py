@@ -8,6 +8,7 @@ from pydantic import Field, SecretStr, field_validator
 
 from core.air_rules import DEFAULT_ERROR_PATTERNS, AirRules
 from core.policy_rules import DEFAULT_POLICY, PolicyRules, check_policy_name
+from core.rollout_sampling import RolloutSampling
 from core.settings.base import CommandSettings, Part
 from core.settings.ingest import IngestSettings
 from core.settings.locations import DEFAULT_DATABASE_URL
@@ -131,6 +132,15 @@ class ProxySettings(CommandSettings):
         json_schema_extra={"flag": "policy-rule"})
     default_policy: str = Field(
         DEFAULT_POLICY, description="The policy of a call no policy rule matches (`base`: the base model).")
+    rollout_sampling: tuple[str, ...] = Field(
+        (), description="Sample training rollouts' calls with these parameters instead of the agent's: "
+                        "[policy:NAME/|agent:NAME/]FIELD=VALUE[,...], FIELD temperature (0.01-2), top_p or top_k, "
+                        "e.g. temperature=1.0 or agent:aider/temperature=1.0,top_p=1.0; the first rule that holds "
+                        "applies. Evaluation rollouts and calls without a rollout are never changed; each changed "
+                        "call records the agent's request and what was changed (`sampling_override`). A greedy "
+                        "agent (temperature 0) repeats one attempt and cannot learn without it. Repeat the flag "
+                        "for each rule.", json_schema_extra={"flag": "rollout-sampling", "split": False,
+                                                             "metavar": "[SCOPE/]FIELD=VALUE,..."})
     air: bool = Field(True, description="Derive automatic intermediate rewards from observed tool calls "
                                         "(docs/air.md).")
     air_invalid_arguments: float = Field(
@@ -193,6 +203,15 @@ class ProxySettings(CommandSettings):
     def _rules_parse(cls, rules: tuple[str, ...]) -> tuple[str, ...]:
         PolicyRules.parse(rules)  # raises with the rule and why
         return rules
+
+    @field_validator("rollout_sampling")
+    @classmethod
+    def _sampling_parses(cls, rules: tuple[str, ...]) -> tuple[str, ...]:
+        RolloutSampling.parse(rules)  # raises with the rule and why
+        return rules
+
+    def sampling_rules(self) -> RolloutSampling:
+        return RolloutSampling.parse(self.rollout_sampling)
 
     def routing(self) -> PolicyRules:
         return PolicyRules.parse(self.policy_rules, self.default_policy)
