@@ -9,6 +9,7 @@ make them for real (tests/test_trainer_worker.py, tests/test_sampled_training.py
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -122,6 +123,12 @@ def test_the_training_route_answers_the_steps_in_order_and_refuses_a_bad_name(si
 
 playwright_sync = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+SCREENSHOTS = os.environ.get("RLPROXY_UI_SCREENSHOTS")  # a folder: the pages' screenshots go there (docs/ui/)
+
+
+def shot(page, name: str) -> None:
+    if SCREENSHOTS:
+        page.screenshot(path=os.path.join(SCREENSHOTS, f"{name}.png"), full_page=True)
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium on this machine (scripts/install.sh installs it)")
@@ -138,6 +145,7 @@ def test_a_user_sees_the_tokens_as_text_what_was_trained_and_the_steps_over_time
         assert tokens.all_inner_texts() == WORDS + [f"<{UNKNOWN}>"]  # the engine's tokenizer's text
         assert tokens.first.get_attribute("title").startswith(f"token {made['ids'][0]} · logprob -0.1000")
         assert page.locator('dd[data-fact="training"]').inner_text() == "not trained: sampling_altered"
+        shot(page, "rollout-tokens")
 
         page.goto(f"{url}/ui/#/training")
         section = page.get_by_role("region", name="training of default")
@@ -148,6 +156,7 @@ def test_a_user_sees_the_tokens_as_text_what_was_trained_and_the_steps_over_time
         assert any(c.startswith("Step reward") and "v1 0.2500" in c and "v2 0.7500" in c for c in charts)
         assert any("step " in c and "0/3 trained, sampling_altered 3" in c for c in charts)
         assert any(c.startswith("KL to the base model") and "v2 0.0300" in c for c in charts)
+        shot(page, "training")
 
         page.goto(f"{url}/ui/#/policies")
         policy = page.get_by_role("region", name="policy default")
@@ -155,5 +164,6 @@ def test_a_user_sees_the_tokens_as_text_what_was_trained_and_the_steps_over_time
         assert "Last 3 steps: 8 of 13 calls trained (62%)" in policy.inner_text()
         verdict = policy.locator("dl.fields").first.inner_text()
         assert "parent score" in verdict and "0.600" in verdict and "{" not in verdict  # fields, not JSON
+        shot(page, "policies-yield")
         assert errors == []
         browser.close()

@@ -20,6 +20,12 @@ function svgOf(label) {
   return {svg, add};
 }
 
+// An axis bound as few digits as say it (0.001 is not "0.00").
+function tick(value) {
+  if (value === 0 || Math.abs(value) >= 0.01) return fmt(value, 2);
+  return value.toExponential(0);
+}
+
 function scale(values, low, high) {
   const finite = values.filter((v) => typeof v === "number" && Number.isFinite(v));
   let lo = low ?? Math.min(...finite), hi = high ?? Math.max(...finite);
@@ -39,8 +45,8 @@ export function lineChart(title, steps, series, {low, high} = {}) {
     ? `${steps[i]} ${fmt(v, 4)}` : null).filter(Boolean).join(", ")).join("; ");
   const {svg, add} = svgOf(`${title}. ${described}`);
   add("line", {x1: PAD, y1: y(lo), x2: W - PAD, y2: y(lo), class: "axis"});
-  add("text", {x: 2, y: y(lo), class: "label start"}, fmt(lo, 2));
-  add("text", {x: 2, y: y(hi) + 4, class: "label start"}, fmt(hi, 2));
+  add("text", {x: 2, y: y(lo), class: "label start"}, tick(lo));
+  add("text", {x: 2, y: y(hi) + 4, class: "label start"}, tick(hi));
   add("text", {x: W / 2, y: 12, class: "label"}, title);
   series.forEach((s, n) => {
     const points = s.values.map((v, i) => (typeof v === "number" ? [x(i), y(Math.max(lo, Math.min(hi, v)))] : null));

@@ -50,6 +50,7 @@ function fields(value, depth = 0) {
   }
   if (Array.isArray(value) && value.every((x) => !isObject(x) && !Array.isArray(x))) return value.map((x) => fmt(x)).join(", ") || "–";
   if (typeof value === "boolean") return value ? "yes" : "no";
+  if (typeof value === "string" && /^\d{4}-\d\d-\d\dT\d\d:\d\d/.test(value)) return when(value);
   return fmt(value);
 }
 
