@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from core.settings import WriterSettings  # noqa: E402
 from proxy.metrics import ProxyMetrics  # noqa: E402
-from proxy.writer import CaptureWriter  # noqa: E402
+from proxy.recording.writer import CaptureWriter  # noqa: E402
 from store.db import open_database, session_factory  # noqa: E402
 from store.models import utcnow  # noqa: E402
 from store.records import CallRecord, ChoiceRecord  # noqa: E402

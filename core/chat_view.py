@@ -1,5 +1,5 @@
-"""A recorded call in chat form, whatever wire format it came through: what automatic rewards (proxy/air.py), the
-OpenTelemetry reward ingest (proxy/otlp/export.py) and the judge (rewards/judge.py) read, so none of them cares which
+"""A recorded call in chat form, whatever wire format it came through: what automatic rewards
+(proxy/recording/air.py), the OpenTelemetry reward ingest (proxy/otlp/export.py) and the judge (rewards/judge.py) read, so none of them cares which
 API an agent speaks. Chat and completions calls are already in that form; Responses and Messages calls are read
 with the same translation that built the engine's prompt (core/responses_chat.py, core/messages_chat.py)."""
 from __future__ import annotations

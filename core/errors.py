@@ -23,10 +23,10 @@ bugs and from the libraries' own errors. The tree:
     │                                              DecoderUnavailable 503 (proxy/otlp/decoding.py),
     │                                              ... (each carries its status)
     ├── AuthConfigError (proxy/auth.py)            the access settings cannot be served as given
-    ├── SpoolInUse (proxy/spool.py)                another process writes this spool;
-    │                                              SpoolForeign (proxy/spool_identity.py): its calls are for
-    │                                              another database
-    ├── SetAside (proxy/spool_writes.py)           a call went to the rejected file instead (the writer's own flow)
+    ├── SpoolInUse (proxy/recording/spool.py)      another process writes this spool;
+    │                                              SpoolForeign (proxy/recording/identity.py): its calls
+    │                                              are for another database
+    ├── SetAside (proxy/recording/spooling.py)     a call went to the rejected file instead (the writer's own flow)
     ├── OtlpFormatError (proxy/otlp/export.py)     a body that is no OTLP trace export (ValueError)
     ├── Exceeded, _Malformed (proxy/otlp/wire.py)  an export over its span/attribute budget; bytes not protobuf
     ├── EvalError (trainer/gates/evaluate.py)      `rlproxy eval` cannot measure what it was asked to

@@ -16,7 +16,7 @@ from engine.adapters import AdapterError
 from engine.fleet import Rejoiner
 from migrations.apply import upgrade_async
 from proxy import route_hints
-from proxy.air import air_rules, automatic_rewards
+from proxy.recording import air_rules, automatic_rewards
 from proxy.boundary import RequestBoundary
 from proxy.dialects import DIALECTS
 from proxy.dialects.messages_objects import error_body as anthropic_error_body
@@ -36,7 +36,7 @@ from proxy.state import STATE, ProxyState
 from proxy.tenancy import ModelAccess
 from proxy.uploads import SERVER_SETTINGS, body_deadline, close_refused
 from proxy.upstream import UpstreamPool
-from proxy.writer import CaptureWriter
+from proxy.recording import CaptureWriter
 from store import errors as store_errors
 from store.db import open_database, session_factory
 

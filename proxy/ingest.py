@@ -25,7 +25,7 @@ from proxy.otlp import (
     store_span_rewards,
 )
 from proxy.policy import PolicyRouter
-from proxy.writer import CaptureWriter
+from proxy.recording import CaptureWriter
 from store import events as store_events
 from store import rewards as reward_rows
 from store import rollouts as store_rollouts

@@ -14,7 +14,7 @@ from proxy.policy import PolicyRouter
 from proxy.serving import CompletionServing
 from proxy.tenancy import ModelAccess
 from proxy.upstream import UpstreamPool
-from proxy.writer import CaptureWriter
+from proxy.recording import CaptureWriter
 
 
 @dataclass(slots=True)

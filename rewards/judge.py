@@ -137,7 +137,8 @@ def _turn(message: Mapping[str, Any]) -> tuple[str, str]:
 
 
 _ROLE_CHARS = re.compile(r"[^\w.?-]")
-REDACTED = "[redacted]"  # what `rlproxy serve --redact-content` stores in place of every text (proxy/redact.py)
+# what `rlproxy serve --redact-content` stores in place of every text (proxy/recording/redact.py)
+REDACTED = "[redacted]"
 _TURN = re.compile(r"^\[[^\]]+\] ?(.*)$")
 
 

@@ -3,7 +3,7 @@ it (docs/architecture.md, checked by tests/test_architecture.py).
 
     add_final(...)          a final reward: posted (`POST /reward`, an OTLP span) or the trainer's judge
     add_call_reward(...)    an intermediate reward for one call: posted with a call id, or an OTLP span's
-    add_air(rows)           automatic rewards of recorded calls (proxy/air.py), replays are no-ops
+    add_air(rows)           automatic rewards of recorded calls (proxy/recording/air.py), replays are no-ops
     add_air_once(row)       one automatic reward of a tool span (proxy/otlp/span_rewards.py): whether it was new
     add_claim(...)          a reward posted to a sealed rollout by someone who does not give its rewards
     check_call_rewards(...) the per-call budget (`--max-rewards-per-call`): TooManyCallRewards past it

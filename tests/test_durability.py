@@ -17,9 +17,9 @@ from sqlalchemy import select
 from core.settings import WriterSettings
 from proxy.errors import StoreUnavailable
 from proxy.metrics import ProxyMetrics
-from proxy.rejected import encode
-from proxy.spool import Spool, SpoolInUse
-from proxy.writer import CaptureWriter
+from proxy.recording.lines import encode
+from proxy.recording.spool import Spool, SpoolInUse
+from proxy.recording.writer import CaptureWriter
 from store.db import open_database, session_factory
 from store.models import Call, Rollout
 from tests.test_writer_spool import count, link, record  # noqa: F401 — `link` is a fixture
@@ -85,7 +85,7 @@ async def test_a_sync_call_the_disk_could_not_make_durable_is_stored_failed(sess
     def failing_fsync(fds, directory):  # what a failing disk answers fdatasync
         raise OSError(errno.EIO, "Input/output error")
 
-    monkeypatch.setattr("proxy.spool._sync", failing_fsync)
+    monkeypatch.setattr("proxy.recording.spool._sync", failing_fsync)
     with pytest.raises(StoreUnavailable):
         await writer.commit(bad)
     monkeypatch.undo()
@@ -221,7 +221,7 @@ async def test_spool_mode_writes_each_call_before_its_answer_without_fsync(sessi
 
 def test_a_spool_is_refused_to_a_second_process_while_the_first_holds_it(tmp_path):
     path = tmp_path / "spool.jsonl"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; from proxy.spool import "
+    holder = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; from proxy.recording.spool import "
                                "Spool; spool = Spool(Path(sys.argv[1])); print('held', flush=True); sys.stdin.read()",
                                str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:

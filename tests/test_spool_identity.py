@@ -12,9 +12,9 @@ import pytest
 from core.settings import WriterSettings
 from migrations.apply import upgrade
 from proxy.metrics import ProxyMetrics
-from proxy.spool import SpoolInUse
-from proxy.spool_identity import SpoolForeign
-from proxy.writer import CaptureWriter
+from proxy.recording.spool import SpoolInUse
+from proxy.recording.identity import SpoolForeign
+from proxy.recording.writer import CaptureWriter
 from store.db import open_database, session_factory
 from tests.test_durability import seqs_in_order
 from tests.test_spool_replay import spooled_ids

@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from proxy.spool import Spool, SpoolInUse
+from proxy.recording.spool import Spool, SpoolInUse
 
 # A proxy starting on the spool, paused once between opening the lock file and locking it (the instant another
 # process can delete the file); it says whether it became the spool's owner.
 STARTING_PROXY = textwrap.dedent("""
     import fcntl, sys
     from pathlib import Path
-    from proxy.spool import Spool, SpoolInUse
+    from proxy.recording.spool import Spool, SpoolInUse
 
     lockf, paused = fcntl.lockf, []
 

@@ -11,8 +11,8 @@ from sqlalchemy import select
 
 from core.settings import WriterSettings
 from proxy.metrics import ProxyMetrics
-from proxy.rejected import encode
-from proxy.writer import CaptureWriter
+from proxy.recording.lines import encode
+from proxy.recording.writer import CaptureWriter
 from store.models import Rollout
 from tests.test_durability import seqs_in_order, sessions  # noqa: F401 — `sessions` is a fixture
 from tests.test_writer_spool import record

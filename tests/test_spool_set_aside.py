@@ -9,11 +9,11 @@ import uuid
 import orjson
 import pytest
 
-import proxy.writer
+import proxy.recording.writer
 from core.settings import WriterSettings
 from proxy.metrics import ProxyMetrics
-from proxy.rejected import encode
-from proxy.writer import CaptureWriter
+from proxy.recording.lines import encode
+from proxy.recording.writer import CaptureWriter
 from tests.test_durability import seqs_in_order, sessions  # noqa: F401 — `sessions` is a fixture
 from tests.test_writer_spool import record
 
@@ -28,7 +28,7 @@ def rejected_total(metrics: ProxyMetrics) -> float:
 
 @pytest.fixture(autouse=True)
 def quick_retries(monkeypatch):
-    monkeypatch.setattr(proxy.writer, "RETRY_SECONDS", 0.05)  # the writer retries a failed replay this often
+    monkeypatch.setattr(proxy.recording.writer, "RETRY_SECONDS", 0.05)  # the writer retries a failed replay this often
 
 
 async def test_an_unreadable_spool_line_is_set_aside_once_through_failed_replays_and_a_restart(sessions, tmp_path):

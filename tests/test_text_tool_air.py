@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from core.chat_view import chat_view
 from core.settings import ProxySettings
 from demo.agent import AIR_TEXT_ACTION, AIR_TEXT_ERROR, parse_action, run_tool
-from proxy.air import air_rules
+from proxy.recording.air import air_rules
 from rewards.air import AirReward, AirRules
 from rewards.text_tools import score_text_tools, text_tool_outcome
 from tests.support import free_port, proxy_command, running

@@ -194,8 +194,8 @@ def test_a_spool_that_cannot_be_written_is_not_ready_and_its_calls_are_never_tra
 
 
 def test_a_segment_is_bounded_by_the_free_space_of_its_volume(tmp_path):
-    from proxy.spool import Spool
-    from proxy.spool_space import free_bytes
+    from proxy.recording.spool import Spool
+    from proxy.recording.space import free_bytes
 
     spool = Spool(tmp_path / "spool.jsonl", segment_bytes=1 << 50)  # more than any disk here
     spool.write_lines([b"{}\n"])

@@ -13,7 +13,7 @@ import pytest
 from core.settings import WriterSettings
 from proxy.errors import StoreUnavailable
 from proxy.metrics import ProxyMetrics
-from proxy.writer import CaptureWriter
+from proxy.recording.writer import CaptureWriter
 from sqlalchemy import select, text
 
 from store.db import open_database, session_factory

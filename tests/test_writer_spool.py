@@ -12,7 +12,7 @@ from sqlalchemy.engine import make_url
 from core.settings import WriterSettings
 from proxy.errors import StoreUnavailable
 from proxy.metrics import ProxyMetrics
-from proxy.writer import CaptureWriter
+from proxy.recording.writer import CaptureWriter
 from store.db import open_database, session_factory
 from store.models import Call, utcnow
 from store.records import CallRecord, ChoiceRecord

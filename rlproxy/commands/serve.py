@@ -14,10 +14,10 @@ from core.settings.maintenance import MigrateSettings
 from engine.command import family_plan, port_free
 from engine.local import Engine
 from migrations.apply import upgrade
-from proxy.air import air_rules
+from proxy.recording import air_rules
 from proxy import app
 from proxy.auth import AuthConfigError, is_loopback, resolve_auth
-from proxy.spool import SpoolInUse
+from proxy.recording import SpoolInUse
 from rlproxy.commands.flags import Flags
 from rlproxy.commands.options import redact
 from rlproxy.extras import require

@@ -1,4 +1,4 @@
-"""Whether the spool's volume can take calls, and how large a segment it can afford (proxy/spool.py).
+"""Whether the spool's volume can take calls, and how large a segment it can afford (proxy/recording/spool.py).
 
 The active segment keeps the records the database has taken until it is sealed (with `spool` and `sync`
 durability every call passes through it), so its size is disk the spool holds on to: on a small volume a

@@ -3,8 +3,8 @@ writer drains a bounded queue and stores batches, one transaction each.
 
 Durability (`WriterSettings.durability`; docs/durability.md): `spool` (the default) appends every call to the spool
 with one write() before its agent is answered (it survives the proxy being killed), `sync` also fsyncs it (group
-commit, `proxy.spool`: it survives the machine crashing), `batch` answers first and spools only what the database
-does not take (a killed proxy loses what was queued in memory).
+commit, proxy/recording/spool.py: it survives the machine crashing), `batch` answers first and spools only what
+the database does not take (a killed proxy loses what was queued in memory).
 
 Nothing accepted is dropped:
 - the queue is full or a batch fails (the database is slow or down) → the calls wait in the spool;
@@ -14,13 +14,13 @@ Nothing accepted is dropped:
 - on shutdown, whatever is still queued is written, or left in the spool if the database does not answer.
 
 Nothing one call contains stops the others: a call that cannot be written as JSON or that the database refuses
-is set aside in the rejected file (proxy/rejected.py); should the writer fail anyway, it is started again
-(proxy/supervisor.py) and stores the calls it had in hand one at a time, setting aside one that fails it again.
+is set aside in the rejected file (proxy/recording/rejected.py); should the writer fail anyway, it is started again
+(proxy/recording/supervisor.py) and stores the calls it had in hand one at a time, setting aside one that fails it again.
 Those calls may have been stored just before the failure: they are written again with the look-up that skips
 stored ones (`may_repeat`), ahead of the calls that came after them.
 
-A spool's calls go to the database it was written for only (proxy/spool_identity.py); the backlog is replayed in
-batches bounded by bytes as well as calls (proxy/replay.py).
+A spool's calls go to the database it was written for only (proxy/recording/identity.py); the backlog is replayed in
+batches bounded by bytes as well as calls (proxy/recording/replay.py).
 """
 from __future__ import annotations
 
@@ -33,13 +33,14 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from core.settings import WriterSettings
 from proxy.errors import StoreUnavailable
 from proxy.metrics import ProxyMetrics
-from proxy.rejected import RejectedCalls, encode
-from proxy.replay import REPLAY_BATCH_BYTES, replay, set_aside
-from proxy.spool import Spool
-from proxy.spool_identity import SpoolForeign, SpoolOwner
-from proxy.spool_writes import SetAside, mark_failed, spool_in_background, spool_lines
-from proxy.supervisor import Supervised
-from proxy.transactions import AfterWrite, Batches
+from proxy.recording.lines import encode
+from proxy.recording.rejected import RejectedCalls
+from proxy.recording.replay import REPLAY_BATCH_BYTES, replay, set_aside
+from proxy.recording.spool import Spool
+from proxy.recording.identity import SpoolForeign, SpoolOwner
+from proxy.recording.spooling import SetAside, mark_failed, spool_in_background, spool_lines
+from proxy.recording.supervisor import Supervised
+from proxy.recording.transactions import AfterWrite, Batches
 from store.records import CallRecord
 
 log = logging.getLogger("rlproxy.writer")

@@ -23,7 +23,7 @@ from pathlib import Path
 import orjson
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from proxy.spool import SpoolInUse
+from proxy.recording.spool import SpoolInUse
 from store.calls import database_identity
 
 log = logging.getLogger("rlproxy.spool")

@@ -1,5 +1,5 @@
-"""What the writer (proxy/writer.py) appends to the spool outside the request path: calls as lines (one that JSON
-cannot hold is set aside instead), written from `submit` without waiting, and a call its agent is answered an
+"""What the writer (proxy/recording/writer.py) appends to the spool outside the request path: calls as lines (one
+that JSON cannot hold is set aside instead), written from `submit` without waiting, and a call its agent is answered an
 error for marked so (never trained on)."""
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ import logging
 
 from core.errors import RlproxyError
 from proxy.metrics import ProxyMetrics
-from proxy.rejected import RejectedCalls, encode
-from proxy.spool import Spool
+from proxy.recording.lines import encode
+from proxy.recording.rejected import RejectedCalls
+from proxy.recording.spool import Spool
 from store.models import CallStatus
 from store.records import CallRecord
 

@@ -1,8 +1,8 @@
 """Calls that cannot be stored, set aside one per line in `<spool>.rejected.jsonl` with the reason, so that one
 bad call never holds up or stops the recording of the others.
 
-A line is `{"reason": str, "call": {...}}`, the call as the spool writes it. A call that cannot be written as
-JSON at all (nested past what orjson writes, a string with a lone surrogate) is written in a safe form instead:
+A line is `{"reason": str, "call": {...}}`, the call as the spool writes it (proxy/recording/lines.py). A call
+that cannot be written as JSON at all (nested past what orjson writes, a string with a lone surrogate) is written in a safe form instead:
 strings with such characters escaped as `\\udcff` text, levels past `KEPT_LEVELS` replaced by a marker. Keeping a
 call must never fail in a way that reaches the writer: the last resort is a log line with the call's id.
 """
@@ -26,13 +26,6 @@ log = logging.getLogger("rlproxy.writer")
 KEPT_LEVELS = 200  # below orjson's 254 and far below Python's recursion limit
 DEEPER = "(nested deeper than this: not kept)"
 MAX_REASON = 2000  # a database's message can quote the whole statement
-
-
-def encode(record: CallRecord) -> bytes:
-    """The call as one spool line. Raises TypeError (orjson.JSONEncodeError is one) for a call that JSON cannot
-    hold as it is."""
-    # orjson writes the dataclass as `CallRecord.to_json()` would, a hundred times faster (no asdict copy)
-    return orjson.dumps(record) + b"\n"
 
 
 class RejectedCalls:

@@ -13,7 +13,7 @@ from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, InterfaceError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from proxy.metrics import ProxyMetrics
-from proxy.rejected import RejectedCalls
+from proxy.recording.rejected import RejectedCalls
 from store.calls import WrittenCall, write_calls
 from store.db import ping
 from store.records import CallRecord

@@ -11,11 +11,11 @@
   them is idempotent by call id. A torn last line (a crash in the middle of a write, never acknowledged) is
   skipped.
 
-A small volume stays usable (proxy/spool_space.py): a segment's size is bounded by the free space, nothing is
+A small volume stays usable (proxy/recording/space.py): a segment's size is bounded by the free space, nothing is
 preallocated, and a segment whose records are all in the database is deleted when the disk refuses an append.
 
 Files: `<path>` is the first segment, then `<path>.1`, `<path>.2`, … in order; numbering starts again once
-every segment is gone. `<path>.lock` is held while a process uses the spool (proxy/spool_lock.py): a second
+every segment is gone. `<path>.lock` is held while a process uses the spool (proxy/recording/lock.py): a second
 process on the same path is refused.
 """
 from __future__ import annotations
@@ -33,10 +33,9 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from core.errors import RlproxyError
-from proxy import spool_lock
-from proxy.rejected import encode
-from proxy.spool_lines import Unreadable, blank_lines, count_lines, parse_line
-from proxy.spool_space import FAILURE_HOLD_S, FULL, probe, segment_limit
+import proxy.recording.lock as spool_lock
+from proxy.recording.lines import Unreadable, blank_lines, count_lines, encode, parse_line
+from proxy.recording.space import FAILURE_HOLD_S, FULL, probe, segment_limit
 from store.records import CallRecord
 
 log = logging.getLogger("rlproxy.spool")
@@ -160,7 +159,7 @@ class Spool:
 
     def write(self, records: list[CallRecord]) -> range:
         """Append `records` (not durable yet: see `flush`); returns their lsns. Raises TypeError for a record
-        JSON cannot hold (see `proxy.rejected.encode`), before anything is written."""
+        JSON cannot hold (see `proxy.recording.lines.encode`), before anything is written."""
         return self.write_lines([encode(r) for r in records])
 
     def write_lines(self, lines: list[bytes]) -> range:
@@ -318,7 +317,7 @@ class Spool:
                     self._drop_if_done(segment)
 
     def set_aside(self, lsns: Iterable[int]) -> None:
-        """These records are in the rejected file now: blank their lines (proxy/spool_lines.py) so that no later
+        """These records are in the rejected file now: blank their lines (proxy/recording/lines.py) so that no later
         replay, in this process or after a restart, sets them aside again; then retire them."""
         lsns = sorted(lsn for lsn in set(lsns) if lsn in self.live)
         for segment, group in itertools.groupby(lsns, self._segment_of):

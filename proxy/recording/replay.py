@@ -1,12 +1,13 @@
-"""Replaying the spool's backlog into the database, oldest first, a bounded batch at a time (proxy/writer.py)."""
+"""Replaying the spool's backlog into the database, oldest first, a bounded batch at a time (for
+proxy/recording/writer.py)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from proxy.rejected import RejectedCalls
-from proxy.spool import Spool
-from proxy.spool_lines import Unreadable
-from proxy.transactions import Batches
+from proxy.recording.rejected import RejectedCalls
+from proxy.recording.spool import Spool
+from proxy.recording.lines import Unreadable
+from proxy.recording.transactions import Batches
 from store.records import CallRecord
 
 # A replay batch is cut at this many bytes of spool lines as well as at `batch_size` calls: 256 calls of
