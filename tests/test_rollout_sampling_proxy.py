@@ -151,8 +151,8 @@ def test_a_rule_holds_for_its_agent_or_policy_alone_and_the_trainer_scores_what_
 
 
 @pytest.mark.parametrize("asked,message", [
-    ({"top_p": 0}, "top_p must be in (0, 1], got 0.0."),
-    ({"temperature": 2.5}, "temperature must be in [0, 2], got 2.5."),
+    ({"top_p": 0}, "top_p must be in (0, 1], got 0.0. (parameter=top_p, value=0.0)"),
+    ({"temperature": 2.5}, "temperature must be in [0, 2], got 2.5. (parameter=temperature, value=2.5)"),
 ])
 def test_sampling_the_engine_refuses_reaches_the_agent_as_a_400_in_its_routes_format(setup, asked, message):
     rollout = setup.rollout(eval=True)  # the agent's own sampling goes upstream
