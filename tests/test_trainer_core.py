@@ -136,6 +136,24 @@ def test_pack_micro_batches_respects_budget():
     assert [len(t) for t in next(b for b in batches if len(b[0]) == 160)] == [160]
 
 
+def test_ranks_get_transitions_of_near_equal_tokens_not_equal_counts():
+    """An agent's few long merged conversations and many short calls: dealt by count (every other one), one of two
+    ranks drew 6 times the other's tokens; by tokens they are within the longest transition of each other."""
+    from trainer.transitions import split_by_tokens
+
+    lengths = [900, 40, 850, 40, 800, 40, 700, 40] + [30, 40] * 10  # as the rollouts came
+    items = [Transition([0] * (n - 10), [1] * 10, [0.0] * 10, 0.0) for n in lengths]
+    by_count = [sum(map(len, items[r::2])) for r in range(2)]
+    assert by_count == [3550, 560]
+    for ranks in (2, 3, 4):
+        shares = split_by_tokens(items, ranks)
+        assert sorted(map(id, (t for share in shares for t in share))) == sorted(map(id, items))
+        tokens = [sum(map(len, share)) for share in shares]
+        assert max(tokens) - min(tokens) <= max(lengths), (ranks, tokens)
+    assert [sum(map(len, share)) for share in split_by_tokens(items, 2)] == [2070, 2040]
+    assert split_by_tokens(items[:1], 3)[1:] == [[], []]  # fewer transitions than ranks: the others run placeholders
+
+
 def test_config_validates():
     assert TrainingSettings().target_modules and TrainingSettings.__pydantic_fields__["kl_coef"].description
     for bad in ({"lora_rank": 0}, {"credit": "x"}, {"advantage_estimator": "ppo"}, {"kl_estimator": "k4"},

@@ -47,7 +47,7 @@ from trainer.memory import activation_checkpointing, release_free_memory, tune_a
 from trainer.parallel import Collective
 from trainer.sharding import decoder_layers, lora_weights, mesh_shape, shard, whole, whole_optimizer_state
 from trainer.step_metrics import StepMetrics, StepTally
-from trainer.transitions import SkipReasons, Transition, pack_micro_batches, validate_transition
+from trainer.transitions import SkipReasons, Transition, pack_micro_batches, split_by_tokens, validate_transition
 
 log = logging.getLogger(__name__)
 
@@ -178,13 +178,14 @@ class PolicyTrainer:
 
     def _mini_batches(self, batch: list[Transition], served_version: int | None, updates: int) -> list[MiniBatch]:
         """`updates` shares of the batch (one optimizer update each), each packed into micro-batches by token
-        budget. With several ranks each computes every other transition of a share; every loss is divided by the
-        trained tokens of the whole share, so gradients summed over ranks are the one-process gradient. Every rank
-        runs as many micro-batches as the busiest one (placeholders): each pass gathers the sharded layers."""
+        budget. With several ranks each computes a part of every share, the parts of near-equal tokens
+        (`split_by_tokens`); every loss is divided by the trained tokens of the whole share, so gradients summed over
+        ranks are the one-process gradient. Every rank runs as many micro-batches as the busiest one (placeholders):
+        each pass gathers the sharded layers."""
         cfg, rank, world = self.config, self.collective.rank, self.collective.world_size
         minis = []
         for share in split_mini_batches(batch, updates, seed=cfg.seed + self.step_count):
-            packed = [pack_micro_batches(share[r::world], cfg.micro_batch_tokens) for r in range(world)]
+            packed = [pack_micro_batches(part, cfg.micro_batch_tokens) for part in split_by_tokens(share, world)]
             mine = [collate(group, served_version=served_version, trained_only=True) for group in packed[rank]]
             mine += [placeholder_micro_batch() for _ in range(max(map(len, packed)) - len(mine))]
             minis.append(MiniBatch([mb.to(self.device) for mb in mine],

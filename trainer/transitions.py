@@ -9,6 +9,7 @@ re-reading the shared prefix once per call.
 """
 from __future__ import annotations
 
+import heapq
 import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -245,6 +246,20 @@ def validate_transition(t: Transition, max_seq_len: int) -> str | None:
     if t.num_trained_tokens() == 0:
         return SkipReasons.EMPTY_COMPLETION
     return None
+
+
+def split_by_tokens(transitions: Sequence[Transition], parts: int) -> list[list[Transition]]:
+    """`parts` shares (one per rank) of near-equal token counts: longest first, each to the share with the fewest
+    tokens so far (the lower rank on a tie). A rank's step time goes with its tokens, not its transitions: dealt by
+    count, one rank could draw an agent's long merged conversations and the others short calls, and every rank
+    waits for it at each gathered layer."""
+    shares: list[list[Transition]] = [[] for _ in range(parts)]
+    loads = [(0, rank) for rank in range(parts)]  # a heap of (tokens, rank)
+    for t in sorted(transitions, key=len, reverse=True):  # stable: ties keep input order
+        tokens, rank = heapq.heappop(loads)
+        shares[rank].append(t)
+        heapq.heappush(loads, (tokens + len(t), rank))
+    return shares
 
 
 def pack_micro_batches(transitions: Sequence[Transition], token_budget: int) -> list[list[Transition]]:
