@@ -263,6 +263,40 @@ def test_a_trainer_across_three_nodes_of_eight_gpus(monkeypatch):
     assert {"name": "shm", "mountPath": "/dev/shm"} in container["volumeMounts"]
 
 
+def test_rdma_across_nodes_requests_the_fabric_pins_memory_and_forbids_falling_back_to_sockets():
+    fabric = {"enabled": True, "networks": "ib-net", "hca": "mlx5", "gidIndex": 3, "socketIfname": "eth0"}
+    values = {"trainer": {**THREE_NODES["trainer"], "rdma": fabric, "nccl": {"NCCL_DEBUG": "INFO",
+                                                                            "NCCL_NET_GDR_LEVEL": "SYS"}}}
+    documents = render(values)
+    validate_all(documents)
+    pod = by_kind(documents, "StatefulSet")["prod-rlproxy-trainer"]["spec"]["template"]
+    [container] = pod["spec"]["containers"]
+    assert container["resources"]["limits"]["rdma/rdma_shared_device_a"] == 1  # the device plugin's resource
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"] == "ib-net"
+    # RDMA registers (pins) its buffers: IPC_LOCK, and nothing else given back
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"], "add": ["IPC_LOCK"]}
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    env = env_of(container)
+    assert env["NCCL_NET"] == "IB" and env["NCCL_IB_DISABLE"] == "0"  # no HCA: an error, never sockets
+    assert (env["NCCL_IB_HCA"], env["NCCL_IB_GID_INDEX"], env["NCCL_SOCKET_IFNAME"]) == ("mlx5", "3", "eth0")
+    assert env["NCCL_NET_GDR_LEVEL"] == "SYS" and env["NCCL_DEBUG"] == "INFO"  # trainer.nccl has the last word
+    assert [e["name"] for e in container["env"]].count("NCCL_NET_GDR_LEVEL") == 1
+
+    plain = pod_of(render(THREE_NODES), "StatefulSet", "prod-rlproxy-trainer")
+    [plain_container] = plain["containers"]
+    assert "NCCL_NET" not in env_of(plain_container)
+    assert "add" not in plain_container["securityContext"]["capabilities"]
+    assert not any(name.startswith("rdma/") for name in plain_container["resources"]["limits"])
+    with helm.Chart.load(CHART) as chart:  # the install's notes name what is missing
+        notes = chart.render(values=THREE_NODES, name="prod", namespace="ml", is_install=True)
+        assert "without trainer.rdma.enabled" in notes["rlproxy/templates/NOTES.txt"]
+        notes = chart.render(values=values, name="prod", namespace="ml", is_install=True)
+        assert "without trainer.rdma.enabled" not in notes["rlproxy/templates/NOTES.txt"]
+    with pytest.raises(helm.HelmError, match=r"trainer.rdma.enabled is for a trainer across pods"):
+        render({"trainer": {"nodes": 1, "gpu": 8, "rdma": {"enabled": True}}})
+
+
 def test_ranks_per_pod_other_than_its_gpus_are_refused():
     with pytest.raises(helm.HelmError, match=r"trainer.nprocPerNode \(4\) must equal trainer.gpu \(8\)"):
         render({"trainer": {"nodes": 2, "nprocPerNode": 4, "gpu": 8}})
