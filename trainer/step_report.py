@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 
 from core.step_record import StepRecord
+from trainer.agreement import Agreement
 from trainer.metrics import TrainerMetrics
 from trainer.transitions import Transition
 from trainer.yields import describe_yield
@@ -24,8 +25,9 @@ def observe_step(m: TrainerMetrics, record: StepRecord, transitions: list[Transi
 
 
 def step_line(number: int, record: StepRecord, version: int, seconds: float, staleness: str,
-              served: str = "") -> str:
-    """The step's log line, from its record."""
+              agreement: Agreement | None = None) -> str:
+    """The step's log line, from its record (and the served agreement it measured)."""
+    served = "" if agreement is None else f"; v{agreement.version} served as trained: KL {agreement.kl:.4f}"
     return (f"step {number}, policy {record.policy!r}: {record.rollouts} rollouts, {record.transitions} transitions, "
             f"reward {record.reward_mean:.3f}, loss {record.loss:.4f}, lr x{record.lr_scale:.2f} -> v{version} in "
             f"{seconds:.1f} s; {describe_yield(vars(record))}; dropped: {reasons(record.skipped)}; {staleness}; IS weights "

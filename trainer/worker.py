@@ -48,6 +48,7 @@ from trainer.retokenize import retokenize
 from trainer.staleness import Staleness
 from trainer.step_report import merged as _merged, observe_step, reasons as _reasons, step_line
 from trainer.transitions import SkipReasons, Transition
+from trainer.waiting import log_waiting_yield
 from trainer.seq_len import with_engine_seq_len
 from trainer.yields import StepYield, YieldWatch
 
@@ -123,6 +124,7 @@ class TrainerWorker:
             log.info("policy %r resumes from v%d (%s)", line.policy, line.parent_version,
                      line.parent_path or "base model")
             self._observe_version(line)
+        await log_waiting_yield(self.sessions, self.settings, {n: ln.parent_version for n, ln in self.lines.items()})
         first = self.lines[self.settings.policies[0]]
         if self.collective.world_size > 1:
             self.policy = await asyncio.to_thread(LeaderPolicy.start, self.build_policy, first.parent_path,
@@ -258,8 +260,7 @@ class TrainerWorker:
             version, path = await self._save()
             trained.append(Trained(line, version, path, len(transitions), record, agreement))
             log.info("%s", step_line(self.steps + 1, record, version, time.perf_counter() - step_began,
-                                     staleness.describe(), "" if agreement is None else
-                                     f"; v{agreement.version} served as trained: KL {agreement.kl:.4f}"))
+                                     staleness.describe(), agreement))
         for reasons in skipped.values():
             for reason, count in reasons.items():
                 self.metrics.skipped.labels(reason).inc(count)
