@@ -37,6 +37,7 @@ bugs and from the libraries' own errors. The tree:
     ├── DeviceMemoryError (core/hardware.py)       the trainer's GPU lacks the free memory its model needs
     ├── AdapterMismatch (trainer/adapter.py)       a saved adapter made with another rank, alpha or targets (ValueError)
     ├── NoRoomForAdapter (trainer/retention.py)    too little free space for the next adapter version
+    ├── TeacherRefused (trainer/teacher.py)        a teacher engine with another tokenizer, or none to check (ValueError)
     ├── RunInputError, ProxyRefused, InfrastructureError (runner/errors.py)  what stops `rlproxy run`, or an attempt
     ├── StartupError (demo/startup.py)             the demo cannot start (a taken port, low memory, ...)
     ├── CalcError (demo/calculator.py)             the demo agent's calculator refuses an expression (ValueError)

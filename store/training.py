@@ -49,7 +49,7 @@ class CallData:
 class RolloutData:
     id: str
     task_id: str | None
-    reward: float
+    reward: float | None  # None: closed without a final reward (store/closing.py), trained by a teacher alone
     finished_at: datetime
     calls: list[CallData]
     agent: str | None = None  # the agent the rollout was created for: its calls' agent unless they name one
@@ -254,8 +254,8 @@ async def load_rollouts(session: AsyncSession, rollout_ids: list[str]) -> list[R
             .where(Reward.call_id.in_(list(by_call)), Reward.kind.in_([RewardKind.CALL, RewardKind.AIR])))
         for call_id, value in rewards:
             by_call[call_id].rewards.append(value)
-    return [RolloutData(r.id, r.task_id, float(r.reward), r.finished_at, per_rollout.get(r.id, []), r.agent,
-                        r.project)
+    return [RolloutData(r.id, r.task_id, None if r.reward is None else float(r.reward), r.finished_at,
+                        per_rollout.get(r.id, []), r.agent, r.project)
             for r in sorted(rollouts, key=_finished_first)]
 
 

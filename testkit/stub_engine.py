@@ -64,6 +64,16 @@ EOS_ID = token_id("<|im_end|>")  # as in ChatML models: the end-of-turn token en
 stub_pooling.SPELLED.update({token_id(word): word for word in [*VOCAB, "<|im_end|>"]})  # what /detokenize spells
 
 
+def prompt_logprobs(ids: list[int]) -> list[dict | None]:
+    """vLLM's `prompt_logprobs` (0: the prompt's own token at each position; the first has none), with a log-prob
+    that depends on the token id alone: what a test of a teacher computes its gaps from (`stub_logprob`)."""
+    return [None] + [{str(i): {"logprob": stub_logprob(i), "rank": 1, "decoded_token": ""}} for i in ids[1:]]
+
+
+def stub_logprob(token: int) -> float:
+    return -0.25 - (token % 13) / 4
+
+
 def render_chat(messages: list[dict]) -> str:
     parts = []
     for message in messages:
@@ -257,7 +267,9 @@ class Stub:
             else:
                 out_choices.append({"index": index, "text": text,
                                     "logprobs": self._logprobs(body, chat, words, ids), "finish_reason": finish,
-                                    "stop_reason": None, "prompt_logprobs": None,
+                                    "stop_reason": None, "prompt_logprobs": (
+                                        prompt_logprobs(prompt_ids) if body.get("prompt_logprobs") is not None
+                                        else None),
                                     "prompt_token_ids": prompt_ids if want_ids else None,
                                     "token_ids": ids if want_ids else None})
         completion_tokens = sum(len(c[1]) for c in choices)

@@ -34,8 +34,8 @@ from store.db import open_database, session_factory
 from store.errors import LeaseLost
 from store.models import utcnow
 from trainer.agreement import Agreement, AgreementWatch
-from trainer.batch import build_transitions
 from trainer.claim import claim_batch
+from trainer.distill import IdleCloser, attach_reports, observe_teacher, policy_transitions, start_distillers
 from trainer.failures import NOT_THE_BATCH, STEP_FAILED, FailedBatches, StepAttempts, describe
 from trainer.housekeeping import Housekeeping
 from trainer.liveness import Heartbeat
@@ -109,9 +109,13 @@ class TrainerWorker:
         # recorded, rather than both training the same rollouts).
         self.lease_owner = f"{settings.worker_id}:{secrets.token_hex(4)}"
         self.attempts = StepAttempts(self.sessions, settings.worker_id, self.lease_owner, self.metrics)
+        self.distillers: dict = {}  # policy -> trainer.distill.Distiller, for the policies with a teacher
+        self.closer = IdleCloser(self.sessions, settings, [])
 
     async def start(self) -> None:
         self.settings = await with_engine_seq_len(self.settings)  # max_seq_len 0: the engines' max_model_len
+        self.distillers = await start_distillers(self.settings, self.model_path)  # refuses a foreign tokenizer
+        self.closer = IdleCloser(self.sessions, self.settings, list(self.distillers))
         await self.attempts.set_aside_unfinished()  # before their leases are released below
         async with self.sessions() as session, session.begin():
             released = await training.release_untrained(session, self.settings.worker_id)
@@ -224,7 +228,7 @@ class TrainerWorker:
             serving = {name: await policies.active_policy(session, name) for name in self.lines}
         for line in self.lines.values():
             await self._follow(line, serving[line.policy])
-        rewards = [r.reward for r in rollouts]
+        rewards = [r.reward for r in rollouts if r.reward is not None] or [0.0]  # closed without one: a teacher's
         self.metrics.reward_mean.set(statistics.fmean(rewards))
         self.metrics.reward_std.set(statistics.pstdev(rewards))
 
@@ -234,9 +238,16 @@ class TrainerWorker:
         lags, ledger = Staleness(now=utcnow()), StepYield(rollouts, self.yields)  # every policy's
         for line in self.lines.values():
             skips, staleness, usable = SkipReasons(), Staleness(now=lags.now), set()
-            transitions = build_transitions(rollouts, self.settings.training, line.parent_version, skips,
-                                            policy=line.policy, lineage=lineages[line.policy], staleness=staleness,
-                                            usable=usable)
+            distiller = self.distillers.get(line.policy)
+            transitions = policy_transitions(rollouts, self.settings.training, line.parent_version, skips,
+                                             taught=distiller is not None,
+                                             policy=line.policy, lineage=lineages[line.policy], staleness=staleness,
+                                             usable=usable)
+            if distiller is not None and transitions:
+                transitions, taught = await distiller.teach(transitions, await self._requests(distiller, transitions),
+                                                            self.policy, skips)
+                observe_teacher(self.metrics, line.policy, taught)
+                log.info("step %d, policy %r: %s", self.steps + 1, line.policy, taught.describe())
             skipped[line.policy], calls = dict(skips), ledger.line(line.policy, skips)
             staleness.observe(self.metrics)
             lags.merge(staleness)
@@ -264,6 +275,7 @@ class TrainerWorker:
         for reasons in skipped.values():
             for reason, count in reasons.items():
                 self.metrics.skipped.labels(reason).inc(count)
+        attach_reports(trained, self.distillers)  # the teacher gap in each taught policy's step record
         await self._finish(rollout_ids, trained, skipped, lags, ledger)
         if not trained:
             ledger.nothing_learned(len(rollouts), _reasons(_merged(skipped)), lags.describe())
@@ -312,7 +324,16 @@ class TrainerWorker:
             mask = t.mask()
             t.behaviour_logprobs = [lp if keep else 0.0 for lp, keep in zip(scores, mask)]
 
+    async def _requests(self, distiller, transitions: list[Transition]) -> dict[str, dict | None]:
+        """call id -> recorded request of each transition's first call, where the teacher's context needs it."""
+        if not distiller.needs_requests:
+            return {}
+        async with self.sessions() as session:
+            texts = await training.load_call_texts(session, [t.call_id for t in transitions if t.call_id])
+        return {call_id: request for call_id, (request, _) in texts.items()}
+
     async def _claim(self) -> list[str]:
+        await self.closer.run_due()  # a taught policy's rollouts close without a reward too
         return await claim_batch(self.sessions, self.settings, self.metrics, self.lease_owner)
 
     async def _sweep(self) -> None:

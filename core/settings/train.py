@@ -14,6 +14,7 @@ from core.settings.base import CommandSettings
 from core.settings.locations import DEFAULT_DATABASE_URL
 from core.settings.prune import PRUNING_OFF, Pruning
 from core.settings.redaction import Redaction
+from core.settings.teacher import Teachers
 from core.settings.training import TrainingSettings
 from core.settings.urls import engine_urls
 
@@ -152,6 +153,7 @@ class TrainerSettings(CommandSettings):
                     "is far above it once a policy has moved. 0: no alarm (the metric is still exported).",
     )
     training: TrainingSettings = Field(TrainingSettings(), description="What each training step trains with.")
+    distillation: Teachers = Field(default_factory=Teachers)  # a teacher per policy (core/settings/teacher.py)
 
     @model_validator(mode="before")
     @classmethod
@@ -177,6 +179,12 @@ class TrainerSettings(CommandSettings):
             if check_policy_name(name) == BASE_POLICY:
                 raise ValueError(f"{BASE_POLICY!r} is the base model: it is never trained")
         return tuple(dict.fromkeys(names))
+
+    @model_validator(mode="after")
+    def _teachers_resolve(self) -> "TrainerSettings":
+        """A teacher setting that names no teacher, or a context file that cannot be read, is refused at start."""
+        self.distillation.resolve(self.policies)
+        return self
 
     @field_validator("metrics_port")
     @classmethod

@@ -65,6 +65,7 @@ def _run_leader(settings: TrainerSettings, model_path: Path, collective) -> None
     from trainer.gates import build_gate
     from trainer.gates.command import EvalCommandError, check_template
     from trainer.metrics import TrainerMetrics
+    from trainer.teacher import TeacherRefused
     from trainer.worker import TrainerWorker
 
     _require_schema(settings.database_url)
@@ -93,7 +94,7 @@ def _run_leader(settings: TrainerSettings, model_path: Path, collective) -> None
         asyncio.run(worker.run())
     except KeyboardInterrupt:
         pass
-    except AdapterMismatch as exc:
+    except (AdapterMismatch, TeacherRefused) as exc:
         raise click.ClickException(str(exc)) from None
 
 

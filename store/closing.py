@@ -1,0 +1,39 @@
+"""Closing rollouts that will get no final reward, for policies that learn without one (a teacher: docs/distillation.md).
+
+    closed = await close_idle(session, idle_before, policies=("default",))
+
+A rollout is closed (finished, its reward NULL) when it is open, not evaluation traffic, one of `policies`
+answered one of its calls, and its agent has been silent since `idle_before`: no call and no reward since then (the
+judge's notion of idle, store/judging.py). The trainer then trains it from the teacher alone; a policy without a
+teacher counts its calls as no_reward.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import aliased
+
+from store.dialect import database_now
+from store.models import Call, Reward, Rollout, RolloutStatus
+
+
+async def close_idle(session: AsyncSession, idle_before: datetime, *, policies: Sequence[str],
+                     limit: int = 512) -> list[str]:
+    """Close the idle open rollouts `policies` answered in (at most `limit`); their ids."""
+    last_call = func.max(func.coalesce(Call.finished_at, Call.started_at))
+    recent_reward = select(Reward.id).where(Reward.rollout_id == Rollout.id, Reward.created_at >= idle_before)
+    theirs = aliased(Call)  # the outer query's calls are its own FROM: this one must not correlate to them
+    answered = select(theirs.id).where(theirs.rollout_id == Rollout.id, theirs.policy.in_(list(policies)))
+    ids = list((await session.execute(
+        select(Rollout.id).join(Call, Call.rollout_id == Rollout.id)
+        .where(Rollout.status == RolloutStatus.OPEN, ~Rollout.eval, ~recent_reward.exists(), answered.exists())
+        .group_by(Rollout.id).having(last_call < idle_before).order_by(last_call).limit(limit))).scalars())
+    if not ids:
+        return []
+    now = await database_now(session)
+    await session.execute(update(Rollout).where(Rollout.id.in_(ids), Rollout.status == RolloutStatus.OPEN)
+                          .values(status=RolloutStatus.FINISHED, finished_at=now))
+    return ids
