@@ -24,6 +24,8 @@ from typing import Any, Callable
 from core.checks import reward_problem
 from runner.environment import inherited
 from runner.errors import AttemptError, RunInputError
+from runner.identity import AgentUser
+from runner.leftovers import preexec, watch_group
 from runner.task_data import task_json, task_variables
 
 NUMBER_TAIL = 2000  # bytes of a program's output kept for its last line and the log
@@ -161,10 +163,11 @@ def last_number(output: bytes) -> float | None:
 
 
 async def run_process(argv: list[str] | str, env: dict[str, str], *, cwd: str | None = None,
-                      stdin: bytes | None = None) -> tuple[int, bytes, bytes]:
+                      stdin: bytes | None = None, user: AgentUser | None = None) -> tuple[int, bytes, bytes]:
     """Run a program to its end in its own process group with exactly the environment `env` (runner/environment.py
     makes an agent's), `stdin` its standard input (else none); cancelling the attempt (its timeout) kills the
-    group, so nothing it started outlives it. A program that cannot be started fails its attempt (AttemptError),
+    group, so nothing it started outlives it, nor the runner (runner/leftovers.py: it dies with the runner); `user`
+    (--agent-user) is whom it runs as. A program that cannot be started fails its attempt (AttemptError),
     never the run."""
     spawn = asyncio.create_subprocess_shell if isinstance(argv, str) else asyncio.create_subprocess_exec
     args = [argv] if isinstance(argv, str) else argv
@@ -172,11 +175,14 @@ async def run_process(argv: list[str] | str, env: dict[str, str], *, cwd: str | 
     try:
         process = await spawn(*args, env=env, cwd=cwd,
                               stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
-                              stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True)
+                              stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
+                              # dies with the runner, in the run's cgroup (runner/leftovers.py)
+                              preexec_fn=preexec(user))
     except OSError as exc:  # E2BIG: "Argument list too long"; a program that is not there
         raise AttemptError(f"cannot start {program}: {exc.strerror}") from None
     except ValueError as exc:  # a NUL or unencodable text in an argument or the environment
         raise AttemptError(f"cannot start {program}: {exc}") from None
+    watch_group(process.pid, began=True)
     feeding = asyncio.ensure_future(_feed(process.stdin, stdin)) if stdin is not None else None
     # tasks, not one gather: a run stopped by a signal cancels every task, and a gather whose child was cancelled
     # would hold a CancelledError nobody retrieves (logged with a traceback at exit)
@@ -192,6 +198,7 @@ async def run_process(argv: list[str] | str, env: dict[str, str], *, cwd: str | 
             os.killpg(process.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+        watch_group(process.pid, began=False)
         if feeding is not None:
             feeding.cancel()
     try:
@@ -248,8 +255,8 @@ class CommandAgent:
     """A program run through the shell, with the rollout and the task in its environment (the task also in a
     file): task values reach it only as the values of variables, never in its command line."""
 
-    def __init__(self, command: str, pass_env: tuple[str, ...] = ()) -> None:
-        self.command, self.pass_env = command, pass_env
+    def __init__(self, command: str, pass_env: tuple[str, ...] = (), user: AgentUser | None = None) -> None:
+        self.command, self.pass_env, self.user = command, pass_env, user
 
     def check_task(self, task: Any) -> None:
         task_json(task)
@@ -257,8 +264,10 @@ class CommandAgent:
     async def run(self, task: dict[str, Any], config: ClientConfig, env: dict[str, str]) -> AgentResult:
         with tempfile.TemporaryDirectory(prefix="rlproxy-task-") as folder:
             variables = {**inherited(self.pass_env), **env, **rollout_env(config),
-                         **task_variables(task, Path(folder))}
-            code, out, err = await run_process(self.command, variables)
+                         **task_variables(task, Path(folder)), **(self.user.variables() if self.user else {})}
+            if self.user is not None:  # its task alone, readable by it
+                self.user.give(Path(folder))
+            code, out, err = await run_process(self.command, variables, user=self.user)
         if code != 0:
             return AgentResult(error=failure(code, err))
         return AgentResult(last_number(out))
@@ -268,7 +277,8 @@ class ClassAgent:
     """An Agent Lightning v1 agent class: `Class().run()` in a fresh process (runner/agl_host.py) with the
     three variables its controller sets, `AGL_OPENAI_BASE_URL`, `AGL_EVENT_URL` and `AGL_KEY`."""
 
-    def __init__(self, spec: str, check_env: dict[str, str], pass_env: tuple[str, ...] = ()) -> None:
+    def __init__(self, spec: str, check_env: dict[str, str], pass_env: tuple[str, ...] = (),
+                 user: AgentUser | None = None) -> None:
         """Imported once before the run in a process of its own, with `check_env` (the AGL variables), as each
         attempt will import it: the module is not imported into the runner."""
         # the runner's PYTHONPATH too: the host is the runner's own module, and the agent's is found the same way
@@ -278,7 +288,7 @@ class ClassAgent:
         if done.returncode != 0:
             lines = done.stderr.strip().splitlines()
             raise RunInputError(lines[-1] if lines else f"--agent-class {spec!r}: exit status {done.returncode}")
-        self.spec = spec
+        self.spec, self.user = spec, user
 
     def check_task(self, task: Any) -> None:
         task_json(task)
@@ -287,18 +297,28 @@ class ClassAgent:
         agl = {"AGL_OPENAI_BASE_URL": config.openai_base_url, "AGL_EVENT_URL": config.event_url,
                "AGL_KEY": config.api_key}
         with tempfile.TemporaryDirectory(prefix="rlproxy-task-") as folder:  # the task, for fields too large to map
-            variables = {**self.inherit, **env, **agl, **task_variables(task, Path(folder))}
-            code, _, err = await run_process([sys.executable, "-m", "runner.agl_host", self.spec], variables)
+            variables = {**self.inherit, **env, **agl, **task_variables(task, Path(folder)),
+                         **(self.user.variables() if self.user else {})}
+            if self.user is not None:
+                self.user.give(Path(folder))
+            code, _, err = await run_process([sys.executable, "-m", "runner.agl_host", self.spec], variables,
+                                             user=self.user)
         return AgentResult(error=None if code == 0 else failure(code, err))
 
 
-def make_agent(kind: str, target: str, check_env: dict[str, str],
-               pass_env: tuple[str, ...] = ()) -> FunctionAgent | CommandAgent | ClassAgent:
+def make_agent(kind: str, target: str, check_env: dict[str, str], pass_env: tuple[str, ...] = (),
+               user: AgentUser | None = None) -> FunctionAgent | CommandAgent | ClassAgent:
     """`check_env`: the variables an agent class is checked with (the proxy's URLs for no rollout yet);
-    `pass_env`: the runner's variables a program agent also gets (`--pass-env`)."""
+    `pass_env`: the runner's variables a program agent also gets (`--pass-env`); `user`: whom its programs run as
+    (`--agent-user`; a function runs in the runner, as the runner)."""
     if kind == "agent-class":
-        return ClassAgent(target, check_env, pass_env)
-    return FunctionAgent.imported(target) if kind == "agent" else CommandAgent(target, pass_env)
+        return ClassAgent(target, check_env, pass_env, user)
+    if kind == "agent":
+        if user is not None:
+            raise RunInputError("--agent-user: an --agent function runs inside the runner, as the runner; name a "
+                                "program (--command, --agent-class, --harness) to run as another user")
+        return FunctionAgent.imported(target)
+    return CommandAgent(target, pass_env, user)
 
 
 def as_agent(agent: Any) -> Any:

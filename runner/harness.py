@@ -20,6 +20,7 @@ from typing import Any
 from runner.agents import AgentResult, ClientConfig, failure, last_number, rollout_env, run_process
 from runner.environment import inherited
 from runner.errors import RunInputError, TaskDataError
+from runner.identity import AgentUser
 from runner.task_data import checked_text, task_json, task_variables
 
 INSTALL = {"claude-code": ("claude", "npm install -g @anthropic-ai/claude-code"),
@@ -55,7 +56,8 @@ def toml_string(value: str) -> str:
 
 class HarnessAgent:
     def __init__(self, kind: str, prompt_field: str, verify: str | None, workdir: Path | None,
-                 repo_field: str | None, extra_args: tuple[str, ...] = (), pass_env: tuple[str, ...] = ()) -> None:
+                 repo_field: str | None, extra_args: tuple[str, ...] = (), pass_env: tuple[str, ...] = (),
+                 user: AgentUser | None = None) -> None:
         if not verify:
             raise RunInputError(f"--harness {kind} needs --verify COMMAND: its result in the working folder is "
                                 "the reward")
@@ -63,7 +65,7 @@ class HarnessAgent:
             raise RunInputError(f"--workdir {workdir}: not a folder")
         self.kind, self.program = kind, find_harness(kind)
         self.prompt_field, self.verify, self.workdir, self.repo_field = prompt_field, verify, workdir, repo_field
-        self.extra_args, self.pass_env = list(extra_args), pass_env
+        self.extra_args, self.pass_env, self.user = list(extra_args), pass_env, user
 
     def needed_fields(self) -> dict[str, str]:
         """The task fields it reads, each with the flag naming it."""
@@ -87,15 +89,19 @@ class HarnessAgent:
             error = await self._prepare(work, task)
             if error:
                 return AgentResult(error=error)
-            base = {**inherited(self.pass_env), **env}
+            base = {**inherited(self.pass_env), **env, **(self.user.variables() if self.user else {})}
             argv, own = self._command(config, work, home)
             prompt = checked_text(task[self.prompt_field], "the prompt").encode("utf-8")
-            code, _, err = await run_process(argv, {**base, **own}, cwd=str(work), stdin=prompt)
+            if self.user is not None:  # its working folder and home, the attempt's alone
+                self.user.give(root)
+            code, _, err = await run_process(argv, {**base, **own}, cwd=str(work), stdin=prompt, user=self.user)
             if code != 0:
                 return AgentResult(error=f"{self.kind} {failure(code, err)}")
             # the task (the verifier's answer key, say) is written only now that the harness is done
             variables = {**base, **rollout_env(config), **task_variables(task, root)}
-            code, out, _ = await run_process(self.verify, variables, cwd=str(work))
+            if self.user is not None:
+                self.user.give(root / "task.json")
+            code, out, _ = await run_process(self.verify, variables, cwd=str(work), user=self.user)
             score = last_number(out)
             return AgentResult(score if score is not None else (1.0 if code == 0 else 0.0))
         finally:

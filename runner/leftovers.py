@@ -10,6 +10,15 @@ theirs, are left alone: `rlproxy run` may run inside another program). Not durin
 server an attempt still uses, and which attempt a process that left its group belongs to cannot be told.
 
 Elsewhere than Linux nothing is adopted: what left its group still outlives the run there.
+
+When the runner itself dies (SIGKILL, the OOM killer: nothing of its own runs), its agents are ended by:
+- `PR_SET_PDEATHSIG` (SIGKILL), set in each program it starts before the program runs (`preexec`): a direct child
+  dies with the runner;
+- the watchdog (runner/watchdog.py), a process of its own session started with the run: it is told each attempt's
+  process group, and kills those left once its pipe from the runner closes without the runner's `exit`;
+- a cgroup v2 of the run's own, where the system lets the runner make one below its own (root, or a delegated
+  cgroup): every agent program is put into it before it runs, and the watchdog kills all that is in it, processes
+  that left their group included. Where there is none, a process that left its group outlives a killed runner.
 """
 from __future__ import annotations
 
@@ -18,10 +27,14 @@ import ctypes
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from runner.identity import AgentUser
 
 log = logging.getLogger("rlproxy.run")
 
@@ -30,21 +43,108 @@ PR_GET_CHILD_SUBREAPER = 37
 ROUNDS = 50  # a killed process's own children are adopted next: kill again until none is left (or give up)
 
 
+PR_SET_PDEATHSIG = 1
+CGROUP_NAME = "rlproxy-run-"
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+_watchdog: subprocess.Popen | None = None  # the running run's (one at a time per process)
+_cgroup: Path | None = None
+
+
 @contextlib.contextmanager
 def no_process_outlives_the_run() -> Iterator[None]:
-    """While inside: orphans of agents' processes are adopted by this process; on leaving: all killed."""
+    """While inside: orphans of agents' processes are adopted by this process, and a watchdog (with the run's
+    cgroup, where there can be one) ends them if this process dies; on leaving: all killed."""
+    global _watchdog, _cgroup
     was = _subreaper()
     adopting = _set_subreaper(True)
     before = set(descendants(os.getpid())) if adopting else set()
+    _cgroup = make_cgroup() if sys.platform.startswith("linux") else None
+    _watchdog = start_watchdog(_cgroup)
     try:
         yield
     finally:
+        watchdog, cgroup, _watchdog, _cgroup = _watchdog, _cgroup, None, None
         if adopting:
-            ended = end_descendants(keep=before)
+            ended = end_descendants(keep=before | ({watchdog.pid} if watchdog is not None else set()))
             if ended:
                 log.warning("ended %d process%s the agents left running (they had left their attempt's process "
                             "group)", ended, "" if ended == 1 else "es")
             _set_subreaper(was)
+        if watchdog is not None:  # it ends what is left in the cgroup (what left this tree too) and removes it
+            _tell(watchdog, "exit")
+            with contextlib.suppress(OSError):
+                watchdog.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                watchdog.wait(10)
+        elif cgroup is not None:
+            with contextlib.suppress(OSError):
+                cgroup.rmdir()
+
+
+def start_watchdog(cgroup: Path | None) -> subprocess.Popen | None:
+    """runner/watchdog.py in a session of its own (a signal to the runner's group does not reach it), with none
+    of the runner's variables; None where it cannot start (the run goes on, as it did without one)."""
+    try:
+        process = subprocess.Popen([sys.executable, "-m", "runner.watchdog"], stdin=subprocess.PIPE,
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                                   cwd=PROJECT_ROOT, text=True,
+                                   env={"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(PROJECT_ROOT)})
+    except OSError as exc:
+        log.warning("no watchdog for this run (%s): a killed rlproxy run may leave agents' processes", exc)
+        return None
+    if cgroup is not None:
+        _tell(process, f"cgroup {cgroup}")
+    return process
+
+
+def _tell(process: subprocess.Popen, line: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        process.stdin.write(line + "\n")
+        process.stdin.flush()
+
+
+def watch_group(group: int, began: bool) -> None:
+    """An attempt's process group began (the watchdog ends it if the runner dies) or was ended by the runner."""
+    if _watchdog is not None:
+        _tell(_watchdog, f"{'+' if began else '-'}{group}")
+
+
+def make_cgroup() -> Path | None:
+    """A cgroup v2 folder of the run's own below this process's, where the system lets it make one."""
+    try:
+        own = next(line[3:].strip() for line in Path("/proc/self/cgroup").read_text().splitlines()
+                   if line.startswith("0::"))
+        mount = next(line.split(" - ")[0].split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()
+                     if " - cgroup2 " in line)
+        folder = Path(mount) / own.lstrip("/") / f"{CGROUP_NAME}{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        folder.mkdir(mode=0o755)
+    except (OSError, StopIteration, IndexError):
+        return None
+    return folder
+
+
+def preexec(user: AgentUser | None = None) -> Callable[[], None]:
+    """What each agent program runs before its own code (`preexec_fn`): in the run's cgroup, as `user` (if one:
+    --agent-user), killed when this process dies. If this process died meanwhile, the program ends at once."""
+    parent, cgroup = os.getpid(), _cgroup
+    procs = str(cgroup / "cgroup.procs") if cgroup is not None else None
+
+    def before_exec() -> None:
+        if procs is not None:
+            with contextlib.suppress(OSError):
+                fd = os.open(procs, os.O_WRONLY)
+                try:
+                    os.write(fd, b"0")
+                finally:
+                    os.close(fd)
+        if user is not None:  # before the death signal: a change of user clears it
+            user.become()
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the runner died before the signal was set
+            os._exit(137)
+
+    return before_exec
 
 
 def _subreaper() -> bool:

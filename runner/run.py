@@ -25,6 +25,7 @@ from runner.client import ProxyClient, proxy_url
 from runner.environment import check_names
 from runner.errors import ProxyRefused, RunInputError
 from runner.harness import HarnessAgent
+from runner.identity import agent_user, refuse_readable
 from runner.journal import Journal, read_log
 from runner.pacing import Pacer
 from runner.progress import Display
@@ -100,14 +101,18 @@ def prepare(settings: RunSettings) -> Plan:
     check_names(settings.pass_env, mapped)
     needed = {field: f"--env-map {variable}={field}" for variable, field in mapped.items()}
     proxy = proxy_url(settings.proxy)
+    user = agent_user(settings.agent_user)
+    if user is not None:
+        refuse_readable(user, {"--tasks": settings.tasks, "--eval-tasks": settings.eval_tasks, "--log": settings.log})
     if kind == "harness":
         agent = HarnessAgent(target, settings.prompt_field, settings.verify, settings.workdir, settings.repo_field,
-                             settings.harness_args, settings.pass_env)
+                             settings.harness_args, settings.pass_env, user)
         needed.update(agent.needed_fields())
     else:
         agent = make_agent(kind, target, {"AGL_OPENAI_BASE_URL": f"{proxy}/v1",
                                           "AGL_KEY": NO_KEY,  # no rollout yet: each gets its own token
-                                          "AGL_EVENT_URL": f"{proxy}/rollouts/none/events"}, settings.pass_env)
+                                          "AGL_EVENT_URL": f"{proxy}/rollouts/none/events"}, settings.pass_env,
+                           user)
     tasks: list[Task] = []
     if settings.tasks is not None:
         tasks += read_tasks(settings.tasks, TRAIN, settings.task_id_field, needed, settings.eval_share)

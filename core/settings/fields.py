@@ -10,8 +10,8 @@ it had before, still read as an alias, with its variable).
 
 A secret (a SecretStr field, or one saying "secret": "value") is never taken on the command line, where every
 process of the machine reads it (`/proc/PID/cmdline`): its variable gives it, or a file (`--FLAG-file PATH`,
-`RLPROXY_<FLAG>_FILE`). A database URL (a field named `database_url`) may hold a password: it is refused there only when it
-holds one (rlproxy/commands/flags.py).
+`RLPROXY_<FLAG>_FILE`). A database URL (a field named `database_url`) may hold a password: it is refused there
+only when it holds one (rlproxy/commands/flags.py).
 
 A list or tuple field is a repeatable flag that also takes comma-separated values (`"split": False` keeps
 commas: regular expressions); its environment variable separates values by spaces."""

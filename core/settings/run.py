@@ -36,6 +36,10 @@ class RunSettings(CommandSettings):
         (), description="NAME: a variable of the runner's environment also given to the agent's programs (repeat). "
         "They get only PATH, HOME, USER, LOGNAME, SHELL, LANG, LANGUAGE, LC_*, TZ, TMPDIR, TERM and the rollout's "
         "variables otherwise (docs/run.md).")
+    agent_user: str | None = Field(
+        None, description="Run the agents' programs (--command, --agent-class, --harness and --verify) as this user "
+        "(a name or uid; the runner must be root): they cannot read the task files or the journal (--log), which "
+        "the run checks as that user before it starts, nor an earlier attempt's task (docs/run.md).")
     proxy: str = Field(DEFAULT_PROXY, description="The running proxy's URL.")
     api_key: SecretStr | None = Field(None, description="The runner's key to the proxy (when its keys are on): it "
                                                        "creates the rollouts and posts their rewards.")

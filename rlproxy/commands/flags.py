@@ -116,8 +116,10 @@ class Flags:
                 raw = params[param(setting)]
                 refuse_on_command_line(setting, raw, f"--{setting.flag}")
                 assign(given, setting.path, setting.values(raw) if setting.many else raw)
-            elif self.own_file_flag(setting) and (value := secret_from_file(setting, file_named(setting, params))) is not None:
-                assign(given, setting.path, value)
+            elif self.own_file_flag(setting):
+                value = secret_from_file(setting, file_named(setting, params))
+                if value is not None:
+                    assign(given, setting.path, value)
         return self.pairs(pairs, given)
 
     def pairs(self, pairs: Iterable[str], given: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -1,0 +1,81 @@
+"""`rlproxy run --agent-user`: the agents' programs run as another user, so the runner's journal, its task files
+(evaluation answers included) and the other attempts' tasks are out of their reach; a task file that user could
+read is refused before the run. Switching users needs root: these tests say so and are skipped elsewhere. Real
+processes: the proxy in front of the stand-in engine, the runner, the agents."""
+from __future__ import annotations
+
+import json
+import os
+import pwd
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from testkit.processes import rlproxy_command
+
+AGENT_USER = "nobody"
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching the agents' user needs root; the runner here "
+                                                          f"runs as uid {os.geteuid()}")
+
+
+def run(proxy_url: str, folder: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(rlproxy_command("run", "--proxy", proxy_url, "--log", str(folder / "run.jsonl"),
+                                          "--attempts", "2", *args),
+                          capture_output=True, text=True, timeout=180)
+
+
+@needs_root
+def test_agents_run_as_their_user_and_reach_only_their_own_task(proxy_url, tmp_path):
+    private = tmp_path / "runner"  # the runner's files, in a folder only it may enter
+    private.mkdir(mode=0o700)
+    tasks = private / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "one", "answer": "secret-answer-1"}) + "\n"
+                     + json.dumps({"id": "two", "answer": "secret-answer-2"}) + "\n")
+    # where the agents write what they found (the test's, not the runner's; pytest's folders are root's alone)
+    out = Path(tempfile.mkdtemp(prefix="rlproxy-seen-"))
+    out.chmod(0o777)
+    # each attempt: who it runs as, whether it can read its own task, the task file, the journal
+    agent = (f'f="{out}/$RLPROXY_ROLLOUT_ID"; id -u > "$f"; '
+             f'cat "$RLPROXY_TASK_FILE" >/dev/null 2>&1 && echo own >> "$f"; '
+             f'cat {tasks} >/dev/null 2>&1 && echo tasks >> "$f"; '
+             f'cat {private}/run.jsonl >/dev/null 2>&1 && echo journal >> "$f"; '
+             f'sleep 1; echo 1')
+    # one at a time: attempts running at once as one user could read each other's (docs/run.md)
+    done = run(proxy_url, private, "--tasks", str(tasks), "--task-id-field", "id", "--agent-user", AGENT_USER,
+               "--concurrency", "1", "--command", agent)
+    assert done.returncode == 0, done.stderr
+    seen = {path.name: path.read_text().split() for path in out.iterdir()}
+    shutil.rmtree(out)
+    assert len(seen) == 4, seen
+    for lines in seen.values():
+        assert lines[0] == str(pwd.getpwnam(AGENT_USER).pw_uid)  # not the runner's root
+        assert "own" in lines and "tasks" not in lines and "journal" not in lines, lines
+
+
+@needs_root
+def test_a_task_file_the_agents_user_can_read_is_refused(proxy_url, tmp_path):
+    shared = Path(tempfile.mkdtemp(prefix="rlproxy-shared-"))  # pytest's own folders are root's alone
+    shared.chmod(0o755)
+    tasks = shared / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "one"}) + "\n")
+    tasks.chmod(0o644)
+    done = run(proxy_url, shared, "--tasks", str(tasks), "--agent-user", AGENT_USER, "--command", "echo 1")
+    assert done.returncode == 2, done.stderr
+    assert f"--tasks {tasks}: the agents' user {AGENT_USER} can read it" in done.stderr
+    assert "chmod 600" in done.stderr and not (shared / "run.jsonl").exists()
+    shutil.rmtree(shared)
+
+
+def test_an_agent_user_is_refused_for_a_function_agent_and_unknown_users(proxy_url, tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "one"}) + "\n")
+    unknown = run(proxy_url, tmp_path, "--tasks", str(tasks), "--agent-user", "no-such-user-here",
+                  "--command", "echo 1")
+    assert unknown.returncode == 2 and "--agent-user 'no-such-user-here': no such user" in unknown.stderr
+    if os.geteuid() == 0:
+        function = run(proxy_url, tmp_path, "--tasks", str(tasks), "--agent-user", AGENT_USER,
+                       "--agent", "examples.run_agent:solve")
+        assert function.returncode == 2 and "runs inside the runner" in function.stderr, function.stderr
