@@ -71,6 +71,7 @@ def refuse_readable(user: AgentUser, paths: dict[str, Path]) -> None:
     readable = set(done.stdout.splitlines())
     for (flag, path), resolved in zip(given.items(), listed):
         if resolved in readable:
-            raise RunInputError(f"{flag} {path}: the agents' user {user.name} can read it, and with it every "
-                                "task and evaluation answer (or the run's journal); make it unreadable to that "
-                                "user (chmod 600, or a folder of mode 0700)")
+            what = "the runner's key" if flag.endswith("-key-file") else \
+                "every task and evaluation answer (or the run's journal)"
+            raise RunInputError(f"{flag} {path}: the agents' user {user.name} can read it, and with it {what}; "
+                                "make it unreadable to that user (chmod 600, or a folder of mode 0700)")

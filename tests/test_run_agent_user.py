@@ -56,7 +56,7 @@ def test_agents_run_as_their_user_and_reach_only_their_own_task(proxy_url, tmp_p
 
 
 @needs_root
-def test_a_task_file_the_agents_user_can_read_is_refused(proxy_url, tmp_path):
+def test_a_task_or_key_file_the_agents_user_can_read_is_refused(proxy_url, tmp_path):
     shared = Path(tempfile.mkdtemp(prefix="rlproxy-shared-"))  # pytest's own folders are root's alone
     shared.chmod(0o755)
     tasks = shared / "tasks.jsonl"
@@ -66,6 +66,14 @@ def test_a_task_file_the_agents_user_can_read_is_refused(proxy_url, tmp_path):
     assert done.returncode == 2, done.stderr
     assert f"--tasks {tasks}: the agents' user {AGENT_USER} can read it" in done.stderr
     assert "chmod 600" in done.stderr and not (shared / "run.jsonl").exists()
+    tasks.chmod(0o600)
+    key = shared / "runner-key"  # the runner's key in a file that user could read: refused alike
+    key.write_text("rlp_" + "k" * 43 + "\n")
+    key.chmod(0o644)
+    done = run(proxy_url, shared, "--tasks", str(tasks), "--agent-user", AGENT_USER, "--api-key-file", str(key),
+               "--command", "echo 1")
+    assert done.returncode == 2 and f"--api-key-file {key}: the agents' user {AGENT_USER} can read it, and with " \
+        "it the runner's key" in done.stderr, done.stderr
     shutil.rmtree(shared)
 
 

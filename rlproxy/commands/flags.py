@@ -106,6 +106,12 @@ class Flags:
         reads its file itself)."""
         return bool(setting.secret) and setting.file_flag not in {other.flag for other in self.settings}
 
+    def secret_files(self, params: dict[str, Any]) -> dict[str, Path]:
+        """The files the secrets were read from (`--api-key-file` -> its path), for a caller that checks who else
+        may read them."""
+        return {f"--{setting.file_flag}": path for setting in self.settings if self.own_file_flag(setting)
+                if (path := file_named(setting, params)) is not None}
+
     def given(self, params: dict[str, Any], pairs: Iterable[str] = ()) -> dict[str, Any]:
         """What the command line gave, nested as the model is: the flags given (not their defaults), then
         the `--set NAME=VALUE` pairs over them."""

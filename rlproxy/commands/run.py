@@ -11,6 +11,7 @@ from core.settings import RunSettings
 from rlproxy.commands.flags import Flags
 from runner.environment import hide_own_environment
 from runner.errors import InfrastructureError, ProxyRefused, RunInputError
+from runner.identity import agent_user, refuse_readable
 from runner.leftovers import no_process_outlives_the_run
 from runner.progress import summary
 from runner.run import prepare, run_plan
@@ -33,6 +34,9 @@ def run(**params) -> None:
     hide_own_environment()  # before any agent starts: they run as this user
     try:
         plan = prepare(settings)
+        user = agent_user(settings.agent_user)
+        if user is not None:  # a key file the agents' user could read would hand them the runner's key
+            refuse_readable(user, RUN_FLAGS.secret_files(params))
     except RunInputError as exc:
         _fail(str(exc), BAD_INPUT)
     try:
