@@ -26,6 +26,7 @@ log = logging.getLogger("rlproxy.proxy")
 CACHE_IDS = 200_000  # ids kept per base model (a vocabulary is 50k-260k)
 AT_ONCE = 16  # /detokenize requests in flight for one page
 MOST_NEW = 4_096  # distinct ids decoded for one page; past it the rest show as ids (a page of odd calls)
+DECODE_S = 5.0  # one id's answer; an engine slower than that is taken as away (the page must not hang on it)
 
 
 class TokenCache:
@@ -47,6 +48,10 @@ class TokenCache:
 _caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # UpstreamPool -> TokenCache
 
 
+class EngineAway(Exception):
+    """The engine could not be asked (not a refusal of one id): no id of the page is asked for after it."""
+
+
 async def _decode(app: ProxyState, model: str, token: int) -> str | None:
     body = orjson.dumps({"model": model, "tokens": [token]})
     try:
@@ -55,14 +60,16 @@ async def _decode(app: ProxyState, model: str, token: int) -> str | None:
             if response.status != 200:
                 return None
             text = orjson.loads(await response.read()).get("prompt")
-    except (ProxyError, ValueError, OSError, asyncio.TimeoutError) as exc:
-        log.debug("could not decode token %d: %s", token, exc)
+    except ValueError:
         return None
+    except (ProxyError, OSError, asyncio.TimeoutError) as exc:
+        raise EngineAway(str(exc)) from exc
     return text if isinstance(text, str) else None
 
 
 async def token_texts(app: ProxyState, id_lists: list[list[int] | None]) -> list[list[str | None] | None]:
-    """The text of each id of each list (None for a list that is None, and for an id not decoded)."""
+    """The text of each id of each list (None for a list that is None, and for an id not decoded). An engine
+    that cannot be reached ends the asking at once: the page shows the ids it has no text for."""
     model = app.router.base_model
     if model is None:
         return [None if ids is None else [None] * len(ids) for ids in id_lists]
@@ -70,12 +77,21 @@ async def token_texts(app: ProxyState, id_lists: list[list[int] | None]) -> list
     known = cache.for_model(model)
     wanted = list(dict.fromkeys(t for ids in id_lists for t in ids or () if isinstance(t, int) and t not in known))
     gate = asyncio.Semaphore(AT_ONCE)
+    away: list[str] = []
 
     async def one(token: int) -> None:
         async with gate:
-            text = await _decode(app, model, token)
+            if away:
+                return
+            try:
+                text = await asyncio.wait_for(_decode(app, model, token), DECODE_S)
+            except (EngineAway, asyncio.TimeoutError) as exc:
+                away.append(str(exc) or f"no answer within {DECODE_S:g} s")
+                return
         if text is not None:
             cache.keep(token, text)
 
     await asyncio.gather(*(one(t) for t in wanted[:MOST_NEW]))
+    if away:
+        log.info("the web view shows token ids without text: the engine's /detokenize did not answer (%s)", away[0])
     return [None if ids is None else [known.get(t) if isinstance(t, int) else None for t in ids] for ids in id_lists]

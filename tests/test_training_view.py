@@ -11,21 +11,25 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
+from types import SimpleNamespace
 
 import pytest
 import requests
 
 from core.step_record import StepMetrics, StepRecord, field_names
+from proxy.token_text import token_texts
+from proxy.upstream import UpstreamPool
 from store import policies, step_history, training, verdicts
 from store.calls import write_calls
 from store.db import open_database, session_factory
 from store.records import CallRecord, ChoiceRecord
 from store.rollouts import create_rollout
 from testkit.stub_engine import token_id
-from tests.support import fresh_database, running_proxy
+from tests.support import free_port, fresh_database, running_proxy
 
 WORDS = ["The", "answer", "is", "42"]
 UNKNOWN = 7  # an id the stand-in engine spells as <7>
@@ -102,6 +106,26 @@ async def test_a_policy_s_steps_and_yield_read_back_from_the_step_records(sessio
             "steps": 1, "calls_seen": 6, "calls_trained": 3, "calls_skipped": {"too_long": 2, "greedy_sampling": 1},
             "share_trained": 0.5}
         assert (await step_history.recent_yield(session, name + "-none"))["share_trained"] is None
+
+
+async def pool_state(url: str) -> SimpleNamespace:
+    """What proxy/token_text.py reads of a proxy's state: its engines and the base model they serve."""
+    pool = UpstreamPool([url], timeout=30)
+    await pool.start()
+    return SimpleNamespace(upstreams=pool, router=SimpleNamespace(base_model="stub-model"))
+
+
+async def test_token_text_comes_from_the_engine_and_an_engine_away_leaves_the_ids(stub_url):
+    ids = [token_id("answer"), token_id("42")]
+    app = await pool_state(stub_url)
+    assert await token_texts(app, [ids, None, [UNKNOWN]]) == [["answer", "42"], None, [f"<{UNKNOWN}>"]]
+    await app.upstreams.close()
+    away = await pool_state(f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    many = list(range(1000, 1400))
+    began = time.monotonic()
+    assert await token_texts(away, [many]) == [[None] * len(many)]
+    assert time.monotonic() - began < 3  # given up at the first failure, not tried (with retries) per id
+    await away.upstreams.close()
 
 
 def test_policies_carry_each_policy_s_yield_over_its_last_steps(site):
