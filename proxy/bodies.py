@@ -114,6 +114,11 @@ class CallRecord(Body):
                                                    "\"temperature=0.7\"; the trainer skips such a call "
                                                    "(sampling_altered). Null: the log-probs are the sampling "
                                                    "probabilities.")
+    sampling_override: dict[str, Any] | None = Field(
+        None, description="What `rlproxy serve --rollout-sampling` changed in the agent's request before it went to "
+                          "the engine: {\"rule\", \"asked\": the agent's values (null: not sent), \"sent\": the "
+                          "engine's}. `request` is the agent's own; `sampling` what the engine sampled with. Null: "
+                          "nothing was changed.")
     request: dict[str, Any] | None
     response: dict[str, Any] | None
     error: str | None
