@@ -119,7 +119,7 @@ class _Target:
 
 # What only a resuming trainer reads, never an engine: left out of the digest, so that retention may drop a
 # version's optimizer state (trainer/retention.py) and its folder still verifies (and a third as much is hashed).
-RESUME_ONLY = frozenset({"optimizer.pt", "trainer_state.json"})
+RESUME_ONLY = frozenset({"optimizer.pt", "trainer_state.json", "adapter_master.safetensors"})
 
 
 def folder_digest(path: str | Path, *, resume_files: bool = False) -> str | None:

@@ -291,6 +291,41 @@ def test_saved_adapter_is_vllm_shaped_and_resumes_exactly(tiny_model, tmp_path):
     assert trainer.step(batch).loss == pytest.approx(resumed.step(batch).loss, abs=1e-6)
 
 
+def test_a_bf16_served_copy_is_what_engines_read_and_hash_and_training_resumes_from_float32(tiny_model, tmp_path):
+    """Where the engines serve bf16 (GPUs), the replicas read and the publish hashes a bf16 adapter_model.safetensors
+    (half the bytes); the float32 master weights are resume-only, beside optimizer.pt, and a resume takes them."""
+    from safetensors.torch import load_file
+
+    from engine.fleet import folder_digest
+    from trainer.adapter import MASTER_WEIGHTS, load_adapter, save_adapter_atomically
+    from trainer.sharding import lora_weights
+
+    trainer = make_trainer(tiny_model)
+    trainer.step(on_policy_batch(trainer))
+    weights = lora_weights(trainer.model)
+    target = save_adapter_atomically(trainer.model, trainer.optimizer.state_dict(), tmp_path / "v1",
+                                     weights=weights, serving_dtype=torch.bfloat16)
+    served, master = load_file(str(target / "adapter_model.safetensors")), load_file(str(target / MASTER_WEIGHTS))
+    assert {t.dtype for t in served.values()} == {torch.bfloat16} and {t.dtype for t in master.values()} == {
+        torch.float32}
+    assert all(torch.equal(served[k], weights[k].to(torch.bfloat16)) for k in weights)
+    before = folder_digest(target)
+    (target / MASTER_WEIGHTS).write_bytes(b"not what an engine reads")
+    (target / "optimizer.pt").unlink()
+    assert folder_digest(target) == before  # only the served files are hashed (and read) by the replicas
+    (target / MASTER_WEIGHTS).unlink()
+    save_adapter_atomically(trainer.model, None, target, weights=weights, serving_dtype=torch.bfloat16)
+    other = make_trainer(tiny_model)
+    load_adapter(other.model, target)
+    assert all(torch.equal(p, weights[k]) for k, p in lora_weights(other.model).items())  # float32, not rounded
+    (target / MASTER_WEIGHTS).unlink()  # what retention drops from a version training no longer goes on from
+    load_adapter(other.model, target)
+    assert all(torch.equal(p, weights[k].to(torch.bfloat16).float()) for k, p in lora_weights(other.model).items())
+    plain = save_adapter_atomically(trainer.model, None, tmp_path / "cpu", weights=weights)  # a CPU's engines
+    assert not (plain / MASTER_WEIGHTS).exists()
+    assert {t.dtype for t in load_file(str(plain / "adapter_model.safetensors")).values()} == {torch.float32}
+
+
 def test_a_resumed_trainer_takes_the_weight_decay_it_is_given_not_the_saved_one(tiny_model, tmp_path):
     """The optimizer's state, saved beside an adapter, carries the settings it was made with: an operator who
     changes weight_decay before a restart must get the new one."""

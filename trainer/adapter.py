@@ -8,6 +8,12 @@ absent but never partial. Publishing each policy version to a fresh directory av
 Files: adapter_config.json + adapter_model.safetensors (what vLLM and peft read), optimizer.pt and
 trainer_state.json (what resuming reads; vLLM ignores them). Both hold whole tensors, however many ranks the
 trainer that wrote them had (trainer/sharding.py): an adapter saved by 8 ranks resumes on 1, and the reverse.
+
+With a `serving_dtype` (bfloat16, where the engines serve bf16 and the trainer computes in it: on GPUs),
+adapter_model.safetensors is a copy in that dtype, half of what every replica reads over shared storage and the
+publish hashes (engine/fleet.py), and the float32 master weights training goes on from are in
+adapter_master.safetensors, beside optimizer.pt among the files no engine reads (`RESUME_ONLY` there). An engine in
+bf16 casts a float32 adapter to bf16 as it loads it: it serves the same numbers either way.
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ from trainer.sharding import load_lora_weights, lora_weights, place_optimizer_st
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
+MASTER_WEIGHTS = "adapter_master.safetensors"  # float32, when the served copy is in a smaller dtype
 OPTIMIZER_STATE = "optimizer.pt"
 TRAINER_STATE = "trainer_state.json"
 
@@ -59,9 +66,11 @@ def save_adapter_atomically(
     base_model_name_or_path: str | None = None,
     trainer_state: Mapping[str, Any] | None = None,
     weights: Mapping[str, torch.Tensor] | None = None,
+    serving_dtype: torch.dtype | None = None,
 ) -> Path:
     """Write the adapter of peft `model` (+ optimizer state) to `target_dir`, all or nothing. `weights`: the
-    adapter's tensors when already gathered (trainer/sharding.py's `lora_weights`); by default taken from `model`."""
+    adapter's tensors when already gathered (trainer/sharding.py's `lora_weights`); by default taken from `model`.
+    `serving_dtype`: the dtype of the copy engines load, the weights as they are kept in MASTER_WEIGHTS."""
     target = Path(target_dir).absolute()
     target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     # mkdtemp makes the folder 0700, and each file is made 0600: a trained adapter is the owner's only (the
@@ -70,7 +79,11 @@ def save_adapter_atomically(
     try:
         weights = lora_weights(model) if weights is None else weights
         _write_json(tmp / ADAPTER_CONFIG, adapter_config(model, base_model_name_or_path))
-        _write_weights(weights, tmp / ADAPTER_WEIGHTS)
+        served = weights
+        if serving_dtype is not None and any(t.dtype != serving_dtype for t in weights.values()):
+            served = {name: t.to(serving_dtype) for name, t in weights.items()}
+            _write_weights(weights, tmp / MASTER_WEIGHTS)
+        _write_weights(served, tmp / ADAPTER_WEIGHTS)
         if optimizer_state is not None:
             torch.save(dict(optimizer_state), tmp / OPTIMIZER_STATE)
         _write_json(tmp / TRAINER_STATE, dict(trainer_state or {}))
@@ -107,7 +120,9 @@ def load_adapter(
                                   f"settings make {ours.get(key)!r}: train on with the settings it was made with, "
                                   "or start a new line in another --adapters-dir")
     try:
-        load_lora_weights(model, load_file(str(adapter_dir / ADAPTER_WEIGHTS)))
+        # the float32 master where the served copy is smaller; where retention dropped it, the served copy
+        master = adapter_dir / MASTER_WEIGHTS
+        load_lora_weights(model, load_file(str(master if master.exists() else adapter_dir / ADAPTER_WEIGHTS)))
     except ValueError as exc:
         raise ValueError(f"{adapter_dir}: {exc}") from None
     if optimizer is not None and (adapter_dir / OPTIMIZER_STATE).exists():

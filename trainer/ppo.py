@@ -285,6 +285,9 @@ class PolicyTrainer:
             base_model_name_or_path=self.model_path,
             trainer_state={"step": self.step_count, "config": asdict(self.config)},
             weights=weights,
+            # a GPU's engines serve bf16 and this trainer computes its LoRA products in it: the replicas read a bf16
+            # copy (half the bytes), the float32 master stays beside the optimizer state (trainer/adapter.py)
+            serving_dtype=torch.bfloat16 if self.device.type == "cuda" and self.autocast_enabled else None,
         )
 
     def load(self, adapter_dir: str | os.PathLike[str] | None) -> None:

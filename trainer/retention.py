@@ -16,8 +16,9 @@ restarts reloads a serving version from its folder, never one that stopped servi
 `adapters_dir` are ever removed: a version recorded with a folder elsewhere is the operator's.
 
 Optimizer state is what resuming needs and nothing else reads: it stays only in the versions training may go on
-from (the one it trains on, candidates, the newest of each policy). A rollback to an older version trains on
-with fresh AdamW moments.
+from (the one it trains on, candidates, the newest of each policy), and so do the float32 master weights beside
+a bf16 served copy (trainer/adapter.py). A rollback to an older version trains on with fresh AdamW moments, from
+the weights it served.
 
 Before each save, `room_for_save` compares the free space with what the next version takes (the newest folder's
 size, or an estimate from the adapter's parameters): short of it, the step is not saved or published, an ALERT
@@ -37,12 +38,13 @@ from core.errors import RlproxyError
 from engine.lifecycle import Drain
 from store import policies
 from store.models import Policy, PolicyStatus
-from trainer.adapter import OPTIMIZER_STATE
+from trainer.adapter import MASTER_WEIGHTS, OPTIMIZER_STATE
 
 log = logging.getLogger("rlproxy.trainer")
 
 HEADROOM = 2.0  # free space wanted before a save, in sizes of one version: that one, and the margin of another
-ESTIMATE_BYTES_PER_PARAMETER = 12  # fp32 weights and AdamW's two fp32 moments, before a version exists to measure
+# Before a version exists to measure: fp32 weights, AdamW's two fp32 moments, and on GPUs a bf16 served copy.
+ESTIMATE_BYTES_PER_PARAMETER = 14
 
 
 class NoRoomForAdapter(RlproxyError):
@@ -69,7 +71,8 @@ class AdapterRetention:
             folder = Path(row.path).resolve() if row.path else None
             if row.version in keep:
                 if folder is not None and row.version not in resume and self._ours(folder):
-                    (folder / OPTIMIZER_STATE).unlink(missing_ok=True)
+                    for resume_only in (OPTIMIZER_STATE, MASTER_WEIGHTS):  # goes on from the served copy
+                        (folder / resume_only).unlink(missing_ok=True)
                 continue
             if self.drain.draining(row.name) or (folder is not None and not self._ours(folder)):
                 continue  # an engine may still load it; or a folder this trainer did not write
