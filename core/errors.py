@@ -22,7 +22,7 @@ bugs and from the libraries' own errors. The tree:
     │                                              is taken), UpstreamUnavailable 502,
     │                                              DecoderUnavailable 503 (proxy/otlp/decoding.py),
     │                                              ... (each carries its status)
-    ├── AuthConfigError (proxy/auth.py)            the access settings cannot be served as given
+    ├── AuthConfigError (proxy/edge/auth.py)       the access settings cannot be served as given
     ├── SpoolInUse (proxy/recording/spool.py)      another process writes this spool;
     │                                              SpoolForeign (proxy/recording/identity.py): its calls
     │                                              are for another database

@@ -16,17 +16,17 @@ from engine.adapters import AdapterError
 from engine.fleet import Rejoiner
 from migrations.apply import upgrade_async
 from proxy import route_hints
-from proxy.recording import air_rules, automatic_rewards
 from proxy.boundary import RequestBoundary
 from proxy.dialects import DIALECTS
 from proxy.dialects.messages_objects import error_body as anthropic_error_body
+from proxy.edge import SERVER_SETTINGS, Router, body_deadline, close_refused, use_guarded_handler, valid_host
 from proxy.endpoints import register
 from proxy.errors import ConflictError, Forbidden, NotFoundError, ProxyError, StoreUnavailable, json_response
-from proxy.http_server import Router, use_guarded_handler, valid_host
 from proxy.ingest import RewardIngest
 from proxy.metrics import ProxyMetrics
 from proxy.otlp import decoders_of
 from proxy.policy import PolicyRouter
+from proxy.recording import CaptureWriter, air_rules, automatic_rewards
 from proxy.routes import all_endpoints, documented_endpoints, messages, passthrough
 from proxy.routes.docs import BUILT, DOCUMENTED
 from proxy.routes.ops import READINESS, ReadinessLooks
@@ -34,9 +34,7 @@ from proxy.security import install as install_security
 from proxy.serving import CompletionServing
 from proxy.state import STATE, ProxyState
 from proxy.tenancy import ModelAccess
-from proxy.uploads import SERVER_SETTINGS, body_deadline, close_refused
 from proxy.upstream import UpstreamPool
-from proxy.recording import CaptureWriter
 from store import errors as store_errors
 from store.db import open_database, session_factory
 
@@ -101,7 +99,7 @@ def logged_path(request: web.Request) -> str:
 
 def build_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> web.Application:
     redact_keys_in()  # aiohttp logs the head of a request it cannot parse, keys included
-    use_guarded_handler(settings.max_connections)  # and answers it with that head: proxy/http_server.py
+    use_guarded_handler(settings.max_connections)  # and answers it with that head: proxy/edge/http_server.py
     edge = [close_refused, body_deadline(settings.body_timeout), api_errors, valid_host]  # then keys, limits…
     app = web.Application(middlewares=edge,
                           client_max_size=settings.client_max_size, router=Router(),
@@ -110,7 +108,7 @@ def build_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> w
     app[DOCUMENTED] = documented_endpoints()
     app[BUILT] = {}  # the OpenAPI document, built once per served model name
     app[READINESS] = ReadinessLooks()  # /readyz's shared look
-    passthrough.add_routes(app)  # the engine's read-only routes, relayed (proxy/engine_routes.py)
+    passthrough.add_routes(app)  # the engine's read-only routes, relayed (proxy/edge/engine_routes.py)
     metrics = metrics or ProxyMetrics()
     install_security(app, settings, metrics)
     app.cleanup_ctx.append(_lifecycle(settings, metrics))

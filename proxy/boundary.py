@@ -1,11 +1,11 @@
 """The request boundary: every JSON body that reaches the engine crosses it once, on every route (chat,
-completions, Responses, Messages, count_tokens and the relayed engine routes of proxy/engine_routes.py).
+completions, Responses, Messages, count_tokens and the relayed engine routes of proxy/edge/engine_routes.py).
 
     parse     the body's bytes, once, by one set of rules (`read_json_object`): UTF-8 JSON as RFC 8259 has it,
               one object, nothing else: no NaN or Infinity, no byte order mark, no other encoding (UTF-16/32),
               no lone surrogate escapes, no key twice in one object, no nesting past `MAX_JSON_DEPTH`
     check     the parsed object: the fields the route takes (proxy/dialects/fields.py; the relayed routes'
-              proxy/engine_routes.py `FIELDS`; plus what the operator allows), no field that steers the engine,
+              proxy/edge/engine_routes.py `FIELDS`; plus what the operator allows), no field that steers the engine,
               the models the key may call (proxy/tenancy.py), the token budget (`Budget`)
     forward   the bytes serialised from that checked object (`engine_bytes`), never the client's own
 

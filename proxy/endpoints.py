@@ -12,7 +12,7 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel
 
-from proxy.uploads import UNREADABLE_BODY, expect_later
+from proxy.edge import UNREADABLE_BODY, expect_later
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

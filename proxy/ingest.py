@@ -47,7 +47,7 @@ class RewardIngest:
                      task_id: str | None = None, metadata: dict[str, Any] | None = None,
                      giver: str = RewardedBy.AGENT) -> store_rollouts.RewardResult:
         """A final reward (no `call_id`: closes the rollout) or one for a call, bounded per call; from `giver`
-        (proxy/auth.py `reward_giver`), so a rollout whose grader gives its reward keeps anyone else's as a
+        (proxy/edge/auth.py `reward_giver`), so a rollout whose grader gives its reward keeps anyone else's as a
         claim."""
         await self.writer.sync()  # the calls this reward refers to may still be on their way to the database
         try:

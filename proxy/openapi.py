@@ -2,7 +2,7 @@
 module of proxy/routes/ lists its Endpoints, the relayed engine routes included) and the models: request bodies
 from proxy/schemas.py and the dialect modules, response bodies from proxy/bodies.py, which the handlers answer
 with. What the running server enforces on top (max_tokens / n limits, whether a key is needed, how deeply a JSON
-body may nest) is written in from its settings and proxy/limits.py, so the document describes this server as it
+body may nest) is written in from its settings and proxy/strict_json.py, so the document describes this server as it
 runs. Bodies the engine answers (completions, the model list, the relayed routes) are described loosely: they are
 the engine's own, passed through.
 """
@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from core.settings import ProxySettings
 from proxy.bodies import AnthropicError, Error
 from proxy.endpoints import Answer, Endpoint
-from proxy.limits import MAX_JSON_DEPTH
+from proxy.strict_json import MAX_JSON_DEPTH
 
 REF = "#/components/schemas/{model}"
 PROTOBUF = "application/x-protobuf"

@@ -35,7 +35,7 @@ class TraceExport(BaseModel):
 
 
 class EngineRequest(BaseModel):
-    """The body of a relayed engine route (proxy/engine_routes.py): a JSON object read by the request boundary's
+    """The body of a relayed engine route (proxy/edge/engine_routes.py): a JSON object read by the request boundary's
     rules (proxy/boundary.py), with only the route's fields (`FIELDS` there; docs/contract.md lists them) and a
     `model` the key may call; their values are the engine's to read and to refuse."""
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from core.settings import ProxySettings
-from proxy.auth import AUTH, Authenticator, authenticate, scope_rollouts
-from proxy.limits import LIMITS, Limits, enforce_limits
+from proxy.edge import AUTH, LIMITS, Authenticator, Limits, authenticate, enforce_limits, scope_rollouts
 from proxy.metrics import ProxyMetrics
 from proxy.state import STATE
 

@@ -16,7 +16,7 @@ import orjson
 from aiohttp import web
 
 from core.rollout_sampling import RolloutSampling
-from proxy.auth import claim_for_call
+from proxy.edge import claim_for_call
 from proxy.boundary import RequestBoundary, engine_bytes, media_in_prompt
 from proxy.capture import Additions, StreamAssembler, capture_response, prepare_upstream_body
 from proxy.context import CallContext, call_context

@@ -1,5 +1,6 @@
 """The one set of rules by which the proxy reads a JSON request body, and writes the body it sends onward
-(proxy/boundary.py says where they apply and why)."""
+(proxy/boundary.py says where they apply and why), with the bounds of a JSON body: how many values and containers
+it may hold and how deeply it may nest. Everything that parses JSON an agent sent imports them from here."""
 from __future__ import annotations
 
 import json
@@ -8,8 +9,30 @@ from typing import Any
 
 import orjson
 
+from core.checks import nests_deeper_than
 from proxy.errors import InvalidRequest, PayloadTooLarge, ProxyError
-from proxy.limits import MAX_JSON_CONTAINERS, MAX_JSON_DEPTH, MAX_JSON_VALUES
+
+MAX_JSON_VALUES = 1_000_000
+"""The most values (of any kind) a JSON body may hold, bounded before it is parsed (proxy/strict_json.py). A
+128k-token prompt sent as token ids is 128k values; a million values parse and are walked (proxy/strict_json.py
+`_shape`) in about 0.3 s on a loaded 2-core machine."""
+MAX_JSON_CONTAINERS = 200_000
+"""The most arrays and objects a JSON body may hold, bounded before it is parsed. Containers are what parsing
+pays for (a Python list or dict each): a million empty lists, 3 MB of `[],`, took 0.66 s of the event loop, and
+64 MiB of them would hold it for 10-20 s and take 2 GB, whatever the route later thinks of the body."""
+MAX_JSON_DEPTH = 64
+"""The deepest nesting of arrays and objects accepted in a JSON body (the body itself is level 1). orjson reads
+up to 1,024 levels but writes only up to 254, and every call is written again: to the engine, to the spool, to
+the database. A body that could be read but not written would fail after it was answered, where no error can
+reach its sender. Agents' bodies, JSON schemas of tools included, stay far below 64."""
+
+
+def too_deep(value: Any, raw: bytes | None = None, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether parsed JSON `value` nests deeper than `limit`. With the `raw` bytes it came from, most bodies are
+    cleared at once: nesting cannot exceed the number of opening brackets."""
+    if raw is not None and raw.count(b"[") + raw.count(b"{") <= limit:
+        return False
+    return nests_deeper_than(value, limit)
 
 
 def read_json_object(raw: bytes, error: type[ProxyError] = InvalidRequest) -> dict[str, Any]:

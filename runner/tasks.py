@@ -38,7 +38,7 @@ def held_out(task_id: str, share: float) -> bool:
     return int(hashlib.sha256(task_id.encode("utf-8", "surrogatepass")).hexdigest()[:8], 16) / 2**32 < share
 
 
-MAX_TASK_DEPTH = 64  # as the proxy reads a body (proxy/limits.py): every task is written again as JSON
+MAX_TASK_DEPTH = 64  # as the proxy reads a body (proxy/strict_json.py): every task is written again as JSON
 # Characters of one line of a task file at most: a task is held in memory and handed to every attempt, and a file
 # that never ends a line (`--tasks /dev/zero`) would otherwise be read until memory runs out.
 MAX_LINE = 64 * 1024 * 1024

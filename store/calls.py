@@ -79,7 +79,7 @@ async def write_calls(session: AsyncSession, records: list[CallRecord], *, may_r
     save the look-up. Calls of a rollout retention has pruned are not stored (they would bring it back as an
     open rollout numbered from 1 again): they are added to `pruned`, for the caller to set aside. A project's
     call into a rollout another project owns is not stored either (added to `foreign`): the id was pruned and
-    opened again by the other project while a proxy still held the first owner (proxy/auth.py), and the call
+    opened again by the other project while a proxy still held the first owner (proxy/edge/auth.py), and the call
     would train with the other project's reward."""
     # One id twice in a batch (a spool holding a call twice: written again by a stop that cut a replay short)
     # would be numbered twice and inserted once: a gap in the rollout's seq and a call_count one too high.
@@ -198,7 +198,7 @@ async def _calls_of_other_projects(session: AsyncSession,
                                    by_rollout: dict[str, list[CallRecord]]) -> list[CallRecord]:
     """The calls of a project whose rollout (its row exists by now) belongs to another project. The operator's
     calls (no project) go anywhere, as its key may; a project's call into a rollout of no project is refused by
-    the proxy before it is made (proxy/auth.py)."""
+    the proxy before it is made (proxy/edge/auth.py)."""
     owners = dict((await session.execute(
         select(Rollout.id, Rollout.project).where(Rollout.id.in_(list(by_rollout))))).all())
     return [record for rid, calls in by_rollout.items() for record in calls

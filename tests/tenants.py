@@ -27,7 +27,7 @@ from tests.support import add_policies, fresh_database, make_key, running_proxy
 OPERATOR = "operator-" + uuid.uuid4().hex
 MAX_BODY = 64 * 1024
 PROJECTS = ("alpha", "beta")  # each with a policy of its own, whose version 1 or 2 serves
-# A body each relayed engine route takes (proxy/engine_routes.py FIELDS), naming no model.
+# A body each relayed engine route takes (proxy/edge/engine_routes.py FIELDS), naming no model.
 RELAYED_BODIES = {
     "/tokenize": {"prompt": "one two"}, "/detokenize": {"tokens": [1, 2]}, "/v1/embeddings": {"input": "one two"},
     "/v2/embed": {"texts": ["one two"]}, "/pooling": {"input": "one two"}, "/classify": {"input": "one two"},

@@ -143,7 +143,7 @@ def test_a_route_module_imports_no_other_route_module():
 
 # The proxy's wings: folders of modules that work for the call path (app, routes, serving on proxy/'s top level)
 # behind one door each, their __init__.py. docs/architecture.md names what each holds.
-WINGS = ("proxy.otlp", "proxy.recording")
+WINGS = ("proxy.edge", "proxy.otlp", "proxy.recording")
 
 
 def wing_of(module: str, wings: tuple[str, ...] = WINGS) -> str | None:

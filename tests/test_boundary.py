@@ -12,7 +12,7 @@ import orjson
 import pytest
 import requests
 
-from proxy.engine_routes import RELAYED
+from proxy.edge.engine_routes import RELAYED
 from testkit.stub_engine import BASE_MODEL, Stub
 from tests.support import fresh_database, running_proxy
 from tests.tenants import RELAYED_BODIES, engine_in_thread

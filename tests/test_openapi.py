@@ -25,8 +25,8 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from core.settings import AuthSettings, ProxySettings
-from proxy.engine_routes import RELAYED
-from proxy.limits import MAX_JSON_DEPTH
+from proxy.edge.engine_routes import RELAYED
+from proxy.strict_json import MAX_JSON_DEPTH
 from proxy.openapi import openapi_document
 from proxy.routes import documented_endpoints
 from store.db import open_database, session_factory
@@ -220,7 +220,7 @@ def test_every_error_the_proxy_raises_has_the_documented_shape():
 
 def test_every_route_the_proxy_serves_is_documented_and_nothing_else():
     """The routes are registered from the same tables the document is generated from; the engine routes relayed
-    beside them (proxy/engine_routes.py) are documented once, without the rollout prefixes they are also
+    beside them (proxy/edge/engine_routes.py) are documented once, without the rollout prefixes they are also
     served under."""
     from proxy.app import build_app
     from proxy.endpoints import PREFIXES

@@ -1,4 +1,4 @@
-"""The engine routes relayed beside the recorded ones: only those of the allow-list (proxy/engine_routes.py), and
+"""The engine routes relayed beside the recorded ones: only those of the allow-list (proxy/edge/engine_routes.py), and
 exactly as listed. A corpus of request paths is sent, as raw bytes, to a secured proxy whose engine keeps the raw
 path of every request it receives (tests/tenants.py): nothing outside the list may reach it, whatever the
 spelling, and what is listed must reach it as the listed path, with no query string (none of these routes reads
@@ -11,7 +11,7 @@ from urllib.parse import urlsplit
 
 import requests
 
-from proxy.engine_routes import RELAYED
+from proxy.edge.engine_routes import RELAYED
 from tests.tenants import MAX_BODY, RELAYED_BODIES
 
 PROBE = ("GET", "/v1/models")  # the proxy's own engine health checks, at any moment

@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from proxy.dialects.messages_objects import tool_input
-from proxy.limits import MAX_JSON_DEPTH
+from proxy.strict_json import MAX_JSON_DEPTH
 from tests.support import running_proxy
 
 LIMIT = 1 << 20  # the proxy under test takes bodies up to 1 MiB

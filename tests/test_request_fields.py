@@ -108,7 +108,7 @@ RELAYED_REQUESTS = {  # the request types vLLM 0.32 reads each relayed route's b
 
 @pytest.mark.parametrize("path", sorted(RELAYED_REQUESTS))
 def test_a_relayed_route_takes_the_engines_fields_but_the_steering_ones(path):
-    from proxy.engine_routes import FIELDS
+    from proxy.edge.engine_routes import FIELDS
 
     engine = set()
     for module, name in RELAYED_REQUESTS[path]:

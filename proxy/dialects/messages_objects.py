@@ -8,7 +8,7 @@ import orjson
 
 from core.messages_chat import RAW_INPUT
 from proxy.dialects.base import Output
-from proxy.limits import too_deep
+from proxy.strict_json import too_deep
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                404: "not_found_error", 413: "request_too_large", 422: "invalid_request_error",
@@ -51,7 +51,7 @@ def tool_use_block(call: dict[str, Any]) -> dict[str, Any]:
 def tool_input(arguments: str) -> Any:
     """A tool call's arguments as the object Anthropic's `input` is; text that is not a JSON object (a model's
     malformed call) is kept whole under `_raw` rather than dropped, so the agent can see what went wrong. So is
-    an object nested too deeply to be written out again (proxy/limits.py)."""
+    an object nested too deeply to be written out again (proxy/strict_json.py)."""
     try:
         parsed = orjson.loads(arguments) if arguments.strip() else {}
     except orjson.JSONDecodeError:

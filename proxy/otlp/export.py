@@ -36,9 +36,8 @@ from core.checks import reward_problem
 from core.chat_view import chat_view
 from core.errors import RlproxyError
 from core.ids import is_valid_id
-from proxy.limits import MAX_JSON_DEPTH, too_deep
 from proxy.otlp.wire import Exceeded, Malformed, count_export
-from proxy.strict_json import json_values_bound
+from proxy.strict_json import MAX_JSON_DEPTH, json_values_bound, too_deep
 
 PROTOBUF_TYPES = ("application/x-protobuf", "application/protobuf")
 JSON_TYPE = "application/json"

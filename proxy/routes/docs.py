@@ -4,7 +4,7 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
-from proxy.auth import AUTH
+from proxy.edge import AUTH
 from proxy.bodies import OpenAPIDocument
 from proxy.endpoints import Answer, Endpoint
 from proxy.openapi import openapi_document

@@ -12,30 +12,29 @@ from typing import Any, ClassVar
 from aiohttp import web
 from pydantic import Field, StrictStr, field_validator
 
-from core.checks import nests_deeper_than, reward_problem
-from proxy.auth import reward_giver
+from core.checks import reward_problem
 from proxy.bodies import Body
+from proxy.edge import read_within, reward_giver
 from proxy.endpoints import Answer, Endpoint
 from proxy.errors import NotFoundError, PayloadTooLarge, Unprocessable
 from proxy.schemas import _Stored, parse_json_object, validate
 from proxy.state import state
-from proxy.uploads import read_within
+from proxy.strict_json import MAX_JSON_DEPTH, too_deep
 
 REWARD = "reward"
-MAX_DEPTH = 64  # JSON nesting kept: the store's JSON encoder gives up past 254 levels (a 500 otherwise)
 
 
 class RolloutEvent(_Stored):
     event_type: StrictStr = Field(min_length=1, max_length=128,
                                   description='"reward" (data.value is the final reward) or any other kind.')
-    data: Any = Field(default_factory=dict, description="Any JSON (nested at most 64 levels); a reward event's "
-                                                        "is an object with `value`.")
+    data: Any = Field(default_factory=dict, description=f"Any JSON (nested at most {MAX_JSON_DEPTH} levels); a "
+                                                        "reward event's is an object with `value`.")
 
     @field_validator("data")
     @classmethod
     def _shallow(cls, data: Any) -> Any:
-        if nests_deeper_than(data, MAX_DEPTH):
-            raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+        if too_deep(data):  # the store's JSON encoder gives up past 254 levels (a 500 otherwise)
+            raise ValueError(f"nested deeper than {MAX_JSON_DEPTH} levels")
         return data
 
 

@@ -4,7 +4,7 @@ while it is down; what it looked at only for the operator key), `GET /metrics` (
 
 Both are the whole proxy's, not a project's: `/metrics` carries every policy's versions and per-version reward
 histograms (other projects' data), `/readyz`'s details the engines' addresses and the spool's path (the
-operator's topology). A project's key, admin or not, gets 403 on `/metrics` (proxy/auth.py `OPERATOR_ROUTES`)
+operator's topology). A project's key, admin or not, gets 403 on `/metrics` (proxy/edge/auth.py `OPERATOR_ROUTES`)
 and from `/readyz` what a probe without a key gets: ready or not."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from proxy.auth import operator_caller
+from proxy.edge import operator_caller
 from proxy.bodies import Health, Ready, SpoolState
 from proxy.endpoints import Answer, Endpoint
 from proxy.state import state

@@ -1,9 +1,9 @@
-"""The engine routes of the allow-list (proxy/engine_routes.py: tokenize, embeddings, pooling, score, rerank,
+"""The engine routes of the allow-list (proxy/edge/engine_routes.py: tokenize, embeddings, pooling, score, rerank,
 classify, health, …) are relayed to the rollout's engine replica, also under the `/rollouts/{id}[/agents/{agent}]`
 prefixes. Such calls are counted in metrics (`rlproxy_passthrough_requests_total`), never recorded or trained on;
 they carry the key's tenant scope (another project's rollout in the prefix is 404, by the auth middleware) and the
 request limits. Their body crosses the request boundary like every other (proxy/boundary.py): read once by its
-rules (a body they refuse is 400 and never relayed), checked (only the route's fields, proxy/engine_routes.py
+rules (a body they refuse is 400 and never relayed), checked (only the route's fields, proxy/edge/engine_routes.py
 `FIELDS`; a `model` the key may call, proxy/tenancy.py), and sent as the bytes serialised from what was checked, under the proxy's own headers (a
 client's headers are not passed on: vLLM reads a request id from `X-Request-Id`). The engine's answer comes back
 byte for byte, streamed. Any other path is not routed at all: 404 (405 for a listed path with another method), in
@@ -32,7 +32,7 @@ from proxy.bodies import EngineObject
 from proxy.boundary import engine_bytes
 from proxy.context import call_context
 from proxy.endpoints import Answer, Endpoint, PREFIXES, mounted, register
-from proxy.engine_routes import FIELDS, RELAYED
+from proxy.edge import FIELDS, RELAYED
 from proxy.errors import InvalidRequest, NotFoundError, UpstreamTimeout, engine_failure
 from proxy.schemas import EngineRequest
 from proxy.state import state

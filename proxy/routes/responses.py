@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from proxy.auth import token_rollout
+from proxy.edge import token_rollout
 from proxy.bodies import Response
 from core.responses_chat import history_messages
 from proxy.context import CallContext, call_context

@@ -8,13 +8,12 @@ import uuid
 import orjson
 from aiohttp import web
 
-from proxy.auth import may_create_eval, own_rollout, reward_giver
 from proxy.bodies import RewardResult, Rollout, RolloutCreated
+from proxy.edge import may_create_eval, own_rollout, read_within, reward_giver
 from proxy.endpoints import Answer, Endpoint
 from proxy.errors import Forbidden, NotFoundError, PayloadTooLarge, Unprocessable
 from proxy.schemas import RewardPost, RolloutCreate, parse_json_object, validate
 from proxy.state import state
-from proxy.uploads import read_within
 from store import rollouts as store_rollouts
 from store.keys import hash_key
 from store.reward_sources import RewardSource

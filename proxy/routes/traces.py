@@ -5,7 +5,7 @@ per-call reward (docs/contract.md says which attributes mean what). Spans that n
 nothing to score, are taken and ignored, so an agent may export all its spans here.
 
 Bodies are binary protobuf or OTLP JSON; `Content-Encoding: gzip` is undone by the proxy as it reads, within
-its bounds (proxy/uploads.py). The answer is an ExportTraceServiceResponse in the request's encoding, whose
+its bounds (proxy/edge/uploads.py). The answer is an ExportTraceServiceResponse in the request's encoding, whose
 partial_success counts the refused spans (another project's or an unknown rollout, an expired one, a conflicting final reward, a reward for no call,
 one for a call that holds the most rewards kept) and says why. Keys and projects apply as on `POST /reward`.
 
@@ -19,7 +19,7 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 from google.protobuf import json_format
 
-from proxy.auth import reward_giver
+from proxy.edge import reward_giver
 from proxy.bodies import TraceExportResult
 from proxy.endpoints import Answer, Endpoint
 from proxy.errors import InvalidRequest, UnsupportedMediaType
@@ -45,7 +45,7 @@ async def export_traces(request: web.Request) -> web.Response:
         share.resize(len(raw))
         spans = await decoders.span_facts(raw, content_type, project)  # in a worker process, within budget
 
-    # a rollout token never reaches here (proxy/auth.py): who gives the spans' rewards is the key's kind alone
+    # a rollout token never reaches here (proxy/edge/auth.py): who gives the spans' rewards is the key's kind alone
     results = await state(request).ingest.spans(spans, project=project, giver=reward_giver(request, ""))
     refused = [result.error or "refused" for result in results if result.outcome == REJECTED]
     message = "; ".join(refused[:MESSAGES_SHOWN])
@@ -59,7 +59,7 @@ async def export_traces(request: web.Request) -> web.Response:
 
 def _known_size(request: web.Request) -> int | None:
     """The bytes the decoders will be given, where known before reading: a compressed body the edge has already
-    inflated (proxy/uploads.py leaves it where `read()` finds it), else the declared length (None when chunked)."""
+    inflated (proxy/edge/uploads.py leaves it where `read()` finds it), else the declared length (None when chunked)."""
     inflated = request._read_bytes  # noqa: SLF001 - aiohttp's own place for a body already read
     return len(inflated) if inflated is not None else request.content_length
 

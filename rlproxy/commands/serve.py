@@ -16,7 +16,7 @@ from engine.local import Engine
 from migrations.apply import upgrade
 from proxy.recording import air_rules
 from proxy import app
-from proxy.auth import AuthConfigError, is_loopback, resolve_auth
+from proxy.edge import AuthConfigError, is_loopback, resolve_auth
 from proxy.recording import SpoolInUse
 from rlproxy.commands.flags import Flags
 from rlproxy.commands.options import redact

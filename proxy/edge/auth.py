@@ -43,8 +43,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from core.errors import RlproxyError
 from core.settings import AuthSettings
 from proxy.context import CallContext, call_context, one_header
-from proxy.engine_routes import RELAYED
-from proxy.buckets import RateLimiter
+from proxy.edge.engine_routes import RELAYED
+from proxy.edge.buckets import RateLimiter
 from proxy.errors import Forbidden, NotFoundError, RateLimited, StoreUnavailable, Unauthorized
 from store.errors import NotYours
 from store.keys import (KEY_PREFIX, KeyInfo, claim_rollout, count_active_keys, find_key, hash_key, new_key,

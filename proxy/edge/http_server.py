@@ -27,7 +27,7 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_urldispatcher import MatchInfoError
 
 from proxy.errors import InvalidRequest, ProxyError
-from proxy.uploads import expect_later
+from proxy.edge.uploads import expect_later
 
 
 def too_many_connections(limit: int) -> bytes:

@@ -1,46 +1,22 @@
 """Limits at the edge: requests per second per key (a token bucket in memory), the request body size (and what a
-compressed body may inflate to: proxy/uploads.py), and how deeply a JSON body may nest. Each answers with an error
+compressed body may inflate to: proxy/edge/uploads.py) and the requests a key has open; how large and deep a JSON body
+may be is the JSON parser's (proxy/strict_json.py). Each answers with an error
 in the route's shape before the request reaches the engine or the recorder. The token budget (`--max-tokens`,
 `--max-n`) is checked on the parsed body, at the request boundary (proxy/boundary.py)."""
 from __future__ import annotations
 
 import contextlib
 import math
-from typing import Any
 
 from aiohttp import web
 
-from core.checks import nests_deeper_than
 from core.settings import ProxySettings
-from proxy.auth import KEY, Access, access_for, reads_no_rollout
-from proxy.buckets import RateLimiter
+from proxy.edge.auth import KEY, Access, access_for, reads_no_rollout
+from proxy.edge.buckets import RateLimiter
 from proxy.errors import InvalidRequest, PayloadTooLarge, RateLimited
 from proxy.metrics import ProxyMetrics
-from proxy.storage_budget import StorageBudget, stored_bytes
-from proxy.uploads import InflateBounds, body_encoding, check_transfer_coding, continue_upload, inflate_body
-
-MAX_JSON_VALUES = 1_000_000
-"""The most values (of any kind) a JSON body may hold, bounded before it is parsed (proxy/strict_json.py). A
-128k-token prompt sent as token ids is 128k values; a million values parse and are walked (proxy/strict_json.py
-`_shape`) in about 0.3 s on a loaded 2-core machine."""
-MAX_JSON_CONTAINERS = 200_000
-"""The most arrays and objects a JSON body may hold, bounded before it is parsed. Containers are what parsing
-pays for (a Python list or dict each): a million empty lists, 3 MB of `[],`, took 0.66 s of the event loop, and
-64 MiB of them would hold it for 10-20 s and take 2 GB, whatever the route later thinks of the body."""
-MAX_JSON_DEPTH = 64
-"""The deepest nesting of arrays and objects accepted in a JSON body (the body itself is level 1). orjson reads
-up to 1,024 levels but writes only up to 254, and every call is written again: to the engine, to the spool, to
-the database. A body that could be read but not written would fail after it was answered, where no error can
-reach its sender. Agents' bodies, JSON schemas of tools included, stay far below 64."""
-
-
-def too_deep(value: Any, raw: bytes | None = None, limit: int = MAX_JSON_DEPTH) -> bool:
-    """Whether parsed JSON `value` nests deeper than `limit`. With the `raw` bytes it came from, most bodies are
-    cleared at once: nesting cannot exceed the number of opening brackets."""
-    if raw is not None and raw.count(b"[") + raw.count(b"{") <= limit:
-        return False
-    return nests_deeper_than(value, limit)
-
+from proxy.edge.storage_budget import StorageBudget, stored_bytes
+from proxy.edge.uploads import InflateBounds, body_encoding, check_transfer_coding, continue_upload, inflate_body
 
 class Limits:
     def __init__(self, settings: ProxySettings, metrics: ProxyMetrics | None = None) -> None:

@@ -1,4 +1,4 @@
-"""Token buckets, one per caller: the rate limit of keys (proxy/limits.py) and of key look-ups (proxy/auth.py)."""
+"""Token buckets, one per caller: the rate limit of keys (limits.py) and of key look-ups (auth.py)."""
 from __future__ import annotations
 
 import time
