@@ -107,7 +107,9 @@ def output_items(body: dict[str, Any], output: Output, call_id: str) -> list[dic
     items = []
     if output.reasoning:
         items.append(reasoning_item(call_id, output.reasoning))
-    if output.text or not output.tool_calls:
+    # an answer that is all reasoning (a thinking model cut off by max_output_tokens) has no message item, as
+    # in vLLM's own route and this stream (proxy/dialects/responses_stream.py)
+    if output.text or not (output.tool_calls or output.reasoning):
         status = "incomplete" if output.finish_reason == "length" else "completed"
         logprobs = output.logprobs if wants_logprobs(body) else None  # the proxy asks for them on its own
         items.append(message_item(call_id, text_part(output.text or "", logprobs), status))
