@@ -96,6 +96,22 @@ def test_the_context_is_rendered_by_the_template_and_the_completion_ids_stay_the
     assert teacher_prompt(request, prompt[:-1], tokenizer, context) == MISMATCH  # ids the template did not render
 
 
+def test_worked_examples_as_chat_turns_go_in_as_turns(tokenizer):
+    import json
+
+    opening = [{"role": "system", "content": "Use the calculator."}, {"role": "user", "content": "What is 6*7?"}]
+    examples = [{"role": "user", "content": "What is 2*3?"}, {"role": "assistant", "content": "CALC: 2*3"}]
+    context = json.dumps(examples)
+    assert with_context(opening, context, "before_last_user") == [opening[0], *examples, opening[1]]
+    assert with_context(opening, context, "system") == [opening[0], *examples, opening[1]]
+    assert with_context(opening[1:], context, "system") == [*examples, opening[1]]
+    assert with_context(opening, "[not json", "system")[0]["content"] == "Use the calculator.\n\n[not json"
+    prompt = list(tokenizer.apply_chat_template(opening, add_generation_prompt=True, tokenize=True,
+                                                return_dict=False))
+    shown = tokenizer.decode(teacher_prompt({"messages": opening}, prompt, tokenizer, context, "before_last_user"))
+    assert shown.index("What is 2*3?") < shown.index("CALC: 2*3") < shown.index("What is 6*7?")
+
+
 def test_a_self_teacher_scores_the_exact_ids_with_the_adapter_off_and_its_gap_enters_the_step(tiny_model):
     from trainer.ppo import PolicyTrainer
 

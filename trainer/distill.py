@@ -240,7 +240,8 @@ def observe_teacher(metrics: Any, policy: str, report: TeacherReport) -> None:
     if report.kl is not None:
         gauge.labels(policy).set(report.kl)
     for reason, count in report.skipped.items():
-        unscored.labels(policy, reason).inc(count)
+        if reason != ZERO_ADVANTAGE:  # scored, and left with nothing to learn: not the teacher's failing
+            unscored.labels(policy, reason).inc(count)
 
 
 def attach_reports(trained: list, distillers: dict[str, Distiller]) -> None:

@@ -12,16 +12,40 @@ call is not shown to the teacher and the reason is counted, rather than guessing
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 UNRENDERED = "teacher_no_messages"  # the recorded request holds no chat messages (another wire format, redacted)
 MISMATCH = "teacher_render_mismatch"  # the template's rendering of the recorded messages is not the recorded prompt
+ROLES = ("system", "user", "assistant")  # of a context given as chat turns
+
+
+def context_turns(context: str) -> list[dict[str, Any]] | None:
+    """The context as chat turns, when it is a JSON array of {"role", "content"} messages (worked examples as a
+    conversation); None for plain text."""
+    if not context.lstrip().startswith("["):
+        return None
+    try:
+        turns = json.loads(context)
+    except ValueError:
+        return None
+    if isinstance(turns, list) and turns and all(
+            isinstance(t, dict) and t.get("role") in ROLES and isinstance(t.get("content"), str) for t in turns):
+        return turns
+    return None
 
 
 def with_context(messages: list[dict[str, Any]], context: str, at: str) -> list[dict[str, Any]]:
     """A copy of `messages` with `context` as a system message (appended to an existing first system message's
-    text), or as a user message before the last user message (`at="before_last_user"`; first if there is none)."""
+    text), or as a user message before the last user message (`at="before_last_user"`; first if there is none).
+    A context of chat turns (`context_turns`) is inserted as those turns: after the leading system message, or
+    before the last user message."""
     shown = copy.deepcopy(messages)
+    users = [i for i, message in enumerate(shown) if message.get("role") == "user"]
+    if (turns := context_turns(context)) is not None:
+        lead = 1 if shown and shown[0].get("role") in ("system", "developer") else 0
+        place = lead if at == "system" else (users[-1] if users else lead)
+        return shown[:place] + copy.deepcopy(turns) + shown[place:]
     if at == "system":
         if shown and shown[0].get("role") in ("system", "developer"):
             first = shown[0]
@@ -33,7 +57,6 @@ def with_context(messages: list[dict[str, Any]], context: str, at: str) -> list[
         else:
             shown.insert(0, {"role": "system", "content": context})
         return shown
-    users = [i for i, message in enumerate(shown) if message.get("role") == "user"]
     shown.insert(users[-1] if users else 0, {"role": "user", "content": context})
     return shown
 

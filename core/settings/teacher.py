@@ -50,16 +50,18 @@ class Teachers(Part):
                         "lists.", json_schema_extra={"split": False})
     teacher_context: tuple[str, ...] = Field(
         (), description="Text only the teacher sees ([POLICY=]TEXT): worked examples, a hint, the system prompt the "
-                        "student should learn to do without. The student's prompt is re-rendered with it by the "
-                        "policy's chat template; the student's completion ids are never changed, and the agent and "
-                        "the recorded calls never see it.", json_schema_extra={"split": False})
+                        "student should learn to do without; a JSON array of {role, content} messages is inserted as "
+                        "those chat turns. The student's prompt is re-rendered with it by the policy's chat "
+                        "template; the student's completion ids are never changed, and the agent and the recorded "
+                        "calls never see it.", json_schema_extra={"split": False})
     teacher_context_file: tuple[str, ...] = Field(
         (), description="A file whose text is the teacher context ([POLICY=]PATH), read at start.",
         json_schema_extra={"split": False})
     teacher_context_at: tuple[str, ...] = Field(
         (), description="Where the context goes ([POLICY=]system|before_last_user): system puts it first as a "
-                        "system message (after an existing system message's text, in that message), "
-                        "before_last_user as a user message before the prompt's last user message. Default system.",
+                        "system message (after an existing system message's text, in that message; chat turns "
+                        "right after it), before_last_user as a user message (or the turns) before the prompt's "
+                        "last user message. Default system.",
         json_schema_extra={"split": False})
     teacher_coef: float = Field(
         1.0, gt=0, description="Weight of the teacher gap in each token's advantage.")
