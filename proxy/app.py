@@ -15,12 +15,11 @@ from engine import lifecycle
 from engine.adapters import AdapterError
 from engine.fleet import Rejoiner
 from migrations.apply import upgrade_async
-from proxy import route_hints
+from proxy.api import hint, register
 from proxy.boundary import RequestBoundary
 from proxy.dialects import DIALECTS
 from proxy.dialects.messages_objects import error_body as anthropic_error_body
 from proxy.edge import SERVER_SETTINGS, Router, body_deadline, close_refused, use_guarded_handler, valid_host
-from proxy.endpoints import register
 from proxy.errors import ConflictError, Forbidden, NotFoundError, ProxyError, StoreUnavailable, json_response
 from proxy.ingest import RewardIngest
 from proxy.metrics import ProxyMetrics
@@ -76,7 +75,7 @@ async def api_errors(request: web.Request, handler):
         if exc.status < 400:
             raise
         said = f"{exc.reason}: {request.method} {request.path}"
-        error = ProxyError(said + route_hints.hint(request.path) if exc.status == 404 else said)
+        error = ProxyError(said + hint(request.path) if exc.status == 404 else said)
         error.status = exc.status
         error.type = HTTP_ERROR_TYPES.get(exc.status, "invalid_request_error" if exc.status < 500 else "internal_error")
         error.code = exc.status

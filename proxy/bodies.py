@@ -1,5 +1,5 @@
 """Response bodies of the proxy's own routes, as typed models: the handlers answer with them and the OpenAPI
-document's schemas are generated from them (proxy/openapi.py), so what is sent and what is documented are one
+document's schemas are generated from them (proxy/api/openapi.py), so what is sent and what is documented are one
 definition. Request bodies are in proxy/schemas.py and the dialect modules.
 
 Bodies the proxy builds itself forbid extra fields (a field added to an answer must be added here); bodies it

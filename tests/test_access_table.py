@@ -19,7 +19,7 @@ import requests
 from core.policy_rules import PolicyRules
 from core.settings import ProxySettings
 from proxy.app import build_app
-from proxy.endpoints import PREFIXES
+from proxy.api.endpoints import PREFIXES
 from testkit.stub_engine import BASE_MODEL
 from tests.support import ROOT
 

@@ -133,7 +133,7 @@ def test_nothing_imports_the_command_line_or_the_test_helpers():
 
 def test_a_route_module_imports_no_other_route_module():
     """Routes are thin handlers over serving objects (proxy/serving.py, proxy/ingest.py); what two route modules
-    share lives below them (proxy/endpoints.py), so no route is another's library."""
+    share lives below them (proxy/api/endpoints.py), so no route is another's library."""
     wrong = [f"{path.relative_to(ROOT)}:{line} imports {name}"
              for module, path in modules().items() if module.startswith("proxy.routes.")
              for name, _, line in imports(path, module)
@@ -143,7 +143,7 @@ def test_a_route_module_imports_no_other_route_module():
 
 # The proxy's wings: folders of modules that work for the call path (app, routes, serving on proxy/'s top level)
 # behind one door each, their __init__.py. docs/architecture.md names what each holds.
-WINGS = ("proxy.edge", "proxy.otlp", "proxy.recording")
+WINGS = ("proxy.api", "proxy.edge", "proxy.otlp", "proxy.recording")
 
 
 def wing_of(module: str, wings: tuple[str, ...] = WINGS) -> str | None:

@@ -27,7 +27,7 @@ from schemathesis.specs.openapi.checks import (
 from core.settings import AuthSettings, ProxySettings
 from proxy.edge.engine_routes import RELAYED
 from proxy.strict_json import MAX_JSON_DEPTH
-from proxy.openapi import openapi_document
+from proxy.api.openapi import openapi_document
 from proxy.routes import documented_endpoints
 from store.db import open_database, session_factory
 from store.keys import create_key
@@ -223,7 +223,7 @@ def test_every_route_the_proxy_serves_is_documented_and_nothing_else():
     beside them (proxy/edge/engine_routes.py) are documented once, without the rollout prefixes they are also
     served under."""
     from proxy.app import build_app
-    from proxy.endpoints import PREFIXES
+    from proxy.api.endpoints import PREFIXES
     from proxy.routes.passthrough import passthrough
 
     app = build_app(SETTINGS)

@@ -46,7 +46,7 @@ IDENTITY = {"", "identity"}
 
 UNREADABLE_BODY = web.AppKey("rlproxy_unreadable_body_status", dict)
 """Each route's status for a body that cannot be read (400, or 422 on the routes that answer malformed bodies
-with 422), filled by `proxy.endpoints.register`."""
+with 422), filled by `proxy.api.register`."""
 
 SERVER_SETTINGS = {"auto_decompress": False, "lingering_time": 0}
 """aiohttp server settings these rules need (`web.Application(handler_args=...)`)."""

@@ -1,9 +1,9 @@
-"""The proxy's own routes, one module per API, each listing its Endpoints (proxy/endpoints.py); `all_endpoints()`
+"""The proxy's own routes, one module per API, each listing its Endpoints (proxy/api/endpoints.py); `all_endpoints()`
 is every one of them in the order they are matched. The passthrough (proxy/routes/passthrough.py) comes after;
 `documented_endpoints()` is what `GET /openapi.json` describes: both."""
 from __future__ import annotations
 
-from proxy.endpoints import Endpoint
+from proxy.api import Endpoint
 from proxy.routes import docs, events, messages, openai, ops, passthrough, policies, responses, rollouts, traces, ui
 
 

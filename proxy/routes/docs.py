@@ -6,8 +6,7 @@ from aiohttp import web
 
 from proxy.edge import AUTH
 from proxy.bodies import OpenAPIDocument
-from proxy.endpoints import Answer, Endpoint
-from proxy.openapi import openapi_document
+from proxy.api import Answer, Endpoint, openapi_document
 from proxy.state import state
 
 

@@ -15,7 +15,7 @@ from pydantic import Field, StrictStr, field_validator
 from core.checks import reward_problem
 from proxy.bodies import Body
 from proxy.edge import read_within, reward_giver
-from proxy.endpoints import Answer, Endpoint
+from proxy.api import Answer, Endpoint
 from proxy.errors import NotFoundError, PayloadTooLarge, Unprocessable
 from proxy.schemas import _Stored, parse_json_object, validate
 from proxy.state import state

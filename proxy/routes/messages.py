@@ -14,7 +14,7 @@ from core.messages_chat import chat_messages
 from proxy.context import call_context
 from proxy.dialects.messages import MESSAGES, CountTokensRequest, MessagesRequest
 from proxy.dialects.reasoning import messages_fields
-from proxy.endpoints import API_ERRORS, Answer, Endpoint, PREFIXES, mounted
+from proxy.api import API_ERRORS, Answer, Endpoint, PREFIXES, mounted
 from proxy.errors import engine_failure
 from proxy.schemas import parse_json_object
 from proxy.state import state

@@ -10,7 +10,7 @@ from proxy.bodies import EngineObject
 from proxy.capture import CHAT, COMPLETIONS
 from proxy.context import call_context
 from proxy.dialects.chat import ChatCompletionRequest, CompletionRequest
-from proxy.endpoints import API_ERRORS, Answer, Endpoint, PREFIXES, RECORDED, mounted
+from proxy.api import API_ERRORS, Answer, Endpoint, PREFIXES, RECORDED, mounted
 from proxy.errors import UpstreamUnavailable, engine_failure, json_response
 from proxy.state import state
 

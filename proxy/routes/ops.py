@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from proxy.edge import operator_caller
 from proxy.bodies import Health, Ready, SpoolState
-from proxy.endpoints import Answer, Endpoint
+from proxy.api import Answer, Endpoint
 from proxy.state import state
 from store.db import ping
 

@@ -31,7 +31,7 @@ from yarl import URL
 from proxy.bodies import EngineObject
 from proxy.boundary import engine_bytes
 from proxy.context import call_context
-from proxy.endpoints import Answer, Endpoint, PREFIXES, mounted, register
+from proxy.api import Answer, Endpoint, PREFIXES, mounted, register
 from proxy.edge import FIELDS, RELAYED
 from proxy.errors import InvalidRequest, NotFoundError, UpstreamTimeout, engine_failure
 from proxy.schemas import EngineRequest

@@ -15,7 +15,7 @@ from core.policy_rules import BASE_POLICY, RuleError, check_policy_name
 from engine import lifecycle
 from engine.adapters import AdapterError
 from proxy.bodies import Activated, PolicyList
-from proxy.endpoints import Answer, Endpoint
+from proxy.api import Answer, Endpoint
 from proxy.errors import InvalidRequest, NotFoundError, UpstreamUnavailable
 from proxy.state import state
 from store import errors as store_errors

@@ -16,7 +16,7 @@ from proxy.bodies import Response
 from core.responses_chat import history_messages
 from proxy.context import CallContext, call_context
 from proxy.dialects.responses import RESPONSES, ResponsesRequest
-from proxy.endpoints import API_ERRORS, Answer, Endpoint, PREFIXES, RECORDED, mounted
+from proxy.api import API_ERRORS, Answer, Endpoint, PREFIXES, RECORDED, mounted
 from proxy.errors import InvalidRequest, NotFoundError, json_response
 from proxy.state import ProxyState, state
 from store.calls import StoredCall, get_call

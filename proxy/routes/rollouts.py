@@ -10,7 +10,7 @@ from aiohttp import web
 
 from proxy.bodies import RewardResult, Rollout, RolloutCreated
 from proxy.edge import may_create_eval, own_rollout, read_within, reward_giver
-from proxy.endpoints import Answer, Endpoint
+from proxy.api import Answer, Endpoint
 from proxy.errors import Forbidden, NotFoundError, PayloadTooLarge, Unprocessable
 from proxy.schemas import RewardPost, RolloutCreate, parse_json_object, validate
 from proxy.state import state

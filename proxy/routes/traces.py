@@ -21,7 +21,7 @@ from google.protobuf import json_format
 
 from proxy.edge import reward_giver
 from proxy.bodies import TraceExportResult
-from proxy.endpoints import Answer, Endpoint
+from proxy.api import Answer, Endpoint
 from proxy.errors import InvalidRequest, UnsupportedMediaType
 from proxy.otlp import DECODERS, JSON_TYPE, PROTOBUF_TYPES, REJECTED, export_response
 from proxy.schemas import TraceExport

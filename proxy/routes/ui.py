@@ -19,7 +19,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
 from core.policy_rules import RuleError, check_policy_name
-from proxy.endpoints import Answer, Endpoint
+from proxy.api import Answer, Endpoint
 from proxy.errors import Forbidden, InvalidRequest, NotFoundError, StoreUnavailable
 from proxy.state import state
 from proxy.token_text import token_texts

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 
 from core.settings import ProxySettings
 from proxy.bodies import AnthropicError, Error
-from proxy.endpoints import Answer, Endpoint
+from proxy.api.endpoints import Answer, Endpoint
 from proxy.strict_json import MAX_JSON_DEPTH
 
 REF = "#/components/schemas/{model}"

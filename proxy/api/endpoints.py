@@ -1,6 +1,6 @@
 """What a route is, in one place: its method and path, its handler, and what it takes and answers. Each module in
 proxy/routes/ lists its routes as Endpoints; the app registers them (proxy/app.py) and the OpenAPI document is
-generated from the same list and the body models (proxy/openapi.py), so a route cannot be served undocumented
+generated from the same list and the body models (proxy/api/openapi.py), so a route cannot be served undocumented
 or documented unserved (tests/test_openapi.py checks both ways)."""
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ class Endpoint:
     handler: Handler
     summary: str
     answers: dict[int, Answer]
-    errors: tuple[int, ...] = ()  # statuses the proxy answers with its error shape (proxy/openapi.py says what)
+    errors: tuple[int, ...] = ()  # statuses the proxy answers with its error shape (proxy/api/openapi.py says what)
     body: type[BaseModel] | None = None  # the request body's model
     body_required: bool = True
     example: Callable[[str], dict[str, Any]] | None = None  # an API request's example, given the served model;
@@ -74,5 +74,5 @@ def register(app: web.Application, endpoints: Iterable[Endpoint]) -> None:
         route = app.router.add_route(endpoint.method.upper(), endpoint.path, endpoint.handler,
                                      expect_handler=expect_later)  # 100 Continue once the key and size pass
         # A body that cannot be read is 400, or 422 where the route answers malformed bodies so (/rollouts,
-        # /reward, events: they list 422 and not 400, as proxy/openapi.py documents): also a compressed one.
+        # /reward, events: they list 422 and not 400, as proxy/api/openapi.py documents): also a compressed one.
         unreadable[route] = 400 if 400 in endpoint.errors else 422
