@@ -36,3 +36,26 @@ def test_a_request_path_reaches_the_log_escaped(stub_url, own_database_url, tmp_
     assert "\x1b[2J" not in log
     assert not any(line.startswith("2026-01-01 CRITICAL forged") for line in log.splitlines())
     assert "/rollouts/x\\x0a2026-01-01 CRITICAL forged\\x1b[2J" in log
+
+
+def test_a_database_message_on_a_key_or_rollout_lookup_reaches_the_log_escaped(stub_url, own_database_url,
+                                                                             tmp_path):
+    """The edge's own look-up (a call claiming its rollout) failing with a database message that holds a newline
+    and an ESC: logged escaped, as every request value and database message is (core/text.py `printable`)."""
+    from tests.support import make_key
+
+    key = make_key(own_database_url, "alpha")
+    with psycopg.connect(libpq(own_database_url), autocommit=True) as conn:
+        conn.execute("CREATE FUNCTION refuse_claim() RETURNS trigger AS $$ BEGIN RAISE EXCEPTION "
+                     "E'no\\n2026-01-01 CRITICAL forged\\x1b[2J'; END $$ LANGUAGE plpgsql")
+        conn.execute("CREATE TRIGGER refuse_claim BEFORE INSERT ON rollouts FOR EACH ROW "
+                     "EXECUTE FUNCTION refuse_claim()")
+    with running_proxy([stub_url], own_database_url, tmp_path, "claim", "--auth", "on") as url:
+        answer = requests.post(f"{url}/rollouts/claimed-1/v1/chat/completions", timeout=10,
+                               headers={"Authorization": f"Bearer {key}"},
+                               json={"model": "auto", "messages": [{"role": "user", "content": "hi"}]})
+    assert answer.status_code == 503, answer.text
+    log = (tmp_path / "claim.log").read_text()
+    assert "key or rollout lookup failed" in log
+    assert "\x1b[2J" not in log
+    assert not any(line.startswith("2026-01-01 CRITICAL forged") for line in log.splitlines())

@@ -42,6 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from core.errors import RlproxyError
 from core.settings import AuthSettings
+from core.text import printable
 from proxy.context import CallContext, call_context, one_header
 from proxy.edge.engine_routes import RELAYED
 from proxy.edge.buckets import RateLimiter
@@ -329,7 +330,7 @@ class Authenticator:
                     async with session.begin():
                         return await function(session, *args, **kwargs)
         except (SQLAlchemyError, OSError, TimeoutError) as exc:
-            log.warning("key or rollout lookup failed: %s", exc)
+            log.warning("key or rollout lookup failed: %s", printable(str(exc)))  # the database's text, escaped
             raise StoreUnavailable("could not check the API key: the database did not answer") from None
 
 
