@@ -43,6 +43,7 @@ from trainer.adapter import load_adapter, save_adapter_atomically
 from trainer.compat import import_openrlhf
 from trainer.loading import check_device_memory, checkpoint_parameters, load_actor, load_sharded_actor
 from trainer.logprobs import MicroBatch, Scorer, collate, placeholder_micro_batch
+from trainer.lora_targets import resolve_targets
 from trainer.memory import activation_checkpointing, release_free_memory, tune_allocator
 from trainer.parallel import Collective
 from trainer.sharding import decoder_layers, lora_weights, mesh_shape, shard, whole, whole_optimizer_state
@@ -379,12 +380,13 @@ def _device_type(model: torch.nn.Module) -> str:
 def lora_targets(model_path: str, config: TrainConfig) -> list[str] | str:
     """What LoRA adapts: the module names, or with `lora_layers` a pattern (peft matches a string as a full
     regex) limited to the top layers. vLLM loads such adapters as usual: it goes by the saved tensors."""
+    targets = resolve_targets(model_path, list(config.target_modules))  # by the architecture's own names
     if not config.lora_layers:
-        return list(config.target_modules)
+        return targets
     from transformers import AutoConfig
 
     total = AutoConfig.from_pretrained(model_path).num_hidden_layers
     layers = "|".join(str(i) for i in range(max(0, total - config.lora_layers), total))
-    modules = "|".join(re.escape(m) for m in config.target_modules)
+    modules = "|".join(re.escape(m) for m in targets)
     return rf"(?:.*\.)?layers\.(?:{layers})\.(?:.*\.)?(?:{modules})"
 

@@ -39,7 +39,9 @@ class TrainingSettings:
     )
     target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"], min_length=1,
-        description="Module names that get LoRA (vLLM supports attention and MLP projections).",
+        description="Module names that get LoRA, checked against the model's architecture (a name it lacks is "
+                    "refused); [\"auto\"]: every attention and dense MLP projection it has, mixture-of-experts "
+                    "experts and routers left out (trainer/lora_targets.py).",
     )
     lora_layers: int = Field(
         0, ge=0,
