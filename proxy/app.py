@@ -1,106 +1,45 @@
-"""Building and running the proxy application."""
+"""Building and running the proxy application: its routes, the middleware in the order proxy/checks.py names, and
+what it starts and stops with it (the database, the writer, the engines' fleet, the OTLP decoders)."""
 from __future__ import annotations
 
 import asyncio
 import logging
 
 from aiohttp import web
-from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 
 from core.log_redaction import redact_keys_in
-from core.text import printable
 from core.settings import ProxySettings
 from engine import lifecycle
 from engine.adapters import AdapterError
 from engine.fleet import Rejoiner
 from migrations.apply import upgrade_async
-from proxy.api import hint, register
+from proxy.api import register
 from proxy.boundary import RequestBoundary
+from proxy.checks import install as install_checks
+from proxy.checks import middlewares
 from proxy.dialects import DIALECTS
-from proxy.dialects.messages_objects import error_body as anthropic_error_body
-from proxy.edge import SERVER_SETTINGS, Router, body_deadline, close_refused, use_guarded_handler, valid_host
-from proxy.errors import ConflictError, Forbidden, NotFoundError, ProxyError, StoreUnavailable, json_response
+from proxy.edge import SERVER_SETTINGS, Router, use_guarded_handler
 from proxy.ingest import RewardIngest
 from proxy.metrics import ProxyMetrics
 from proxy.otlp import decoders_of
 from proxy.policy import PolicyRouter
 from proxy.recording import CaptureWriter, air_rules, automatic_rewards
-from proxy.routes import all_endpoints, documented_endpoints, messages, passthrough
+from proxy.routes import all_endpoints, documented_endpoints, passthrough
 from proxy.routes.docs import BUILT, DOCUMENTED
 from proxy.routes.ops import READINESS, ReadinessLooks
-from proxy.security import install as install_security
 from proxy.serving import CompletionServing
 from proxy.state import STATE, ProxyState
 from proxy.tenancy import ModelAccess
 from proxy.upstream import UpstreamPool
-from store import errors as store_errors
 from store.db import open_database, session_factory
 
 log = logging.getLogger("rlproxy.proxy")
-
-HTTP_ERROR_TYPES = {404: "not_found_error", 405: "invalid_request_error", 413: "invalid_request_error"}
-
-
-@web.middleware
-async def api_errors(request: web.Request, handler):
-    """Every error leaves as a JSON body in the route's own shape (Anthropic's on the Messages routes, OpenAI's
-    everywhere else); lower-level errors are mapped here, at the edge."""
-    try:
-        return await handler(request)
-    except ProxyError as exc:
-        error = exc
-    except store_errors.NotFound as exc:
-        error = NotFoundError(str(exc))
-    except store_errors.Conflict as exc:
-        error = ConflictError(str(exc))
-    except store_errors.NotYours as exc:
-        error = Forbidden(str(exc))
-    except (OperationalError, InterfaceError, SQLAlchemyTimeout, ConnectionRefusedError) as exc:
-        log.warning("the database did not answer %s %s: %s", request.method, logged_path(request),
-                    printable(str(exc), 2000))
-        error = StoreUnavailable("the database did not answer; try again shortly")
-        error.headers = {"Retry-After": "1"}
-    except DBAPIError as exc:
-        if not store_errors.database_not_ready(exc):
-            log.exception("unhandled error on %s %s", request.method, logged_path(request))
-            error = ProxyError("internal error")
-        else:  # the database's state (a failover, a lock, an operator), not the request: retry later
-            log.warning("the database could not answer %s %s now (SQLSTATE %s): %s", request.method,
-                        logged_path(request), store_errors.sqlstate(exc), printable(str(exc), 2000))
-            error = StoreUnavailable(f"the database cannot answer now (SQLSTATE {store_errors.sqlstate(exc)}); "
-                                     "try again shortly")
-            error.headers = {"Retry-After": "1"}
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        said = f"{exc.reason}: {request.method} {request.path}"
-        error = ProxyError(said + hint(request.path) if exc.status == 404 else said)
-        error.status = exc.status
-        error.type = HTTP_ERROR_TYPES.get(exc.status, "invalid_request_error" if exc.status < 500 else "internal_error")
-        error.code = exc.status
-    except (asyncio.CancelledError, ConnectionResetError):
-        raise
-    except Exception:
-        log.exception("unhandled error on %s %s", request.method, logged_path(request))
-        error = ProxyError("internal error")
-    if messages.in_messages_api(request.path):
-        return json_response(anthropic_error_body(error.status, error.message), status=error.status,
-                             headers=error.headers)
-    return error.response()
-
-
-def logged_path(request: web.Request) -> str:
-    """The request's path as a log line may quote it: percent-decoded, it may hold newlines (a forged log line)
-    and terminal escapes (core/text.py `printable`), and it is cut at 512 characters."""
-    return printable(request.path, 512)
 
 
 def build_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> web.Application:
     redact_keys_in()  # aiohttp logs the head of a request it cannot parse, keys included
     use_guarded_handler(settings.max_connections)  # and answers it with that head: proxy/edge/http_server.py
-    edge = [close_refused, body_deadline(settings.body_timeout), api_errors, valid_host]  # then keys, limits…
-    app = web.Application(middlewares=edge,
+    app = web.Application(middlewares=middlewares(settings),  # in the order proxy/checks.py names
                           client_max_size=settings.client_max_size, router=Router(),
                           handler_args={**SERVER_SETTINGS, "keepalive_timeout": settings.header_timeout})
     register(app, all_endpoints())
@@ -109,7 +48,7 @@ def build_app(settings: ProxySettings, metrics: ProxyMetrics | None = None) -> w
     app[READINESS] = ReadinessLooks()  # /readyz's shared look
     passthrough.add_routes(app)  # the engine's read-only routes, relayed (proxy/edge/engine_routes.py)
     metrics = metrics or ProxyMetrics()
-    install_security(app, settings, metrics)
+    install_checks(app, settings, metrics)
     app.cleanup_ctx.append(_lifecycle(settings, metrics))
     app.cleanup_ctx.append(decoders_of(settings.ingest))  # OTLP exports are decoded in worker processes
     app.on_shutdown.append(_draining(settings))
