@@ -10,7 +10,8 @@ A rule is `CONDITIONS=POLICY`, CONDITIONS being one or more `agent:NAME` / `proj
 Rules are tried in order; the first whose conditions all hold names the policy. A call no rule matches gets
 the default policy (`default` unless set; `base` serves unlisted agents with the base model). The name `base`
 is reserved: the base model, no versions, never trained. Pure: the proxy routes with it, settings validate
-with it.
+with it. `version_hold`: how long a running rollout keeps the version of its policy its first call got once a
+newer one serves (0: the newest at once; proxy/rollout_pins.py).
 """
 from __future__ import annotations
 
@@ -72,10 +73,12 @@ class Rule:
 class PolicyRules:
     rules: tuple[Rule, ...] = ()
     default: str = DEFAULT_POLICY
+    version_hold: float = 0.0  # seconds a running rollout keeps its starting version after a newer one serves
 
     @classmethod
-    def parse(cls, rules: tuple[str, ...] | list[str] = (), default: str = DEFAULT_POLICY) -> PolicyRules:
-        return cls(tuple(Rule.parse(r) for r in rules), check_policy_name(default))
+    def parse(cls, rules: tuple[str, ...] | list[str] = (), default: str = DEFAULT_POLICY,
+              version_hold: float = 0.0) -> PolicyRules:
+        return cls(tuple(Rule.parse(r) for r in rules), check_policy_name(default), version_hold)
 
     def choose(self, agent: str | None, project: str | None) -> str:
         """The policy that answers a call of `agent` in `project` (either may be unknown)."""

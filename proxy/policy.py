@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from core.policy_rules import BASE_POLICY, PolicyRules
 from proxy.context import CallContext
+from proxy.rollout_pins import RolloutPins
 from proxy.upstream import UpstreamPool
 from store import canary as canaries
 from store import replicas
@@ -48,6 +49,7 @@ class PolicyRouter:
         self.served_model = served_model
         self.rules = rules or PolicyRules()
         self.upstreams = upstreams  # told which replicas are out of rotation for what serves
+        self.pins = RolloutPins(self.rules.version_hold)  # a running rollout's version (proxy/rollout_pins.py)
         self.base_model: str | None = None
         self.lines: dict[str, canaries.Line] = {}  # named policy -> its active version and canary
         self.withheld: dict[int, dict[str, str]] = {}  # serving version -> {replica out of rotation: why}
@@ -75,11 +77,12 @@ class PolicyRouter:
         """The version of `policy` (default: the default policy) that answers the served model for this
         rollout; a call without a rollout gets the active one (the canary is judged by rollouts, so it only
         takes calls it can be judged by)."""
-        line = self.line(policy or self.rules.default)
+        policy = policy or self.rules.default
+        line = self.line(policy)
         canary = line.canary
         if canary is not None and rollout_id is not None and canary.answers(rollout_id, evaluation):
-            return ActivePolicy(canary.version, canary.name, None, canary.policy)
-        return line.active
+            return self.pins.keep(rollout_id, policy, ActivePolicy(canary.version, canary.name, None, canary.policy))
+        return self.pins.keep(rollout_id, policy, line.active)
 
     def version_for(self, rollout_id: str | None, evaluation: bool = False, policy: str | None = None) -> int:
         return self.policy_for(rollout_id, evaluation, policy).version
@@ -181,6 +184,8 @@ class PolicyRouter:
                 else:
                     log.info("policy %r: canary of version %d ended", policy, old.canary.version)
         self.lines = lines
+        self.pins.serving({(name, p.version) for name, line in lines.items() for p in (line.active, line.canary)
+                           if p is not None})
         known = {(v, r) for v, urls in self.withheld.items() for r in urls}
         for version, replica in sorted({(v, r) for v, urls in withheld.items() for r in urls} - known):
             log.warning("version %d is not routed to replica %s (out of rotation: %s)", version, replica,

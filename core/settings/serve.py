@@ -132,6 +132,13 @@ class ProxySettings(CommandSettings):
         json_schema_extra={"flag": "policy-rule"})
     default_policy: str = Field(
         DEFAULT_POLICY, description="The policy of a call no policy rule matches (`base`: the base model).")
+    rollout_version_hold: float = Field(
+        0.0, ge=0,
+        description="Seconds a running rollout keeps the policy version its first call got after a newer version "
+                    "starts serving, so that the engine's prefix cache (kept per adapter) still holds its context; "
+                    "then it moves to the newest. 0: every call gets the newest version (on-policy). Keep it under "
+                    "the trainer's --drain-seconds (30): a version is unloaded that long after it stops serving "
+                    "(docs/learning.md, Which version a running rollout gets).")
     rollout_sampling: tuple[str, ...] = Field(
         (), description="Sample training rollouts' calls with these parameters instead of the agent's: "
                         "[policy:NAME/|agent:NAME/]FIELD=VALUE[,...], FIELD temperature (0.01-2), top_p or top_k, "
@@ -214,4 +221,4 @@ class ProxySettings(CommandSettings):
         return RolloutSampling.parse(self.rollout_sampling)
 
     def routing(self) -> PolicyRules:
-        return PolicyRules.parse(self.policy_rules, self.default_policy)
+        return PolicyRules.parse(self.policy_rules, self.default_policy, self.rollout_version_hold)
