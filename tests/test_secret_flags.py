@@ -19,21 +19,27 @@ from testkit.processes import rlproxy_command
 SECRET = "rlp_" + "s" * 43  # shaped as a key
 WITH_PASSWORD = "postgresql+asyncpg://rlproxy:hunter2@127.0.0.1:5432/rlproxy"
 
+# A setting each command refuses once it has read its flags: a command that took the secret stops there at once,
+# rather than serving or training, while the refusal of the secret comes first
+FAILS_LATER = {"run": ["--tasks", "t.jsonl", "--command", "true", "--attempts", "0"],
+               "serve": ["--writer-batch-size", "0"], "train": ["--learning-rate", "-1"], "eval": ["--tasks", "0"]}
 REFUSED = [
-    (["run", "--tasks", "t.jsonl", "--command", "true", "--api-key", SECRET], "RLPROXY_API_KEY", "--api-key-file"),
-    (["run", "--tasks", "t.jsonl", "--command", "true", "--agent-api-key", SECRET], "RLPROXY_AGENT_API_KEY",
+    (["run", *FAILS_LATER["run"], "--api-key", SECRET], "RLPROXY_API_KEY", "--api-key-file"),
+    (["run", *FAILS_LATER["run"], "--agent-api-key", SECRET], "RLPROXY_AGENT_API_KEY",
      "--agent-api-key-file"),
-    (["serve", "--admin-key", SECRET], "RLPROXY_ADMIN_KEY", "--admin-key-file"),
-    (["serve", "--upstream-api-key", SECRET], "RLPROXY_UPSTREAM_API_KEY", "--upstream-api-key-file"),
+    (["serve", *FAILS_LATER["serve"], "--admin-key", SECRET], "RLPROXY_ADMIN_KEY", "--admin-key-file"),
+    (["serve", *FAILS_LATER["serve"], "--upstream-api-key", SECRET], "RLPROXY_UPSTREAM_API_KEY",
+     "--upstream-api-key-file"),
     (["engine", "--engine-key", SECRET], "RLPROXY_ENGINE_KEY", "--engine-key-file"),
-    (["train", "--judge-api-key", SECRET], "RLPROXY_JUDGE_API_KEY", "--judge-api-key-file"),
-    (["train", "--set", f"upstream_api_key={SECRET}"], "RLPROXY_UPSTREAM_API_KEY", "--upstream-api-key-file"),
-    (["eval", "--policy", "v1", "--api-key", SECRET], "RLPROXY_API_KEY", "--api-key-file"),
-    (["serve", "--database-url", WITH_PASSWORD], "RLPROXY_DATABASE_URL", "PGPASSWORD"),
+    (["train", *FAILS_LATER["train"], "--judge-api-key", SECRET], "RLPROXY_JUDGE_API_KEY", "--judge-api-key-file"),
+    (["train", *FAILS_LATER["train"], "--set", f"upstream_api_key={SECRET}"], "RLPROXY_UPSTREAM_API_KEY",
+     "--upstream-api-key-file"),
+    (["eval", "--policy", "v1", *FAILS_LATER["eval"], "--api-key", SECRET], "RLPROXY_API_KEY", "--api-key-file"),
+    (["serve", *FAILS_LATER["serve"], "--database-url", WITH_PASSWORD], "RLPROXY_DATABASE_URL", "PGPASSWORD"),
     (["migrate", "--database-url", WITH_PASSWORD.replace("hunter2", SECRET)], "RLPROXY_DATABASE_URL",
      "--database-url-file"),
-    (["train", "--database-url", f"postgresql+asyncpg://127.0.0.1/db?password={SECRET}"], "RLPROXY_DATABASE_URL",
-     "--database-url-file"),
+    (["train", *FAILS_LATER["train"], "--database-url", f"postgresql+asyncpg://127.0.0.1/db?password={SECRET}"],
+     "RLPROXY_DATABASE_URL", "--database-url-file"),
 ]
 
 
