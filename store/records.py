@@ -1,4 +1,9 @@
-"""Plain records passed from the proxy to the writer: what one policy call was, ready to store."""
+"""Plain records passed from the proxy to the writer: what one policy call was, ready to store.
+
+`CallRecord` is also an on-disk format: the spool keeps each call as its JSON, one line each
+(proxy/recording/lines.py), and a proxy reads back the lines its previous version wrote. Add fields with a
+default; never rename or remove one (old lines would no longer read and be set aside instead of stored).
+tests/recording/test_spool_format.py reads a line an earlier release wrote."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -16,6 +21,8 @@ class ChoiceRecord:
 
 @dataclass(slots=True)
 class CallRecord:
+    """One policy call; its fields are the spool's line format (this module's opening says what that binds)."""
+
     id: str
     route: str  # "chat" | "completions"
     started_at: datetime

@@ -7,6 +7,8 @@ as vLLM calls it (an ASGI app wrapping the server's).
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,3 +85,20 @@ def test_a_keyed_engine_is_started_with_the_guard(monkeypatch):
     keyed = engine_command(EngineSettings(engine_key=SecretStr("k")), Path("/m"))
     assert keyed[keyed.index("--middleware") + 1] == KEY_ON_EVERY_ROUTE
     assert "--middleware" not in engine_command(EngineSettings(), Path("/m"))
+
+
+def test_the_guard_loads_alone_with_the_standard_library_only(tmp_path):
+    """vLLM loads engine/route_guard.py by its module name and the Helm chart mounts the file alone into vLLM's
+    image: it may import nothing of the project and nothing outside the standard library. Loaded here as that
+    image has it, the one file in an empty folder, by a Python that sees neither the project nor site-packages
+    (-I -S)."""
+    source = Path(__file__).resolve().parents[1] / "engine" / "route_guard.py"
+    (tmp_path / "engine").mkdir()
+    (tmp_path / "engine" / "route_guard.py").write_bytes(source.read_bytes())
+    code = ("import sys; sys.path.insert(0, '.'); import engine.route_guard as guard; "
+            "print(guard.RequireEngineKey.__name__, sorted({m.split('.')[0] for m in sys.modules} - "
+            "set(sys.stdlib_module_names) - {'engine', '__main__'}))")
+    loaded = subprocess.run([sys.executable, "-I", "-S", "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                            timeout=60)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.split() == ["RequireEngineKey", "[]"], loaded.stdout
