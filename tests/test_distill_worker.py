@@ -84,3 +84,27 @@ def test_silent_unrewarded_rollouts_train_a_taught_policy_only(tiny_model, own_d
     exported = text_string_to_metric_families(generate_latest(worker.metrics.registry).decode())
     [gap] = [family for family in exported if family.name == "rlproxy_trainer_teacher_kl"]
     assert gap.samples[0].labels == {"policy": "default"} and math.isfinite(gap.samples[0].value)
+
+
+def test_a_reward_after_the_rollout_was_closed_without_one_says_why(own_database_url):
+    from datetime import timedelta
+
+    from store.closing import close_idle
+    from store.errors import Conflict
+    from store.rollouts import post_reward
+
+    [rollout_id] = asyncio.run(unrewarded_episodes(own_database_url, 1))
+
+    async def close_then_reward():
+        database = open_database(own_database_url)
+        try:
+            async with session_factory(database)() as session, session.begin():
+                assert await close_idle(session, utcnow() + timedelta(seconds=1), policies=["other"]) == []
+                assert await close_idle(session, utcnow() + timedelta(seconds=1), policies=["default"]) == [rollout_id]
+            async with session_factory(database)() as session, session.begin():
+                await post_reward(session, rollout_id, 1.0)
+        finally:
+            await database.dispose()
+
+    with pytest.raises(Conflict, match="closed without a final reward after its agent was silent"):
+        asyncio.run(close_then_reward())
