@@ -2,22 +2,23 @@
 
     closed = await close_idle(session, idle_before, policies=("default",))
 
-A rollout is closed (finished, its reward NULL) when it is open, not evaluation traffic, one of `policies`
-answered one of its calls, and its agent has been silent since `idle_before`: no call and no reward since then (the
-judge's notion of idle, store/judging.py). The trainer then trains it from the teacher alone; a policy without a
-teacher counts its calls as no_reward.
+A rollout is closed (finished, its reward NULL) when it is open, not evaluation traffic, not waiting for a grader's
+or the judge's reward, one of `policies` answered one of its calls, and its agent has been silent since
+`idle_before`: no call and no reward since then (the judge's notion of idle, store/judging.py). The trainer then
+trains it from the teacher alone; a policy without a teacher counts its calls as no_reward.
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
 from store.dialect import database_now
 from store.models import Call, Reward, Rollout, RolloutStatus
+from store.reward_sources import RewardSource
 
 
 async def close_idle(session: AsyncSession, idle_before: datetime, *, policies: Sequence[str],
@@ -29,7 +30,9 @@ async def close_idle(session: AsyncSession, idle_before: datetime, *, policies: 
     answered = select(theirs.id).where(theirs.rollout_id == Rollout.id, theirs.policy.in_(list(policies)))
     ids = list((await session.execute(
         select(Rollout.id).join(Call, Call.rollout_id == Rollout.id)
-        .where(Rollout.status == RolloutStatus.OPEN, ~Rollout.eval, ~recent_reward.exists(), answered.exists())
+        .where(Rollout.status == RolloutStatus.OPEN, ~Rollout.eval, ~recent_reward.exists(), answered.exists(),
+               # a grader or the judge gives its reward, however long its agent is silent: it waits for that
+               or_(Rollout.reward_source.is_(None), Rollout.reward_source == RewardSource.AGENT))
         .group_by(Rollout.id).having(last_call < idle_before).order_by(last_call).limit(limit))).scalars())
     if not ids:
         return []

@@ -12,7 +12,7 @@ import uuid
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from core.settings import TrainerSettings, TrainingSettings
 from store.calls import write_calls
@@ -86,18 +86,20 @@ def test_silent_unrewarded_rollouts_train_a_taught_policy_only(tiny_model, own_d
     assert gap.samples[0].labels == {"policy": "default"} and math.isfinite(gap.samples[0].value)
 
 
-def test_a_reward_after_the_rollout_was_closed_without_one_says_why(own_database_url):
+def test_a_reward_after_the_rollout_was_closed_without_one_says_why_and_a_graded_one_waits(own_database_url):
     from datetime import timedelta
 
     from store.closing import close_idle
     from store.errors import Conflict
     from store.rollouts import post_reward
 
-    [rollout_id] = asyncio.run(unrewarded_episodes(own_database_url, 1))
+    [rollout_id, graded] = asyncio.run(unrewarded_episodes(own_database_url, 2))
 
     async def close_then_reward():
         database = open_database(own_database_url)
         try:
+            async with session_factory(database)() as session, session.begin():  # its grader gives its reward
+                await session.execute(update(Rollout).where(Rollout.id == graded).values(reward_source="grader"))
             async with session_factory(database)() as session, session.begin():
                 assert await close_idle(session, utcnow() + timedelta(seconds=1), policies=["other"]) == []
                 assert await close_idle(session, utcnow() + timedelta(seconds=1), policies=["default"]) == [rollout_id]
