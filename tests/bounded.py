@@ -1,4 +1,4 @@
-"""What the bounded-ingest tests share (tests/test_bounded_otlp.py, tests/test_bounded_ingest.py): a real `rlproxy
+"""What the bounded-ingest tests share (tests/otlp/test_bounded_otlp.py, tests/test_bounded_ingest.py): a real `rlproxy
 serve` (keys on) in front of the stand-in engine, real Postgres; project alpha hits a bound while project beta,
 another tenant of the same proxy, keeps making small chat calls, whose latency is measured."""
 from __future__ import annotations

@@ -42,8 +42,7 @@ from examples.solver_reviser import (
 )
 from store.db import open_database, session_factory
 from store.models import Call
-from tests.support import running, running_proxy, trainer_command, wait_http
-from tests.test_auth import make_key
+from tests.support import make_key, running, running_proxy, trainer_command, wait_http
 
 pytestmark = [pytest.mark.engine, pytest.mark.train, pytest.mark.slow]
 

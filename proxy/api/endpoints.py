@@ -1,7 +1,7 @@
 """What a route is, in one place: its method and path, its handler, and what it takes and answers. Each module in
 proxy/routes/ lists its routes as Endpoints; the app registers them (proxy/app.py) and the OpenAPI document is
 generated from the same list and the body models (proxy/api/openapi.py), so a route cannot be served undocumented
-or documented unserved (tests/test_openapi.py checks both ways)."""
+or documented unserved (tests/api/test_openapi.py checks both ways)."""
 from __future__ import annotations
 
 import dataclasses

@@ -99,7 +99,7 @@ async def get_rollout(request: web.Request) -> web.Response:
                                                    limit=limit, after=after, max_bytes=PAGE_BYTES,
                                                    with_calls=with_calls)
     # A page can be tens of MiB of JSON: written in a worker thread, by orjson alone. The store builds the
-    # contract's shape (`Rollout`, which tests/test_openapi.py checks answers against); validating it again here
+    # contract's shape (`Rollout`, which tests/api/test_openapi.py checks answers against); validating it again here
     # would hold the interpreter lock, and so the event loop, for a quarter of a second per 1,000 calls.
     return web.Response(body=await asyncio.to_thread(orjson.dumps, rollout), content_type="application/json")
 

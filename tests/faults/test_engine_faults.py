@@ -1,4 +1,4 @@
-"""Engine-side faults seen through the real `openai` SDK (tests/test_proxy_errors.py covers an engine
+"""Engine-side faults seen through the real `openai` SDK (tests/api/test_proxy_errors.py covers an engine
 that closes a stream while it keeps running, and the recorded partial call of a client that leaves): here the
 engine process dies mid-stream and comes back, and a client that leaves mid-stream makes the proxy let go of
 the engine's request at once."""

@@ -7,28 +7,13 @@ import asyncio
 import uuid
 
 import orjson
-from sqlalchemy import select
 
 from core.settings import WriterSettings
 from proxy.metrics import ProxyMetrics
 from proxy.recording.lines import encode
 from proxy.recording.writer import CaptureWriter
 from store.models import Rollout
-from tests.test_durability import seqs_in_order, sessions  # noqa: F401 — `sessions` is a fixture
-from tests.test_writer_spool import record
-
-
-def spooled_ids(settings: WriterSettings) -> list[str]:
-    """The call ids in the spool's segments, oldest first, one per line."""
-    segments = sorted(settings.spool_path.parent.glob(settings.spool_path.name + "*"),
-                      key=lambda p: int(p.name.rsplit(".", 1)[1]) if p.name[-1].isdigit() else 0)
-    return [orjson.loads(line)["id"] for p in segments if not p.name.endswith((".lock", ".rejected.jsonl", ".database"))
-            for line in p.read_bytes().splitlines()]
-
-
-async def call_count(sessions, rollout_id: str) -> int:
-    async with sessions() as session:
-        return (await session.execute(select(Rollout.call_count).where(Rollout.id == rollout_id))).scalar_one()
+from tests.recording.conftest import call_count, record, seqs_in_order, spooled_ids
 
 
 async def test_a_call_held_twice_in_the_spool_is_stored_once_and_numbered_once(sessions, tmp_path):

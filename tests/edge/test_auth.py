@@ -6,7 +6,6 @@ reach the database either.
 """
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import subprocess
@@ -22,9 +21,7 @@ import psycopg
 import pytest
 import requests
 
-from store.db import open_database, session_factory
-from store.keys import create_key
-from tests.support import PYTHON, ROOT, free_port, fresh_database, running, running_proxy
+from tests.support import PYTHON, ROOT, free_port, fresh_database, make_key, running, running_proxy
 
 OPERATOR_KEY = "operator-" + uuid.uuid4().hex
 ENGINE_KEY = "engine-" + uuid.uuid4().hex
@@ -32,18 +29,6 @@ MODEL = "rec-model"
 MAX_TOKENS = 32
 MAX_BODY = 64 * 1024
 CHAT = [{"role": "user", "content": "What is 6*7?"}]
-
-
-def make_key(database_url: str, project: str, **options) -> str:
-    async def go() -> str:
-        database = open_database(database_url)
-        try:
-            async with session_factory(database)() as session, session.begin():
-                return (await create_key(session, project, **options))[0]
-        finally:
-            await database.dispose()
-
-    return asyncio.run(go())
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -312,7 +297,7 @@ def test_policy_activation_needs_an_admin_key(secured):
     error = error_of(secured.post("/policies/0/activate", secured.keys["alpha"]), 403)
     assert error["type"] == "permission_error"
     error_of(secured.get("/metrics", secured.keys["alpha"]), 403)
-    # ops' admin key owns no policy: the default one answers every project (tests/test_access_table.py)
+    # ops' admin key owns no policy: the default one answers every project (tests/api/test_access_table.py)
     error = error_of(secured.post("/policies/0/activate", secured.keys["admin"]), 404)
     assert error["message"] == "policy 'default' does not exist or is not this project's"
     activated = secured.post("/policies/0/activate", OPERATOR_KEY)

@@ -16,9 +16,7 @@ from proxy.recording.spool import SpoolInUse
 from proxy.recording.identity import SpoolForeign
 from proxy.recording.writer import CaptureWriter
 from store.db import open_database, session_factory
-from tests.test_durability import seqs_in_order
-from tests.test_spool_replay import spooled_ids
-from tests.test_writer_spool import record
+from tests.recording.conftest import record, seqs_in_order, spooled_ids
 
 
 @pytest.fixture(params=["postgres", "sqlite"])

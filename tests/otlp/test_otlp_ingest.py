@@ -27,8 +27,7 @@ from sqlalchemy import update
 from proxy.otlp import requested_tool_call_ids
 from store.db import open_database, session_factory
 from store.models import Rollout, RolloutStatus, utcnow
-from tests.support import fresh_database, running_proxy
-from tests.test_auth import make_key
+from tests.support import fresh_database, make_key, running_proxy
 
 ADMIN_KEY = "otlp-test-admin-key"
 TOOLS = [{"type": "function", "function": {"name": "calculate", "parameters": {"type": "object"}}}]

@@ -18,8 +18,7 @@ from sqlalchemy import select, text
 
 from store.db import open_database, session_factory
 from store.models import Call, CallChoice
-from tests.test_durability import seqs_in_order, sessions  # noqa: F401 — `sessions` is a fixture
-from tests.test_writer_spool import count, link, record  # noqa: F401 — `link` is a fixture
+from tests.recording.conftest import call_count, record, seqs_in_order
 
 
 def nested(depth: int):
@@ -179,7 +178,6 @@ async def test_text_postgres_cannot_hold_as_it_is_is_stored_not_set_aside(sessio
 async def test_a_call_stored_just_before_the_writer_failed_is_not_numbered_twice(sessions, tmp_path):
     """The writer fails after its batch was committed: the calls it held are written again, and the retry must
     find them stored (numbered once, call_count right), not take them for new ones."""
-    from tests.test_spool_replay import call_count
 
     metrics = ProxyMetrics()
     writer = CaptureWriter(sessions, WriterSettings(spool_path=tmp_path / "spool.jsonl", durability="batch"),

@@ -22,7 +22,7 @@ from proxy.recording.spool import Spool, SpoolInUse
 from proxy.recording.writer import CaptureWriter
 from store.db import open_database, session_factory
 from store.models import Call, Rollout
-from tests.test_writer_spool import count, link, record  # noqa: F401 — `link` is a fixture
+from tests.recording.conftest import count, record, seqs_in_order
 
 
 def spool_files(settings: WriterSettings) -> list[str]:
@@ -30,20 +30,6 @@ def spool_files(settings: WriterSettings) -> list[str]:
     database its calls are for)."""
     return sorted(p.name for p in settings.spool_path.parent.glob(settings.spool_path.name + "*")
                   if not p.name.endswith((".lock", ".database")))
-
-
-async def seqs_in_order(sessions, records) -> list[int]:
-    async with sessions() as session:
-        rows = dict((await session.execute(select(Call.id, Call.seq).where(
-            Call.id.in_([r.id for r in records])))).all())
-    return [rows.get(r.id) for r in records]
-
-
-@pytest.fixture
-async def sessions(database_url):
-    database = open_database(database_url)
-    yield session_factory(database)
-    await database.dispose()
 
 
 async def test_concurrent_calls_share_fsyncs_and_are_stored_once(sessions, tmp_path):

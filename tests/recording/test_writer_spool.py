@@ -2,66 +2,18 @@
 spool, and they reach the database exactly once when it answers again or when the next proxy starts."""
 from __future__ import annotations
 
-import asyncio
 import uuid
 
 import pytest
-from sqlalchemy import func, select
-from sqlalchemy.engine import make_url
+from sqlalchemy import select
 
 from core.settings import WriterSettings
 from proxy.errors import StoreUnavailable
 from proxy.metrics import ProxyMetrics
 from proxy.recording.writer import CaptureWriter
 from store.db import open_database, session_factory
-from store.models import Call, utcnow
-from store.records import CallRecord, ChoiceRecord
-from tests.support import pump
-
-
-class CuttableLink:
-    """A TCP forwarder to the database that can be cut (connections reset, new ones refused) and restored."""
-
-    def __init__(self, host: str, port: int) -> None:
-        self.target = (host, port)
-        self.server: asyncio.Server | None = None
-        self.port: int | None = None
-        self.pipes: set[asyncio.StreamWriter] = set()
-
-    async def open(self) -> None:
-        self.server = await asyncio.start_server(self._serve, "127.0.0.1", self.port or 0)
-        self.port = self.server.sockets[0].getsockname()[1]
-
-    async def cut(self) -> None:
-        self.server.close()
-        await self.server.wait_closed()
-        for writer in list(self.pipes):
-            writer.transport.abort()
-
-    async def _serve(self, reader, writer) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*self.target)
-        self.pipes |= {writer, up_writer}
-        await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
-
-
-def record(rollout_id: str) -> CallRecord:
-    return CallRecord(id=uuid.uuid4().hex, route="chat", started_at=utcnow(), rollout_id=rollout_id,
-                      prompt_token_ids=[1, 2, 3], choices=[ChoiceRecord(0, [4, 5], [-0.1, -0.2], "stop")])
-
-
-async def count(sessions, rollout_id: str) -> int:
-    async with sessions() as session:
-        return (await session.execute(select(func.count()).where(Call.rollout_id == rollout_id))).scalar_one()
-
-
-@pytest.fixture
-async def link(database_url):
-    url = make_url(database_url)
-    link = CuttableLink(url.host, url.port or 5432)
-    await link.open()
-    yield link, url.set(host="127.0.0.1", port=link.port).render_as_string(hide_password=False)
-    if link.server.is_serving():
-        await link.cut()
+from store.models import Call
+from tests.recording.conftest import count, record
 
 
 async def test_calls_survive_a_database_outage_and_arrive_once_in_order(link, database_url, tmp_path):

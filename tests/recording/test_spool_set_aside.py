@@ -14,8 +14,7 @@ from core.settings import WriterSettings
 from proxy.metrics import ProxyMetrics
 from proxy.recording.lines import encode
 from proxy.recording.writer import CaptureWriter
-from tests.test_durability import seqs_in_order, sessions  # noqa: F401 — `sessions` is a fixture
-from tests.test_writer_spool import record
+from tests.recording.conftest import record, seqs_in_order
 
 
 def rejected(writer: CaptureWriter) -> list[dict]:
