@@ -15,6 +15,7 @@ bugs and from the libraries' own errors. The tree:
     ├── EngineError (engine/command.py)            the local engine could not start, or died (RuntimeError)
     ├── ModelError (engine/model.py)               BundledModelMissing: the bundled model cannot be prepared
     ├── ModelListError (engine/model_list.py)      an engine's model list unreadable, or naming no base model
+    ├── UnknownFamily (engine/families.py)         a model folder or --model-family of no known family (ValueError)
     ├── ProxyError (proxy/errors.py)               an HTTP error in the route's own format: InvalidRequest 400,
     │                                              Unauthorized 401, NotFoundError 404 (ModelNotFound,
     │                                              proxy/tenancy.py), RateLimited 429 (DecodersBusy,
@@ -37,11 +38,15 @@ bugs and from the libraries' own errors. The tree:
     ├── DeviceMemoryError (core/hardware.py)       the trainer's GPU lacks the free memory its model needs
     ├── AdapterMismatch (trainer/adapter.py)       a saved adapter made with another rank, alpha or targets (ValueError)
     ├── NoRoomForAdapter (trainer/retention.py)    too little free space for the next adapter version
-    ├── TeacherRefused (trainer/teacher.py)        a teacher engine with another tokenizer, or none to check (ValueError)
+    ├── TeacherRefused (trainer/teacher.py)        a teacher engine with another tokenizer, or none to check (ValueError);
+    │                                              _Retry: a teacher request worth trying again (its own flow)
+    ├── UnknownTargetModules (trainer/lora_targets.py)  LoRA targets the model's architecture lacks (ValueError)
+    ├── EngineAway (proxy/token_text.py)           the engine cannot turn ids into text now (the web view's own flow)
     ├── RunInputError, ProxyRefused, InfrastructureError (runner/errors.py)  what stops `rlproxy run`, or an attempt
     ├── StartupError (demo/startup.py)             the demo cannot start (a taken port, low memory, ...)
     ├── CalcError (demo/calculator.py)             the demo agent's calculator refuses an expression (ValueError)
     ├── MissingExtra (rlproxy/extras.py)           a command whose extra is not installed (a click exception)
+    ├── VocabularyMissing (testkit/model_kit/vocab.py)  a family's vocabulary package is not installed (tests only)
     ├── BadBody (testkit/stub_pooling.py)          the stand-in engine refuses a body (tests only; ValueError)
     └── EndStream (testkit/stub_faults.py)         the stand-in engine cuts a stream here (tests only)
 

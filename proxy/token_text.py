@@ -18,6 +18,7 @@ from collections import OrderedDict
 
 import orjson
 
+from core.errors import RlproxyError
 from proxy.errors import ProxyError
 from proxy.state import ProxyState
 
@@ -48,7 +49,7 @@ class TokenCache:
 _caches: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # UpstreamPool -> TokenCache
 
 
-class EngineAway(Exception):
+class EngineAway(RlproxyError):
     """The engine could not be asked (not a refusal of one id): no id of the page is asked for after it."""
 
 

@@ -44,7 +44,7 @@ class TeacherRefused(RlproxyError, ValueError):
     """The teacher cannot teach this policy: another tokenizer, no way to check it, no model."""
 
 
-class _Retry(Exception):
+class _Retry(RlproxyError):
     """A teacher request worth trying again (timeout, connection, 5xx)."""
 
 
