@@ -27,7 +27,7 @@ import requests  # noqa: E402
 import torch  # noqa: E402
 
 from core.sampling_rules import parse_sampled  # noqa: E402
-from proxy.sampling import altered_sampling  # noqa: E402
+from proxy.capture import altered_sampling  # noqa: E402
 from trainer.logprobs import token_scores  # noqa: E402
 
 PROMPTS = ["Write a short poem about the sea.", "List three uses of a paperclip.",

@@ -1,4 +1,4 @@
-"""What `calls.sampling` says about how a call was sampled, written by the proxy (proxy/sampling.py) and read by
+"""What `calls.sampling` says about how a call was sampled, written by the proxy (proxy/capture.py) and read by
 the trainer (trainer/sampled.py).
 
 The column holds either nothing (vLLM's neutral sampling: temperature 1, no truncation), the settings the trainer

@@ -138,7 +138,7 @@ def engine_command(
         "--max-loras",
         str(settings.max_loras),
         # an absent sampling field means vLLM's neutral default, not the model's generation_config.json (which
-        # would sample at another temperature than the call records: proxy/sampling.py)
+        # would sample at another temperature than the call records: proxy/capture.py)
         "--generation-config",
         "vllm",
         # the log-probs tokens were sampled with (after temperature and top-k/top-p), which the trainer rebuilds

@@ -18,7 +18,13 @@ from aiohttp import web
 from core.rollout_sampling import RolloutSampling
 from proxy.edge import claim_for_call
 from proxy.boundary import RequestBoundary, engine_bytes, media_in_prompt
-from proxy.capture import Additions, StreamAssembler, capture_response, prepare_upstream_body
+from proxy.capture import (
+    Additions,
+    StreamAssembler,
+    altered_sampling,
+    capture_response,
+    prepare_upstream_body,
+)
 from proxy.context import CallContext, call_context
 from proxy.dialects.base import ENDED_EARLY, Dialect, Translator, replay
 from proxy.errors import ProxyError, StoreUnavailable, UpstreamTimeout, UpstreamUnavailable, engine_failure
@@ -26,7 +32,6 @@ from proxy.metrics import ProxyMetrics
 from proxy.policy import PolicyRouter
 from proxy.recording import redact_record
 from proxy.rollout_sampling import resample
-from proxy.sampling import altered_sampling
 from proxy.schemas import parse_json_object
 from proxy.sse import Event, SSEParser
 from proxy.tenancy import ModelAccess

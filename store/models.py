@@ -198,7 +198,7 @@ class Call(Base):
     latency_ms: Mapped[float | None] = mapped_column(Float)
     ttft_ms: Mapped[float | None] = mapped_column(Float)
     # why the recorded raw log-probs are not the behaviour the trainer can compute: what changed the sampled
-    # distribution (proxy/sampling.py), or `media=<part>` for an image, audio or video in the prompt
+    # distribution (proxy/capture.py), or `media=<part>` for an image, audio or video in the prompt
     # (proxy/boundary.py); None: nothing
     sampling: Mapped[str | None] = mapped_column(String(64))
     # what its recorded log-probs are (migration 0016): 'processed', the probabilities its tokens were sampled

@@ -49,7 +49,7 @@ class CallRecord:
     complete: bool = False  # a stream's end marker reached the agent (a disconnect after it loses nothing)
     eval: bool = False  # sent with `X-Rlproxy-Eval`: its rollout is evaluation traffic, never trained on
     # how it was sampled, as far as its log-probs depend on it (core/sampling_rules.py), e.g.
-    # "temperature=0.7 top_p=0.95" or "logit_bias" (proxy/sampling.py); None: temperature 1, whole vocabulary
+    # "temperature=0.7 top_p=0.95" or "logit_bias" (proxy/capture.py); None: temperature 1, whole vocabulary
     sampling: str | None = None
     logprobs_mode: str | None = None  # what the engine's log-probs are: 'processed' or 'raw' (--logprobs-mode)
     # what the operator's rollout sampling changed (core/rollout_sampling.py): {"rule", "asked": the agent's

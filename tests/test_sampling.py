@@ -1,6 +1,6 @@
 """A call sampled otherwise than its recorded log-probs describe is marked, and the trainer does not take those
 log-probs as its behaviour policy. The engine's log-probs are raw (before temperature, top-p/top-k, penalties
-and grammar masks: proxy/sampling.py), so they are the sampling probabilities only when nothing changed them."""
+and grammar masks: proxy/capture.py), so they are the sampling probabilities only when nothing changed them."""
 from __future__ import annotations
 
 import anthropic
@@ -8,7 +8,7 @@ import openai
 import pytest
 import requests
 
-from proxy.sampling import altered_sampling
+from proxy.capture import altered_sampling
 
 
 @pytest.mark.parametrize("body", [

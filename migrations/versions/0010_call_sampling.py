@@ -2,7 +2,7 @@
 
 The engine records raw log-probs (before temperature, top-p/top-k, penalties, grammar masks). A call sampled
 with any of those was trained as if its tokens had been drawn from the raw distribution. The proxy now marks such
-a call with the first field that changed its sampling (proxy/sampling.py) and the trainer skips it. Calls stored
+a call with the first field that changed its sampling (proxy/capture.py) and the trainer skips it. Calls stored
 before stay unmarked: what they were sent with is in their `request`, in each wire format's own terms.
 
 Revision ID: 0010
