@@ -85,6 +85,10 @@ class StepRecord(StepMetrics):
     calls_trained: int = 0
     calls_skipped: dict[str, int] = field(default_factory=dict)  # per call, by reason
     agents: dict[str, Any] = field(default_factory=dict)  # agent name -> {calls_seen, calls_trained, skipped}
+    # a policy with a teacher (trainer/distill.py): its TeacherReport, and the mean reverse KL per scored token
+    # (the gauge rlproxy_trainer_teacher_kl{policy} is set by trainer/distill.py, labelled by policy)
+    teacher: dict[str, Any] | None = None
+    teacher_kl: float | None = None
 
     @classmethod
     def of(cls, metrics: StepMetrics, **more: Any) -> StepRecord:

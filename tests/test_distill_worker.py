@@ -81,6 +81,8 @@ def test_silent_unrewarded_rollouts_train_a_taught_policy_only(tiny_model, own_d
     rows, (step_row,) = asyncio.run(stored())
     assert all(r.status == "finished" and r.reward is None and r.trained_at is not None for r in rows)
     assert step_row.policy_version == 1 and step_row.metrics["transitions"] == 4
+    # the step's record keeps the teacher gap beside the PPO figures
+    assert math.isfinite(step_row.metrics["teacher_kl"]) and step_row.metrics["teacher"]["kl"] == step_row.metrics["teacher_kl"]
     exported = text_string_to_metric_families(generate_latest(worker.metrics.registry).decode())
     [gap] = [family for family in exported if family.name == "rlproxy_trainer_teacher_kl"]
     assert gap.samples[0].labels == {"policy": "default"} and math.isfinite(gap.samples[0].value)
