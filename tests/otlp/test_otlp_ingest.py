@@ -78,7 +78,8 @@ def auth(key: str) -> dict[str, str]:
 def proxy(stub_url, postgres_server, run_dir) -> Proxy:
     with fresh_database(postgres_server) as database_url:
         alpha, beta = make_key(database_url, "alpha"), make_key(database_url, "beta")
-        with running_proxy([stub_url], database_url, run_dir, "proxy-otlp", "--admin-key", ADMIN_KEY) as url:
+        with running_proxy([stub_url], database_url, run_dir, "proxy-otlp",
+                           env={"RLPROXY_ADMIN_KEY": ADMIN_KEY}) as url:
             yield Proxy(url, alpha, beta, database_url)
 
 
