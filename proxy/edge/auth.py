@@ -4,8 +4,8 @@
   /policies/{version}/activate` needs an admin key (403 for other keys), and a project's admin key activates
   its project's own policies only (proxy/routes/policies.py). `GET /metrics` (every policy's versions and
   rewards, every engine) and `/readyz`'s details (the engines' addresses, the spool's path) are the operator's:
-  the operator key's alone (`/metrics`: 403 for every other key, a project admin key's included). docs/
-  security.md's "Who may do what" is the whole table.
+  the operator key's alone (`/metrics`: 403 for every other key, a project admin key's included). The table is
+  proxy/edge/access.py's; docs/security.md's "Who may do what" is the whole of it.
 - Key lookups (found or not) are cached in-process for `key_cache_ttl` seconds, so the request path reaches
   the database once per key and TTL, not once per call.
 - A rollout belongs to the project whose key created it (`POST /rollouts` or its first recorded call). Another
@@ -13,13 +13,8 @@
   project (recorded before auth was on, or by the operator key) stay open to every key. Only a policy call
   about to be recorded claims an id nobody owns (`claim_for_call`, from proxy/serving.py, once the call is
   checked): a model list, a relayed engine route or a refused request under an id only reads who owns it.
-- A rollout's own token (`rlr_…`, what `POST /rollouts` answers as `token`) and its grader token (`rlg_…`) are
-  checked like keys (the same caches, the same look-up limit) and held to their rollout whether auth is on or
-  off (`check_token_scope`): the routes under `/rollouts/{its id}/…`, the OpenAI routes with `X-Rollout-Id: its
-  id`, and `POST /reward` for it; another rollout answers 404 as an unused id does, every other route 403. With
-  auth off a request with no credential is open as before (every local process is trusted), but one that
-  presents a token is held to it. Who a reward comes from (`reward_giver`) decides whether a sealed rollout
-  takes it or keeps it as a claim (store/rollouts.py).
+- A rollout's own token (`rlr_…`) and its grader token (`rlg_…`) are looked up here like keys (the same caches,
+  the same look-up limit), and held to their rollout by proxy/edge/token_scope.py, whether auth is on or off.
 - The agent's Authorization header is only read here: calls are recorded from their JSON bodies, and the
   engines get the proxy's own `upstream_api_key`, if any.
 """
@@ -32,7 +27,6 @@ import logging
 import math
 import time
 from collections import OrderedDict
-from enum import Enum
 from typing import Any
 
 from aiohttp import web
@@ -43,72 +37,21 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from core.errors import RlproxyError
 from core.settings import AuthSettings
 from core.text import printable
-from proxy.context import CallContext, call_context, one_header
-from proxy.edge.engine_routes import RELAYED
+from proxy.context import CallContext, call_context
+from proxy.edge.access import (AUTH, KEY, OPERATOR, Access, access_for, is_openai_route, is_operator_key,
+                               reads_no_rollout)
 from proxy.edge.buckets import RateLimiter
+from proxy.edge.token_scope import check_token_scope, presents_rollout_token
 from proxy.errors import Forbidden, NotFoundError, RateLimited, StoreUnavailable, Unauthorized
 from store.errors import NotYours
 from store.keys import (KEY_PREFIX, KeyInfo, claim_rollout, count_active_keys, find_key, hash_key, new_key,
                         rollout_owner)
-from store.reward_sources import RewardedBy
 from store.rollout_tokens import find_token, is_rollout_token
 
 log = logging.getLogger("rlproxy.auth")
 
-OPERATOR = KeyInfo(id="operator", project=None, admin=True)  # the admin key from the settings
 _KEY_LENGTH = len(new_key())
 _MISSING = object()
-
-
-class Access(Enum):
-    PUBLIC = "public"
-    KEY = "key"
-    ADMIN = "admin"
-    OPERATOR = "operator"  # the whole proxy's, not a project's: no project's key, admin or not
-
-
-# The web view's page and assets hold no data (what it shows comes from /ui/api/…, which needs a key).
-PUBLIC_ROUTES = {"/healthz", "/readyz", "/openapi.json", "/ui/", "/ui/assets/{name}"}
-ADMIN_ROUTES = {("POST", "/policies/{version}/activate")}
-# Prometheus scrapes with the operator key (helm/rlproxy/templates/servicemonitor.yaml); Kubernetes probes need none.
-OPERATOR_ROUTES = {("GET", "/metrics")}
-# Routes whose calls belong to the rollout in their path (so a key may only use its own project's rollouts):
-# the recorded routes and the engine routes relayed beside them.
-OPENAI_SUFFIXES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/responses",
-                   "/v1/responses/{response_id}", "/v1/messages", "/v1/messages/count_tokens", *RELAYED)
-
-
-def route_pattern(request: web.Request) -> str | None:
-    """The matched route's pattern (e.g. `/rollouts/{rollout_id}`), None for unknown paths."""
-    resource = request.match_info.route.resource
-    return resource.canonical if resource is not None else None
-
-
-def access_for(request: web.Request) -> Access:
-    pattern = route_pattern(request)
-    method = "GET" if request.method == "HEAD" else request.method
-    if pattern in PUBLIC_ROUTES and method == "GET":
-        return Access.PUBLIC
-    if (method, pattern) in ADMIN_ROUTES:
-        return Access.ADMIN
-    if (method, pattern) in OPERATOR_ROUTES:
-        return Access.OPERATOR
-    return Access.KEY  # unknown paths too: what exists is not shown to callers without a key
-
-
-# Rollout-scoped routes that neither record a call nor read the rollout: under another project's id they answer as
-# under an unused one (which they do not claim either).
-UNRECORDED_SUFFIXES = ("/v1/models", "/v1/messages/count_tokens", *RELAYED)
-
-
-def reads_no_rollout(request: web.Request) -> bool:
-    pattern = route_pattern(request)
-    return pattern is not None and pattern.endswith(UNRECORDED_SUFFIXES)
-
-
-def is_openai_route(request: web.Request) -> bool:
-    pattern = route_pattern(request)
-    return pattern is not None and pattern.endswith(OPENAI_SUFFIXES)
 
 
 def is_loopback(host: str) -> bool:
@@ -334,77 +277,6 @@ class Authenticator:
             raise StoreUnavailable("could not check the API key: the database did not answer") from None
 
 
-AUTH = web.AppKey("rlproxy_auth", Authenticator)
-KEY = "rlproxy_key"  # the request's KeyInfo, when auth is on
-
-
-def presents_rollout_token(request: web.Request) -> bool:
-    """Whether the request presents something shaped as a rollout's token (with auth off, only those are read)."""
-    values = [value.partition(" ")[2].strip() for value in request.headers.getall("Authorization", ())]
-    values += [value.strip() for value in request.headers.getall("x-api-key", ())]
-    return any(is_rollout_token(value) for value in values)
-
-
-TOKEN_MESSAGE = ("a rollout token is good for its own rollout alone: the routes under /rollouts/{rollout_id}/, the "
-                 "OpenAI routes with X-Rollout-Id, and POST /reward for it")
-
-
-def check_token_scope(request: web.Request, key: KeyInfo) -> None:
-    """A rollout token's request goes on only within its rollout: under another rollout's id it is 404 (as an
-    unused id would answer, which the token may not create either), on any other route 403."""
-    pattern = route_pattern(request)
-    if pattern is None:  # no such route: 404 as for anyone
-        return
-    if pattern.startswith("/rollouts/{rollout_id}"):
-        named = request.match_info.get("rollout_id")
-    elif is_openai_route(request):
-        named = one_header(request, "X-Rollout-Id")
-        if not named:
-            raise Forbidden(f"{TOKEN_MESSAGE}: send X-Rollout-Id: {key.rollout}", code="rollout_token_scope")
-    elif request.method == "POST" and pattern == "/reward":
-        return  # its body names the rollout: checked by the route (`own_rollout`)
-    else:
-        raise Forbidden(f"{TOKEN_MESSAGE}; {request.method} {pattern} is not one of them", code="rollout_token_scope")
-    own_rollout(request, named)
-
-
-def own_rollout(request: web.Request, rollout_id: str | None) -> None:
-    """404 when the request's rollout token is another rollout's than `rollout_id` (no token: nothing to check)."""
-    key = request.get(KEY)
-    if key is not None and key.rollout is not None and rollout_id != key.rollout:
-        raise NotFoundError(f"rollout {rollout_id!r} does not exist")
-
-
-def token_rollout(request: web.Request) -> str | None:
-    """The rollout a request's rollout token is good for (None: no token): what it reads is that rollout's only."""
-    key = request.get(KEY)
-    return key.rollout if key is not None else None
-
-
-def reward_giver(request: web.Request, rollout_id: str) -> str:
-    """Who a reward posted by this request comes from (a RewardedBy). With auth off a request without a credential
-    is its agent's, not the operator's: only a grader token gives the reward of a rollout whose grader gives it."""
-    key = request.get(KEY)
-    if key is None:
-        return RewardedBy.AGENT
-    if key.rollout is not None:
-        return RewardedBy.GRADER if key.grader and key.rollout == rollout_id else RewardedBy.AGENT
-    if is_operator_key(key):
-        return RewardedBy.OPERATOR
-    if key.admin:
-        return RewardedBy.ADMIN
-    return RewardedBy.EVAL_KEY if key.eval else RewardedBy.AGENT
-
-
-def may_create_eval(request: web.Request) -> bool:
-    """Whether the request may create evaluation rollouts: the operator key, an admin key of a project, or a key
-    made for evaluation (auth on); with auth off every caller but a rollout token."""
-    key = request.get(KEY)
-    if key is None:
-        return not request.app[AUTH].enabled
-    return key.rollout is None and (key.admin or key.eval)
-
-
 @web.middleware
 async def authenticate(request: web.Request, handler):
     auth = request.app[AUTH]
@@ -421,11 +293,6 @@ async def authenticate(request: web.Request, handler):
         raise Forbidden("this route needs the operator key (--admin-key): it shows every project's data")
     request["project"] = key.project  # what the rollout routes and the recorder scope by
     return await handler(request)
-
-
-def is_operator_key(key: KeyInfo) -> bool:
-    """The operator key is the one admin key of no project (every database key belongs to one)."""
-    return key.admin and key.project is None
 
 
 def operator_caller(request: web.Request) -> bool:

@@ -11,7 +11,7 @@ import math
 from aiohttp import web
 
 from core.settings import ProxySettings
-from proxy.edge.auth import KEY, Access, access_for, reads_no_rollout
+from proxy.edge.access import KEY, Access, access_for, reads_no_rollout
 from proxy.edge.buckets import RateLimiter
 from proxy.errors import InvalidRequest, PayloadTooLarge, RateLimited
 from proxy.metrics import ProxyMetrics

@@ -4,7 +4,7 @@ while it is down; what it looked at only for the operator key), `GET /metrics` (
 
 Both are the whole proxy's, not a project's: `/metrics` carries every policy's versions and per-version reward
 histograms (other projects' data), `/readyz`'s details the engines' addresses and the spool's path (the
-operator's topology). A project's key, admin or not, gets 403 on `/metrics` (proxy/edge/auth.py `OPERATOR_ROUTES`)
+operator's topology). A project's key, admin or not, gets 403 on `/metrics` (proxy/edge/access.py `OPERATOR_ROUTES`)
 and from `/readyz` what a probe without a key gets: ready or not."""
 from __future__ import annotations
 

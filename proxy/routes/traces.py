@@ -45,7 +45,7 @@ async def export_traces(request: web.Request) -> web.Response:
         share.resize(len(raw))
         spans = await decoders.span_facts(raw, content_type, project)  # in a worker process, within budget
 
-    # a rollout token never reaches here (proxy/edge/auth.py): who gives the spans' rewards is the key's kind alone
+    # a rollout token never reaches here (proxy/edge/token_scope.py): who gives the spans' rewards is the key's kind
     results = await state(request).ingest.spans(spans, project=project, giver=reward_giver(request, ""))
     refused = [result.error or "refused" for result in results if result.outcome == REJECTED]
     message = "; ".join(refused[:MESSAGES_SHOWN])
