@@ -2,7 +2,7 @@
 and its `--verify`): an allow-list, never the runner's own environment minus a few names. The runner's
 environment holds its own key (`RLPROXY_API_KEY`), database URLs and whatever secrets the machine has; an agent
 runs code a model chose, so it gets only what a program needs to start, what the user names with `--pass-env`,
-and the rollout's own variables (runner/agents.py, runner/harness.py)."""
+and the rollout's own variables (runner/agents.py, runner/harnesses/)."""
 from __future__ import annotations
 
 import os

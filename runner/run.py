@@ -24,7 +24,7 @@ from runner.attempt import NO_KEY, Attempt, AttemptRunner, Outcome
 from runner.client import ProxyClient, proxy_url
 from runner.environment import check_names
 from runner.errors import ProxyRefused, RunInputError
-from runner.harness import HarnessAgent
+from runner.harnesses import HARNESSES, HarnessAgent
 from runner.identity import agent_user, refuse_readable
 from runner.journal import Journal, read_log
 from runner.pacing import Pacer
@@ -58,7 +58,7 @@ def agent_named(settings: RunSettings) -> tuple[str, str]:
                                                 ("harness", settings.harness)) if value]
     if len(named) != 1:
         raise RunInputError("name the agent once: --agent module:function, --command \"...\", "
-                            "--agent-class module:Class or --harness claude-code|codex")
+                            "--agent-class module:Class or --harness NAME")
     return named[0]
 
 
@@ -74,7 +74,7 @@ def check_flags(settings: RunSettings, kind: str) -> None:
         if settings.prompt_field != "prompt":
             given.append("--prompt-field")
         if given:
-            raise RunInputError(f"{', '.join(given)}: only for --harness claude-code|codex, not --{kind}")
+            raise RunInputError(f"{', '.join(given)}: only for --harness NAME, not --{kind}")
     elif settings.workdir is not None and settings.repo_field:
         raise RunInputError("--workdir or --repo-field: the working folder is a copy of one or a clone of the "
                             "other, not both")
@@ -105,7 +105,9 @@ def prepare(settings: RunSettings) -> Plan:
     if user is not None:
         refuse_readable(user, {"--tasks": settings.tasks, "--eval-tasks": settings.eval_tasks, "--log": settings.log})
     if kind == "harness":
-        agent = HarnessAgent(target, settings.prompt_field, settings.verify, settings.workdir, settings.repo_field,
+        if target not in HARNESSES:
+            raise RunInputError(f"--harness {target}: not one of {', '.join(HARNESSES)}")
+        agent = HarnessAgent(HARNESSES[target], settings.prompt_field, settings.verify, settings.workdir, settings.repo_field,
                              settings.harness_args, settings.pass_env, user)
         needed.update(agent.needed_fields())
     else:

@@ -1,4 +1,4 @@
-"""`rlproxy run --harness claude-code|codex`: the real harness per attempt in a fresh working folder, against the
+"""`rlproxy run --harness claude-code|codex` (runner/harnesses/): the real harness per attempt in a fresh working folder, against the
 scripted engine stand-in (tests/harness_engine.py: it asks the harness's shell tool to write a marker file)
 behind the proxy; `--verify` checks the folder and its result is the stored reward."""
 from __future__ import annotations
@@ -67,8 +67,8 @@ def test_a_harness_that_is_not_installed_says_how_to_install_it(tmp_path, monkey
     result = CliRunner().invoke(main, ["run", "--tasks", str(ROOT / "examples" / "run_tasks.jsonl"), "--harness",
                                        "codex", "--verify", "true", "--log", str(tmp_path / "log.jsonl")])
     assert result.exit_code == 2
-    assert result.output.strip() == ("rlproxy run: --harness codex: `codex` is not installed "
-                                     "(npm install -g @openai/codex)")
+    assert result.output.strip() == (f"rlproxy run: --harness codex: `codex` is not installed (make install, or: "
+                                     f"npm install --prefix {tmp_path / 'node'} @openai/codex@0.169.0)")
 
 
 def installed(program: str, monkeypatch) -> None:

@@ -84,9 +84,9 @@ def test_numeric_ids_are_ids_and_a_lone_surrogate_id_is_held_out_like_any_other(
 
 
 @pytest.mark.parametrize("flags, says", [
-    (["--command", "true", "--verify", "pytest"], "--verify: only for --harness claude-code|codex, not --command"),
+    (["--command", "true", "--verify", "pytest"], "--verify: only for --harness NAME, not --command"),
     (["--agent", "examples.run_agent:solve", "--workdir", ".", "--prompt-field", "q"],
-     "--workdir, --prompt-field: only for --harness claude-code|codex, not --agent"),
+     "--workdir, --prompt-field: only for --harness NAME, not --agent"),
     (["--harness", "claude-code", "--verify", "true", "--workdir", ".", "--repo-field", "repo"],
      "--workdir or --repo-field: the working folder is a copy of one or a clone of the other, not both"),
     (["--command", "true", "--env-map", "Q=question", "--env-map", "Q=answer"], "--env-map Q: named twice"),

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, SecretStr
 
@@ -19,7 +18,8 @@ class RunSettings(CommandSettings):
                                                   "environment (docs/run.md).")
     agent_class: str | None = Field(None, description="module:Class, an Agent Lightning v1 agent class run per "
                                                       "attempt in its own process as Class().run().")
-    harness: Literal["claude-code", "codex"] | None = Field(
+    # its choices are runner/harnesses/'s registry, which rlproxy/commands/run.py gives the flag (core is below it)
+    harness: str | None = Field(
         None, description="A coding-agent harness run per attempt in a fresh working folder; --verify scores it.")
     prompt_field: str = Field("prompt", description="Task field holding the harness's prompt.")
     verify: str | None = Field(None, description="Shell command run in the harness's working folder afterwards: "
@@ -40,6 +40,14 @@ class RunSettings(CommandSettings):
         None, description="Run the agents' programs (--command, --agent-class, --harness and --verify) as this user "
         "(a name or uid; the runner must be root): they cannot read the task files or the journal (--log), which "
         "the run checks as that user before it starts, nor an earlier attempt's task (docs/run.md).")
+    agent_read: tuple[Path, ...] = Field(
+        (), description="A folder or file the confined agents may also read (repeat); the journal, task and key "
+        "files stay out of reach inside it (docs/run.md, Confinement).")
+    agent_write: tuple[Path, ...] = Field(
+        (), description="A folder the confined agents may also write, shared by every attempt (repeat).")
+    require_confinement: bool = Field(
+        False, description="Refuse to run where the agents cannot be confined (no Landlock: Linux before 5.13), "
+        "or with an --agent function, which runs inside the runner.")
     proxy: str = Field(DEFAULT_PROXY, description="The running proxy's URL.")
     api_key: SecretStr | None = Field(None, description="The runner's key to the proxy (when its keys are on): it "
                                                        "creates the rollouts and posts their rewards.")

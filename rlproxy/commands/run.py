@@ -9,9 +9,11 @@ from rich.console import Console
 
 from core.settings import RunSettings
 from rlproxy.commands.flags import Flags
+from runner import confine
 from runner.environment import hide_own_environment
 from runner.errors import InfrastructureError, ProxyRefused, RunInputError
 from runner.identity import agent_user, refuse_readable
+from runner.harnesses import HARNESSES
 from runner.leftovers import no_process_outlives_the_run
 from runner.progress import summary
 from runner.run import prepare, run_plan
@@ -25,6 +27,16 @@ def _fail(message: str, code: int) -> None:
     sys.exit(code)
 
 
+def harness_choices(command: click.Command) -> click.Command:
+    """--harness takes the names of runner/harnesses/'s registry (the settings model, below the runner, cannot
+    name them)."""
+    for option in command.params:
+        if option.name == "harness":
+            option.type = click.Choice(list(HARNESSES))
+    return command
+
+
+@harness_choices
 @click.command("run")
 @RUN_FLAGS
 def run(**params) -> None:
@@ -32,6 +44,7 @@ def run(**params) -> None:
     it returns), in groups of --attempts per task, resumable with --resume. See docs/run.md."""
     settings = RUN_FLAGS.build(params)
     hide_own_environment()  # before any agent starts: they run as this user
+    confine.protect(RUN_FLAGS.secret_files(params).values())  # the key files: out of the confined agents' reach
     try:
         plan = prepare(settings)
         user = agent_user(settings.agent_user)

@@ -1,0 +1,13 @@
+"""The harnesses `rlproxy run --harness NAME` drives, by name: `HARNESSES` is where `--harness`'s choices come
+from. Each is a module here (its command line, configuration files, offline switches and pinned version) over
+runner/harnesses/base.py (the fresh folders, the environment, the verifier). Add one: a module with a `Harness`
+subclass, a line below, its install in scripts/install.sh and its row in docs/run.md."""
+from __future__ import annotations
+
+from runner.harnesses.base import Harness, HarnessAgent
+from runner.harnesses.claude_code import ClaudeCode
+from runner.harnesses.codex import Codex
+
+HARNESSES: dict[str, Harness] = {harness.name: harness for harness in (ClaudeCode(), Codex())}
+
+__all__ = ["HARNESSES", "Harness", "HarnessAgent"]
