@@ -78,6 +78,15 @@ class RewardResult(Body):
                                                 "nor is trained on.")
 
 
+class RolloutClosed(Body):
+    rollout_id: str
+    status: Literal["open", "finished"] = Field(description="The rollout's status after the request.")
+    closed: bool = Field(description="True when this request closed it (false: it was closed already, or "
+                                     "`claim`).")
+    claim: bool = Field(False, description="True when the rollout's grader or judge gives its end, not this "
+                                           "caller: nothing changed, and the close is counted as a claim.")
+
+
 class ChoiceRecord(Body):
     index: int
     token_ids: list[int] | None
@@ -342,3 +351,38 @@ class Message(BaseModel):
     stop_reason: str | None
     usage: dict[str, Any]
 
+
+
+class GoogleErrorDetail(Body):
+    code: int
+    message: str
+    status: str = Field(description="The google.rpc.Code name: INVALID_ARGUMENT, NOT_FOUND, UNAVAILABLE, …")
+
+
+class GoogleError(Body):
+    """Google's error shape, on the Gemini API's routes (/v1beta/models/…)."""
+
+    error: GoogleErrorDetail
+
+
+class GenerateContentResponse(BaseModel):
+    """A Gemini API GenerateContentResponse (`responseId` is the call's id)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    candidates: list[dict[str, Any]]
+    usageMetadata: dict[str, int]
+    modelVersion: str
+    responseId: str
+
+
+class GeminiTokenCount(Body):
+    totalTokens: int
+
+
+class GeminiModels(BaseModel):
+    """The engine's models as the Gemini API lists them (`name`: `models/<id>`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    models: list[dict[str, Any]]

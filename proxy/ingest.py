@@ -27,6 +27,7 @@ from proxy.otlp import (
 from proxy.policy import PolicyRouter
 from proxy.recording import CaptureWriter
 from store import events as store_events
+from store.closing import Closed, close_rollout
 from store import rewards as reward_rows
 from store import rollouts as store_rollouts
 from store.models import RewardKind
@@ -63,6 +64,16 @@ class RewardIngest:
             self.count_claim(result, giver)
         elif result.created:
             self._count(result, giver)
+        return result
+
+    async def close(self, rollout_id: str, *, project: str | None, giver: str = RewardedBy.AGENT) -> Closed:
+        """The rollout closed without a final reward (store/closing.py `close_rollout`), once the calls on their
+        way are stored; a close by one who does not give the rollout's end is counted as a claim."""
+        await self.writer.sync()
+        async with self.sessions() as session, session.begin():
+            result = await close_rollout(session, rollout_id, project=project, giver=giver)
+        if result.claim:
+            self.metrics.reward_claims.labels("close", giver).inc()
         return result
 
     def count_claim(self, result: store_rollouts.RewardResult, giver: str) -> None:

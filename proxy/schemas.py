@@ -115,6 +115,12 @@ class RewardPost(_Stored):
         return float(value)
 
 
+class RolloutClose(BaseModel):
+    """`POST /rollouts/{rollout_id}/close` takes no fields: an empty body or `{}` (any field is refused)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
 def parse_json_object(raw: bytes, error: type[ProxyError] = InvalidRequest) -> dict[str, Any]:
     """A request body that must be a JSON object, read by the one set of rules every body is read by
     (proxy/strict_json.py): so every string in it can be written out again, and no reader downstream can read it

@@ -170,8 +170,8 @@ async def post_reward(
         if rollout.reward == value:
             return RewardResult(rollout_id, value, None, False, rollout.policy_version, rollout.eval)
         if rollout.reward is None:  # store/closing.py: a policy with a teacher trains it without one
-            raise Conflict(f"rollout {rollout_id!r} was closed without a final reward after its agent was silent "
-                           "(rlproxy train --teacher-idle-s), so it takes none now: post the reward before that")
+            raise Conflict(f"rollout {rollout_id!r} was closed without a final reward (POST /rollouts/{{id}}/close, "
+                           "or its agent was silent past rlproxy train --teacher-idle-s), so it takes none now")
         raise Conflict(f"rollout {rollout_id!r} already has final reward {rollout.reward}, not {value}")
     reward_rows.add_final(session, rollout_id, value, reason=reason, metadata=metadata)
     try:

@@ -8,11 +8,11 @@ import uuid
 import orjson
 from aiohttp import web
 
-from proxy.bodies import RewardResult, Rollout, RolloutCreated
+from proxy.bodies import RewardResult, Rollout, RolloutClosed, RolloutCreated
 from proxy.edge import may_create_eval, own_rollout, read_within, reward_giver
 from proxy.api import Answer, Endpoint
 from proxy.errors import Forbidden, NotFoundError, PayloadTooLarge, Unprocessable
-from proxy.schemas import RewardPost, RolloutCreate, parse_json_object, validate
+from proxy.schemas import RewardPost, RolloutClose, RolloutCreate, parse_json_object, validate
 from proxy.state import state
 from store import rollouts as store_rollouts
 from store.keys import hash_key
@@ -83,6 +83,21 @@ async def post_reward(request: web.Request) -> web.Response:
     return RewardResult(rollout_id=result.rollout_id, reward=result.reward, **extra).reply()
 
 
+async def close_rollout(request: web.Request) -> web.Response:
+    """The agent is done and no final reward is coming from it: the rollout closes as its idle timeout would close it
+    (a policy with a teacher trains it from the teacher; docs/distillation.md)."""
+    rollout_id = request.match_info["rollout_id"]
+    raw = await read_bounded(request)
+    validate(RolloutClose, parse_json_object(raw, Unprocessable) if raw.strip() else {}, Unprocessable)
+    if "\x00" in rollout_id:  # the store cannot hold NUL, so no such rollout exists
+        raise NotFoundError(f"rollout {rollout_id!r} does not exist")
+    own_rollout(request, rollout_id)
+    result = await state(request).ingest.close(rollout_id, project=request.get("project"),
+                                               giver=reward_giver(request, rollout_id))
+    return RolloutClosed(rollout_id=result.rollout_id, status=result.status, closed=result.closed,
+                         claim=result.claim).reply()
+
+
 async def get_rollout(request: web.Request) -> web.Response:
     rollout_id = request.match_info["rollout_id"]
     if "\x00" in rollout_id:  # the store cannot hold NUL, so no such rollout exists
@@ -135,6 +150,11 @@ ENDPOINTS = [
              {200: Answer("Stored (or the same final reward again; `claim`: kept as a claim beside the grader's).",
                           RewardResult)}, (404, 409, 413, 422, 503),
              body=RewardPost),
+    Endpoint("post", "/rollouts/{rollout_id}/close", close_rollout,
+             "Close a rollout without a final reward: its agent is done (a policy with a teacher trains it)",
+             {200: Answer("Closed, or closed already (`closed`: false); `claim`: its grader or judge gives its end, "
+                          "so nothing changed.", RolloutClosed)}, (404, 409, 413, 422, 503),
+             path_params={"rollout_id": {"type": "string"}}, body=RolloutClose, body_required=False),
     Endpoint("get", "/rollouts/{rollout_id}", get_rollout,
              "A rollout with one page of its calls (token ids, logprobs), their rewards and the rollout's",
              {200: Answer("The rollout; `next` is the `after` of the following page (null on the last).", Rollout)},

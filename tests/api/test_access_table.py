@@ -71,7 +71,7 @@ def test_every_route_of_the_router_has_a_row_and_every_row_a_route():
     assert [row for row in ROWS if row.method == "*"], "the table says what any other path answers"
 
 
-CLOSING = ("/reward", "/rollouts/{rollout_id}/events", "/v1/traces")  # routes that end or change a rollout
+CLOSING = ("/reward", "/rollouts/{rollout_id}/events", "/rollouts/{rollout_id}/close", "/v1/traces")  # routes that end or change a rollout
 
 
 @dataclass
@@ -126,6 +126,7 @@ def body_for(path: str, rollout_id: str) -> dict | None:
         "/v1/messages/count_tokens": {"model": BASE_MODEL, "messages": CHAT},
         "/detokenize": {"model": BASE_MODEL, "tokens": [1, 2]},
         "/rollouts": {},
+        "/close": {},
         "/events": {"event_type": "note", "data": {"step": 1}},
     }.get(bare, {"model": BASE_MODEL, "prompt": "6*7=", "input": "6*7="})
 
