@@ -23,7 +23,7 @@ from store.models import Policy, TrainStep
 
 # The fields of a step record the training page charts (tests/test_training_view.py checks each is a field).
 CHARTED = ("reward_mean", "kl", "clip_fraction", "agreement_kl", "loss", "entropy", "off_policy_kl", "is_filtered",
-           "rollouts", "transitions", "calls_seen", "calls_trained", "calls_skipped", "served_version")
+           "rollouts", "transitions", "calls_seen", "calls_trained", "calls_skipped", "served_version", "teacher_kl")
 MAX_STEPS = 2000
 
 

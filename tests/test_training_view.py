@@ -35,11 +35,12 @@ WORDS = ["The", "answer", "is", "42"]
 UNKNOWN = 7  # an id the stand-in engine spells as <7>
 
 
-def record(reward: float, trained: int, skipped: dict[str, int], kl: float) -> dict:
+def record(reward: float, trained: int, skipped: dict[str, int], kl: float, teacher_kl: float | None = None) -> dict:
     metrics = StepMetrics(loss=0.1, kl=kl, clip_fraction=0.02, agreement_kl=0.001, served_version=0, transitions=4)
     return StepRecord.of(metrics, policy="default", rollouts=4, reward_mean=reward, calls_trained=trained,
                          calls_seen=trained + sum(skipped.values()), calls_skipped=skipped,
-                         staleness={"lag_mean": 0.5, "lag_max": 1, "dropped_by_lag": {}}).as_dict()
+                         staleness={"lag_mean": 0.5, "lag_max": 1, "dropped_by_lag": {}},
+                         teacher_kl=teacher_kl).as_dict()
 
 
 async def fill(database_url: str) -> dict:
@@ -55,12 +56,14 @@ async def fill(database_url: str) -> dict:
                                                                                           "content": "q"}]},
                                                choices=[ChoiceRecord(0, ids, [-0.1, -2.0, -0.5, -0.01, -3.0],
                                                                      "stop")])])
-        for version, reward, skipped, kl in ((1, 0.25, {"zero_advantage": 2}, 0.01), (2, 0.75, {}, 0.03)):
+        # the policy learns from a teacher too: the gap (docs/distillation.md) falls from v1 to v2
+        for version, reward, skipped, kl, gap in ((1, 0.25, {"zero_advantage": 2}, 0.01, 0.9),
+                                                  (2, 0.75, {}, 0.03, 0.4)):
             if version == 2:  # between the two: a step that trained nothing of the policy
                 await training.record_step(session, [], "w", policy_version=None, transition_count=0, metrics={
                     "skipped": {"sampling_altered": 3}, "policies": {"default": {
                         "calls_seen": 3, "calls_trained": 0, "calls_skipped": {"sampling_altered": 3}}}})
-            stored = record(reward, 4, skipped, kl)
+            stored = record(reward, 4, skipped, kl, gap)
             await policies.add_candidate(session, version, f"/adapters/v{version}", parent_version=version - 1,
                                          base_model="stub-model", metrics=stored)
             await training.record_step(session, [rollout] if version == 2 else [], "w", policy_version=version,
@@ -180,6 +183,7 @@ def test_a_user_sees_the_tokens_as_text_what_was_trained_and_the_steps_over_time
         assert any(c.startswith("Step reward") and "v1 0.2500" in c and "v2 0.7500" in c for c in charts)
         assert any("step " in c and "0/3 trained, sampling_altered 3" in c for c in charts)
         assert any(c.startswith("KL to the base model") and "v2 0.0300" in c for c in charts)
+        assert any(c.startswith("Teacher gap") and "v1 0.9000" in c and "v2 0.4000" in c for c in charts)
         shot(page, "training")
 
         page.goto(f"{url}/ui/#/policies")

@@ -35,7 +35,11 @@ function policySection(name, steps, versions) {
     lineChart("Clip fraction", labels, [{name: "clip fraction", values: series("clip_fraction")}], {low: 0}),
     lineChart("Served as trained (engine vs trainer KL per token, lag 0)", labels,
       [{name: "agreement KL", values: series("agreement_kl")}], {low: 0}),
-  ] : [el("p", {class: "muted", text: "No training step recorded yet."})];
+    // a policy with a teacher (docs/distillation.md): the gap it learns to close, falling as it learns
+    steps.some((s) => typeof s.teacher_kl === "number") ? lineChart(
+      "Teacher gap (reverse KL to the teacher per sampled token)", labels,
+      [{name: "teacher KL", values: series("teacher_kl")}], {low: 0}) : null,
+  ].filter(Boolean) : [el("p", {class: "muted", text: "No training step recorded yet."})];
   const recent = steps.slice(-SHOWN_ROWS).reverse();
   return el("section", {class: "policy", "aria-label": "training of " + name},
     el("h2", {text: `${name} — ${trained} version${trained === 1 ? "" : "s"} trained in ${steps.length} steps`}),
