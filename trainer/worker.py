@@ -11,7 +11,8 @@
 Several policies are trained in turn on one model copy: before a policy's step its adapter (with its optimizer
 state) is loaded from its folder. One process, not one per policy, because the rollout is what is claimed and
 marked trained (a multi-agent episode feeds every role's policy from one reward), and one copy of the base
-model is what a single accelerator holds; with one policy (the default) nothing is ever swapped.
+model is what a single accelerator holds; with one policy (the default) nothing is ever swapped. Which version
+each policy trains from, and what moves it (a publish, a gate, an operator's activation), is trainer/lines.py's.
 """
 from __future__ import annotations
 
@@ -22,7 +23,6 @@ import secrets
 import shutil
 import statistics
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -33,11 +33,12 @@ from store import policies, training
 from store.db import open_database, session_factory
 from store.errors import LeaseLost
 from store.models import utcnow
-from trainer.agreement import Agreement, AgreementWatch
+from trainer.agreement import AgreementWatch
 from trainer.claim import claim_batch
 from trainer.distill import IdleCloser, attach_reports, observe_teacher, policy_transitions, start_distillers
 from trainer.failures import NOT_THE_BATCH, STEP_FAILED, FailedBatches, StepAttempts, describe
 from trainer.housekeeping import Housekeeping
+from trainer.lines import Line, Lines, Trained
 from trainer.liveness import Heartbeat
 from trainer.metrics import TrainerMetrics
 from trainer.parallel import Collective, LeaderPolicy
@@ -55,25 +56,6 @@ from trainer.yields import StepYield, YieldWatch
 log = logging.getLogger("rlproxy.trainer")
 
 
-@dataclass(slots=True)
-class Line:
-    """What the trainer continues from for one named policy: the version serving it (or that it will)."""
-    policy: str
-    parent_version: int = policies.BASE_VERSION
-    parent_path: Path | None = None
-
-
-@dataclass(slots=True)
-class Trained:
-    """One policy's new version from one step, before it is recorded."""
-    line: Line
-    version: int
-    path: Path
-    transitions: int
-    record: StepRecord
-    agreement: Agreement | None = None  # of the version it was trained from, on the calls that version served
-
-
 class TrainerWorker:
     def __init__(self, settings: TrainerSettings, model_path: Path,
                  metrics: TrainerMetrics | None = None, on_published=None, while_computing=None,
@@ -81,8 +63,6 @@ class TrainerWorker:
         self.settings = settings
         self.model_path = model_path
         self.metrics = metrics or TrainerMetrics()
-        # async callback(version) -> bool | None: an eval gate; False keeps the parent, None decides nothing
-        self.on_published = on_published
         # Entered while a step computes, for a host that shares the machine's cores (the demo pauses its agents).
         self.while_computing = while_computing or contextlib.nullcontext
         self.database = open_database(settings.database_url)
@@ -98,7 +78,9 @@ class TrainerWorker:
         self.policy = None  # trainer.ppo.PolicyTrainer, built on start (torch is imported lazily)
         self.collective = collective or Collective()  # several ranks: this worker is rank 0 (trainer/parallel.py)
         self.heartbeat = Heartbeat(settings.heartbeat_dir, self.collective.rank)  # what the liveness probe reads
-        self.lines = {name: Line(name) for name in settings.policies}
+        # on_published: async callback(version) -> bool | None, an eval gate (trainer/lines.py)
+        self.keeper = Lines(settings.policies, self.sessions, self.publisher, self.metrics, on_published)
+        self.lines = self.keeper.lines
         self.loaded: str | None = None  # the policy whose parent adapter the model holds now
         self._last_saved = 0  # the newest version number this worker has saved
         self.steps = 0
@@ -119,15 +101,13 @@ class TrainerWorker:
         await self.attempts.set_aside_unfinished()  # before their leases are released below
         async with self.sessions() as session, session.begin():
             released = await training.release_untrained(session, self.settings.worker_id)
-            for line in self.lines.values():
-                active = await policies.active_policy(session, line.policy)
-                line.parent_version, line.parent_path = active.version, Path(active.path) if active.path else None
+            await self.keeper.resume(session)
         if released:
             log.info("took back %d rollouts leased by an earlier run of %r", released, self.settings.worker_id)
         for line in self.lines.values():
             log.info("policy %r resumes from v%d (%s)", line.policy, line.parent_version,
                      line.parent_path or "base model")
-            self._observe_version(line)
+            self.keeper.observe(line)
         await log_waiting_yield(self.sessions, self.settings, {n: ln.parent_version for n, ln in self.lines.items()})
         first = self.lines[self.settings.policies[0]]
         if self.collective.world_size > 1:
@@ -227,7 +207,8 @@ class TrainerWorker:
             lineages = {name: await policies.lineage(session, name) for name in self.lines}
             serving = {name: await policies.active_policy(session, name) for name in self.lines}
         for line in self.lines.values():
-            await self._follow(line, serving[line.policy])
+            if self.keeper.follow(line, serving[line.policy]) and self.loaded == line.policy:
+                self.loaded = None  # _switch_to loads the line's version before its next step
         rewards = [r.reward for r in rollouts if r.reward is not None] or [0.0]  # closed without one: a teacher's
         self.metrics.reward_mean.set(statistics.fmean(rewards))
         self.metrics.reward_std.set(statistics.pstdev(rewards))
@@ -288,18 +269,6 @@ class TrainerWorker:
             await self._publish(new.line, new.version, new.path, began)
         await self._sweep()
         return True
-
-    async def _follow(self, line: Line, active: policies.ActivePolicy) -> None:
-        """Train from the version that serves: an operator who activated another one (a rollback) while this
-        trainer ran is followed, not undone by the next publish."""
-        if active.version == line.parent_version:
-            return
-        log.warning("policy %r serves v%d, not v%d that this trainer last published (an operator's activation): "
-                    "training goes on from v%d", line.policy, active.version, line.parent_version, active.version)
-        line.parent_version, line.parent_path = active.version, Path(active.path) if active.path else None
-        self._observe_version(line)
-        if self.loaded == line.policy:
-            self.loaded = None  # _switch_to loads it before the line's next step
 
     async def _switch_to(self, line: Line) -> None:
         """Put `line`'s adapter (and optimizer state) in the model, unless it is there already."""
@@ -372,51 +341,14 @@ class TrainerWorker:
             await training.store_decisions(session, rollout_ids, ledger.decisions)
 
     async def _publish(self, line: Line, version: int, path: Path, step_began: float) -> None:
-        published = await self.publisher.publish(version, str(path), activate=self.on_published is None,
-                                                 replacing=line.parent_version)
-        if published.error is not None:
-            (self.metrics.publish_declined if published.declined else self.metrics.publish_failures).inc()
-            await self._revert(line)
-            return
-        if self.on_published is not None and not published.activated:
-            decision = await self.on_published(version)
-            if decision is None:  # the gate was interrupted: the version stays a candidate for the next run
-                return
-            if decision:
-                if (await self.publisher.activate(version, replacing=line.parent_version)).declined:
-                    self.metrics.publish_declined.inc()
-                    await self._revert(line)
-                    return
-            else:
-                await self.publisher.retire(version)
-                await self._revert(line)
-                return
-        line.parent_version, line.parent_path = version, path
-        self._observe_version(line)
-        self.metrics.publish_duration.observe(time.perf_counter() - step_began)
-
-    async def _revert(self, line: Line) -> None:
-        """Continue training `line` from the version that serves it, not from a version that did not make it."""
-        async with self.sessions() as session:
-            active = await policies.active_policy(session, line.policy)
-        line.parent_version, line.parent_path = active.version, Path(active.path) if active.path else None
-        if self.loaded == line.policy:
-            await asyncio.to_thread(self.policy.load, line.parent_path)
-
-    def _observe_version(self, line: Line) -> None:
-        self.metrics.policy_version.labels(line.policy).set(line.parent_version)
-        if line.policy == self.settings.policies[0]:
-            self.metrics.active_version.set(line.parent_version)
+        if not await self.keeper.publish(line, version, path, step_began) and self.loaded == line.policy:
+            await asyncio.to_thread(self.policy.load, line.parent_path)  # back to the version that serves
 
     async def _publish_leftover_candidates(self) -> None:
         """A trainer stopped between recording a version and publishing it (or while its canary ran):
         publish it now (a canary resumes with its original start)."""
-        for line in self.lines.values():
-            async with self.sessions() as session:
-                leftovers = await policies.unpublished_versions(session, line.policy, line.parent_version)
-            for policy in leftovers:
-                if policy.path and Path(policy.path).exists():
-                    log.info("publishing v%d of %r left unpublished by an earlier run", policy.version, line.policy)
-                    await asyncio.to_thread(self.policy.load, Path(policy.path))
-                    self.loaded = line.policy
-                    await self._publish(line, policy.version, Path(policy.path), time.perf_counter())
+        for line, version, path in await self.keeper.leftovers():
+            log.info("publishing v%d of %r left unpublished by an earlier run", version, line.policy)
+            await asyncio.to_thread(self.policy.load, path)
+            self.loaded = line.policy
+            await self._publish(line, version, path, time.perf_counter())
