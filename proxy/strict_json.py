@@ -65,7 +65,11 @@ def check_structure(raw: bytes, max_values: int = MAX_JSON_VALUES, max_container
     """Refuse (413) a body that would hold more than `max_values` values or `max_containers` arrays and objects,
     counted on the bytes before anything is parsed. Counting bytes is fast (GB/s); only a body whose raw count
     passes a bound is counted again with its strings blanked (a prompt full of commas or brackets is not many
-    values), and a body with more strings than `max_values` is refused before that (every string is a value)."""
+    values), and a body with more strings than `max_values` is refused before that (every string is a value).
+    A body no longer than both bounds is not counted at all: every value and container takes a byte at least (the
+    three counts were 40-100 us of a 42 KB body's read, more than parsing it)."""
+    if len(raw) <= max_values and len(raw) <= max_containers:
+        return
     containers = raw.count(b"[") + raw.count(b"{")
     values = raw.count(b",") + containers
     if values <= max_values and containers <= max_containers:
