@@ -215,7 +215,9 @@ class CaptureWriter:
         return items
 
     async def _next_batch(self) -> tuple[list[Item], list[asyncio.Future], bool]:
-        """Wait for work, then gather more for up to `flush_interval` or `batch_size` calls."""
+        """Wait for work, then gather more for up to `flush_interval` or `batch_size` calls. What is queued
+        already is taken at once: a timed wait (`asyncio.wait_for`, a task and a timer each) costs 20 us of the
+        event loop, and was paid for every call the writer took."""
         items: list[Item] = []
         markers: list[asyncio.Future] = []
         stop = False
@@ -224,13 +226,13 @@ class CaptureWriter:
         while len(items) < self.settings.batch_size:
             try:
                 if deadline is None:
-                    item = await asyncio.wait_for(self.queue.get(), timeout)
+                    item = await self._get(timeout)
                     deadline = time.monotonic() + self.settings.flush_interval
                 else:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
-                    item = await asyncio.wait_for(self.queue.get(), remaining)
+                    item = await self._get(remaining)
             except asyncio.TimeoutError:
                 break
             if item is _STOP:
@@ -241,6 +243,14 @@ class CaptureWriter:
                 break  # answer the waiter promptly
             items.append(item)
         return items, markers, stop
+
+    async def _get(self, timeout: float | None) -> Item | asyncio.Future | object:
+        """The next item of the queue: at once when one is there, else within `timeout` (None: no limit)."""
+        if not self.queue.empty():
+            return self.queue.get_nowait()
+        if timeout is None:
+            return await self.queue.get()
+        return await asyncio.wait_for(self.queue.get(), timeout)
 
     async def _run(self) -> None:
         await self._recover()
