@@ -28,7 +28,6 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
-from prometheus_client import Counter as PromCounter, Gauge
 
 from core.settings.teacher import Teacher, Teachers
 from store.closing import close_idle
@@ -224,24 +223,12 @@ class IdleCloser:
 
 
 def observe_teacher(metrics: Any, policy: str, report: TeacherReport) -> None:
-    """The teacher gap as a gauge per policy (rlproxy_trainer_teacher_kl) and its unscored sequences as a counter,
-    on the trainer's registry."""
-    registry = getattr(metrics, "registry", None)
-    if registry is None:
-        return
-    found = getattr(metrics, "_teacher", None)
-    if found is None:
-        found = (Gauge("rlproxy_trainer_teacher_kl", "Last step: mean reverse KL per sampled token between the "
-                       "student and its teacher (student log-prob - teacher log-prob).", ["policy"], registry=registry),
-                 PromCounter("rlproxy_trainer_teacher_unscored", "Sequences trained without the teacher's gap, by "
-                             "reason.", ["policy", "reason"], registry=registry))
-        metrics._teacher = found
-    gauge, unscored = found
+    """The teacher gap as a gauge per policy and its unscored sequences as a counter (trainer/metrics.py)."""
     if report.kl is not None:
-        gauge.labels(policy).set(report.kl)
+        metrics.teacher_kl.labels(policy).set(report.kl)
     for reason, count in report.skipped.items():
         if reason != ZERO_ADVANTAGE:  # scored, and left with nothing to learn: not the teacher's failing
-            unscored.labels(policy, reason).inc(count)
+            metrics.teacher_unscored.labels(policy, reason).inc(count)
 
 
 def attach_reports(trained: list, distillers: dict[str, Distiller]) -> None:

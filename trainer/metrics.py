@@ -120,6 +120,15 @@ class TrainerMetrics:
             "Trained versions not made active because the policy's active version changed while they trained "
             "(an operator's activation or rollback): retired, and training goes on from the active one.",
             registry=r)
+        # a policy with a teacher (trainer/distill.py, docs/distillation.md)
+        self.teacher_kl = Gauge(
+            "rlproxy_trainer_teacher_kl",
+            "Last step of a policy with a teacher: mean reverse KL per sampled token between the student and its "
+            "teacher (student log-prob - teacher log-prob); it falls as the student learns.", ["policy"], registry=r)
+        self.teacher_unscored = Counter(
+            "rlproxy_trainer_teacher_unscored",
+            "Sequences of a policy with a teacher trained without the teacher's gap (the teacher could not score "
+            "them: timeout, budget, error), by reason.", ["policy", "reason"], registry=r)
         self.fleet = FleetMetrics(r)  # replicas its publishes left out of rotation (engine/fleet.py)
         # The proxy's evaluation reward metrics, for the rollouts this trainer marks by agent (--eval-agents);
         # the proxy counts those marked at creation or by header. Sum both jobs by policy.
