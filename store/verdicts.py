@@ -1,5 +1,5 @@
 """Policy verdicts: what the gates and `rlproxy eval` measured and decided about a version, one typed row each
-(store/models.py PolicyVerdict), the only writer of them.
+(store/models/policies.py PolicyVerdict), the only writer of them.
 
 Kinds:
 

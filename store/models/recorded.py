@@ -1,61 +1,15 @@
-"""The schema: rollouts, the policy calls inside them, rewards, and the policies (adapters) trained from them.
-
-Token ids and logprobs are typed arrays on Postgres (INTEGER[] / REAL[]) and JSON lists on SQLite.
-The schema changes only through Alembic (`migrations/`); these models are what migrations are written from.
-"""
+"""The tables of what the proxy records: rollouts, the policy calls inside them (and each call's choices), the
+rewards given to them, their events, and the tombstones of pruned rollouts."""
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (
-    JSON,
-    REAL,
-    Boolean,
-    DateTime,
-    Float,
-    ForeignKey,
-    Index,
-    Integer,
-    String,
-    Text,
-    UniqueConstraint,
-    text,
-)
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy import Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, text
+from sqlalchemy.orm import Mapped, mapped_column
 
 from core.policy_rules import DEFAULT_POLICY
-
-IntArray = JSON().with_variant(ARRAY(Integer), "postgresql")
-FloatArray = JSON().with_variant(ARRAY(REAL), "postgresql")
-Document = JSON().with_variant(JSONB(), "postgresql")
-Timestamp = DateTime(timezone=True)
-
-# Naming convention so Alembic migrations name constraints the same way on every database.
-NAMING = {
-    "ix": "ix_%(column_0_label)s",
-    "uq": "uq_%(table_name)s_%(column_0_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
-
-
-def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
-
-
-def as_utc(moment: datetime) -> datetime:
-    """A time read back from the database, with its zone: SQLite keeps none (every time stored is UTC)."""
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
-
-
-class Base(DeclarativeBase):
-    pass
-
-
-Base.metadata.naming_convention = NAMING
+from store.models.base import Base, Document, FloatArray, IntArray, Timestamp, utcnow
 
 
 class RolloutStatus:
@@ -84,14 +38,6 @@ class PrefixKind:
     DIVERGED = "diverged"  # the history was re-rendered or edited: not even the parent's prompt is a prefix
 
 
-
-
-class PolicyStatus:
-    CANDIDATE = "candidate"
-    ACTIVE = "active"
-    RETIRED = "retired"
-    FAILED = "failed"
-    CANARY = "canary"  # loaded and answering a fraction of new rollouts until judged (store/canary.py)
 
 
 class RewardKind:
@@ -298,120 +244,3 @@ class RolloutEvent(Base):
     created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
 
     __table_args__ = (Index("ix_rollout_events_rollout_id", "rollout_id", "id"),)
-
-
-class Policy(Base):
-    """A trained adapter: one version of a named policy. Versions are numbered across all policies (so a
-    version number and its adapter name are unique); version 0 is the base model and has no row."""
-
-    __tablename__ = "policies"
-
-    version: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
-    name: Mapped[str] = mapped_column(String(128), unique=True)  # the engine's LoRA name
-    policy: Mapped[str] = mapped_column(String(128), default=DEFAULT_POLICY, server_default=DEFAULT_POLICY)
-    parent_version: Mapped[int | None] = mapped_column(Integer)
-    status: Mapped[str] = mapped_column(String(16))
-    path: Mapped[str | None] = mapped_column(Text)
-    base_model: Mapped[str | None] = mapped_column(Text)
-    metrics: Mapped[dict[str, Any] | None] = mapped_column(Document)
-    # what is not a verdict (the fleet's reference answer, store/replicas.py); verdicts are PolicyVerdict rows
-    evaluation: Mapped[dict[str, Any] | None] = mapped_column(Document)
-    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
-    activated_at: Mapped[datetime | None] = mapped_column(Timestamp)
-    # False once the trainer removed its folder (trainer/retention.py): it can no longer be activated
-    weights_kept: Mapped[bool] = mapped_column(Boolean, default=True, server_default=text("true"))
-
-    __table_args__ = (
-        # One active version per named policy.
-        Index(
-            "uq_policies_one_active",
-            "policy",
-            unique=True,
-            postgresql_where=text("status = 'active'"),
-            sqlite_where=text("status = 'active'"),
-        ),
-    )
-
-
-class ReplicaState:
-    VERIFIED = "verified"  # loaded and answering as the version's reference: in rotation
-    WITHHELD = "withheld"  # could not load or verify it: out of rotation for the version until a retry verifies
-
-
-class PolicyReplica(Base):
-    """Whether one engine replica serves one policy version (engine/fleet.py, store/replicas.py). A replica with
-    no row for a version has not been checked for it and is in rotation."""
-
-    __tablename__ = "policy_replicas"
-
-    version: Mapped[int] = mapped_column(ForeignKey("policies.version", ondelete="CASCADE"), primary_key=True)
-    replica: Mapped[str] = mapped_column(String(512), primary_key=True)  # the engine's base URL, as configured
-    state: Mapped[str] = mapped_column(String(16))
-    digest: Mapped[str | None] = mapped_column(String(80))  # of the adapter folder it loaded, where known
-    reason: Mapped[str | None] = mapped_column(Text)  # why it is withheld
-    failures: Mapped[int] = mapped_column(Integer, default=0, server_default=text("0"))  # failed tries in a row
-    updated_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
-
-
-class PolicyVerdict(Base):
-    """One measurement or decision about a policy version (store/verdicts.py): a canary's start and its end, a
-    command gate's score (and verdict), an `rlproxy eval` score. Rows are only added, never changed, so writers
-    from several processes never read-modify-write; the newest row of a kind (and split) is the current one."""
-
-    __tablename__ = "policy_verdicts"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    version: Mapped[int] = mapped_column(ForeignKey("policies.version", ondelete="CASCADE"))
-    kind: Mapped[str] = mapped_column(String(32))  # canary, command_gate, command_eval, heldout
-    split: Mapped[str | None] = mapped_column(String(32))  # the evaluation command's split, where it has one
-    measured: Mapped[str | None] = mapped_column(String(80))  # a digest of what was measured (command and split, tasks)
-    score: Mapped[float | None] = mapped_column(Float)
-    parent_version: Mapped[int | None] = mapped_column(Integer)  # what it was compared with (0: the base model)
-    parent_score: Mapped[float | None] = mapped_column(Float)
-    promoted: Mapped[bool | None] = mapped_column(Boolean)  # None: no decision (a canary running, a score alone)
-    evidence: Mapped[dict[str, Any] | None] = mapped_column(Document)  # the rest, as each kind records it
-    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
-
-    __table_args__ = (
-        Index("ix_policy_verdicts_version_kind", "version", "kind"),
-        Index("ix_policy_verdicts_parent_version", "parent_version"),
-    )
-
-
-class TrainStep(Base):
-    __tablename__ = "train_steps"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    policy_version: Mapped[int | None] = mapped_column(Integer)
-    rollout_count: Mapped[int] = mapped_column(Integer)
-    transition_count: Mapped[int] = mapped_column(Integer)
-    metrics: Mapped[dict[str, Any] | None] = mapped_column(Document)
-    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
-
-
-class Project(Base):
-    """A tenant: its keys' rollouts are invisible to every other project's keys."""
-
-    __tablename__ = "projects"
-
-    name: Mapped[str] = mapped_column(String(128), primary_key=True)
-    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
-
-
-class ApiKey(Base):
-    """A bearer key of a project. Only the key's SHA-256 is stored (see `store.keys`)."""
-
-    __tablename__ = "api_keys"
-
-    id: Mapped[str] = mapped_column(String(32), primary_key=True)  # public handle for listing and revoking
-    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    project: Mapped[str] = mapped_column(ForeignKey("projects.name", ondelete="CASCADE"), index=True)
-    admin: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
-    label: Mapped[str | None] = mapped_column(String(256))
-    rate_limit: Mapped[float | None] = mapped_column(Float)  # requests/s; None: the server's setting
-    rate_burst: Mapped[int | None] = mapped_column(Integer)
-    # A key made for evaluation (`rlproxy keys create --eval`): creates evaluation rollouts and gives their
-    # final rewards, as an admin key does, without an admin key's other powers. Migration 0015.
-    eval: Mapped[bool] = mapped_column(Boolean, default=False, server_default=text("false"))
-    created_at: Mapped[datetime] = mapped_column(Timestamp, default=utcnow)
-    revoked_at: Mapped[datetime | None] = mapped_column(Timestamp)
