@@ -1,5 +1,5 @@
-"""The top-level request fields each recorded route takes (chat, completions, Responses, Messages): the official
-APIs' own (what their SDKs and the agents built on them send) and the engine's sampling and template extensions
+"""The top-level request fields each recorded route takes (chat, completions, Responses, Messages, Gemini): the
+official APIs' own (what their SDKs and the agents built on them send) and the engine's sampling and template extensions
 the proxy passes on. A field outside them is answered 400 naming it, as the real APIs answer, rather than
 dropped without a word or passed to an engine that would act on it unchecked. `STEERING` names the engine
 extensions refused on purpose, each with why: they would let a caller steer the engine past the proxy (its
@@ -51,6 +51,23 @@ COUNT_TOKENS = frozenset({
     "chat_template_kwargs",  # as on /v1/messages, so that the count is of the prompt that call renders
 })
 
+
+# The Gemini API's GenerateContentRequest as google-genai 3.3 and Gemini CLI 0.61 send it (camelCase; `model` is
+# the path's, proxy/routes/gemini.py), its generationConfig and toolConfig, and countTokens' body. Which of them
+# reach the engine, and which are refused as features no engine here has, is proxy/dialects/gemini.py's.
+GEMINI = frozenset({
+    "contents", "systemInstruction", "tools", "toolConfig", "generationConfig", "safetySettings", "cachedContent",
+    "labels", "serviceTier", "store", "model",
+})
+GEMINI_GENERATION = frozenset({
+    "stopSequences", "responseMimeType", "responseSchema", "responseJsonSchema", "responseModalities",
+    "candidateCount", "maxOutputTokens", "temperature", "topP", "topK", "seed", "presencePenalty",
+    "frequencyPenalty", "responseLogprobs", "logprobs", "enableEnhancedCivicAnswers", "speechConfig",
+    "thinkingConfig", "imageConfig", "mediaResolution", "audioTimestamp", "routingConfig", "modelConfig",
+    "enableAffectiveDialog",
+})
+GEMINI_TOOL_CONFIG = frozenset({"functionCallingConfig", "retrievalConfig", "includeServerSideToolInvocations"})
+GEMINI_COUNT_TOKENS = frozenset({"contents", "generateContentRequest", "model"})
 
 # openai 3.57 chat `CompletionCreateParams` (streaming and not).
 _OPENAI_CHAT = {
@@ -130,6 +147,17 @@ def refuse_unknown_openai(body: dict[str, Any], known: frozenset[str]) -> None:
         refuse_steering(name)
     if name is not None:
         raise InvalidRequest(f"Unknown parameter: '{name}'.", param=name, code="unknown_parameter")
+
+
+def refuse_unknown_google(body: dict[str, Any], known: frozenset[str], where: str = "") -> None:
+    """400 as Google's APIs answer an unknown field (`where`: the object it sits in, e.g. generationConfig)."""
+    name = unknown_field(body, known)
+    if not where and name in STEERING:
+        refuse_steering(name)
+    if name is not None:
+        at = f" at '{where}'" if where else ""
+        raise InvalidRequest(f'Invalid JSON payload received. Unknown name "{name}"{at}: Cannot find field.',
+                             param=f"{where}.{name}" if where else name)
 
 
 def refuse_unknown_anthropic(body: dict[str, Any], known: frozenset[str]) -> None:
