@@ -15,7 +15,7 @@ import pytest
 from migrations.apply import upgrade
 from store.db import open_database, session_factory
 from tests.postgres import server_binaries, temporary_server
-from tests.support import free_port, fresh_database, running, running_proxy, stub_command
+from tests.support import PYTHON, ROOT, free_port, fresh_database, running, running_proxy, stub_command
 
 pytest_plugins = ["tests.budget"]
 if (Path(__file__).parent / "engine_fixture.py").exists():
@@ -135,3 +135,15 @@ def family_model():
     from testkit.model_kit import build_model
 
     return build_model
+
+
+@pytest.fixture(scope="module")
+def harness_stand_in(database_url: str, run_dir: Path, request):
+    """The scripted engine stand-in (tests/harness_engine.py) and a proxy in front of it, one pair per test module
+    of real harnesses: (the proxy's URL, the stand-in's request log)."""
+    name = request.module.__name__.rsplit(".", 1)[-1]
+    port, log = free_port(), run_dir / f"{name}-engine-requests.jsonl"
+    args = [PYTHON, str(ROOT / "tests" / "harness_engine.py"), "--port", str(port), "--log", str(log)]
+    with running(args, f"http://127.0.0.1:{port}/health", log_path=run_dir / f"{name}-engine.log"):
+        with running_proxy([f"http://127.0.0.1:{port}"], database_url, run_dir, f"{name}-proxy") as url:
+            yield url, log

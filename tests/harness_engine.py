@@ -8,12 +8,16 @@ part of a model that follows a harness's tool protocol:
     calls that tool with `SHELL_COMMAND` (or `--shell-command`), shaped as the tool's schema wants it (a string, or an argv list);
     Claude Code 2.1 offers `Bash` taking `command`, Codex 0.169 `exec_command` taking `cmd` (older Codex
     versions: `shell` with an argv list, or `shell_command`);
-  - once a tool result is in the conversation, it answers with `FINAL_TEXT`;
+  - once a tool result is in the conversation, it answers with `FINAL_TEXT`, or, where the prompt names
+    mini-swe-agent's submit line (`SUBMIT`), calls the shell tool once more to print it (mini ends on that alone);
+  - offered no tools but Aider's whole-file edit format (`FILE_LISTING`), it answers with a file listing that
+    writes the marker file (`MARKER_LISTING`);
   - anything else (a harness's side calls: titles, summaries, topic checks) gets `SIDE_TEXT`.
 Plain completions (`/v1/completions`) are answered as the stub answers them, for any model name.
 
 Every request is appended to `--log` as one JSON line (path, model, tool names, whether a tool result was seen,
-what was answered), so a test can show what a harness sent.
+what was answered, the completion's token ids and logprobs), so a test can show what a harness sent and check
+that the proxy recorded exactly what was answered.
 
 Run it: `python tests/harness_engine.py --port 8002 --log /tmp/harness.jsonl`.
 """
@@ -34,7 +38,13 @@ MARKER = "rlproxy-marker.txt"
 SHELL_COMMAND = f"echo rlproxy-ok > {MARKER}"
 FINAL_TEXT = "Done. The marker file is written."
 SIDE_TEXT = "Marker file"
-SHELL_TOOLS = ("Bash", "shell", "shell_command", "exec_command", "local_shell")
+SHELL_TOOLS = ("Bash", "bash", "shell", "shell_command", "exec_command", "local_shell", "run_shell_command")
+# mini-swe-agent ends a task when a command's output starts with this line: its prompt says so
+SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
+# Aider's whole-file edit format, which it names in its system prompt: a file is its path, then its whole text
+# fenced; the listing writes the marker file as the shell command does
+FILE_LISTING = "*file listing*"
+MARKER_LISTING = f"Writing the marker file.\n\n{MARKER}\n```\nrlproxy-ok\n```\n"
 
 
 def _function(tool: dict) -> dict:
@@ -68,6 +78,11 @@ def has_tool_result(messages: list[dict]) -> bool:
     return any(m.get("role") == "tool" for m in messages)
 
 
+def mentions(messages: list[dict], text: str) -> bool:
+    return any(text in (m.get("content") if isinstance(m.get("content"), str) else json.dumps(m.get("content")))
+               for m in messages if m.get("role") in ("system", "user"))
+
+
 class HarnessEngine(Stub):
     def __init__(self, log_path: Path | None = None, shell_command: str = SHELL_COMMAND) -> None:
         super().__init__()
@@ -85,14 +100,21 @@ class HarnessEngine(Stub):
         """The words to say and the tool call to make (or None) for this conversation."""
         messages = body.get("messages") or []
         shell = shell_tool(body.get("tools"))
+        if shell is not None and has_tool_result(messages) and mentions(messages, SUBMIT):
+            return self._call(messages, shell, f"echo {SUBMIT}")  # mini-swe-agent: done, and says so
+        if shell is None and mentions(messages, FILE_LISTING):
+            return [MARKER_LISTING], None  # one piece: the listing's line breaks are its syntax
         if shell is not None and not has_tool_result(messages):
-            arguments = json.dumps(shell_arguments(shell, self.shell_command))
-            call = {"id": f"call_{token_id(render_chat(messages)) % 10**8}", "type": "function",
-                    "function": {"name": shell["name"], "arguments": arguments}}
-            return ["<tool_call>", json.dumps({"name": shell["name"], "arguments": arguments}), "</tool_call>"], call
+            return self._call(messages, shell, self.shell_command)
         if has_tool_result(messages):
             return FINAL_TEXT.split(), None
         return SIDE_TEXT.split(), None
+
+    def _call(self, messages: list[dict], shell: dict, command: str) -> tuple[list[str], dict]:
+        arguments = json.dumps(shell_arguments(shell, command))
+        call = {"id": f"call_{token_id(render_chat(messages)) % 10**8}", "type": "function",
+                "function": {"name": shell["name"], "arguments": arguments}}
+        return ["<tool_call>", json.dumps({"name": shell["name"], "arguments": arguments}), "</tool_call>"], call
 
     async def _complete(self, request: web.Request, *, chat: bool) -> web.StreamResponse:
         body = await self._body(request)
@@ -117,7 +139,8 @@ class HarnessEngine(Stub):
                    "messages": len(body["messages"]), "tool_result": has_tool_result(body["messages"]),
                    "return_token_ids": bool(body.get("return_token_ids")), "logprobs": body.get("logprobs"),
                    "answer": tool_call["function"] if tool_call else " ".join(words),
-                   "prompt_sha": prompt_sha(prompt_ids), "completion_ids": ids})
+                   "prompt_sha": prompt_sha(prompt_ids), "completion_ids": ids,
+                   "completion_logprobs": [self.logprob(i, body) for i in range(len(ids))]})
         choices = [(words, ids, tool_call, finish)]
         if body.get("stream"):
             return await self._stream(request, body, True, prompt_ids, choices)
