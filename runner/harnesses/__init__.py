@@ -4,10 +4,17 @@ runner/harnesses/base.py (the fresh folders, the environment, the verifier). Add
 subclass, a line below, its install in scripts/install.sh and its row in docs/run.md."""
 from __future__ import annotations
 
+from runner.harnesses.aider import Aider
 from runner.harnesses.base import Harness, HarnessAgent
 from runner.harnesses.claude_code import ClaudeCode
 from runner.harnesses.codex import Codex
+from runner.harnesses.mini_swe_agent import MiniSweAgent
 
-HARNESSES: dict[str, Harness] = {harness.name: harness for harness in (ClaudeCode(), Codex())}
+HARNESSES: dict[str, Harness] = {harness.name: harness for harness in (
+    ClaudeCode(),
+    Codex(),
+    MiniSweAgent(),
+    Aider(),
+)}
 
 __all__ = ["HARNESSES", "Harness", "HarnessAgent"]

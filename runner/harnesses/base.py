@@ -51,7 +51,7 @@ class Harness:
     name: str
     pin: Pin
     prompt: str = STDIN
-    prompt_name: str = "prompt.txt"  # the prompt file's name, in the attempt's folder beside work/ and home/
+    prompt_name: str = "prompt.txt"  # the prompt file's name, in the attempt's home
 
     def command(self, attempt: Attempt) -> tuple[list[str], dict[str, str]]:
         """Its command line (no task value in it) and its own variables, over the allow-listed ones; writes the
@@ -120,10 +120,10 @@ class HarnessAgent:
             base = {**inherited(self.pass_env), **env, **(self.user.variables() if self.user else {})}
             text = checked_text(task[self.prompt_field], "the prompt")
             prompt = text.encode("utf-8")
-            attempt = Attempt(self.program, config, work, home, root / self.harness.prompt_name, self.extra_args)
+            attempt = Attempt(self.program, config, work, home, home / self.harness.prompt_name, self.extra_args)
             argv, own = self.harness.command(attempt)
             stdin: bytes | None = prompt
-            if self.harness.prompt == FILE:  # outside the working folder: not part of what is verified
+            if self.harness.prompt == FILE:  # in its home, not the working folder: not part of what is verified
                 attempt.prompt_file.write_text(self.harness.prompt_file_text(text), encoding="utf-8")
                 stdin = None
             if self.user is not None:  # its working folder and home, the attempt's alone
