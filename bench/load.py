@@ -11,10 +11,13 @@ them to chat for the stub: their cells differ from its chat cells by the wire fo
 into `--rounds` rounds, every target once per round in an order that rotates from round to round; the table is
 followed by their p50 minus chat's in the same round, the median over rounds with a distribution-free
 confidence interval for it (the noise), against the bound of 0.2 ms; and so are `rlproxy-spool` and `rlproxy-sync`
-against `rlproxy-batch` (what recording each call in the spool before its answer costs).
+against `rlproxy-batch` (what recording each call in the spool before its answer costs). Every cell also shows
+the CPU its serving process spent per answered call (psutil: user+sys over the measured windows), and the run ends
+with the CPU budget at 16 clients: each target's calls per CPU second against the stub's (bench/cpu_budget.py).
 
     python bench/load.py [--database-url postgresql+asyncpg://postgres@127.0.0.1:5432/test]
                          [--seconds 3] [--rounds 5] [--levels 1,16,64,256] [--only stub,rlproxy-batch,...]
+                         [--quick]
 The third-party proxies are installed on first use, each into its own virtualenv under
 ~/.cache/rlproxy/bench-venvs (pip from PyPI); one that cannot be installed or started is reported and
 skipped. Everything shares the machine's cores with the load generator: compare within one run.
@@ -36,11 +39,13 @@ from pathlib import Path
 from typing import Callable
 
 import aiohttp
+import psutil
 import psycopg
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.proxy_overhead import PATHS, one, pct  # noqa: E402
+from bench.cpu_budget import cpu_seconds, machine, print_cpu_budget  # noqa: E402
 from bench.wire_formats import print_wire_formats  # noqa: E402
 from testkit.processes import free_port, fresh_database, proxy_command, running, stub_command  # noqa: E402
 
@@ -65,13 +70,15 @@ class Target:
     settle: Callable[[], None] = lambda: None
     headers: dict[str, str] = field(default_factory=dict)  # sent with every request
     api: str = "chat"  # the wire format it speaks: "chat", "responses" or "messages"
+    process: psutil.Process | None = None  # the process that serves it, whose CPU time is measured
     acknowledged: int = 0
     errors: int = 0
     notes: list[str] = field(default_factory=list)
 
 
-async def load(target: Target, concurrency: int, seconds: float, stream: bool) -> tuple[list[float], float]:
-    """`concurrency` clients sending back to back for `seconds`; failures are counted, not raised."""
+async def load(target: Target, concurrency: int, seconds: float, stream: bool) -> tuple[list[float], float, float]:
+    """`concurrency` clients sending back to back for `seconds`; failures are counted, not raised. Returns the
+    latencies, the calls per second and the CPU seconds the target's process used meanwhile."""
     latencies: list[float] = []
     connector = aiohttp.TCPConnector(limit=concurrency)
     timeout = aiohttp.ClientTimeout(total=60)
@@ -88,7 +95,7 @@ async def load(target: Target, concurrency: int, seconds: float, stream: bool) -
     async with aiohttp.ClientSession(connector=connector, timeout=timeout, headers=target.headers) as session:
         await asyncio.gather(*(call(session) for _ in range(min(concurrency, 8))))  # warm the connections
         deadline = time.perf_counter() + seconds
-        began = time.perf_counter()
+        began, cpu = time.perf_counter(), cpu_seconds(target.process)
 
         async def worker() -> None:
             while time.perf_counter() < deadline:
@@ -96,24 +103,27 @@ async def load(target: Target, concurrency: int, seconds: float, stream: bool) -
                     latencies.append(latency)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        elapsed = time.perf_counter() - began
-    return latencies, len(latencies) / elapsed
+        elapsed, cpu = time.perf_counter() - began, cpu_seconds(target.process) - cpu
+    return latencies, len(latencies) / elapsed, cpu
 
 
 async def measure(targets: list[Target], levels: list[int], seconds: float, rounds: int) -> list[dict]:
     """Every target for `seconds` per cell, in `rounds` rounds of `seconds / rounds`: interleaved, so drift
     affects every target alike, and in an order that rotates, so no target always follows the same one. A row
-    holds the pooled p50/p99 and each round's p50 (`round_p50`, in round order)."""
+    holds the pooled p50/p99, each round's p50 (`round_p50`, in round order) and the CPU its process spent per
+    call (`cpu_us`: user+sys over the measured windows, divided by their calls; None without a process)."""
     rows = []
     for stream in (False, True):
         for level in levels:
             latencies: dict[str, list[float]] = {t.name: [] for t in targets}
             rates: dict[str, list[float]] = {t.name: [] for t in targets}
             round_p50: dict[str, list[float]] = {t.name: [] for t in targets}
+            cpu: dict[str, float] = {t.name: 0.0 for t in targets}
             for number in range(rounds):
                 shift = number % len(targets)
                 for target in targets[shift:] + targets[:shift]:
-                    got, rate = await load(target, level, seconds / rounds, stream)
+                    got, rate, spent = await load(target, level, seconds / rounds, stream)
+                    cpu[target.name] += spent
                     latencies[target.name] += got
                     rates[target.name].append(rate)
                     round_p50[target.name].append(pct(got, 50) * 1000 if got else float("nan"))
@@ -123,7 +133,8 @@ async def measure(targets: list[Target], levels: list[int], seconds: float, roun
                              "rps": sum(rates[target.name]) / rounds,
                              "p50": pct(got, 50) * 1000 if got else float("nan"),
                              "p99": pct(got, 99) * 1000 if got else float("nan"),
-                             "round_p50": round_p50[target.name]})
+                             "round_p50": round_p50[target.name],
+                             "cpu_us": cpu[target.name] / len(got) * 1e6 if target.process and got else None})
             print(f"  measured {'stream' if stream else 'json'} x{level}", file=sys.stderr, flush=True)
     return rows
 
@@ -141,7 +152,7 @@ def rlproxy_targets(stub: str, server_url: str, durability: str, workdir: Path, 
         url = f"http://127.0.0.1:{port}"
         args = proxy_command(port, [stub], database_url, "--no-migrate", "--durability", durability,
                              "--spool-path", str(workdir / f"{durability}-spool.jsonl"))
-        with running(args, url + "/readyz", log_path=workdir / f"rlproxy-{durability}.log"):
+        with running(args, url + "/readyz", log_path=workdir / f"rlproxy-{durability}.log") as process:
             settled: list[bool] = []
 
             def settle() -> None:  # wait for the writer to catch up; once for all the process's targets
@@ -170,8 +181,8 @@ def rlproxy_targets(stub: str, server_url: str, durability: str, workdir: Path, 
                 return stored
 
             apis = [APIS.get(name, "chat") for name in names]
-            targets = [Target(name, url + PATHS[api], counter(api), settle, api=api)
-                       for name, api in zip(names, apis)]
+            targets = [Target(name, url + PATHS[api], counter(api), settle, api=api,
+                              process=psutil.Process(process.pid)) for name, api in zip(names, apis)]
             yield targets
 
 
@@ -220,8 +231,8 @@ def litellm_target(stub: str, workdir: Path):
     env = LITELLM_ENV
     args = [str(root / "bin" / "litellm"), "--config", str(config), "--host", "127.0.0.1",
             "--port", str(port), "--num_workers", "1"]
-    with running(args, url + "/health/liveliness", env=env, timeout=180, log_path=workdir / "litellm.log"):
-        target = Target("litellm", url + "/v1/chat/completions")
+    with running(args, url + "/health/liveliness", env=env, timeout=180, log_path=workdir / "litellm.log") as process:
+        target = Target("litellm", url + "/v1/chat/completions", process=psutil.Process(process.pid))
         target.notes.append("no database: calls are not stored")
         yield target
 
@@ -254,11 +265,12 @@ def agentlightning_target(stub: str, workdir: Path):
     url = f"http://127.0.0.1:{port}"
     args = [str(root / "bin" / "python"), str(launcher), str(port), stub, str(prefix_file)]
     with running(args, url + "/health/liveliness", env=LITELLM_ENV, timeout=180,
-                 log_path=workdir / "agentlightning.log"):
+                 log_path=workdir / "agentlightning.log") as process:
         deadline = time.monotonic() + 30
         while not prefix_file.exists() and time.monotonic() < deadline:
             time.sleep(0.2)
-        target = Target("agentlightning", url + prefix_file.read_text() + "/v1/chat/completions")
+        target = Target("agentlightning", url + prefix_file.read_text() + "/v1/chat/completions",
+                        process=psutil.Process(process.pid))
         target.notes.append("LiteLLM proxy + rollout middleware + token-id and OpenTelemetry callbacks, "
                             "in-memory store; streams are converted to non-streaming upstream by default")
         yield target
@@ -272,7 +284,7 @@ def rllm_target(stub: str, workdir: Path):
     url = f"http://127.0.0.1:{port}"
     args = [str(root / "bin" / "rllm-model-gateway"), "--host", "127.0.0.1", "--port", str(port), "--worker",
             f"{stub}/v1", "--db-path", str(database), "--log-level", "warning"]
-    with running(args, url + "/health", timeout=120, log_path=workdir / "rllm-gateway.log"):
+    with running(args, url + "/health", timeout=120, log_path=workdir / "rllm-gateway.log") as process:
         def settle() -> None:
             requests.post(url + "/admin/flush", timeout=30)
 
@@ -281,7 +293,7 @@ def rllm_target(stub: str, workdir: Path):
                 return conn.execute("SELECT count(*) FROM traces").fetchone()[0]
 
         yield Target("rllm-gateway", url + "/sessions/bench/v1/chat/completions", stored, settle,
-                     notes=["records traces into SQLite"])
+                     notes=["records traces into SQLite"], process=psutil.Process(process.pid))
 
 
 def print_table(rows: list[dict], targets: list[Target]) -> None:
@@ -291,7 +303,7 @@ def print_table(rows: list[dict], targets: list[Target]) -> None:
         kind = "streaming" if stream else "non-streaming"
         print(f"\n{kind} (added latency: p50/p99 minus the stub's)")
         print(f"{'target':<18}{'conc':>5}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'+p50 ms':>9}{'+p99 ms':>9}"
-              f"{'req/s vs LiteLLM':>18}")
+              f"{'req/s vs LiteLLM':>18}{'CPU us/call':>13}")
         for level in sorted({r["concurrency"] for r in rows}):
             stub = cell.get(("stub", stream, level))
             litellm = cell.get(("litellm", stream, level))
@@ -302,8 +314,9 @@ def print_table(rows: list[dict], targets: list[Target]) -> None:
                 added = ("", "") if stub is None or name == "stub" else (
                     f"{row['p50'] - stub['p50']:.1f}", f"{row['p99'] - stub['p99']:.1f}")
                 ratio = f"{row['rps'] / litellm['rps']:.2f}" if litellm and litellm["rps"] else ""
+                cpu = f"{row['cpu_us']:.0f}" if row.get("cpu_us") is not None else ""
                 print(f"{name:<18}{level:>5}{row['rps']:>9.0f}{row['p50']:>9.1f}{row['p99']:>9.1f}"
-                      f"{added[0]:>9}{added[1]:>9}{ratio:>18}")
+                      f"{added[0]:>9}{added[1]:>9}{ratio:>18}{cpu:>13}")
             print()
         print_wire_formats(cell, stream, APIS)
         print_wire_formats(cell, stream, MODES, title="durability: p50 minus rlproxy-batch's")
@@ -332,7 +345,11 @@ def main() -> None:
                         help="Interleaved rounds each cell is split into (the wire-format differences' noise).")
     parser.add_argument("--levels", default="1,16,64,256")
     parser.add_argument("--only", default=",".join(TARGET_NAMES), help="Targets to run (stub always runs).")
+    parser.add_argument("--quick", action="store_true",
+                        help="A smoke run: 1 and 16 clients, 1 s per cell in 2 rounds (the figures are noise).")
     args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.rounds, args.levels = 1.0, 2, "1,16"
     levels = [int(x) for x in args.levels.split(",")]
     wanted = set(args.only.split(",")) | {"stub"}
     workdir = Path(tempfile.mkdtemp(prefix="rlproxy-load-"))
@@ -347,8 +364,8 @@ def main() -> None:
         "rllm-gateway": lambda names: rllm_target(stub, workdir),
     }
     with contextlib.ExitStack() as stack:
-        stack.enter_context(running(stub_command(stub_port), stub + "/health", log_path=workdir / "stub.log"))
-        targets = [Target("stub", stub + "/v1/chat/completions")]
+        engine = stack.enter_context(running(stub_command(stub_port), stub + "/health", log_path=workdir / "stub.log"))
+        targets = [Target("stub", stub + "/v1/chat/completions", process=psutil.Process(engine.pid))]
         for process, served in PROCESSES.items():
             names = [name for name in served if name in wanted]
             if not names:
@@ -366,9 +383,12 @@ def main() -> None:
                 else:
                     print(f"  {target.name} skipped: no successful call (see {workdir})", file=sys.stderr,
                           flush=True)
+        described = machine()
         rows = asyncio.run(measure(targets, levels, args.seconds, args.rounds))
+        print(described)
         print(f"\nload: {args.seconds:g} s per cell and target in {args.rounds} interleaved rounds; logs in {workdir}")
         print_table(rows, targets)
+        print_cpu_budget(rows, targets)
         print_losses(targets)
 
 
