@@ -31,11 +31,9 @@ is the base model with "stub_die_after": n.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hashlib
 import json
 import re
-import time
 import zlib
 from collections import deque
 from pathlib import Path
@@ -44,7 +42,7 @@ from aiohttp import web
 
 from engine.adapters import LOAD_ROUTE, UNLOAD_ROUTE
 from testkit import stub_pooling
-from testkit.stub_faults import EndStream, stream_fault
+from testkit.stub_answers import dumps, streamed_answer, whole_answer
 
 STUB_CONTROLS = ("stub_delay", "stub_die_after", "stub_status", "stub_spaced", "stub_plain_json", "stub_reply",
                  "stub_tool_arguments", "stub_end_after", "stub_error_after", "stub_retry_after")  # testkit/stub_faults.py
@@ -84,10 +82,6 @@ def render_chat(messages: list[dict]) -> str:
             content = (content or "") + " " + json.dumps(message["tool_calls"])
         parts.append(f"<|im_start|>{message.get('role')} {content or ''} <|im_end|>")
     return " ".join(parts) + " <|im_start|>assistant"
-
-
-def dumps(obj) -> bytes:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
@@ -231,7 +225,7 @@ class Stub:
             ids = [token_id(w) for w in words] + ([EOS_ID] if stopped else [])
             choices.append((words, ids, tool_call, "tool_calls" if tool_call else ("stop" if stopped else "length")))
         if body.get("stream") and not body.get("stub_plain_json"):
-            return await self._stream(request, body, chat, prompt_ids, choices)
+            return await streamed_answer(request, body, chat, prompt_ids, choices, self.logprob)
         full = self._full(body, chat, prompt_ids, choices)
         raw = json.dumps(full, ensure_ascii=False).encode() if body.get("stub_spaced") else dumps(full)
         return web.Response(body=raw, content_type="application/json")
@@ -240,125 +234,9 @@ class Stub:
         """The logprob of the token at `position` of a completion (adapters: shifted by `logprob_shift`)."""
         return -0.05 * (1 + (position % 7)) + (self.logprob_shift if body.get("model") in self.adapters else 0.0)
 
-    def _logprobs(self, body: dict, chat: bool, words: list[str], ids: list[int]):
-        wanted = body.get("logprobs") if chat else body.get("logprobs") is not None
-        if not wanted:
-            return None
-        values = [self.logprob(i, body) for i in range(len(ids))]
-        pieces = words + [""] * (len(ids) - len(words))
-        if chat:
-            return {"content": [{"token": p, "logprob": v, "bytes": list(p.encode()), "top_logprobs": []}
-                                for p, v in zip(pieces, values)]}
-        return {"text_offset": list(range(len(ids))), "token_logprobs": values, "tokens": pieces,
-                "top_logprobs": [{p: v} for p, v in zip(pieces, values)]}
-
     def _full(self, body: dict, chat: bool, prompt_ids: list[int], choices: list) -> dict:
-        want_ids = bool(body.get("return_token_ids"))
-        out_choices = []
-        for index, (words, ids, tool_call, finish) in enumerate(choices):
-            text = " ".join(words)
-            if chat:
-                message = {"role": "assistant", "content": None if tool_call else text, "refusal": None,
-                           "annotations": None, "audio": None, "function_call": None,
-                           "tool_calls": [tool_call] if tool_call else [], "reasoning": None}
-                out_choices.append({"index": index, "message": message,
-                                    "logprobs": self._logprobs(body, chat, words, ids), "finish_reason": finish,
-                                    "stop_reason": None, "token_ids": ids if want_ids else None})
-            else:
-                out_choices.append({"index": index, "text": text,
-                                    "logprobs": self._logprobs(body, chat, words, ids), "finish_reason": finish,
-                                    "stop_reason": None, "prompt_logprobs": (
-                                        prompt_logprobs(prompt_ids) if body.get("prompt_logprobs") is not None
-                                        else None),
-                                    "prompt_token_ids": prompt_ids if want_ids else None,
-                                    "token_ids": ids if want_ids else None})
-        completion_tokens = sum(len(c[1]) for c in choices)
-        response = {"id": f"{'chatcmpl' if chat else 'cmpl'}-{hashlib.md5(dumps(prompt_ids)).hexdigest()}",
-                    "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
-                    "model": body["model"], "choices": out_choices, "service_tier": None,
-                    "system_fingerprint": None,
-                    "usage": {"prompt_tokens": len(prompt_ids), "total_tokens": len(prompt_ids) + completion_tokens,
-                              "completion_tokens": completion_tokens, "prompt_tokens_details": None},
-                    "prompt_logprobs": None, "kv_transfer_params": None}
-        if chat:
-            response["prompt_token_ids"] = prompt_ids if want_ids else None
-        return response
-
-    async def _stream(self, request: web.Request, body: dict, chat: bool, prompt_ids: list[int],
-                      choices: list) -> web.StreamResponse:
-        response = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8"})
-        await response.prepare(request)
-        want_ids = bool(body.get("return_token_ids"))
-        delay = float(body.get("stub_delay") or 0)
-        die_after = body.get("stub_die_after")
-        cid = f"{'chatcmpl' if chat else 'cmpl'}-{hashlib.md5(dumps(prompt_ids)).hexdigest()}"
-        created = int(time.time())
-        sent = 0
-
-        async def send(payload: dict) -> None:
-            nonlocal sent
-            if die_after is not None and sent >= die_after:
-                request.transport.close()
-                raise ConnectionResetError("stub engine died")
-            if (failure := stream_fault(body, sent)) is not None:
-                await response.write(failure)
-                raise EndStream(done=True)
-            await response.write(b"data: " + dumps(payload) + b"\n\n")
-            sent += 1
-            if delay:
-                await asyncio.sleep(delay)
-
-        head = {"id": cid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-                "model": body["model"]}
-        try:
-            for index, (words, ids, tool_call, finish) in enumerate(choices):
-                if chat:
-                    first = {**head, "choices": [{"index": index, "delta": {"role": "assistant", "content": ""},
-                                                  "logprobs": None, "finish_reason": None}],
-                             "prompt_token_ids": prompt_ids if want_ids and index == 0 else None}
-                    await send(first)
-                pieces = [(" " if i else "") + w for i, w in enumerate(words)] + [""] * (len(ids) - len(words))
-                for position, (piece, tid) in enumerate(zip(pieces, ids)):
-                    last = position == len(ids) - 1
-                    logprobs = self._logprobs(body, chat, [piece.strip()], [tid])
-                    if logprobs and chat:
-                        logprobs["content"][0]["logprob"] = self.logprob(position, body)
-                    elif logprobs:
-                        logprobs["token_logprobs"][0] = self.logprob(position, body)
-                        logprobs["text_offset"] = [position]
-                    choice = {"index": index, "logprobs": logprobs, "finish_reason": finish if last else None,
-                              "token_ids": [tid] if want_ids else None}
-                    if last:
-                        choice["stop_reason"] = None
-                    if chat:
-                        if tool_call and position == 0:
-                            choice["delta"] = {"tool_calls": [{"id": tool_call["id"], "type": "function", "index": 0,
-                                                               "function": {"name": tool_call["function"]["name"],
-                                                                            "arguments": ""}}]}
-                        elif tool_call and position == 1:
-                            choice["delta"] = {"tool_calls": [{"index": 0, "function": {
-                                "arguments": tool_call["function"]["arguments"]}}]}
-                        elif tool_call or (piece == "" and not last):
-                            # a token with no text: vLLM sends it as an empty delta only when the request asked
-                            # for logprobs or token ids (chat_completion/serving.py), and skips it otherwise
-                            if not (logprobs or want_ids) and not last:
-                                continue
-                            choice["delta"] = {}
-                        else:
-                            choice["delta"] = {"content": piece}
-                    else:
-                        choice["text"] = piece
-                        if position == 0:
-                            choice["prompt_token_ids"] = prompt_ids if want_ids else None
-                    await send({**head, "choices": [choice]})
-            await response.write(b"data: [DONE]\n\n")
-        except ConnectionResetError:
-            return response
-        except EndStream as end:
-            await response.write(b"data: [DONE]\n\n" if end.done else b"")
-        await response.write_eof()
-        return response
-
+        scores = prompt_logprobs(prompt_ids) if body.get("prompt_logprobs") is not None else None
+        return whole_answer(body, chat, prompt_ids, choices, self.logprob, scores)
 
 def require_key(api_key: str):
     """Like `vllm serve --api-key`: every /v1 route wants `Authorization: Bearer <key>`."""
