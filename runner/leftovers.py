@@ -187,6 +187,37 @@ def end_descendants(keep: set[int] = frozenset()) -> int:
     return len(ended)
 
 
+def end_leftovers_of(marker: str, folder: Path | None = None) -> int:
+    """SIGKILL what an attempt left running once its program ended, before its verifier reads the folder: the
+    processes below this one whose environment holds `marker` (the attempt's own token, in every variable set its
+    programs were given) or whose working folder is inside `folder` (the attempt's), and everything below them; how
+    many. What left the attempt's process group (`setsid cmd &`) would otherwise go on changing the folder while
+    the verifier reads it, and a reward could come from that, not from what the agent did by the time it ended.
+    Only below this process (the subreaper adopts them): nothing a run did not start."""
+    needle = marker.encode()
+    ended: set[int] = set()
+    for _ in range(ROUNDS):
+        theirs = [pid for pid in descendants(os.getpid(), {_watchdog.pid} if _watchdog is not None else set())
+                  if _holds(pid, needle, folder)]
+        if not theirs:
+            break
+        for pid in theirs + [below for pid in theirs for below in descendants(pid)]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+            ended.add(pid)
+        time.sleep(0.02)
+    return len(ended)
+
+
+def _holds(pid: int, needle: bytes, folder: Path | None) -> bool:
+    try:
+        if needle and needle in Path(f"/proc/{pid}/environ").read_bytes():
+            return True
+        return folder is not None and Path(os.readlink(f"/proc/{pid}/cwd")).is_relative_to(folder)
+    except OSError:  # ended meanwhile, or not ours to read
+        return False
+
+
 def descendants(root: int, keep: set[int] = frozenset()) -> list[int]:
     """Every live (not zombie) process below `root`, read from /proc; none of `keep` or below them."""
     children: dict[int, list[int]] = {}

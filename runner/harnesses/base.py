@@ -13,6 +13,7 @@ told to read (so a prompt such as `--settings={"hooks": ...}` is text, whatever 
 `--` of `git clone`, the task in a file for `--verify`."""
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -26,6 +27,7 @@ from runner.environment import inherited
 from runner.errors import RunInputError, TaskDataError
 from runner.harnesses.installed import Pin, find_program
 from runner.identity import AgentUser
+from runner.leftovers import end_leftovers_of
 from runner.task_data import checked_text, task_json, task_variables
 
 # git transports a task's repository may name; `ext::` and other helpers run commands (deny by default)
@@ -130,6 +132,9 @@ class HarnessAgent:
                 self.user.give(root)
             code, _, err = await run_process(argv, {**base, **fresh_home(home), **own}, cwd=str(work), stdin=stdin,
                                              user=self.user)
+            # What it left running (`setsid cmd &` leaves its process group) would go on changing the folder while
+            # the verifier reads it: the reward must come from what the harness had done when it ended.
+            await asyncio.to_thread(end_leftovers_of, config.api_key, root)
             if code != 0:
                 return AgentResult(error=f"{self.kind} {failure(code, err)}")
             # the task (the verifier's answer key, say) is written only now that the harness is done
@@ -140,6 +145,7 @@ class HarnessAgent:
             score = last_number(out)
             return AgentResult(score if score is not None else (1.0 if code == 0 else 0.0))
         finally:
+            await asyncio.to_thread(end_leftovers_of, config.api_key, root)  # the verifier's too
             shutil.rmtree(root, ignore_errors=True)
 
     async def _prepare(self, work: Path, task: dict[str, Any]) -> str | None:
