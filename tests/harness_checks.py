@@ -74,18 +74,17 @@ def recorded_calls(proxy: str, entry: dict, engine_log: Path) -> list[dict]:
     return calls
 
 
-def answer_text(sent: dict) -> str:
-    """What the harness is given back of an answer in its next request: the tool call's arguments or the text."""
-    answer = sent["answer"]
-    return answer["arguments"] if isinstance(answer, dict) else answer
-
-
 def handed_back(calls: list[dict]) -> None:
     """Every answer but the last came back in the next request as the assistant's turn: the harness received
-    exactly what the stand-in sent."""
+    exactly what the stand-in sent (a tool call's arguments as the same JSON value: some harnesses write it back
+    in their own spacing)."""
     for earlier, later in zip(calls, calls[1:]):
         assistant = [m for m in later["request"]["messages"] if m.get("role") == "assistant"]
         assert assistant, later["request"]
-        turn = assistant[-1]
-        given = (turn.get("tool_calls") or [{}])[0].get("function", {}).get("arguments") or turn.get("content")
-        assert given == answer_text(earlier["sent"])
+        turn, answer = assistant[-1], earlier["sent"]["answer"]
+        if isinstance(answer, dict):
+            [call] = turn["tool_calls"]
+            assert call["function"]["name"] == answer["name"]
+            assert json.loads(call["function"]["arguments"]) == json.loads(answer["arguments"])
+        else:
+            assert turn["content"] == answer

@@ -9,12 +9,18 @@ from runner.harnesses.base import Harness, HarnessAgent
 from runner.harnesses.claude_code import ClaudeCode
 from runner.harnesses.codex import Codex
 from runner.harnesses.mini_swe_agent import MiniSweAgent
+from runner.harnesses.openclaw import OpenClaw
+from runner.harnesses.opencode import OpenCode
+from runner.harnesses.qwen_code import QwenCode
 
 HARNESSES: dict[str, Harness] = {harness.name: harness for harness in (
     ClaudeCode(),
     Codex(),
     MiniSweAgent(),
     Aider(),
+    OpenCode(),
+    OpenClaw(),
+    QwenCode(),
 )}
 
 __all__ = ["HARNESSES", "Harness", "HarnessAgent"]
