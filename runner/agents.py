@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from core.checks import reward_problem
+from runner import confine
+from runner.confine_landlock import restrict_self
 from runner.environment import inherited
 from runner.errors import AttemptError, RunInputError
 from runner.identity import AgentUser
@@ -163,25 +165,41 @@ def last_number(output: bytes) -> float | None:
 
 
 async def run_process(argv: list[str] | str, env: dict[str, str], *, cwd: str | None = None,
-                      stdin: bytes | None = None, user: AgentUser | None = None) -> tuple[int, bytes, bytes]:
+                      stdin: bytes | None = None, user: AgentUser | None = None,
+                      confined: bool = True) -> tuple[int, bytes, bytes]:
     """Run a program to its end in its own process group with exactly the environment `env` (runner/environment.py
     makes an agent's), `stdin` its standard input (else none); cancelling the attempt (its timeout) kills the
     group, so nothing it started outlives it, nor the runner (runner/leftovers.py: it dies with the runner); `user`
-    (--agent-user) is whom it runs as. A program that cannot be started fails its attempt (AttemptError),
-    never the run."""
+    (--agent-user) is whom it runs as; `confined` (an agent's program, not one of the runner's own tools): kept
+    from the runner's files where the run confines its agents (runner/confine.py). No descriptor of the runner's
+    is inherited (close_fds). A program that cannot be started fails its attempt (AttemptError), never the run."""
     spawn = asyncio.create_subprocess_shell if isinstance(argv, str) else asyncio.create_subprocess_exec
     args = [argv] if isinstance(argv, str) else argv
     program = "/bin/sh" if isinstance(argv, str) else argv[0]
     try:
+        ruleset, env = confine.ruleset_for(argv, env, cwd) if confined else (None, env)
+    except OSError as exc:
+        raise AttemptError(f"cannot confine {program}: {exc.strerror}") from None
+    # dies with the runner, in the run's cgroup (runner/leftovers.py); then confined, its last step before exec
+    joined = preexec(user)
+
+    def before_exec() -> None:
+        joined()
+        if ruleset is not None:
+            restrict_self(ruleset)
+
+    try:
         process = await spawn(*args, env=env, cwd=cwd,
                               stdin=asyncio.subprocess.DEVNULL if stdin is None else asyncio.subprocess.PIPE,
                               stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, start_new_session=True,
-                              # dies with the runner, in the run's cgroup (runner/leftovers.py)
-                              preexec_fn=preexec(user))
+                              close_fds=True, preexec_fn=before_exec)
     except OSError as exc:  # E2BIG: "Argument list too long"; a program that is not there
         raise AttemptError(f"cannot start {program}: {exc.strerror}") from None
     except ValueError as exc:  # a NUL or unencodable text in an argument or the environment
         raise AttemptError(f"cannot start {program}: {exc}") from None
+    finally:
+        if ruleset is not None:
+            os.close(ruleset)
     watch_group(process.pid, began=True)
     feeding = asyncio.ensure_future(_feed(process.stdin, stdin)) if stdin is not None else None
     # tasks, not one gather: a run stopped by a signal cancels every task, and a gather whose child was cancelled
@@ -264,7 +282,8 @@ class CommandAgent:
     async def run(self, task: dict[str, Any], config: ClientConfig, env: dict[str, str]) -> AgentResult:
         with tempfile.TemporaryDirectory(prefix="rlproxy-task-") as folder:
             variables = {**inherited(self.pass_env), **env, **rollout_env(config),
-                         **task_variables(task, Path(folder)), **(self.user.variables() if self.user else {})}
+                         **task_variables(task, Path(folder)), **(self.user.variables() if self.user else {}),
+                         **confine.fresh_home(Path(folder))}
             if self.user is not None:  # its task alone, readable by it
                 self.user.give(Path(folder))
             code, out, err = await run_process(self.command, variables, user=self.user)
@@ -298,7 +317,7 @@ class ClassAgent:
                "AGL_KEY": config.api_key}
         with tempfile.TemporaryDirectory(prefix="rlproxy-task-") as folder:  # the task, for fields too large to map
             variables = {**self.inherit, **env, **agl, **task_variables(task, Path(folder)),
-                         **(self.user.variables() if self.user else {})}
+                         **(self.user.variables() if self.user else {}), **confine.fresh_home(Path(folder))}
             if self.user is not None:
                 self.user.give(Path(folder))
             code, _, err = await run_process([sys.executable, "-m", "runner.agl_host", self.spec], variables,

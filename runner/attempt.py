@@ -11,7 +11,8 @@ from typing import Any
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from core.settings import RunSettings
-from runner.agents import AgentResult, ClientConfig
+from runner import confine
+from runner.agents import AgentResult, ClientConfig, FunctionAgent
 from runner.client import ProxyClient, calls_summary
 from runner.errors import AttemptError, InfrastructureError, RolloutRefused, TaskDataError
 from runner.journal import Journal, Key
@@ -64,8 +65,25 @@ class AttemptRunner:
     def __init__(self, client: ProxyClient, agent: Any, settings: RunSettings, env: dict[str, str],
                  journal: Journal | None) -> None:
         self.client, self.agent, self.settings, self.env, self.journal = client, agent, settings, env, journal
-        # a harness's --verify result is the reward, whatever the harness posts (runner/harness.py)
+        # a harness's --verify result is the reward, whatever the harness posts (runner/harnesses/)
         self.verified = bool(getattr(agent, "verify", None))
+        self._confine()
+
+    def _confine(self) -> None:
+        """The agents' programs kept from the journal, the task files, the key files and one another
+        (runner/confine.py); said once in the journal, confined or not (RunInputError under
+        --require-confinement where they cannot be)."""
+        settings = self.settings
+        why_not = ("an --agent function runs inside the runner" if isinstance(self.agent, FunctionAgent)
+                   else "--no-confine-agents" if not settings.confine_agents else None)
+        confined, why = confine.start(
+            [self.journal.path if self.journal is not None else None, settings.tasks, settings.eval_tasks],
+            read=settings.agent_read, write=settings.agent_write, required=settings.require_confinement,
+            why_not=why_not)
+        if self.journal is not None:
+            version = confine.active().version if confined else None
+            self.journal.write("confinement", confined=confined, why=why,
+                               **({"landlock_abi": version} if version else {}))
 
     async def __call__(self, attempt: Attempt) -> Outcome:
         try:

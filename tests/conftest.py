@@ -22,6 +22,10 @@ if (Path(__file__).parent / "engine_fixture.py").exists():
     pytest_plugins.append("tests.engine_fixture")
 
 LOCAL_SERVER = "postgresql://postgres@127.0.0.1:5432/test"
+# `rlproxy run`'s agents in the other tests write what they saw next to their journal in tmp_path, which a
+# confined agent may not (runner/confine.py); tests/test_run_confined.py runs them confined. Set it to 1 to run
+# every test's agents confined.
+os.environ.setdefault("RLPROXY_CONFINE_AGENTS", "0")
 
 
 def _answers(url: str) -> bool:

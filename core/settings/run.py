@@ -40,6 +40,9 @@ class RunSettings(CommandSettings):
         None, description="Run the agents' programs (--command, --agent-class, --harness and --verify) as this user "
         "(a name or uid; the runner must be root): they cannot read the task files or the journal (--log), which "
         "the run checks as that user before it starts, nor an earlier attempt's task (docs/run.md).")
+    confine_agents: bool = Field(
+        True, description="Keep the agents' programs from the journal, the task and key files and one another "
+        "(Landlock, Linux 5.13+; docs/run.md, Confinement). --no-confine-agents: trusted agents only.")
     agent_read: tuple[Path, ...] = Field(
         (), description="A folder or file the confined agents may also read (repeat); the journal, task and key "
         "files stay out of reach inside it (docs/run.md, Confinement).")

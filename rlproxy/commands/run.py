@@ -44,6 +44,7 @@ def run(**params) -> None:
     it returns), in groups of --attempts per task, resumable with --resume. See docs/run.md."""
     settings = RUN_FLAGS.build(params)
     hide_own_environment()  # before any agent starts: they run as this user
+    confine.forget_own_environment()  # /proc/<runner>/environ blank: an agent run as root reads it otherwise
     confine.protect(RUN_FLAGS.secret_files(params).values())  # the key files: out of the confined agents' reach
     try:
         plan = prepare(settings)

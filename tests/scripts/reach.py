@@ -1,0 +1,120 @@
+"""An agent that tries to reach what `rlproxy run` keeps to itself, as an agent whose shell runs what a model wrote
+could: the files named in $REACH_TARGETS (JSON: name -> path: the journal, the task files, a key file), another
+attempt's task file (attempts meet through the shared folder $REACH_SHARED, as agents of one machine always can),
+/proc/<pid>/environ of each of its ancestors (the runner's key is in the runner's), the descriptors it inherited,
+a symbolic and a hard link to the journal made in its own HOME, a signal to the runner; it leaves a `setsid` sleeper
+behind. It writes what it found to $REACH_OUT/<rollout id>.json, asks the model once (the call is recorded) and
+prints 1. `Reach` is the same as an Agent Lightning agent class."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from openai import OpenAI
+
+
+def read(path: str) -> str:
+    try:
+        with open(path, "rb") as file:
+            return "read: " + file.read(200).decode(errors="replace")
+    except OSError as exc:
+        return f"refused: {exc.strerror}"
+
+
+def ancestors() -> list[int]:
+    found, pid = [], os.getppid()
+    while pid > 1:
+        found.append(pid)
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            break
+        pid = int(stat[stat.rindex(")") + 2:].split()[1])
+    return found
+
+
+def environ_of(pid: int) -> str:
+    try:
+        data = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError as exc:
+        return f"refused: {exc.strerror}"
+    return "read: " + data.replace(b"\0", b"\n").decode(errors="replace").strip()
+
+
+def links(home: Path, journal: str) -> dict[str, str]:
+    found = {}
+    try:
+        (home / "to-journal").symlink_to(journal)
+        found["symlink"] = read(str(home / "to-journal"))
+    except OSError as exc:
+        found["symlink"] = f"refused: {exc.strerror}"
+    try:
+        os.link(journal, home / "journal-link")
+        found["hardlink"] = read(str(home / "journal-link"))
+    except OSError as exc:
+        found["hardlink"] = f"refused: {exc.strerror}"
+    return found
+
+
+def others_task(shared: Path, own: str) -> dict[str, str]:
+    """Another attempt's task file, as that attempt told its path."""
+    (shared / f"{os.getpid()}.path").write_text(own)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        seen = [p.read_text() for p in shared.glob("*.path") if p.read_text() not in ("", own)]
+        if seen:
+            return {path: read(path) for path in seen}
+        time.sleep(0.1)
+    return {}
+
+
+def probe(model_url: str, key: str, rollout: str) -> dict:
+    targets = json.loads(os.environ["REACH_TARGETS"])
+    shared, out = Path(os.environ["REACH_SHARED"]), Path(os.environ["REACH_OUT"])
+    found: dict = {"files": {name: read(path) for name, path in targets.items()}}
+    found["own_task"] = read(os.environ["RLPROXY_TASK_FILE"])
+    found["other_tasks"] = others_task(shared, os.environ["RLPROXY_TASK_FILE"])
+    found["environ"] = {str(pid): environ_of(pid) for pid in ancestors()}
+    fds = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    found["fds"] = fds
+    found["links"] = links(Path(os.environ["HOME"]), targets["journal"])
+    try:
+        found["listing"] = sorted(os.listdir(os.path.dirname(targets["journal"])))
+    except OSError as exc:
+        found["listing"] = f"refused: {exc.strerror}"
+    runner = next(pid for pid in ancestors() if b"rlproxy.cli" in Path(f"/proc/{pid}/cmdline").read_bytes())
+    found["runner"] = runner
+    try:
+        os.kill(runner, 0)
+        found["signal"] = "sent"
+    except OSError as exc:
+        found["signal"] = f"refused: {exc.strerror}"
+    sleeper = subprocess.Popen(["setsid", "sleep", "300"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    found["sleeper"] = sleeper.pid
+    reply = OpenAI(base_url=model_url, api_key=key, max_retries=0).chat.completions.create(
+        model="auto", max_tokens=4, messages=[{"role": "user", "content": "What is 3+4?"}])
+    found["answered"] = bool(reply.choices)
+    (out / f"{rollout}.json").write_text(json.dumps(found))
+    return found
+
+
+class Reach:
+    def run(self) -> None:
+        rollout = os.environ["AGL_OPENAI_BASE_URL"].split("/rollouts/")[1].split("/")[0]
+        probe(os.environ["AGL_OPENAI_BASE_URL"], os.environ["AGL_KEY"], rollout)
+
+
+if __name__ == "__main__":
+    probe(os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"], os.environ["RLPROXY_ROLLOUT_ID"])
+    print(1)
+    sys.exit(0)

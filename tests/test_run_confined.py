@@ -1,0 +1,134 @@
+"""`rlproxy run` confines its agents (runner/confine.py, Landlock): an agent run as the runner's own user, root
+here, cannot read the journal, the task files (evaluation answers), the key file, another attempt's task or the
+runner's environment, through links or inherited descriptors either, nor signal the runner; it still runs, its
+calls are recorded, and what it left running is ended. `rlproxy run` is a real process, as a user runs it, in
+front of the shared proxy and stand-in engine; the agent is tests/scripts/reach.py. Skipped where the kernel has
+no Landlock."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from runner.confine_landlock import abi
+from testkit.processes import rlproxy_command
+from tests.support import PYTHON, ROOT
+
+VERSION, WHY = abi()
+pytestmark = pytest.mark.skipif(VERSION == 0, reason=f"agents cannot be confined here: {WHY}")
+RUNNER_KEY = "rlp_the-runners-own-key-" + "k" * 20
+
+
+def runner_files(folder: Path) -> dict[str, Path]:
+    """What the runner keeps to itself, in one folder of its own, as an operator would lay it out."""
+    folder.mkdir(mode=0o700)
+    files = {"tasks": folder / "tasks.jsonl", "eval_tasks": folder / "eval.jsonl", "key_file": folder / "key",
+             "journal": folder / "run.jsonl"}
+    files["tasks"].write_text("".join(json.dumps({"id": f"t{n}", "answer": f"train-answer-{n}"}) + "\n"
+                                      for n in range(2)))
+    files["eval_tasks"].write_text(json.dumps({"id": "e0", "answer": "eval-answer-0"}) + "\n")
+    files["key_file"].write_text(RUNNER_KEY + "\n")
+    return files
+
+
+def run(proxy_url: str, tmp_path: Path, *agent: str, concurrency: int = 3) -> tuple[subprocess.CompletedProcess,
+                                                                                   dict[str, Path], Path]:
+    files = runner_files(tmp_path / "runner")
+    shared, out = tmp_path / "shared", tmp_path / "out"
+    shared.mkdir()
+    out.mkdir()
+    targets = {name: str(path) for name, path in files.items()}
+    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"), "RLPROXY_API_KEY_FILE":
+           str(files["key_file"]), "REACH_TARGETS": json.dumps(targets), "REACH_SHARED": str(shared),
+           "REACH_OUT": str(out), "RLPROXY_CONFINE_AGENTS": "1", "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        rlproxy_command("run", "--proxy", proxy_url, "--log", str(files["journal"]), "--tasks", str(files["tasks"]),
+                        "--eval-tasks", str(files["eval_tasks"]), "--task-id-field", "id", "--attempts", "1",
+                        "--concurrency", str(concurrency), "--timeout", "60", "--require-confinement",
+                        "--pass-env", "REACH_TARGETS", "--pass-env", "REACH_SHARED", "--pass-env", "REACH_OUT",
+                        "--agent-write", str(shared), "--agent-write", str(out), *agent),
+        capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    return done, files, out
+
+
+def journal(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def assert_kept_out(found: dict, files: dict[str, Path]) -> None:
+    assert {name: said.split(":")[0] for name, said in found["files"].items()} == {
+        "tasks": "refused", "eval_tasks": "refused", "key_file": "refused", "journal": "refused"}, found["files"]
+    assert found["own_task"].startswith("read: "), found["own_task"]  # its own task, and only that
+    assert found["other_tasks"] and all(said.startswith("refused") for said in found["other_tasks"].values()), \
+        found["other_tasks"]
+    # the runner (and its parent, pytest) among the ancestors: blank or refused, never the runner's key
+    assert len(found["environ"]) >= 2 and RUNNER_KEY not in json.dumps(found["environ"]), found["environ"]
+    assert found["environ"][str(found["runner"])] in ("read: ", "refused: Permission denied")
+    assert found["links"] == {"symlink": "refused: Permission denied",
+                              "hardlink": "refused: Invalid cross-device link"}, found["links"]
+    held = set(found["fds"].values())
+    assert not held & {str(path) for path in files.values()}, found["fds"]  # no descriptor of the runner's files
+    if VERSION >= 6:  # signals scoped to the agent's own domain
+        assert found["signal"].startswith("refused"), found["signal"]
+
+
+def ended(pid: int) -> bool:
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_command_agents_reach_their_own_task_alone_and_are_recorded(proxy_url, tmp_path):
+    done, files, out = run(proxy_url, tmp_path, "--command", f"{PYTHON} tests/scripts/reach.py")
+    assert done.returncode == 0, done.stderr
+    lines = journal(files["journal"])
+    assert lines[0]["event"] == "confinement" and lines[0]["confined"] is True and lines[0]["landlock_abi"] == VERSION
+    ends = [line for line in lines if line["event"] == "finished"]
+    assert sorted(line["task_id"] for line in ends) == ["e0", "t0", "t1"]
+    assert all(line["status"] == "rewarded" and line["calls"] == 1 for line in ends), ends
+    for line in ends:
+        found = json.loads((out / f"{line['rollout_id']}.json").read_text())
+        assert_kept_out(found, files)
+        assert ended(found["sleeper"]), "a process the agent left running outlived the run"
+        stored = requests.get(f"{proxy_url}/rollouts/{line['rollout_id']}", timeout=10).json()
+        assert len(stored["calls"]) == 1 and stored["calls"][0]["status"] == "ok"
+
+
+def test_an_agent_class_is_kept_out_alike(proxy_url, tmp_path):
+    done, files, out = run(proxy_url, tmp_path, "--agent-class", "tests.scripts.reach:Reach")
+    assert done.returncode == 0, done.stderr
+    ends = [line for line in journal(files["journal"]) if line["event"] == "finished"]
+    assert len(ends) == 3 and all(line["calls"] == 1 and line["error"] is None for line in ends), ends
+    for line in ends:
+        assert_kept_out(json.loads((out / f"{line['rollout_id']}.json").read_text()), files)
+
+
+def test_require_confinement_refuses_a_function_agent_and_the_journal_says_why(proxy_url, tmp_path):
+    files = runner_files(tmp_path / "runner")
+    base = ["run", "--proxy", proxy_url, "--log", str(files["journal"]), "--tasks", str(files["tasks"]),
+            "--attempts", "1", "--agent", "examples.run_agent:solve"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "RLPROXY_CONFINE_AGENTS": "1"}
+    refused = subprocess.run([sys.executable, "-m", "rlproxy.cli", *base, "--require-confinement"], cwd=ROOT,
+                             env=env, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--require-confinement: agents cannot be confined here: an --agent function " \
+        "runs inside the runner" in refused.stderr, refused.stderr
+    said = subprocess.run([sys.executable, "-m", "rlproxy.cli", *base], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert said.returncode == 0, said.stderr
+    assert "agents run unconfined: an --agent function runs inside the runner" in said.stderr
+    first = journal(files["journal"])[0]
+    assert first == {**first, "event": "confinement", "confined": False,
+                     "why": "an --agent function runs inside the runner"}
