@@ -7,7 +7,8 @@ part of a model that follows a harness's tool protocol:
   - when the offered tools include the harness's shell tool and the conversation has no tool result yet, it
     calls that tool with `SHELL_COMMAND` (or `--shell-command`), shaped as the tool's schema wants it (a string, or an argv list);
     Claude Code 2.1 offers `Bash` taking `command`, Codex 0.169 `exec_command` taking `cmd` (older Codex
-    versions: `shell` with an argv list, or `shell_command`);
+    versions: `shell` with an argv list, or `shell_command`), OpenCode 1.18 `bash` and OpenClaw 2026.9 `exec`,
+    both taking `command`;
   - once a tool result is in the conversation, it answers with `FINAL_TEXT`, or, where the prompt names
     mini-swe-agent's submit line (`SUBMIT`), calls the shell tool once more to print it (mini ends on that alone);
   - offered no tools but Aider's whole-file edit format (`FILE_LISTING`), it answers with a file listing that
@@ -32,13 +33,14 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from testkit import stub_engine  # noqa: E402
+from testkit.stub_answers import streamed_answer  # noqa: E402
 from testkit.stub_engine import EOS_ID, Stub, dumps, error, render_chat, token_id, tokenize  # noqa: E402
 
 MARKER = "rlproxy-marker.txt"
 SHELL_COMMAND = f"echo rlproxy-ok > {MARKER}"
 FINAL_TEXT = "Done. The marker file is written."
 SIDE_TEXT = "Marker file"
-SHELL_TOOLS = ("Bash", "bash", "shell", "shell_command", "exec_command", "local_shell", "run_shell_command")
+SHELL_TOOLS = ("Bash", "bash", "exec", "shell", "shell_command", "exec_command", "local_shell", "run_shell_command")
 # mini-swe-agent ends a task when a command's output starts with this line: its prompt says so
 SUBMIT = "COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
 # Aider's whole-file edit format, which it names in its system prompt: a file is its path, then its whole text
@@ -143,7 +145,7 @@ class HarnessEngine(Stub):
                    "completion_logprobs": [self.logprob(i, body) for i in range(len(ids))]})
         choices = [(words, ids, tool_call, finish)]
         if body.get("stream"):
-            return await self._stream(request, body, True, prompt_ids, choices)
+            return await streamed_answer(request, body, True, prompt_ids, choices, self.logprob)
         return web.Response(body=dumps(self._full(body, True, prompt_ids, choices)), content_type="application/json")
 
 
