@@ -50,9 +50,25 @@ fi
 "${PIP[@]}" --no-deps "pgserver==0.1.4" \
   || echo "warning: could not install pgserver; without a Postgres of its own, make test cannot start one" >&2
 took "pgserver (pip)"
-# The real Node clients tests/test_node_clients.py drives (Vercel AI SDK, Claude Code, Codex CLI), pinned, into
-# $VENV/node; only where npm exists (the tests skip without node), and only when not already there at these versions.
-NODE_PACKAGES=(ai@6.0.325 @ai-sdk/openai@3.0.141 zod@4.1.12 @anthropic-ai/claude-code@2.1.330 @openai/codex@0.169.0)
+# The Python harnesses `rlproxy run --harness` drives (runner/harnesses/), pinned, each in a virtualenv of its own
+# under $VENV/harnesses/ (their pins of litellm, openai and pydantic clash with the engine's); only when missing or
+# at another version.
+PYTHON_HARNESSES=(mini-swe-agent=mini-swe-agent==2.4.6 aider=aider-chat==0.86.2)
+for entry in "${PYTHON_HARNESSES[@]}"; do
+  name=${entry%%=*} spec=${entry#*=}
+  dir="$VENV/harnesses/$name"
+  if ! "$dir/bin/python" -c 'import importlib.metadata as m, sys; sys.exit(m.version(sys.argv[1]) != sys.argv[2])' \
+       "${spec%%==*}" "${spec#*==}" 2>/dev/null; then
+    ("$PYTHON" -m venv "$dir" && "$dir/bin/python" -m pip install --disable-pip-version-check --progress-bar off -q \
+       "$spec") || echo "warning: could not install $spec; --harness $name is refused until it is" >&2
+  fi
+done
+took "python harnesses (pip, a virtualenv each)"
+# The real Node clients tests/test_node_clients.py drives (Vercel AI SDK, Claude Code, Codex CLI) and the Node
+# harnesses `rlproxy run --harness` drives (Claude Code, Codex, Qwen Code), pinned, into $VENV/node; only where npm
+# exists (the tests skip without node), and only when not already there at these versions.
+NODE_PACKAGES=(ai@6.0.325 @ai-sdk/openai@3.0.141 zod@4.1.12 @anthropic-ai/claude-code@2.1.330 @openai/codex@0.169.0
+               @qwen-code/qwen-code@0.24.4)
 NODE_DIR="$(cd "$VENV" && pwd)/node"
 if command -v npm >/dev/null 2>&1 && command -v node >/dev/null 2>&1; then
   if ! node -e 'const [dir, ...specs] = process.argv.slice(1); for (const spec of specs) {
