@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit, urlunsplit
 
 from core.settings import DemoSettings
 from demo.output import own_terminal
@@ -45,7 +46,26 @@ def run_demo(settings: DemoSettings, curve_dir: Path) -> int:
         if curve:
             terminal.console.print(f"reward curve: {curve}", soft_wrap=True)
         # The demo's proxy stops with it; its database keeps every episode for the web view (docs/ui.md).
-        terminal.console.print(f"each episode in the web view: rlproxy serve --database-url {settings.database_url}"
-                               f" --port {settings.proxy_port}, then http://127.0.0.1:{settings.proxy_port}/ui/",
-                               soft_wrap=True)
+        serve = serve_command(settings.database_url, settings.proxy_port)
+        view = f"http://127.0.0.1:{settings.proxy_port}/ui/"
+        terminal.console.print(f"each episode in the web view: {serve}, then {view}", soft_wrap=True)
     return 0
+
+
+def serve_command(database_url: str, port: int) -> str:
+    """The command that serves the demo's database: its URL on the command line only when it holds no password
+    (a terminal's scrollback and shell history keep what is printed; `rlproxy serve` refuses a password given
+    there), else the database named without it and the password left to RLPROXY_DATABASE_URL."""
+    parts = urlsplit(database_url)
+    try:
+        secret = parts.password is not None or "password" in {name.lower() for name in parse_qs(parts.query)}
+    except ValueError:
+        secret = True
+    if not secret:
+        return f"rlproxy serve --database-url {database_url} --port {port}"
+    host = parts.hostname or ""
+    where = urlunsplit((parts.scheme, f"{parts.username or ''}@{host}" + (f":{parts.port}" if parts.port else ""),
+                        parts.path, "", ""))
+    return (f"RLPROXY_DATABASE_URL set to the demo's database ({where}, with its password), rlproxy serve --port "
+            f"{port}")
+
