@@ -5,9 +5,14 @@ whole-file listing of it. Each is rewarded by --verify and recorded exactly (tes
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
+import yaml
+from click.testing import CliRunner
 
+from rlproxy.cli import main
+from runner.harnesses.mini_swe_agent import yaml_document
 from tests.harness_checks import HARNESS_VENVS, handed_back, recorded_calls, run_attempt
 from tests.harness_engine import MARKER, SHELL_COMMAND, SUBMIT
 
@@ -46,3 +51,37 @@ def test_aider_writes_the_file_its_listing_names(harness_stand_in, tmp_path, mon
     request = calls[0]["request"]
     assert prompt in json.dumps(request["messages"][-1]["content"])
     assert request["model"] == "auto" and "temperature" not in request  # use_temperature: false
+
+
+@pytest.mark.parametrize("installed_as, says", [
+    (None, "`aider` is not installed (make install, or: python -m venv {prefix}/harnesses/aider && "
+           "{prefix}/harnesses/aider/bin/pip install aider-chat==0.86.2)"),
+    ("0.85.0", "{prefix}/harnesses/aider/bin/aider is at 0.85.0; rlproxy run is tested with aider-chat 0.86.2 "
+               "(make install, or: python -m venv {prefix}/harnesses/aider && "
+               "{prefix}/harnesses/aider/bin/pip install aider-chat==0.86.2)"),
+])
+def test_a_harness_missing_or_at_another_version_is_refused_before_anything_starts(tmp_path, monkeypatch,
+                                                                                   installed_as, says):
+    if installed_as:  # a virtualenv holding another version: its script and its distribution's metadata
+        venv = tmp_path / "harnesses" / "aider"
+        (venv / "bin").mkdir(parents=True)
+        (venv / "bin" / "aider").write_text("#!/bin/sh\ntouch ran\n")
+        (venv / "lib" / "python3.11" / "site-packages" / f"aider_chat-{installed_as}.dist-info").mkdir(parents=True)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    result = CliRunner().invoke(main, ["run", "--tasks", str(tasks), "--harness", "aider", "--verify", "true",
+                                       "--log", str(tmp_path / "log.jsonl")])
+    assert result.exit_code == 2
+    assert result.output.strip() == f"rlproxy run: --harness aider: {says.format(prefix=tmp_path)}"
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "log.jsonl").exists()
+
+
+@pytest.mark.parametrize("prompt", ["plain", 'quotes " and \\ and {{ task }}', "lines\n\tand\r\n",
+                                    "\x7f\x85\x9f \u2028 \u2029", "emoji \U0001f600 and \ufeff", ": - [a] {b} # c",
+                                    "\x1b[31m red"])
+def test_mini_swe_agents_task_file_reads_back_as_the_prompt(prompt):
+    """The task file mini-swe-agent reads (`-c`, PyYAML's safe_load) gives back the prompt character for character."""
+    assert yaml.safe_load(yaml_document({"run": {"task": prompt}})) == {"run": {"task": prompt}}

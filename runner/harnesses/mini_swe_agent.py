@@ -21,9 +21,10 @@ from runner.harnesses.base import FILE, Attempt, Harness
 from runner.harnesses.installed import PYTHON, Pin
 
 PROMPT_FILE = "mini-task.yaml"
-# Characters PyYAML refuses unescaped in a double-quoted scalar, which json.dumps(ensure_ascii=False) leaves raw
-# (it escapes only the C0 controls): DEL, the C1 controls but NEL, and the non-characters U+FFFE/U+FFFF.
-YAML_UNPRINTABLE = re.compile("[\x7f-\x84\x86-\x9f\ufffe\uffff]")
+# What PyYAML refuses or changes unescaped in a double-quoted scalar, which json.dumps(ensure_ascii=False) leaves
+# raw (it escapes only the C0 controls): DEL and the C1 controls, the line breaks YAML folds (NEL, U+2028/9), the
+# byte-order mark and the non-characters U+FFFE/U+FFFF.
+YAML_UNPRINTABLE = re.compile("[\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]")
 
 
 def yaml_document(value: dict) -> str:
@@ -33,7 +34,8 @@ def yaml_document(value: dict) -> str:
 
 def builtin_config(program: str) -> Path:
     """The `mini.yaml` of the virtualenv `program` sits in (its default agent templates)."""
-    found = sorted(Path(program).absolute().parent.parent.glob("lib/python*/site-packages/minisweagent/config/mini.yaml"))
+    venv = Path(program).absolute().parent.parent
+    found = sorted(venv.glob("lib/python*/site-packages/minisweagent/config/mini.yaml"))
     return found[0] if found else Path(program).parent / "mini.yaml"
 
 
@@ -57,6 +59,6 @@ class MiniSweAgent(Harness):
                "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_OFFLINE_MODE": "true", "LITELLM_MODE": "PRODUCTION",
                "PAGER": "cat"}
         relative = Path("..")  # the working folder's parent holds home/
-        return [attempt.program, "-c", str(builtin_config(attempt.program)), "-c", str(relative / "home" / settings.name),
-                "-c", str(relative / "home" / PROMPT_FILE), "-y", "--exit-immediately",
-                "-o", str(home / "trajectory.json"), *attempt.extra_args], env
+        return [attempt.program, "-c", str(builtin_config(attempt.program)),
+                "-c", str(relative / "home" / settings.name), "-c", str(relative / "home" / PROMPT_FILE),
+                "-y", "--exit-immediately", "-o", str(home / "trajectory.json"), *attempt.extra_args], env
