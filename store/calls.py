@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from core.policy_rules import DEFAULT_POLICY
 from store.dialect import database_now, insert_ignoring_duplicates
+from store.id_arrays import id_array_param, id_array_text
 from store.models import Call, CallChoice, PrefixKind, PrunedRollout, Rollout, as_utc
 from store.records import CallRecord
 
@@ -183,13 +184,23 @@ async def write_calls(session: AsyncSession, records: list[CallRecord], *, may_r
         )
         written.append(WrittenCall(record, seqs.get(record.id), kind, parent, late=record.id in late))
 
-    await session.execute(insert_ignoring_duplicates(session, Call.__table__, ["id"]), call_rows)
+    insert_calls = insert_ignoring_duplicates(session, Call.__table__, ["id"])
+    if session.get_bind().dialect.name == "postgresql":  # ids as the array's text, cast there (store/id_arrays.py)
+        insert_calls = insert_calls.values(prompt_token_ids=id_array_param("prompt_token_ids"))
+        for row in call_rows:
+            row["prompt_token_ids"] = id_array_text(row["prompt_token_ids"])
+    await session.execute(insert_calls, call_rows)
     # Choices in chunks, the event loop free between them: the driver prepares each row's parameters in Python,
     # and one call of 20,000 choices held every other request of the proxy for half a second in one statement.
+    insert_choices = insert_ignoring_duplicates(session, CallChoice.__table__, ["call_id", "index"])
+    if session.get_bind().dialect.name == "postgresql":
+        insert_choices = insert_choices.values(token_ids=id_array_param("token_ids"))
+        for row in choice_rows:
+            row["token_ids"] = id_array_text(row["token_ids"])
     for start in range(0, len(choice_rows), CHOICE_ROWS_PER_STATEMENT):
         if start:
             await asyncio.sleep(0)
-        await session.execute(insert_ignoring_duplicates(session, CallChoice.__table__, ["call_id", "index"]),
+        await session.execute(insert_choices,
                               choice_rows[start:start + CHOICE_ROWS_PER_STATEMENT])
     return written
 
