@@ -31,7 +31,8 @@ def content_text(content: Any, separator: str = "\n") -> str:
 
 
 def completion_text(route: str | None, response: dict[str, Any] | None) -> str | None:
-    """Choice 0's text (chat, completions), the output messages' text (Responses) or the text blocks (Messages)."""
+    """Choice 0's text (chat, completions), the output messages' text (Responses), the text blocks (Messages) or
+    candidate 0's text parts (Gemini)."""
     if not isinstance(response, dict):
         return None
     if route == "responses":
@@ -41,6 +42,11 @@ def completion_text(route: str | None, response: dict[str, Any] | None) -> str |
     if route == "messages":
         return "".join(block.get("text") or "" for block in response.get("content") or ()
                        if isinstance(block, dict) and block.get("type") == "text")
+    if route == "gemini":
+        candidate = (response.get("candidates") or [{}])[0]
+        content = candidate.get("content") if isinstance(candidate, dict) else None
+        return "".join(part.get("text") or "" for part in (content or {}).get("parts") or ()
+                       if isinstance(part, dict) and not part.get("thought"))
     choice = (response.get("choices") or [{}])[0]
     if not isinstance(choice, dict):
         return None

@@ -354,9 +354,13 @@ class Message(BaseModel):
 
 
 class GoogleErrorDetail(Body):
+    omit_unset: ClassVar[bool] = True
+
     code: int
     message: str
     status: str = Field(description="The google.rpc.Code name: INVALID_ARGUMENT, NOT_FOUND, UNAVAILABLE, …")
+    details: list[dict[str, Any]] | None = Field(None, description="An ErrorInfo whose `reason` is the proxy's "
+                                                                    "error code, when it has one.")
 
 
 class GoogleError(Body):

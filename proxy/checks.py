@@ -8,7 +8,8 @@ Middleware (`middlewares`), each seeing what the one before let through:
     close_refused     a refused request's connection is closed, not kept alive (proxy/edge/uploads.py)
     body_deadline     the whole body must arrive within `--body-timeout` (proxy/edge/uploads.py)
     api_errors        every error below leaves in the route's own shape: Anthropic's on the Messages routes,
-                      OpenAI's elsewhere; store and database errors mapped to their statuses (this module)
+                      Google's on the Gemini API's, OpenAI's elsewhere; store and database errors mapped to
+                      their statuses (this module)
     valid_host        the Host header names this server (proxy/edge/http_server.py)
     authenticate      who is calling: a key, its project, or none where keys are off (proxy/edge/auth.py)
     enforce_limits    the key's request rate, its open requests, the body's size, coding and inflation, the
@@ -29,6 +30,7 @@ from sqlalchemy.exc import TimeoutError as SQLAlchemyTimeout
 from core.settings import ProxySettings
 from core.text import printable
 from proxy.api import hint
+from proxy.dialects.gemini_objects import error_body as google_error_body
 from proxy.dialects.messages_objects import error_body as anthropic_error_body
 from proxy.edge import (
     AUTH,
@@ -44,6 +46,7 @@ from proxy.edge import (
 )
 from proxy.errors import ConflictError, Forbidden, NotFoundError, ProxyError, StoreUnavailable, json_response
 from proxy.metrics import ProxyMetrics
+from proxy.routes.gemini import in_gemini_api
 from proxy.routes.messages import in_messages_api
 from proxy.state import STATE
 from store import errors as store_errors
@@ -88,8 +91,8 @@ def install(app: web.Application, settings: ProxySettings, metrics: ProxyMetrics
 
 @web.middleware
 async def api_errors(request: web.Request, handler):
-    """Every error leaves as a JSON body in the route's own shape (Anthropic's on the Messages routes, OpenAI's
-    everywhere else); lower-level errors are mapped here, at the edge."""
+    """Every error leaves as a JSON body in the route's own shape (Anthropic's on the Messages routes, Google's on
+    the Gemini API's, OpenAI's everywhere else); lower-level errors are mapped here, at the edge."""
     try:
         return await handler(request)
     except ProxyError as exc:
@@ -131,6 +134,9 @@ async def api_errors(request: web.Request, handler):
     if in_messages_api(request.path):
         return json_response(anthropic_error_body(error.status, error.message), status=error.status,
                              headers=error.headers)
+    if in_gemini_api(request.path):
+        return json_response(google_error_body(error.status, error.message, error.code or error.default_code),
+                             status=error.status, headers=error.headers)
     return error.response()
 
 

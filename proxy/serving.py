@@ -73,12 +73,16 @@ class CompletionServing:
         self.metrics = metrics
         self.redact = redact  # store text as a marker (proxy/redact.py)
 
-    async def handle(self, request: web.Request, history: HistoryLoader | None = None) -> web.StreamResponse:
+    async def handle(self, request: web.Request, history: HistoryLoader | None = None, *,
+                     path_model: str | None = None) -> web.StreamResponse:
         """Serve one policy call: the agent's body is read and checked at the request boundary
         (proxy/boundary.py) and translated to the engine's request, and the engine's answer back (`history`:
-        earlier turns the proxy keeps, for Responses)."""
+        earlier turns the proxy keeps, for Responses; `path_model`: the model an API names in its path, not its
+        body, Gemini's, which the body's `model` then is)."""
         began = time.perf_counter()
         body = parse_json_object(await request.read())
+        if path_model is not None:
+            body["model"] = path_model
         context = call_context(request)
         dialect, boundary = self.dialect, self.boundary
         boundary.check_common(body)
@@ -88,6 +92,7 @@ class CompletionServing:
         engine_body = dialect.to_chat(body, await history(body, context) if history is not None else ())
         if engine_body is not body:  # translated: what the operator allows besides is carried over
             boundary.carry_allowed(body, engine_body)
+            boundary.budget.check(engine_body)  # a budget the API keeps elsewhere (Gemini's generationConfig)
         boundary.check_media(engine_body)
         target = await self.router.route_call(body["model"], context)
         engine_body, override = await resample(self.rollout_sampling, self.router, context, target, engine_body)
@@ -98,7 +103,7 @@ class CompletionServing:
             id=uuid.uuid4().hex, route=dialect.route, started_at=utcnow(),
             rollout_id=context.rollout_id, agent=context.agent, task_id=context.task_id, project=context.project,
             model=body["model"], upstream_model=target.upstream_model, policy_version=target.policy_version,
-            policy=target.policy, stream=bool(body.get("stream")), request=body, eval=context.eval,
+            policy=target.policy, stream=bool(upstream_body.get("stream")), request=body, eval=context.eval,
             # why its recorded log-probs cannot be trained as its behaviour: its sampling, or media in the prompt
             # media first: a tempered call with an image in its prompt is still one the trainer cannot score
             sampling=media_in_prompt(upstream_body) or altered_sampling(upstream_body),

@@ -51,6 +51,7 @@ class Endpoint:
     access: Literal["key", "admin", "public"] = "key"
     engine_errors: bool = False  # the engine's own 4XX errors pass through
     anthropic: bool = False  # errors in Anthropic's shape
+    google: bool = False  # errors in Google's shape (the Gemini API)
     context_headers: bool = False  # X-Rollout-Id and the other call-context headers apply
     path_params: dict[str, dict[str, Any]] = field(default_factory=dict)  # schemas of path names (else generic)
     query_params: dict[str, dict[str, Any]] = field(default_factory=dict)  # optional query parameters' schemas

@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from core.settings import ProxySettings
-from proxy.bodies import AnthropicError, Error
+from proxy.bodies import AnthropicError, Error, GoogleError
 from proxy.api.endpoints import Answer, Endpoint
 from proxy.strict_json import MAX_JSON_DEPTH
 
@@ -133,7 +133,7 @@ class _Builder:
         self.paths: dict[str, dict[str, Any]] = {}
 
     def add(self, endpoint: Endpoint) -> None:
-        shape = "AnthropicError" if endpoint.anthropic else "Error"
+        shape = "AnthropicError" if endpoint.anthropic else "GoogleError" if endpoint.google else "Error"
         public, admin = endpoint.access == "public", endpoint.access == "admin"
         responses = {str(status): _answer(answer) for status, answer in endpoint.answers.items()}
         responses.update(_errors(endpoint.errors, shape))
@@ -196,7 +196,7 @@ def openapi_document(settings: ProxySettings, endpoints: list[Endpoint], *, auth
     builder = _Builder(settings, auth_enabled, served_model)
     for endpoint in endpoints:
         builder.add(endpoint)
-    models = [Error, AnthropicError] + [answer.model for endpoint in endpoints
+    models = [Error, AnthropicError, GoogleError] + [answer.model for endpoint in endpoints
                                         for answer in endpoint.answers.values() if answer.model is not None]
     components: dict[str, Any] = {"schemas": _component_schemas(models)}
     if auth_enabled:

@@ -12,17 +12,21 @@ translation, with no I/O (proxy/dialects/base.py `Dialect`):
     errors    the proxy's errors and the engine's -> the agent's error shape
 
 `chat` and `completions` are the engine's own formats: their translation relays the engine's bytes as they came
-(proxy/dialects/chat.py). `responses` is the OpenAI Responses API, `messages` Anthropic's Messages API; each is
+(proxy/dialects/chat.py). `responses` is the OpenAI Responses API, `messages` Anthropic's Messages API, `gemini`
+Google's Gemini API (two dialects of one recorded route: whole and streamed, which its path says); each is
 a dialect module, the module making its answer (`*_stream`), and the module building its answer's objects
 (`*_objects`), imported in that one direction. What the conversation is in chat form lives on the ground floor
-(core/responses_chat.py, core/messages_chat.py), where automatic rewards and the judge read recorded calls with
+(core/responses_chat.py, core/messages_chat.py, core/gemini_chat.py), where automatic rewards and the judge read recorded calls with
 it too (core/chat_view.py).
 """
 from __future__ import annotations
 
 from proxy.dialects.base import Dialect
 from proxy.dialects.chat import CHAT_COMPLETIONS, TEXT_COMPLETIONS
+from proxy.dialects.gemini import GEMINI, GEMINI_STREAM
 from proxy.dialects.messages import MESSAGES
 from proxy.dialects.responses import RESPONSES
 
-DIALECTS: dict[str, Dialect] = {d.route: d for d in (CHAT_COMPLETIONS, TEXT_COMPLETIONS, RESPONSES, MESSAGES)}
+# Each served by its own CompletionServing, under this name (a dialect's route, but Gemini's stream's).
+DIALECTS: dict[str, Dialect] = {**{d.route: d for d in (CHAT_COMPLETIONS, TEXT_COMPLETIONS, RESPONSES, MESSAGES,
+                                                        GEMINI)}, "gemini_stream": GEMINI_STREAM}

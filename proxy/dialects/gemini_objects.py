@@ -16,11 +16,16 @@ STATUS_NAMES = {400: "INVALID_ARGUMENT", 401: "UNAUTHENTICATED", 403: "PERMISSIO
 FINISH_REASONS = {"length": "MAX_TOKENS"}  # stop, tool_calls: STOP, as Gemini ends a turn with function calls
 
 
-def error_body(status: int, message: str) -> dict[str, Any]:
+def error_body(status: int, message: str, reason: Any = None) -> dict[str, Any]:
     """Google's error shape; a status without a name of its own is FAILED_PRECONDITION below 500 (the caller's to
-    fix) and INTERNAL from 500."""
+    fix) and INTERNAL from 500. The proxy's own error code (`json_too_deep`, `key_in_url`, …), when there is one,
+    is the `reason` of an ErrorInfo in `details`, where Google's APIs put theirs (`API_KEY_INVALID`)."""
     name = STATUS_NAMES.get(status) or ("FAILED_PRECONDITION" if status < 500 else "INTERNAL")
-    return {"error": {"code": status, "message": message, "status": name}}
+    error: dict[str, Any] = {"code": status, "message": message, "status": name}
+    if isinstance(reason, str) and reason:
+        error["details"] = [{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": reason,
+                             "domain": "rlproxy"}]
+    return {"error": error}
 
 
 def function_call(call: dict[str, Any]) -> dict[str, Any]:

@@ -38,8 +38,14 @@ ADMIN_ROUTES = {("POST", "/policies/{version}/activate")}
 OPERATOR_ROUTES = {("GET", "/metrics")}
 # Routes whose calls belong to the rollout in their path (so a key may only use its own project's rollouts):
 # the recorded routes and the engine routes relayed beside them.
+# The Gemini API's methods (proxy/routes/gemini.py), under /v1beta and /v1, and its model list.
+GEMINI_METHODS = tuple(f"{version}/models/{{model}}:{method}" for version in ("/v1beta", "/v1")
+                       for method in ("generateContent", "streamGenerateContent", "countTokens"))
 OPENAI_SUFFIXES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/responses",
-                   "/v1/responses/{response_id}", "/v1/messages", "/v1/messages/count_tokens", *RELAYED)
+                   "/v1/responses/{response_id}", "/v1/messages", "/v1/messages/count_tokens", *GEMINI_METHODS,
+                   "/v1beta/models", *RELAYED)
+# Where a request's key may be: besides `Authorization: Bearer`, Anthropic's clients' header and Google's.
+KEY_HEADERS = ("x-api-key", "x-goog-api-key")
 
 
 def route_pattern(request: web.Request) -> str | None:
@@ -62,7 +68,8 @@ def access_for(request: web.Request) -> Access:
 
 # Rollout-scoped routes that neither record a call nor read the rollout: under another project's id they answer as
 # under an unused one (which they do not claim either).
-UNRECORDED_SUFFIXES = ("/v1/models", "/v1/messages/count_tokens", *RELAYED)
+UNRECORDED_SUFFIXES = ("/v1/models", "/v1/messages/count_tokens", "/v1beta/models", *RELAYED,
+                       *(method for method in GEMINI_METHODS if method.endswith(":countTokens")))
 
 
 def reads_no_rollout(request: web.Request) -> bool:

@@ -38,8 +38,8 @@ from core.errors import RlproxyError
 from core.settings import AuthSettings
 from core.text import printable
 from proxy.context import CallContext, call_context
-from proxy.edge.access import (AUTH, KEY, OPERATOR, Access, access_for, is_openai_route, is_operator_key,
-                               reads_no_rollout)
+from proxy.edge.access import (AUTH, KEY, KEY_HEADERS, OPERATOR, Access, access_for, is_openai_route,
+                               is_operator_key, reads_no_rollout)
 from proxy.edge.buckets import RateLimiter
 from proxy.edge.token_scope import check_token_scope, presents_rollout_token
 from proxy.errors import Forbidden, NotFoundError, RateLimited, StoreUnavailable, Unauthorized
@@ -129,17 +129,21 @@ async def resolve_auth(settings: AuthSettings, host: str, sessions: async_sessio
 
 
 def presented_key(request: web.Request) -> str:
-    """The one key a request presents, as `Authorization: Bearer` or `x-api-key` (what Anthropic's clients send).
-    Several different ones (two Authorization headers, or a bearer key and another x-api-key) are refused: which
-    one a gateway in front checked and which one this proxy would read could differ."""
+    """The one key a request presents, as `Authorization: Bearer`, `x-api-key` (what Anthropic's clients send) or
+    `x-goog-api-key` (Google's). Several different ones (two Authorization headers, or a bearer key and another
+    x-api-key) are refused: which one a gateway in front checked and which one this proxy would read could
+    differ. A key in the URL (`?key=`, which Google's API also takes) is never read: URLs are what gateways and
+    shells write into their logs and history (the Gemini routes refuse it by name)."""
     tokens = set()
     for value in request.headers.getall("Authorization", ()):
         scheme, _, token = value.partition(" ")
         if scheme.lower() == "bearer" and token.strip():
             tokens.add(token.strip())
-    tokens.update(value.strip() for value in request.headers.getall("x-api-key", ()) if value.strip())
+    tokens.update(value.strip() for header in KEY_HEADERS for value in request.headers.getall(header, ())
+                  if value.strip())
     if not tokens:
-        raise Unauthorized("missing API key: send the header 'Authorization: Bearer <key>' (or 'x-api-key')")
+        raise Unauthorized("missing API key: send the header 'Authorization: Bearer <key>' (or 'x-api-key', "
+                           "'x-goog-api-key'; never in the URL)")
     if len(tokens) > 1:
         raise Unauthorized("several different API keys in one request: send one, as 'Authorization: Bearer <key>' "
                            "or 'x-api-key'", code="several_api_keys")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from proxy.context import one_header
-from proxy.edge.access import AUTH, KEY, is_openai_route, is_operator_key, route_pattern
+from proxy.edge.access import AUTH, KEY, KEY_HEADERS, is_openai_route, is_operator_key, route_pattern
 from proxy.errors import Forbidden, NotFoundError
 from store.keys import KeyInfo
 from store.reward_sources import RewardedBy
@@ -25,7 +25,7 @@ from store.rollout_tokens import is_rollout_token
 def presents_rollout_token(request: web.Request) -> bool:
     """Whether the request presents something shaped as a rollout's token (with auth off, only those are read)."""
     values = [value.partition(" ")[2].strip() for value in request.headers.getall("Authorization", ())]
-    values += [value.strip() for value in request.headers.getall("x-api-key", ())]
+    values += [value.strip() for header in KEY_HEADERS for value in request.headers.getall(header, ())]
     return any(is_rollout_token(value) for value in values)
 
 

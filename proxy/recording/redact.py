@@ -2,7 +2,8 @@
 keep their shape, roles, tool names and every token id (all that training needs), but message text, prompt
 strings, completion text, reasoning and tool-call arguments become MARKER, and logprobs entries (which spell
 out tokens) are dropped (the sampled logprobs stay in their own columns). Responses and Messages calls are
-scrubbed the same way (`input`/`instructions`/`output`, `system`/`messages`/`content`).
+scrubbed the same way (`input`/`instructions`/`output`, `system`/`messages`/`content`), and so are Gemini's
+(`systemInstruction`/`contents`/`candidates`).
 
 Tool-call arguments become "{}" when they were a JSON object and MARKER otherwise, so the automatic reward
 for malformed arguments still fires; whether a tool's result reported an error can no longer be seen.
@@ -22,8 +23,10 @@ _TEXT_FIELDS = ("content", "reasoning", "reasoning_content", "refusal")
 # The text-bearing fields of the Responses and Messages APIs (request, response; a Response echoes its
 # instructions); their items are scrubbed whole: every string but the structural ones below becomes MARKER.
 DIALECT_FIELDS = {"responses": (("input", "instructions"), ("output", "instructions")),
-                  "messages": (("system", "messages"), ("content",))}
-_STRUCTURAL = frozenset({"type", "role", "id", "call_id", "tool_call_id", "tool_use_id", "name", "status"})
+                  "messages": (("system", "messages"), ("content",)),
+                  "gemini": (("systemInstruction", "contents"), ("candidates",))}
+_STRUCTURAL = frozenset({"type", "role", "id", "call_id", "tool_call_id", "tool_use_id", "name", "status",
+                         "finishReason", "mimeType"})
 
 
 def redact_record(record: CallRecord) -> None:

@@ -4,11 +4,13 @@ is every one of them in the order they are matched. The passthrough (proxy/route
 from __future__ import annotations
 
 from proxy.api import Endpoint
-from proxy.routes import docs, events, messages, openai, ops, passthrough, policies, responses, rollouts, traces, ui
+from proxy.routes import (docs, events, gemini, messages, openai, ops, passthrough, policies, responses, rollouts,
+                          traces, ui)
 
 
 def all_endpoints() -> list[Endpoint]:
-    return [*openai.ENDPOINTS, *responses.ENDPOINTS, *messages.ENDPOINTS, *rollouts.ENDPOINTS, *events.ENDPOINTS,
+    return [*openai.ENDPOINTS, *responses.ENDPOINTS, *messages.ENDPOINTS, *gemini.ENDPOINTS, *rollouts.ENDPOINTS,
+            *events.ENDPOINTS,
             *traces.ENDPOINTS, *policies.ENDPOINTS, *ops.ENDPOINTS, *docs.ENDPOINTS,
             *ui.ENDPOINTS]
 

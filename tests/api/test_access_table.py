@@ -29,6 +29,8 @@ TOKENS = ("token", "grader_token")  # a rollout's own credentials: the fields of
 OWN, OTHER = "alpha", "beta"
 VERSIONS = {"alpha": 1, "beta": 2}  # each project's active policy version (tests/tenants.py)
 CHAT = [{"role": "user", "content": "What is 6*7?"}]
+GEMINI = {"contents": [{"role": "user", "parts": [{"text": "What is 6*7?"}]}],
+          "generationConfig": {"maxOutputTokens": 4}}
 UNKNOWN_PATHS = [("GET", "/no/such/route"), ("POST", "/v1/load_lora_adapter")]
 
 
@@ -128,6 +130,7 @@ def body_for(path: str, rollout_id: str) -> dict | None:
         "/rollouts": {},
         "/close": {},
         "/events": {"event_type": "note", "data": {"step": 1}},
+        **dict.fromkeys((":generateContent", ":streamGenerateContent", ":countTokens"), GEMINI),
     }.get(bare, {"model": BASE_MODEL, "prompt": "6*7=", "input": "6*7="})
 
 
@@ -146,14 +149,14 @@ def attempt(tenants, objects: dict[str, Objects], method: str, path: str, who: s
     response_id = objects[whose].response_id
     version = VERSIONS[whose]
     target = path.format(rollout_id=rollout_id, agent="solver", response_id=response_id, version=version,
-                         task_id=objects[whose].task_id, name="app.js")
+                         task_id=objects[whose].task_id, name="app.js", model=BASE_MODEL)
     if who in TOKENS:
         headers = {"Authorization": f"Bearer {credentials[who]}"}
     else:
         headers = dict(tenants.headers(who)) if who is not None else {}
     if not path.startswith("/rollouts/"):
         headers["X-Rollout-Id"] = rollout_id  # a bare call of the agent's rollout
-    query = {"policy": whose} if path.startswith("/policies") else {}
+    query = {"policy": whose} if path.startswith("/policies") else {"alt": "sse"} if "Generate" in path else {}
     body = body_for(path, rollout_id) if method == "POST" else None
     answer = requests.request(method, tenants.url + target, params=query, json=body, headers=headers, timeout=60)
     assert answer.status_code < 500, (method, target, answer.status_code, answer.text)
@@ -174,7 +177,7 @@ def attempt(tenants, objects: dict[str, Objects], method: str, path: str, who: s
         assert refused.get("rejectedSpans") in (None, "1"), refused
         return "hidden" if refused and "does not exist" in refused["errorMessage"] else "served"
     if answer.status_code == 404:
-        message = answer.json()["error"]["message"]  # both shapes (OpenAI's and Anthropic's) have it here
+        message = answer.json()["error"]["message"]  # every shape (OpenAI's, Anthropic's, Google's) has it here
         if message in (f"rollout {rollout_id!r} does not exist", f"Response with id '{response_id}' not found.",
                        f"task {objects[whose].task_id!r} has no rollouts",
                        f"policy {whose!r} does not exist or is not this project's"):
