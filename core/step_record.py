@@ -89,6 +89,14 @@ class StepRecord(StepMetrics):
     # (the gauge rlproxy_trainer_teacher_kl{policy} is set by trainer/distill.py, labelled by policy)
     teacher: dict[str, Any] | None = None
     teacher_kl: float | None = None
+    # calls trained per trained sequence: 1 when no call merged into the one before it (docs/training.md, the
+    # merge per model family); None when the step trained nothing. Set from the two counts when not given.
+    merge_ratio: float | None = field(default=None, metadata=_gauge(
+        "Last step: calls trained per trained sequence (the merge ratio; 1: no call merged with the one before)."))
+
+    def __post_init__(self) -> None:
+        if self.merge_ratio is None and self.transitions and self.calls_trained:
+            self.merge_ratio = round(self.calls_trained / self.transitions, 4)
 
     @classmethod
     def of(cls, metrics: StepMetrics, **more: Any) -> StepRecord:

@@ -48,3 +48,15 @@ def test_the_log_line_reads_the_record():
     assert line.startswith("step 3, policy 'solver': 8 rollouts, 6 transitions, reward 0.500, loss 0.2500")
     assert "lr x0.75 -> v4 in 2.5 s; 7/10 calls trained (zero_advantage 2, sampling_altered 1)" in line
     assert "dropped: zero_advantage 2; lag 0-1; IS weights clipped/masked 5.0%" in line
+
+
+def test_the_merge_ratio_is_calls_trained_per_trained_sequence_in_the_record_its_gauge_and_the_log_line():
+    record = a_record()  # 7 calls trained in 6 sequences
+    assert record.merge_ratio == 1.1667 and StepRecord.from_dict(record.as_dict()).merge_ratio == 1.1667
+    assert StepRecord.from_dict({"transitions": 2, "calls_trained": 8}).merge_ratio == 4.0  # stored before the field
+    assert StepRecord.from_dict({"loss": 0.5}).merge_ratio is None  # nothing trained: no ratio
+    metrics = TrainerMetrics()
+    observe_step(metrics, record, [], 1.0)
+    assert "rlproxy_trainer_merge_ratio 1.1667" in generate_latest(metrics.registry).decode()
+    assert "7/10 calls trained (zero_advantage 2, sampling_altered 1), merge ratio 1.17 calls a sequence;" in (
+        step_line(3, record, 4, 2.5, "lag 0-1"))

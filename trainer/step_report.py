@@ -30,8 +30,13 @@ def step_line(number: int, record: StepRecord, version: int, seconds: float, sta
     served = "" if agreement is None else f"; v{agreement.version} served as trained: KL {agreement.kl:.4f}"
     return (f"step {number}, policy {record.policy!r}: {record.rollouts} rollouts, {record.transitions} transitions, "
             f"reward {record.reward_mean:.3f}, loss {record.loss:.4f}, lr x{record.lr_scale:.2f} -> v{version} in "
-            f"{seconds:.1f} s; {describe_yield(vars(record))}; dropped: {reasons(record.skipped)}; {staleness}; IS weights "
-            f"clipped/masked {100 * record.is_filtered:.1f}%{served}")
+            f"{seconds:.1f} s; {describe_yield(vars(record))}{_merge(record)}; dropped: {reasons(record.skipped)}; "
+            f"{staleness}; IS weights clipped/masked {100 * record.is_filtered:.1f}%{served}")
+
+
+def _merge(record: StepRecord) -> str:
+    """`, merge ratio 3.50 calls a sequence` (calls trained per trained sequence) where the step trained calls."""
+    return "" if record.merge_ratio is None else f", merge ratio {record.merge_ratio:.2f} calls a sequence"
 
 
 def merged(skipped: dict[str, dict[str, int]]) -> dict[str, int]:
