@@ -47,6 +47,7 @@ bugs and from the libraries' own errors. The tree:
     ├── CalcError (demo/calculator.py)             the demo agent's calculator refuses an expression (ValueError)
     ├── MissingExtra (rlproxy/extras.py)           a command whose extra is not installed (a click exception)
     ├── VocabularyMissing (testkit/model_kit/vocab.py)  a family's vocabulary package is not installed (tests only)
+    ├── EncodingMismatch (testkit/model_kit/harmony.py)  o200k ranks that are not openai_harmony's file (tests only)
     ├── BadBody (testkit/stub_pooling.py)          the stand-in engine refuses a body (tests only; ValueError)
     └── EndStream (testkit/stub_faults.py)         the stand-in engine cuts a stream here (tests only)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from core.errors import RlproxyError
 
 NONE = "none"  # an override that turns a parser off
+HARMONY_ENCODINGS = "harmony"  # gpt-oss: the folder in the model folder holding openai_harmony's o200k file
 
 
 class UnknownFamily(RlproxyError, ValueError):
@@ -61,6 +62,7 @@ class ServingPlan:
     chat_template: Path | None
     stop_ids: tuple[int, ...]          # what the engine stops at: the tokenizer's eos and generation_config's
     missing_end_tokens: tuple[str, ...]  # the family's end tokens it would not stop at
+    env: tuple[tuple[str, str], ...] = ()  # environment the engine needs for the family (set where not set)
 
     def args(self) -> list[str]:
         """vLLM's flags for this plan."""
@@ -83,6 +85,16 @@ class ServingPlan:
             line += (f"; it would not stop at {', '.join(self.missing_end_tokens)}: add their ids to "
                      "generation_config.json's eos_token_id in the model folder")
         return line
+
+
+def family_env(family: Family, folder: Path) -> tuple[tuple[str, str], ...]:
+    """gpt-oss: vLLM renders its chats with openai_harmony, which downloads `o200k_base.tiktoken` at the first
+    chat unless TIKTOKEN_ENCODINGS_BASE names a folder holding it; a model folder with a `harmony/` folder holding
+    that file (testkit/model_kit writes one; an offline operator copies it there) is served from it."""
+    encodings = Path(folder) / HARMONY_ENCODINGS
+    if family.name == "gpt-oss" and (encodings / "o200k_base.tiktoken").is_file():
+        return (("TIKTOKEN_ENCODINGS_BASE", str(encodings)),)
+    return ()
 
 
 def _read_json(path: Path) -> dict:
@@ -160,4 +172,4 @@ def serving_plan(folder: Path, *, family: str | None = None, tool_call_parser: s
     missing = tuple(token for token in chosen.end_tokens if token in specials and specials[token] not in stops)
     return ServingPlan(chosen, source, _override(tool_call_parser, chosen.tool_call_parser),
                        _override(reasoning_parser, chosen.reasoning_parser), mode,
-                       chat_template, stops, missing)
+                       chat_template, stops, missing, family_env(chosen, Path(folder)))

@@ -163,8 +163,11 @@ class Engine:
             raise EngineError(f"cannot start the engine: {self.settings.host}:{self.settings.port} is in use")
         cmd = self.command()
         env = engine_env(self.settings, self._env)
+        plan = family_plan(self.settings, self.model_path)
+        for name, value in plan.env:  # what the family needs (gpt-oss: its harmony vocabulary), unless set
+            env.setdefault(name, value)
         log.info("starting engine: %s", " ".join(cmd))
-        log.info("%s", family_plan(self.settings, self.model_path).describe())
+        log.info("%s", plan.describe())
         guarded = [cmd[0], "-c", GUARD_SCRIPT, str(self.grace_period), *cmd]
         parent = os.getpid()
         try:

@@ -59,6 +59,63 @@ def test_mistral_ships_tekken_with_its_control_tokens(family_model):
     assert json.loads((family_model("mistral") / "config.json").read_text())["vocab_size"] == tekken.n_words
 
 
+def test_gpt_oss_has_the_o200k_harmony_ids_and_the_file_harmony_reads_offline(family_model, monkeypatch):
+    folder = family_model("gpt-oss")
+    oss = tokenizer(folder)
+    assert oss("Hello world, what is 17*23?")["input_ids"] == [13225, 2375, 11, 1412, 382, 220, 1422, 9, 1860, 30]
+    assert oss.convert_tokens_to_ids(["<|startoftext|>", "<|endoftext|>", "<|return|>", "<|constrain|>",
+                                      "<|channel|>", "<|start|>", "<|end|>", "<|message|>", "<|call|>"]) == [
+        199998, 199999, 200002, 200003, 200005, 200006, 200007, 200008, 200012]
+    config = json.loads((folder / "config.json").read_text())
+    assert (config["model_type"], config["vocab_size"], config["num_local_experts"]) == ("gpt_oss", 201088, 4)
+    harmony = pytest.importorskip("openai_harmony")
+    plan = serving_plan(folder)  # the engine is started with the folder openai_harmony reads o200k from
+    assert dict(plan.env) == {"TIKTOKEN_ENCODINGS_BASE": str(folder / "harmony")}
+    monkeypatch.setenv("TIKTOKEN_ENCODINGS_BASE", str(folder / "harmony"))
+    encoding = harmony.load_harmony_encoding(harmony.HarmonyEncodingName.HARMONY_GPT_OSS)  # no download
+    assert sorted(encoding.stop_tokens_for_assistant_actions()) == [200002, 200012]  # <|return|>, <|call|>
+
+
+def test_the_harmony_file_is_refused_unless_it_is_o200k_byte_for_byte(tmp_path):
+    from testkit.model_kit.harmony import EncodingMismatch, write_encoding
+
+    with pytest.raises(EncodingMismatch, match="not o200k_base's"):
+        write_encoding(tmp_path, {b"a": 0, b"b": 1})
+    assert not (tmp_path / "o200k_base.tiktoken").exists()
+
+
+def test_gpt_oss_template_writes_what_harmony_writes_for_vllms_chat_route(family_model, monkeypatch):
+    """vLLM's chat route renders gpt-oss chats with openai_harmony; its /tokenize renders them with the folder's
+    template (the proxy's Messages token count reads it): the two agree on the kit's folder."""
+    folder = family_model("gpt-oss")
+    monkeypatch.setenv("TIKTOKEN_ENCODINGS_BASE", str(folder / "harmony"))
+    monkeypatch.setenv("VLLM_SYSTEM_START_DATE", "2026-12-02")
+    harmony = pytest.importorskip("vllm.entrypoints.openai.parser.harmony_utils")
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionToolsParam
+
+    grep = {"type": "function", "function": {"name": "grep", "description": "Search.", "parameters": {
+        "type": "object", "properties": {"pattern": {"type": "string", "description": "What to find."},
+                                         "limit": {"type": "integer"}, "all": {"type": "boolean"}},
+        "required": ["pattern"]}}}
+    call = {**CALL, "function": {"name": "calc", "arguments": '{"expr": "17*23"}'}}
+    chats = [(None, ROLLOUT[1:2]), (None, ROLLOUT[:2]),
+             (TOOLS, ROLLOUT[:2] + [{"role": "assistant", "content": None, "tool_calls": [call]}, ROLLOUT[3]]),
+             (TOOLS + [grep], ROLLOUT[:2] + [{"role": "assistant", "content": "Let me see.", "reasoning": "Use it.",
+                                              "tool_calls": [call]}, ROLLOUT[3]]),
+             (None, [ROLLOUT[1], {"role": "assistant", "content": "391", "reasoning": "Dropped: a final follows."},
+                     {"role": "user", "content": "And 2+2?"}, {"role": "assistant", "content": "4", "reasoning": "x"},
+                     {"role": "user", "content": "Sure?"}])]
+    oss = tokenizer(folder)
+    for tools, chat in chats:
+        instructions, rest = harmony.extract_instructions_from_messages(list(chat))
+        messages = harmony.build_harmony_preamble(
+            instructions=instructions, with_custom_tools=bool(tools),
+            tools=[ChatCompletionToolsParam(**tool) for tool in tools] if tools else None)
+        wanted = harmony.render_for_completion(messages + harmony.parse_chat_inputs_to_harmony_messages(rest))
+        ids = oss.apply_chat_template(chat, tools=tools, add_generation_prompt=True, conversation_date="2026-12-02")
+        assert (ids["input_ids"] if hasattr(ids, "keys") else ids) == wanted, oss.decode(wanted)
+
+
 def test_qwen3_keeps_thinking_for_the_last_turn_and_strips_it_before(family_model):
     qwen = tokenizer(family_model("qwen3"))
     now = qwen.apply_chat_template(ROLLOUT, tools=TOOLS, tokenize=False, add_generation_prompt=True)
@@ -94,6 +151,7 @@ def test_llama3_dates_its_system_turn_and_writes_calls_as_json(family_model):
     ("qwen3", ["--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "qwen3"]),
     ("llama3", ["--enable-auto-tool-choice", "--tool-call-parser", "llama3_json"]),
     ("mistral", ["--enable-auto-tool-choice", "--tool-call-parser", "mistral", "--tokenizer-mode", "mistral"]),
+    ("gpt-oss", ["--enable-auto-tool-choice", "--tool-call-parser", "openai", "--reasoning-parser", "openai_gptoss"]),
 ])
 def test_the_engine_serves_each_family_with_its_parsers(family_model, family, parsers):
     plan = serving_plan(family_model(family))

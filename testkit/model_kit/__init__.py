@@ -1,13 +1,14 @@
 """Tiny randomly initialised models of other families with their real vocabularies, for tests and benches:
 
     from testkit.model_kit import build_model
-    folder = build_model("qwen3")          # or "llama3", "mistral"; cached by family, seed and kit version
+    folder = build_model("qwen3")          # or "llama3", "mistral", "gpt-oss"; cached by family, seed, kit version
     # a Hugging Face folder vLLM serves: config.json, model.safetensors (seeded random weights), the family's
     # tokenizer with its real ids, its chat template (testkit/model_kit/templates.py), generation_config.json
-    # with the ids generation stops at
+    # with the ids generation stops at; gpt-oss's also holds harmony/o200k_base.tiktoken (testkit/model_kit/harmony.py)
 
 The vocabularies come from registry packages (testkit/model_kit/vocab.py), the architecture from transformers'
-config classes at tiny sizes (2 layers, hidden 128, head_dim 64: vLLM on CPU starts one in under a minute),
+config classes at tiny sizes (2 layers, hidden 128, head_dim 64, gpt-oss with 4 experts: vLLM on CPU starts one
+in one to three minutes),
 the chat templates are this project's (testkit/model_kit/families.py says what each family does). Weights are
 random: log-probs are near uniform, which every exactness, parser, merge and training-step check tolerates;
 only learning needs real weights.
@@ -22,7 +23,10 @@ import tempfile
 from pathlib import Path
 
 from testkit.model_kit.families import FAMILIES, TINY, VOCABULARIES, Family, tekken_file
+from testkit.model_kit.harmony import write_encoding
 from testkit.model_kit.vocab import fast_tokenizer
+
+HARMONY_FOLDER = "harmony"  # gpt-oss: o200k_base.tiktoken for openai_harmony (engine/families.py family_env)
 
 KIT_VERSION = 1
 CACHE_ENV = "RLPROXY_MODEL_KIT_CACHE"
@@ -94,7 +98,10 @@ def _write_tokenizer(family: Family, out: Path) -> dict[str, int]:
         return {token: tekken.get_special_token(token) for token in named}
     from transformers import PreTrainedTokenizerFast
 
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=fast_tokenizer(VOCABULARIES[family.vocabulary]()),
+    vocabulary = VOCABULARIES[family.vocabulary]()
+    if family.vocabulary == "o200k_harmony":  # what vLLM's harmony renderer reads (TIKTOKEN_ENCODINGS_BASE)
+        write_encoding(out / HARMONY_FOLDER, vocabulary.ranks)
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=fast_tokenizer(vocabulary),
                                         bos_token=family.bos, eos_token=family.eos, pad_token=family.pad,
                                         add_bos_token=False, clean_up_tokenization_spaces=False,
                                         model_max_length=TINY["max_position_embeddings"])

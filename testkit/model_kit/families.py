@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from testkit.model_kit.templates import LLAMA3, QWEN3
+from testkit.model_kit.templates import GPT_OSS, LLAMA3, QWEN3
 from testkit.model_kit.vocab import Vocabulary, package_dir, quicktok_data, read_ranks, read_specials
 
 # Qwen's pre-tokenizer: Llama 3's with digits one at a time (\p{N} where Llama 3 has \p{N}{1,3}).
@@ -75,4 +75,9 @@ FAMILIES: dict[str, Family] = {
                      pad="<|finetune_right_pad_id|>", config=dict(tie_word_embeddings=True, rope_theta=500_000.0)),
     "mistral": Family("mistral", "MistralConfig", 131072, "tekken", None, bos="<s>", eos="</s>", stop=("</s>",),
                       config=dict(tie_word_embeddings=False, rope_theta=1_000_000.0, sliding_window=None)),
+    # gpt-oss: a mixture of 4 experts (2 a token), sliding and full attention layers in turn, attention sinks
+    "gpt-oss": Family("gpt-oss", "GptOssConfig", 201088, "o200k_harmony", GPT_OSS, bos="<|startoftext|>",
+                      eos="<|return|>", stop=("<|return|>", "<|endoftext|>", "<|call|>"), pad="<|endoftext|>",
+                      config=dict(tie_word_embeddings=False, num_local_experts=4, num_experts_per_tok=2,
+                                  sliding_window=128, layer_types=["sliding_attention", "full_attention"])),
 }

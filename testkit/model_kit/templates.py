@@ -17,6 +17,16 @@ Llama 3.x (header tokens, JSON tool calls):
   (`date_string`, else `strftime_now`, so the prompt changes with the calendar);
 * tools described in the first user turn; a call is a bare JSON object with `name` and `parameters`, results
   come back in `ipython` turns; every turn ends with `<|eot_id|>`.
+
+gpt-oss (harmony): vLLM renders gpt-oss chats with openai_harmony, never with the template, but its `/tokenize`
+(and so the proxy's Messages token count) renders them with the template; this one writes what harmony writes for
+the chats vLLM's chat route builds (vllm/entrypoints/openai/parser/harmony_utils.py), so the two agree:
+* a system turn naming the model, the knowledge cut-off, today's date (`conversation_date`, else
+  `strftime_now`), the reasoning effort (medium unless `reasoning_effort`) and the channels; the chat's system and
+  developer messages become a developer turn's `# Instructions`, the tools a TypeScript-like `namespace functions`;
+* an answer is `<|channel|>final`, reasoning `<|channel|>analysis`, kept only after the last final answer; a call
+  is `<|start|>assistant to=functions.NAME<|channel|>commentary json<|message|>` + its arguments + `<|call|>`, its
+  result a `functions.NAME` turn to the assistant; the generation prompt is `<|start|>assistant`.
 """
 from __future__ import annotations
 
@@ -123,4 +133,84 @@ Answer with a function call when one of these functions fits: a JSON object {"na
 <|start_header_id|>assistant<|end_header_id|>
 
 {% endif -%}
+""".strip("\n")
+
+GPT_OSS = r"""
+{%- set ns = namespace(last_final=-1, name='', instructions='') -%}
+{%- for message in messages -%}
+  {%- if message.role == 'assistant' and message.content and not message.tool_calls -%}
+    {%- set ns.last_final = loop.index0 -%}
+  {%- endif -%}
+{%- endfor -%}
+{%- if conversation_date is not defined -%}
+  {%- set conversation_date = strftime_now('%Y-%m-%d') if strftime_now is defined else '2025-08-05' -%}
+{%- endif -%}
+<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.
+Knowledge cutoff: 2024-06
+Current date: {{ conversation_date }}
+
+Reasoning: {{ reasoning_effort or 'medium' }}
+
+# Valid channels: analysis, commentary, final. Channel must be included for every message.
+{{- "\nCalls to these tools must go to the commentary channel: 'functions'." if tools else '' -}}
+<|end|>
+{%- for message in messages if message.role in ('system', 'developer') -%}
+  {%- set ns.instructions = ns.instructions + ('\n\n' if ns.instructions else '') + message.content -%}
+{%- endfor -%}
+{%- if ns.instructions or tools -%}
+<|start|>developer<|message|>
+  {%- if ns.instructions %}{{ '# Instructions\n\n' + ns.instructions + ('\n\n' if tools else '') }}{% endif -%}
+  {%- if tools -%}
+# Tools
+
+## functions
+
+namespace functions {
+
+{% for tool in tools -%}
+{%- set function = tool.function if tool.function is defined else tool -%}
+{%- if function.description %}// {{ function.description }}
+{% endif -%}
+type {{ function.name }} = (_: {
+{% for name, spec in (function.parameters.properties or {}).items() -%}
+{%- if spec.description %}// {{ spec.description }}
+{% endif -%}
+{{ name }}{% if name not in (function.parameters.required or []) %}?{% endif %}: {% if spec.type in ('integer', 'number') %}number{% elif spec.type == 'array' %}any[]{% elif spec.type in ('string', 'boolean') %}{{ spec.type }}{% else %}any{% endif %},
+{% endfor -%}
+}) => any;
+
+{% endfor -%}
+} // namespace functions
+  {%- endif -%}
+<|end|>
+{%- endif -%}
+{%- for message in messages -%}
+  {%- if message.role == 'user' -%}
+<|start|>user<|message|>{{ message.content }}<|end|>
+  {%- elif message.role == 'assistant' -%}
+    {%- set reasoning = message.reasoning or message.reasoning_content or '' -%}
+    {%- if message.tool_calls -%}
+      {%- if message.content %}<|start|>assistant<|channel|>commentary<|message|>{{ message.content }}<|end|>{% endif -%}
+      {%- if reasoning and loop.index0 > ns.last_final %}<|start|>assistant<|channel|>analysis<|message|>{{ reasoning }}<|end|>{% endif -%}
+      {%- for call in message.tool_calls -%}
+        {%- set function = call.function if call.function is defined else call -%}
+<|start|>assistant to=functions.{{ function.name }}<|channel|>commentary json<|message|>
+        {%- if function.arguments is string %}{{ function.arguments }}{% else %}{{ function.arguments | tojson }}{% endif -%}
+<|call|>
+      {%- endfor -%}
+    {%- else -%}
+      {%- if reasoning and loop.index0 > ns.last_final %}<|start|>assistant<|channel|>analysis<|message|>{{ reasoning }}<|end|>{% endif -%}
+      {%- if message.content %}<|start|>assistant<|channel|>final<|message|>{{ message.content }}<|end|>{% endif -%}
+    {%- endif -%}
+  {%- elif message.role == 'tool' -%}
+    {%- set ns.name = '' -%}
+    {%- for earlier in messages if earlier.role == 'assistant' and earlier.tool_calls -%}
+      {%- for call in earlier.tool_calls if call.id == message.tool_call_id -%}
+        {%- set ns.name = call.function.name if call.function is defined else call.name -%}
+      {%- endfor -%}
+    {%- endfor -%}
+<|start|>functions.{{ ns.name }}<|channel|>commentary to=assistant<|message|>{{ message.content }}<|end|>
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt %}<|start|>assistant{% endif -%}
 """.strip("\n")
