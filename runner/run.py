@@ -110,6 +110,8 @@ def prepare(settings: RunSettings) -> Plan:
         agent = HarnessAgent(HARNESSES[target], settings.prompt_field, settings.verify, settings.workdir, settings.repo_field,
                              settings.harness_args, settings.pass_env, user)
         needed.update(agent.needed_fields())
+        if agent.shared_folders:  # written by every attempt of the harness: confined agents may (runner/confine.py)
+            settings = settings.model_copy(update={"agent_write": (*settings.agent_write, *agent.shared_folders)})
     else:
         agent = make_agent(kind, target, {"AGL_OPENAI_BASE_URL": f"{proxy}/v1",
                                           "AGL_KEY": NO_KEY,  # no rollout yet: each gets its own token

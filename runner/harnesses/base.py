@@ -60,6 +60,14 @@ class Harness:
         configuration files it needs into `attempt.home` or `attempt.work`."""
         raise NotImplementedError
 
+    def check(self, program: str) -> None:
+        """Refuses (RunInputError) before the run what its pin cannot tell: a runtime it needs beside it."""
+
+    def shared_folders(self, uid: int) -> tuple[Path, ...]:
+        """Folders it writes outside its attempt's own, shared by its attempts (a lock folder fixed in its code),
+        made for `uid`, whom its attempts run as: where the run confines its agents, they may (as --agent-write)."""
+        return ()
+
     def prompt_file_text(self, prompt: str) -> str:
         """What the prompt file holds (Harness.prompt == FILE): the prompt, or a configuration file holding it."""
         return prompt
@@ -94,6 +102,8 @@ class HarnessAgent:
         if workdir is not None and not workdir.is_dir():
             raise RunInputError(f"--workdir {workdir}: not a folder")
         self.harness, self.program = harness, find_program(harness.name, harness.pin)
+        harness.check(self.program)
+        self.shared_folders = harness.shared_folders(user.uid if user is not None else os.getuid())
         self.prompt_field, self.verify, self.workdir, self.repo_field = prompt_field, verify, workdir, repo_field
         self.extra_args, self.pass_env, self.user = tuple(extra_args), pass_env, user
 
