@@ -70,15 +70,36 @@ took "python harnesses (pip, a virtualenv each)"
 NODE_PACKAGES=(ai@6.0.325 @ai-sdk/openai@3.0.141 zod@4.1.12 @anthropic-ai/claude-code@2.1.330 @openai/codex@0.169.0
                @qwen-code/qwen-code@0.24.4)
 NODE_DIR="$(cd "$VENV" && pwd)/node"
+# whether the npm prefix $1 holds each of the packages "$@" (name@version) at exactly that version
+pinned() { node -e 'const [dir, ...specs] = process.argv.slice(1); for (const spec of specs) {
+    const at = spec.lastIndexOf("@"), name = spec.slice(0, at);
+    try { if (require(`${dir}/node_modules/${name}/package.json`).version !== spec.slice(at + 1)) process.exit(1); }
+    catch { process.exit(1); } }' "$@"; }
 if command -v npm >/dev/null 2>&1 && command -v node >/dev/null 2>&1; then
-  if ! node -e 'const [dir, ...specs] = process.argv.slice(1); for (const spec of specs) {
-      const at = spec.lastIndexOf("@"), name = spec.slice(0, at);
-      try { if (require(`${dir}/${name}/package.json`).version !== spec.slice(at + 1)) process.exit(1); }
-      catch { process.exit(1); } }' "$NODE_DIR/node_modules" "${NODE_PACKAGES[@]}"; then
+  if ! pinned "$NODE_DIR" "${NODE_PACKAGES[@]}"; then
     npm install --prefix "$NODE_DIR" --save-exact --no-audit --no-fund --loglevel=error "${NODE_PACKAGES[@]}" \
       || echo "warning: npm install failed; tests/test_node_clients.py will fail until it succeeds" >&2
   fi
   took "node clients (npm)"
+  # The Node harnesses with needs of their own (runner/harnesses/opencode.py, openclaw.py), pinned. OpenCode beside
+  # the clients (its package brings its own binary). OpenClaw needs Node >= 24.16, and on an older node `npm install
+  # openclaw` installs nothing and says nothing: npm's node-linux-* package brings one into $VENV/openclaw, whose npm
+  # run installs OpenClaw there; the harness runs it with that node, never the system's.
+  OPENCODE=opencode-ai@1.18.33
+  if ! pinned "$NODE_DIR" "$OPENCODE"; then
+    npm install --prefix "$NODE_DIR" --save-exact --no-audit --no-fund --loglevel=error "$OPENCODE" \
+      || echo "warning: npm install $OPENCODE failed; --harness opencode is refused until it succeeds" >&2
+  fi
+  took "opencode (npm)"
+  OPENCLAW_DIR="$(cd "$VENV" && pwd)/openclaw"
+  OPENCLAW_NODE="node-linux-$(uname -m | sed 's/x86_64/x64/; s/aarch64/arm64/')@24.22.3"
+  if ! pinned "$OPENCLAW_DIR" "$OPENCLAW_NODE" openclaw@2026.9.6; then
+    (npm install --prefix "$OPENCLAW_DIR" --save-exact --no-audit --no-fund --loglevel=error "$OPENCLAW_NODE" \
+      && PATH="$OPENCLAW_DIR/node_modules/.bin:$PATH" npm install --prefix "$OPENCLAW_DIR" --save-exact --no-audit \
+           --no-fund --loglevel=error openclaw@2026.9.6) \
+      || echo "warning: could not install openclaw with $OPENCLAW_NODE; --harness openclaw is refused until it is" >&2
+  fi
+  took "openclaw and its node (npm)"
 fi
 PYTHON="$PYTHON" VENV="$VENV" bash scripts/install-examples.sh  # frameworks that need venvs of their own
 took "example frameworks' own virtualenvs (pip)"
