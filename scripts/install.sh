@@ -65,10 +65,10 @@ for entry in "${PYTHON_HARNESSES[@]}"; do
 done
 took "python harnesses (pip, a virtualenv each)"
 # The real Node clients tests/test_node_clients.py drives (Vercel AI SDK, Claude Code, Codex CLI) and the Node
-# harnesses `rlproxy run --harness` drives (Claude Code, Codex, Qwen Code), pinned, into $VENV/node; only where npm
-# exists (the tests skip without node), and only when not already there at these versions.
+# harnesses `rlproxy run --harness` drives (Claude Code, Codex, Qwen Code, Gemini CLI), pinned, into $VENV/node;
+# only where npm exists (the tests skip without node), and only when not already there at these versions.
 NODE_PACKAGES=(ai@6.0.325 @ai-sdk/openai@3.0.141 zod@4.1.12 @anthropic-ai/claude-code@2.1.330 @openai/codex@0.169.0
-               @qwen-code/qwen-code@0.24.4)
+               @qwen-code/qwen-code@0.24.4 @google/gemini-cli@0.61.0)
 NODE_DIR="$(cd "$VENV" && pwd)/node"
 # whether the npm prefix $1 holds each of the packages "$@" (name@version) at exactly that version
 pinned() { node -e 'const [dir, ...specs] = process.argv.slice(1); for (const spec of specs) {

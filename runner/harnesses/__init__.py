@@ -8,6 +8,7 @@ from runner.harnesses.aider import Aider
 from runner.harnesses.base import Harness, HarnessAgent
 from runner.harnesses.claude_code import ClaudeCode
 from runner.harnesses.codex import Codex
+from runner.harnesses.gemini_cli import GeminiCli
 from runner.harnesses.mini_swe_agent import MiniSweAgent
 from runner.harnesses.openclaw import OpenClaw
 from runner.harnesses.opencode import OpenCode
@@ -21,6 +22,7 @@ HARNESSES: dict[str, Harness] = {harness.name: harness for harness in (
     OpenCode(),
     OpenClaw(),
     QwenCode(),
+    GeminiCli(),
 )}
 
 __all__ = ["HARNESSES", "Harness", "HarnessAgent"]
