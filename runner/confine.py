@@ -135,7 +135,9 @@ def ruleset_for(argv: list[str] | str, env: dict[str, str], cwd: str | None) -> 
         return None, env
     own = own_folders(env, cwd)
     if own and not any(_within(os.path.realpath(env.get("TMPDIR", "/tmp")), folder) for folder in own):
-        home = next((f for f in own if f == os.path.realpath(env.get("HOME", ""))), own[0])
+        # its HOME, else its attempt folder (a verifier's: never inside the working folder it checks)
+        tops = [top for folder in own if (top := attempt_folder(folder)) in own]
+        home = next((f for f in own if f == os.path.realpath(env.get("HOME", ""))), tops[0] if tops else own[0])
         tmp = os.path.join(home, ".tmp")
         os.makedirs(tmp, mode=0o700, exist_ok=True)
         env = {**env, "TMPDIR": tmp}

@@ -18,7 +18,7 @@ import requests
 
 from runner.confine_landlock import abi
 from testkit.processes import rlproxy_command
-from tests.support import PYTHON, ROOT
+from tests.support import PYTHON, ROOT, free_port, running, running_proxy
 
 VERSION, WHY = abi()
 pytestmark = pytest.mark.skipif(VERSION == 0, reason=f"agents cannot be confined here: {WHY}")
@@ -30,21 +30,21 @@ def runner_files(folder: Path) -> dict[str, Path]:
     folder.mkdir(mode=0o700)
     files = {"tasks": folder / "tasks.jsonl", "eval_tasks": folder / "eval.jsonl", "key_file": folder / "key",
              "journal": folder / "run.jsonl"}
-    files["tasks"].write_text("".join(json.dumps({"id": f"t{n}", "answer": f"train-answer-{n}"}) + "\n"
+    files["tasks"].write_text("".join(json.dumps({"id": f"t{n}", "answer": f"train-answer-{n}", "prompt": "Go."}) + "\n"
                                       for n in range(2)))
-    files["eval_tasks"].write_text(json.dumps({"id": "e0", "answer": "eval-answer-0"}) + "\n")
+    files["eval_tasks"].write_text(json.dumps({"id": "e0", "answer": "eval-answer-0", "prompt": "Go."}) + "\n")
     files["key_file"].write_text(RUNNER_KEY + "\n")
     return files
 
 
-def run(proxy_url: str, tmp_path: Path, *agent: str, concurrency: int = 3) -> tuple[subprocess.CompletedProcess,
-                                                                                   dict[str, Path], Path]:
+def run(proxy_url: str, tmp_path: Path, *agent: str, concurrency: int = 3,
+        path: str = os.environ["PATH"]) -> tuple[subprocess.CompletedProcess, dict[str, Path], Path]:
     files = runner_files(tmp_path / "runner")
     shared, out = tmp_path / "shared", tmp_path / "out"
     shared.mkdir()
     out.mkdir()
     targets = {name: str(path) for name, path in files.items()}
-    env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"), "RLPROXY_API_KEY_FILE":
+    env = {"PATH": path, "HOME": os.environ.get("HOME", "/root"), "RLPROXY_API_KEY_FILE":
            str(files["key_file"]), "REACH_TARGETS": json.dumps(targets), "REACH_SHARED": str(shared),
            "REACH_OUT": str(out), "RLPROXY_CONFINE_AGENTS": "1", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
@@ -65,13 +65,16 @@ def assert_kept_out(found: dict, files: dict[str, Path]) -> None:
     assert {name: said.split(":")[0] for name, said in found["files"].items()} == {
         "tasks": "refused", "eval_tasks": "refused", "key_file": "refused", "journal": "refused"}, found["files"]
     assert found["own_task"].startswith("read: "), found["own_task"]  # its own task, and only that
-    assert found["other_tasks"] and all(said.startswith("refused") for said in found["other_tasks"].values()), \
+    assert found["other_tasks"] is not None and all(said.startswith("refused") for said in found["other_tasks"].values()), \
         found["other_tasks"]
     # the runner (and its parent, pytest) among the ancestors: blank or refused, never the runner's key
     assert len(found["environ"]) >= 2 and RUNNER_KEY not in json.dumps(found["environ"]), found["environ"]
     assert found["environ"][str(found["runner"])] in ("read: ", "refused: Permission denied")
-    assert found["links"] == {"symlink": "refused: Permission denied",
-                              "hardlink": "refused: Invalid cross-device link"}, found["links"]
+    # made in its HOME (a verifier's is the runner's, where it cannot even make one), read: never the journal
+    assert found["links"]["symlink"] == "refused: Permission denied", found["links"]
+    assert found["links"]["hardlink"] in ("refused: Invalid cross-device link", "refused: Permission denied")
+    assert found["forge"].startswith("refused") and found["unlink"].startswith("refused"), found
+    assert all(said.startswith("refused") for said in found["runner_proc"].values()), found["runner_proc"]
     held = set(found["fds"].values())
     assert not held & {str(path) for path in files.values()}, found["fds"]  # no descriptor of the runner's files
     if VERSION >= 6:  # signals scoped to the agent's own domain
@@ -132,3 +135,31 @@ def test_require_confinement_refuses_a_function_agent_and_the_journal_says_why(p
     first = journal(files["journal"])[0]
     assert first == {**first, "event": "confinement", "confined": False,
                      "why": "an --agent function runs inside the runner"}
+
+
+@pytest.fixture(scope="module")
+def probing_harness(database_url, run_dir):
+    """The scripted stand-in (tests/harness_engine.py) whose tool call runs the probe in the harness's shell."""
+    port = free_port()
+    args = [PYTHON, str(ROOT / "tests" / "harness_engine.py"), "--port", str(port), "--log",
+            str(run_dir / "confined-harness-requests.jsonl"), "--shell-command",
+            f"{PYTHON} {ROOT}/tests/scripts/reach.py harness > rlproxy-marker.txt"]
+    with running(args, f"http://127.0.0.1:{port}/health", log_path=run_dir / "confined-harness-engine.log"):
+        with running_proxy([f"http://127.0.0.1:{port}"], database_url, run_dir, "confined-harness-proxy") as url:
+            yield url
+
+
+@pytest.mark.skipif(not (Path(sys.prefix) / "node" / "node_modules" / ".bin" / "claude").exists(),
+                    reason="Claude Code is not installed (make install)")
+def test_a_harness_shell_tool_and_its_verifier_are_kept_out_alike(probing_harness, tmp_path):
+    bin_folder = Path(sys.prefix) / "node" / "node_modules" / ".bin"
+    done, files, out = run(probing_harness, tmp_path, "--harness", "claude-code", "--verify",
+                           f"test \"$(cat rlproxy-marker.txt)\" = rlproxy-ok && {PYTHON} {ROOT}/tests/scripts/reach.py",
+                           path=f"{bin_folder}{os.pathsep}{os.environ['PATH']}")
+    assert done.returncode == 0, done.stderr
+    ends = [line for line in journal(files["journal"]) if line["event"] == "finished"]
+    assert len(ends) == 3 and all(line["status"] == "rewarded" and line["reward"] == 1.0 for line in ends), ends
+    reports = [json.loads(path.read_text()) for path in out.iterdir()]
+    assert len(reports) == 6  # the harness's shell tool and the verifier, in each attempt
+    for found in reports:
+        assert_kept_out(found, files)

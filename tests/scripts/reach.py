@@ -1,8 +1,9 @@
 """An agent that tries to reach what `rlproxy run` keeps to itself, as an agent whose shell runs what a model wrote
 could: the files named in $REACH_TARGETS (JSON: name -> path: the journal, the task files, a key file), another
 attempt's task file (attempts meet through the shared folder $REACH_SHARED, as agents of one machine always can),
-/proc/<pid>/environ of each of its ancestors (the runner's key is in the runner's), the descriptors it inherited,
-a symbolic and a hard link to the journal made in its own HOME, a signal to the runner; it leaves a `setsid` sleeper
+/proc/<pid>/environ of each of its ancestors (the runner's key is in the runner's), the runner's mem, working folder
+and descriptors through /proc, the descriptors it inherited, a symbolic and a hard link to the journal made in its
+own HOME, a forged journal line, removing the task file, a signal to the runner; it leaves a `setsid` sleeper
 behind. It writes what it found to $REACH_OUT/<rollout id>.json, asks the model once (the call is recorded) and
 prints 1. `Reach` is the same as an Agent Lightning agent class."""
 from __future__ import annotations
@@ -21,6 +22,15 @@ def read(path: str) -> str:
     try:
         with open(path, "rb") as file:
             return "read: " + file.read(200).decode(errors="replace")
+    except OSError as exc:
+        return f"refused: {exc.strerror}"
+
+
+def write(path: str) -> str:
+    try:
+        with open(path, "ab") as file:
+            file.write(b'{"event": "finished", "forged": true}\n')
+        return "written"
     except OSError as exc:
         return f"refused: {exc.strerror}"
 
@@ -72,12 +82,14 @@ def others_task(shared: Path, own: str) -> dict[str, str]:
     return {}
 
 
-def probe(model_url: str, key: str, rollout: str) -> dict:
+def probe(model_url: str | None, key: str, rollout: str) -> dict:
+    """`model_url` None: a harness's shell tool (the harness makes the calls; its task is not written yet)."""
     targets = json.loads(os.environ["REACH_TARGETS"])
     shared, out = Path(os.environ["REACH_SHARED"]), Path(os.environ["REACH_OUT"])
     found: dict = {"files": {name: read(path) for name, path in targets.items()}}
-    found["own_task"] = read(os.environ["RLPROXY_TASK_FILE"])
-    found["other_tasks"] = others_task(shared, os.environ["RLPROXY_TASK_FILE"])
+    own = os.environ.get("RLPROXY_TASK_FILE") or str(Path.cwd() / "no-task-yet")
+    found["own_task"] = read(own) if model_url else "read: (a harness's)"
+    found["other_tasks"] = others_task(shared, own) if model_url else {}
     found["environ"] = {str(pid): environ_of(pid) for pid in ancestors()}
     fds = {}
     for fd in os.listdir("/proc/self/fd"):
@@ -93,6 +105,20 @@ def probe(model_url: str, key: str, rollout: str) -> dict:
         found["listing"] = f"refused: {exc.strerror}"
     runner = next(pid for pid in ancestors() if b"rlproxy.cli" in Path(f"/proc/{pid}/cmdline").read_bytes())
     found["runner"] = runner
+    # its memory, the journal through its root, each descriptor it holds open (the journal's among them)
+    found["runner_proc"] = {"mem": read(f"/proc/{runner}/mem"),
+                            "root": read(f"/proc/{runner}/root{targets['journal']}")}
+    try:
+        for fd in os.listdir(f"/proc/{runner}/fd"):
+            found["runner_proc"][f"fd {fd}"] = read(f"/proc/{runner}/fd/{fd}")
+    except OSError as exc:
+        found["runner_proc"]["fd"] = f"refused: {exc.strerror}"
+    found["forge"] = write(targets["journal"])  # a forged journal line
+    try:
+        os.unlink(targets["tasks"])
+        found["unlink"] = "removed"
+    except OSError as exc:
+        found["unlink"] = f"refused: {exc.strerror}"
     try:
         os.kill(runner, 0)
         found["signal"] = "sent"
@@ -101,9 +127,10 @@ def probe(model_url: str, key: str, rollout: str) -> dict:
     sleeper = subprocess.Popen(["setsid", "sleep", "300"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
     found["sleeper"] = sleeper.pid
-    reply = OpenAI(base_url=model_url, api_key=key, max_retries=0).chat.completions.create(
-        model="auto", max_tokens=4, messages=[{"role": "user", "content": "What is 3+4?"}])
-    found["answered"] = bool(reply.choices)
+    if model_url:
+        reply = OpenAI(base_url=model_url, api_key=key, max_retries=0).chat.completions.create(
+            model="auto", max_tokens=4, messages=[{"role": "user", "content": "What is 3+4?"}])
+        found["answered"] = bool(reply.choices)
     (out / f"{rollout}.json").write_text(json.dumps(found))
     return found
 
@@ -114,7 +141,12 @@ class Reach:
         probe(os.environ["AGL_OPENAI_BASE_URL"], os.environ["AGL_KEY"], rollout)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__" and sys.argv[1:] == ["harness"]:  # the harness's shell tool: its rollout from its URL
+    base = os.environ.get("ANTHROPIC_BASE_URL") or json.dumps(os.environ.get("CODEX_HOME"))
+    rollout = base.split("/rollouts/")[1].split("/")[0] if "/rollouts/" in base else str(os.getpid())
+    probe(None, "", f"{rollout}-harness")
+    print("rlproxy-ok")
+elif __name__ == "__main__":
     probe(os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"], os.environ["RLPROXY_ROLLOUT_ID"])
     print(1)
     sys.exit(0)
