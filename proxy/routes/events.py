@@ -14,9 +14,9 @@ from pydantic import Field, StrictStr, field_validator
 
 from core.checks import reward_problem
 from proxy.bodies import Body
-from proxy.edge import read_within, reward_giver
-from proxy.api import Answer, Endpoint
-from proxy.errors import NotFoundError, PayloadTooLarge, Unprocessable
+from proxy.api import Answer, Endpoint, read_bounded, rollout_in_path
+from proxy.edge import reward_giver
+from proxy.errors import PayloadTooLarge, Unprocessable
 from proxy.schemas import _Stored, parse_json_object, validate
 from proxy.state import state
 from proxy.strict_json import MAX_JSON_DEPTH, too_deep
@@ -57,16 +57,10 @@ def _reward_value(data: Any) -> float:
 
 
 async def post_event(request: web.Request) -> web.Response:
-    rollout_id = request.match_info["rollout_id"]
-    if "\x00" in rollout_id:
-        raise NotFoundError(f"rollout {rollout_id!r} does not exist")
+    rollout_id = rollout_in_path(request)
     app = state(request)
     limit = app.settings.ingest.max_event_bytes
-    if request.content_length is not None and request.content_length > limit:  # refused before it is read
-        raise _too_large(request.content_length, limit)
-    raw = await read_within(request, limit)  # a chunked body: read only up to the bound
-    if raw is None:
-        raise _too_large(None, limit)
+    raw = await read_bounded(request, limit, lambda size: _too_large(size, limit))
     event = validate(RolloutEvent, parse_json_object(raw, Unprocessable), Unprocessable)
     project, ingest = request.get("project"), app.ingest
     if event.event_type == REWARD:  # as POST /reward without call_id

@@ -9,9 +9,9 @@ import orjson
 from aiohttp import web
 
 from proxy.bodies import RewardResult, Rollout, RolloutClosed, RolloutCreated
-from proxy.edge import may_create_eval, own_rollout, read_within, reward_giver
-from proxy.api import Answer, Endpoint
-from proxy.errors import Forbidden, NotFoundError, PayloadTooLarge, Unprocessable
+from proxy.api import Answer, Endpoint, query_flag, query_number, read_bounded, rollout_in_path
+from proxy.edge import may_create_eval, own_rollout, reward_giver
+from proxy.errors import Forbidden, PayloadTooLarge, Unprocessable
 from proxy.schemas import RewardPost, RolloutClose, RolloutCreate, parse_json_object, validate
 from proxy.state import state
 from store import rollouts as store_rollouts
@@ -21,17 +21,13 @@ from store.rollout_tokens import GRADER_TOKEN_PREFIX, ROLLOUT_TOKEN_PREFIX, new_
 from store.rollout_view import MAX_PAGE, PAGE_BYTES
 
 
-async def read_bounded(request: web.Request) -> bytes:
-    """The body of POST /rollouts or POST /reward: what it holds is kept with the rollout (its metadata), so it is
-    bounded far below what a chat call may send; a declared length past the bound is refused before reading."""
+async def read_rollout_body(request: web.Request) -> bytes:
+    """The body of POST /rollouts, POST /reward or a rollout's close: what it holds is kept with the rollout (its
+    metadata), so it is bounded far below what a chat call may send."""
     limit = state(request).settings.ingest.max_rollout_body_bytes
-    size = request.content_length
-    raw = await read_within(request, limit) if size is None or size <= limit else None
-    if raw is None:
-        raise PayloadTooLarge(f"the request body is {'more than ' + str(limit) if size is None else size} bytes; "
-                              f"this route takes at most {limit} (--max-rollout-body-bytes)",
-                              code="rollout_body_too_large")
-    return raw
+    return await read_bounded(request, limit, lambda size: PayloadTooLarge(
+        f"the request body is {'more than ' + str(limit) if size is None else size} bytes; this route takes at most "
+        f"{limit} (--max-rollout-body-bytes)", code="rollout_body_too_large"))
 
 
 def reward_source(body: RolloutCreate) -> str:
@@ -47,7 +43,7 @@ def reward_source(body: RolloutCreate) -> str:
 
 
 async def create_rollout(request: web.Request) -> web.Response:
-    raw = await read_bounded(request)
+    raw = await read_rollout_body(request)
     body = validate(RolloutCreate, parse_json_object(raw, Unprocessable) if raw.strip() else {}, Unprocessable)
     if body.eval and not may_create_eval(request):
         raise Forbidden("eval: evaluation rollouts are created by the operator key, an admin key of the project or "
@@ -72,7 +68,7 @@ async def create_rollout(request: web.Request) -> web.Response:
 
 
 async def post_reward(request: web.Request) -> web.Response:
-    body = validate(RewardPost, parse_json_object(await read_bounded(request), Unprocessable), Unprocessable)
+    body = validate(RewardPost, parse_json_object(await read_rollout_body(request), Unprocessable), Unprocessable)
     own_rollout(request, body.rollout_id)
     result = await state(request).ingest.reward(body.rollout_id, body.reward, project=request.get("project"),
                                                 call_id=body.call_id, task_id=body.task_id, metadata=body.metadata,
@@ -86,11 +82,9 @@ async def post_reward(request: web.Request) -> web.Response:
 async def close_rollout(request: web.Request) -> web.Response:
     """The agent is done and no final reward is coming from it: the rollout closes as its idle timeout would close it
     (a policy with a teacher trains it from the teacher; docs/distillation.md)."""
-    rollout_id = request.match_info["rollout_id"]
-    raw = await read_bounded(request)
+    raw = await read_rollout_body(request)
     validate(RolloutClose, parse_json_object(raw, Unprocessable) if raw.strip() else {}, Unprocessable)
-    if "\x00" in rollout_id:  # the store cannot hold NUL, so no such rollout exists
-        raise NotFoundError(f"rollout {rollout_id!r} does not exist")
+    rollout_id = rollout_in_path(request)
     own_rollout(request, rollout_id)
     result = await state(request).ingest.close(rollout_id, project=request.get("project"),
                                                giver=reward_giver(request, rollout_id))
@@ -99,12 +93,10 @@ async def close_rollout(request: web.Request) -> web.Response:
 
 
 async def get_rollout(request: web.Request) -> web.Response:
-    rollout_id = request.match_info["rollout_id"]
-    if "\x00" in rollout_id:  # the store cannot hold NUL, so no such rollout exists
-        raise NotFoundError(f"rollout {rollout_id!r} does not exist")
-    limit = _query_int(request, "limit", 1, MAX_PAGE)
-    after = _query_int(request, "after", 0, None)
-    with_calls = _query_bool(request, "calls", True)
+    rollout_id = rollout_in_path(request)
+    limit = query_number(request, "limit", int, 1, MAX_PAGE, error=Unprocessable)
+    after = query_number(request, "after", int, 0, error=Unprocessable)
+    with_calls = query_flag(request, "calls", error=Unprocessable) is not False
     app = state(request)
     await app.writer.sync()
     # A page ends at PAGE_BYTES of stored calls too, as the web view's does: 24 calls of 4 MB were one 92 MiB
@@ -117,30 +109,6 @@ async def get_rollout(request: web.Request) -> web.Response:
     # contract's shape (`Rollout`, which tests/api/test_openapi.py checks answers against); validating it again here
     # would hold the interpreter lock, and so the event loop, for a quarter of a second per 1,000 calls.
     return web.Response(body=await asyncio.to_thread(orjson.dumps, rollout), content_type="application/json")
-
-
-def _query_bool(request: web.Request, name: str, default: bool) -> bool:
-    text = request.query.get(name)
-    if text is None:
-        return default
-    if text.lower() not in ("true", "false"):
-        raise Unprocessable(f"{name} must be true or false, not {text[:64]!r}", param=name)
-    return text.lower() == "true"
-
-
-def _query_int(request: web.Request, name: str, least: int, most: int | None) -> int | None:
-    """The query parameter `name` as an integer within [least, most]; None when absent; 422 otherwise."""
-    text = request.query.get(name)
-    if text is None:
-        return None
-    bounds = f"from {least} to {most}" if most is not None else f"of at least {least}"
-    try:
-        value = int(text)
-    except ValueError:
-        raise Unprocessable(f"{name} must be an integer {bounds}, not {text[:64]!r}", param=name) from None
-    if value < least or (most is not None and value > most):
-        raise Unprocessable(f"{name} must be an integer {bounds}, not {value}", param=name)
-    return value
 
 
 ENDPOINTS = [

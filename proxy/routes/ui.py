@@ -8,7 +8,6 @@ large request and response bodies, and the event loop serves every tenant.
 from __future__ import annotations
 
 import asyncio
-import math
 from contextlib import asynccontextmanager
 from datetime import datetime, timezone
 from importlib import resources
@@ -19,7 +18,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict
 
 from core.policy_rules import RuleError, check_policy_name
-from proxy.api import Answer, Endpoint
+from proxy.api import Answer, Endpoint, query_flag, query_number, query_text, rollout_in_path
 from proxy.errors import Forbidden, InvalidRequest, NotFoundError, StoreUnavailable
 from proxy.state import state
 from proxy.token_text import token_texts
@@ -62,32 +61,8 @@ async def _json(payload: Any) -> web.Response:
 
 
 # --- query parameters -----------------------------------------------------------------------------------------
-def _text(request: web.Request, name: str, limit: int = 256) -> str | None:
-    value = request.query.get(name)
-    if value is None or value == "":
-        return None
-    if len(value) > limit or "\x00" in value:
-        raise InvalidRequest(f"{name} is longer than {limit} characters or holds NUL", param=name)
-    return value
-
-
-def _number(request: web.Request, name: str, kind=float, low: float | None = None, high: float | None = None):
-    value = _text(request, name, 64)
-    if value is None:
-        return None
-    try:
-        number = kind(value)
-    except ValueError:
-        raise InvalidRequest(f"{name} must be a{'n integer' if kind is int else ' number'}", param=name) from None
-    if isinstance(number, float) and not math.isfinite(number):
-        raise InvalidRequest(f"{name} must be finite", param=name)
-    if (low is not None and number < low) or (high is not None and number > high):
-        raise InvalidRequest(f"{name} must be between {low} and {high}", param=name)
-    return number
-
-
 def _moment(request: web.Request, name: str) -> datetime | None:
-    value = _text(request, name, 64)
+    value = query_text(request, name, 64)
     if value is None:
         return None
     try:
@@ -99,25 +74,16 @@ def _moment(request: web.Request, name: str) -> datetime | None:
         raise InvalidRequest(f"{name} must be an ISO 8601 time like 2026-11-26T17:00:00Z", param=name) from None
 
 
-def _flag(request: web.Request, name: str) -> bool | None:
-    value = _text(request, name, 8)
-    if value is None:
-        return None
-    if value not in ("true", "false"):
-        raise InvalidRequest(f"{name} must be true or false", param=name)
-    return value == "true"
-
-
 def _filter(request: web.Request) -> browse.RolloutFilter:
-    status = _text(request, "status", 16)
+    status = query_text(request, "status", 16)
     if status is not None and status not in ("open", "finished", "expired"):
         raise InvalidRequest("status must be open, finished or expired", param="status")
     return browse.RolloutFilter(
-        project=_text(request, "project", 128), agent=_text(request, "agent", 128),
-        task_id=_text(request, "task_id"), status=status,
-        reward_min=_number(request, "reward_min"), reward_max=_number(request, "reward_max"),
-        policy_version=_number(request, "policy", int, 0, 2**31 - 1),
-        since=_moment(request, "since"), until=_moment(request, "until"), eval=_flag(request, "eval"))
+        project=query_text(request, "project", 128), agent=query_text(request, "agent", 128),
+        task_id=query_text(request, "task_id"), status=status,
+        reward_min=query_number(request, "reward_min"), reward_max=query_number(request, "reward_max"),
+        policy_version=query_number(request, "policy", int, 0, 2**31 - 1),
+        since=_moment(request, "since"), until=_moment(request, "until"), eval=query_flag(request, "eval"))
 
 
 # --- the JSON routes ----------------------------------------------------------------------------------------------
@@ -134,10 +100,10 @@ async def _reading(request: web.Request):
 async def list_rollouts(request: web.Request) -> web.Response:
     # Everything the request says is checked before the writer is asked to catch up: a refused query costs nothing
     # and puts nothing on the writer's queue.
-    limit = _number(request, "limit", int, 1, browse.MAX_PAGE) or 50
+    limit = query_number(request, "limit", int, 1, browse.MAX_PAGE) or 50
     filters = _filter(request)
     try:
-        query = browse.check_list_query(_text(request, "sort", 16) or "newest", limit, _text(request, "cursor", 1024))
+        query = browse.check_list_query(query_text(request, "sort", 16) or "newest", limit, query_text(request, "cursor", 1024))
     except browse.BadQuery as exc:
         raise InvalidRequest(str(exc)) from None
     await state(request).writer.sync()  # calls acknowledged a moment ago are listed too
@@ -147,11 +113,9 @@ async def list_rollouts(request: web.Request) -> web.Response:
 
 
 async def rollout_calls(request: web.Request) -> web.Response:
-    rollout_id = request.match_info["rollout_id"]
-    after = _number(request, "after", int, -1, 2**31 - 1)
-    limit = _number(request, "limit", int, 1, browse.MAX_PAGE) or 20
-    if "\x00" in rollout_id:  # the store cannot hold NUL, so no such rollout exists
-        raise NotFoundError(f"rollout {rollout_id!r} does not exist")
+    after = query_number(request, "after", int, -1, 2**31 - 1)
+    limit = query_number(request, "limit", int, 1, browse.MAX_PAGE) or 20
+    rollout_id = rollout_in_path(request)
     await state(request).writer.sync()
     async with _reading(request) as session:
         found = await browse.rollout_page(session, request.get("project"), rollout_id,
@@ -169,7 +133,7 @@ async def task_attempts(request: web.Request) -> web.Response:
     is not evaluation traffic (store/browse.py task_group)."""
     # `?task_id=` names a task the path cannot: browsers resolve a path segment `.` or `..` (also written %2E)
     # away before the request leaves, so the view asks for those as `tasks/-?task_id=..`.
-    task_id = _text(request, "task_id") or request.match_info["task_id"]
+    task_id = query_text(request, "task_id") or request.match_info["task_id"]
     if "\x00" in task_id:
         raise NotFoundError(f"task {task_id!r} has no rollouts")
     async with _reading(request) as session:
@@ -183,10 +147,10 @@ async def training(request: web.Request) -> web.Response:
     """A named policy's training steps over time, oldest first (store/step_history.py): the operator's only, as
     the step records are on `GET /policies` (a step's batch holds every project's rollouts)."""
     try:
-        policy = check_policy_name(_text(request, "policy", 64) or state(request).router.rules.default)
+        policy = check_policy_name(query_text(request, "policy", 64) or state(request).router.rules.default)
     except RuleError as exc:
         raise InvalidRequest(str(exc), param="policy") from None
-    limit = _number(request, "limit", int, 1, step_history.MAX_STEPS) or 500
+    limit = query_number(request, "limit", int, 1, step_history.MAX_STEPS) or 500
     if request.get("project") is not None:
         raise Forbidden("the training steps hold every project's rollouts: only the operator key reads them")
     async with _reading(request) as session:
