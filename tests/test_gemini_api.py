@@ -26,8 +26,9 @@ def new_rollout(proxy_url: str) -> tuple[str, str]:
     return response.json()["rollout_id"], response.json()["base_url"].removesuffix("/v1")
 
 
-def client_for(base_url: str) -> genai.Client:
-    return genai.Client(api_key="unused", http_options=types.HttpOptions(base_url=base_url))
+def client_for(base_url: str, version: str | None = None) -> genai.Client:
+    """google-genai 3 asks /v1/models/…; Gemini CLI's SDK /v1beta/models/… (`version`)."""
+    return genai.Client(api_key="unused", http_options=types.HttpOptions(base_url=base_url, api_version=version))
 
 
 def calls(proxy_url: str, rollout_id: str) -> list[dict]:
@@ -58,9 +59,10 @@ def test_generate_content_is_recorded_with_the_engines_token_ids(proxy_url):
     assert call["response"]["candidates"][0]["content"]["parts"] == [{"text": answer.text}]
 
 
-def test_the_stream_sends_the_same_answer_and_records_the_same_ids(proxy_url):
+@pytest.mark.parametrize("version", [None, "v1beta"])
+def test_the_stream_sends_the_same_answer_and_records_the_same_ids(proxy_url, version):
     rollout_id, base_url = new_rollout(proxy_url)
-    client = client_for(base_url)
+    client = client_for(base_url, version)
 
     whole = client.models.generate_content(model="stub-model", contents="Say something.")
     chunks = list(client.models.generate_content_stream(model="stub-model", contents="Say something."))
@@ -129,6 +131,8 @@ def test_errors_are_in_googles_shape_with_the_right_status(proxy_url):
 
     with pytest.raises(errors.ClientError) as unknown_model:
         client.models.generate_content(model="no-such-model", contents="x")
+    with pytest.raises(errors.ClientError) as slashed:  # served names may hold one: Qwen/Qwen3-8B
+        client.models.generate_content(model="no-such/model", contents="x")
     misspelt = requests.post(f"{url}:generateContent", json={**hello, "generationConfig": {"topKk": 5}})
     server_tool = requests.post(f"{url}:generateContent", json={**hello, "tools": [{"googleSearch": {}}]})
     no_sse = requests.post(f"{url}:streamGenerateContent", json=hello)
@@ -137,6 +141,7 @@ def test_errors_are_in_googles_shape_with_the_right_status(proxy_url):
     unserved = requests.post(f"{url}:embedContent", json=hello)
 
     assert unknown_model.value.code == 404 and unknown_model.value.status == "NOT_FOUND"
+    assert slashed.value.code == 404 and "`no-such/model` does not exist" in slashed.value.message  # the engine's
     assert misspelt.status_code == 400 and misspelt.json() == {"error": {
         "code": 400, "status": "INVALID_ARGUMENT",
         "message": "Invalid JSON payload received. Unknown name \"topKk\" at 'generationConfig': Cannot find field."}}

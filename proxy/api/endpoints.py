@@ -54,6 +54,8 @@ class Endpoint:
     google: bool = False  # errors in Google's shape (the Gemini API)
     context_headers: bool = False  # X-Rollout-Id and the other call-context headers apply
     path_params: dict[str, dict[str, Any]] = field(default_factory=dict)  # schemas of path names (else generic)
+    # what a path name matches where it is not aiohttp's one segment (a Gemini model may hold a slash: Qwen/Qwen3-8B)
+    patterns: dict[str, str] = field(default_factory=dict)
     query_params: dict[str, dict[str, Any]] = field(default_factory=dict)  # optional query parameters' schemas
     protobuf: bool = False  # the body may also be binary protobuf, answered in kind (OTLP's two encodings)
 
@@ -72,7 +74,10 @@ def mounted(endpoints: Iterable[Endpoint], prefixes: Iterable[str], recorded: st
 def register(app: web.Application, endpoints: Iterable[Endpoint]) -> None:
     unreadable = app.setdefault(UNREADABLE_BODY, {})
     for endpoint in endpoints:
-        route = app.router.add_route(endpoint.method.upper(), endpoint.path, endpoint.handler,
+        path = endpoint.path
+        for name, pattern in endpoint.patterns.items():
+            path = path.replace(f"{{{name}}}", f"{{{name}:{pattern}}}")
+        route = app.router.add_route(endpoint.method.upper(), path, endpoint.handler,
                                      expect_handler=expect_later)  # 100 Continue once the key and size pass
         # A body that cannot be read is 400, or 422 where the route answers malformed bodies so (/rollouts,
         # /reward, events: they list 422 and not 400, as proxy/api/openapi.py documents): also a compressed one.

@@ -27,7 +27,7 @@ from proxy.schemas import parse_json_object
 from proxy.state import state
 
 API = "/v1beta/models"
-_METHOD = re.compile(r"/v1(?:beta)?/models/[^/]*:")
+_METHOD = re.compile(r"/v1(?:beta)?/models/[^:]*:")
 KEY_IN_URL = ("an API key in the URL (?key=) is refused: URLs are written into logs and shell history; send it "
               "as the x-goog-api-key header, as google-genai and Gemini CLI do")
 
@@ -118,7 +118,8 @@ async def list_models(request: web.Request) -> web.Response:
         for name in names]})
 
 
-MODEL = {"model": {"type": "string", "minLength": 1, "pattern": r"^[^/:]+$"}}
+MODEL = {"model": {"type": "string", "minLength": 1, "pattern": r"^[^:]+$"}}
+NAME = {"model": "[^:]+"}  # a served model's name may hold a slash (Qwen/Qwen3-8B), never a colon
 ALT = {"alt": {"type": "string", "enum": ["sse"]}}
 USER = [{"role": "user", "parts": [{"text": "What is 6*7?"}]}]
 ANSWER = Answer("The GenerateContentResponse (events with `?alt=sse` on streamGenerateContent).",
@@ -130,14 +131,14 @@ def _methods(version: str) -> list[Endpoint]:
     return [
         Endpoint("post", f"{api}/{{model}}:generateContent", generate_content, "Gemini API generateContent",
                  {200: ANSWER}, API_ERRORS, body=GenerateContentRequest, engine_errors=True, google=True,
-                 context_headers=True, path_params=MODEL, example=lambda model: {"contents": USER}),
+                 context_headers=True, path_params=MODEL, patterns=NAME, example=lambda model: {"contents": USER}),
         Endpoint("post", f"{api}/{{model}}:streamGenerateContent", stream_generate_content,
                  "Gemini API streamGenerateContent (server-sent events: ?alt=sse)", {200: ANSWER}, API_ERRORS,
                  body=GenerateContentRequest, engine_errors=True, google=True, context_headers=True,
-                 path_params=MODEL, query_params=ALT, example=lambda model: {"contents": USER}),
+                 path_params=MODEL, patterns=NAME, query_params=ALT, example=lambda model: {"contents": USER}),
         Endpoint("post", f"{api}/{{model}}:countTokens", count_tokens, "Gemini API countTokens (the engine's count)",
                  {200: Answer("Tokens.", GeminiTokenCount)}, API_ERRORS, engine_errors=True, google=True,
-                 context_headers=True, path_params=MODEL, body=CountTokensRequest,
+                 context_headers=True, path_params=MODEL, patterns=NAME, body=CountTokensRequest,
                  example=lambda model: {"contents": USER}),
     ]
 
