@@ -1,18 +1,21 @@
-"""What agents report about their rollouts, taken in one place: final and per-call rewards (`POST /reward`, a reward
-event, a span's `rlproxy.reward`), other rollout events, and the rewards in exported spans. The routes
+"""What agents report about their rollouts, taken in one place: a rollout opened (`POST /rollouts`: its tokens,
+who gives its reward, the version that answers it), final and per-call rewards (`POST /reward`, a reward event, a
+span's `rlproxy.reward`), a close, other rollout events, and the rewards in exported spans. The routes
 (proxy/routes/rollouts.py, events.py, traces.py) parse and answer; this object does the rest, as CompletionServing
 does for calls: it waits for the calls a report may refer to (the capture writer), stores in one transaction through
 store/ (store/rewards.py writes every reward row), applies the ingest budgets, and counts what was stored."""
 from __future__ import annotations
 
+import uuid
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from core.settings import ProxySettings
-from proxy.errors import PayloadTooLarge
+from proxy.errors import PayloadTooLarge, Unprocessable
 from proxy.metrics import ProxyMetrics
 from proxy.otlp import (
     IGNORED_NO_ROLLOUT,
@@ -26,12 +29,36 @@ from proxy.otlp import (
 )
 from proxy.policy import PolicyRouter
 from proxy.recording import CaptureWriter
+from proxy.schemas import RolloutCreate
 from store import events as store_events
 from store.closing import Closed, close_rollout
 from store import rewards as reward_rows
 from store import rollouts as store_rollouts
+from store.keys import hash_key
 from store.models import RewardKind
-from store.reward_sources import RewardedBy
+from store.reward_sources import RewardedBy, RewardSource
+from store.rollout_tokens import GRADER_TOKEN_PREFIX, ROLLOUT_TOKEN_PREFIX, new_token
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """A rollout just created, with its credentials (shown once: the store keeps their hashes only)."""
+    rollout_id: str
+    token: str  # the agent's, scoped to this rollout
+    reward_source: str
+    grader_token: str | None  # only when its grader gives the final reward
+
+
+def reward_source(body: RolloutCreate) -> str:
+    """Who gives the new rollout's final reward: evaluation rollouts always take theirs from a grader (their
+    rewards are the evidence the gates promote on), others from the agent unless told otherwise."""
+    source = RewardSource.GRADER if body.reward_source == "runner" else body.reward_source
+    if body.eval and source == RewardSource.JUDGE:
+        raise Unprocessable("reward_source: an evaluation rollout is rewarded by its grader, not the judge (the "
+                            "judge scores training rollouts only)", param="reward_source")
+    if body.eval:
+        return RewardSource.GRADER
+    return source or RewardSource.AGENT
 
 
 class RewardIngest:
@@ -44,11 +71,28 @@ class RewardIngest:
         self.metrics = metrics
         self.router = router
 
+    async def open(self, body: RolloutCreate, *, project: str | None) -> Opened:
+        """A new rollout of `project`: its id, its tokens, who gives its reward, and the policy version that answers
+        it (remembered by the router, so that its calls get the same)."""
+        source = reward_source(body)
+        token = new_token(ROLLOUT_TOKEN_PREFIX)
+        grader = new_token(GRADER_TOKEN_PREFIX) if source == RewardSource.GRADER else None
+        rollout_id = uuid.uuid4().hex
+        async with self.sessions() as session, session.begin():
+            await store_rollouts.create_rollout(
+                session, rollout_id, task_id=body.task_id, agent=body.agent, metadata=body.metadata,
+                project=project,
+                policy_version=self.router.version_for_new(rollout_id, body.eval, body.agent, project),
+                eval=body.eval, reward_source=source, token_hash=hash_key(token),
+                grader_token_hash=hash_key(grader) if grader is not None else None,
+            )
+        return Opened(rollout_id, token, source, grader)
+
     async def reward(self, rollout_id: str, value: float, *, project: str | None, call_id: str | None = None,
                      task_id: str | None = None, metadata: dict[str, Any] | None = None,
                      giver: str = RewardedBy.AGENT) -> store_rollouts.RewardResult:
         """A final reward (no `call_id`: closes the rollout) or one for a call, bounded per call; from `giver`
-        (proxy/edge/auth.py `reward_giver`), so a rollout whose grader gives its reward keeps anyone else's as a
+        (proxy/edge/token_scope.py `reward_giver`), so a rollout whose grader gives its reward keeps anyone else's as a
         claim."""
         await self.writer.sync()  # the calls this reward refers to may still be on their way to the database
         try:

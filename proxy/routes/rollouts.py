@@ -3,7 +3,6 @@ bytes: `?limit=N&after=SEQ`; `?calls=false` for the summary alone; store/rollout
 from __future__ import annotations
 
 import asyncio
-import uuid
 
 import orjson
 from aiohttp import web
@@ -15,9 +14,6 @@ from proxy.errors import Forbidden, PayloadTooLarge, Unprocessable
 from proxy.schemas import RewardPost, RolloutClose, RolloutCreate, parse_json_object, validate
 from proxy.state import state
 from store import rollouts as store_rollouts
-from store.keys import hash_key
-from store.reward_sources import RewardSource
-from store.rollout_tokens import GRADER_TOKEN_PREFIX, ROLLOUT_TOKEN_PREFIX, new_token
 from store.rollout_view import MAX_PAGE, PAGE_BYTES
 
 
@@ -30,18 +26,6 @@ async def read_rollout_body(request: web.Request) -> bytes:
         f"{limit} (--max-rollout-body-bytes)", code="rollout_body_too_large"))
 
 
-def reward_source(body: RolloutCreate) -> str:
-    """Who gives the new rollout's final reward: evaluation rollouts always take theirs from a grader (their
-    rewards are the evidence the gates promote on), others from the agent unless told otherwise."""
-    source = RewardSource.GRADER if body.reward_source == "runner" else body.reward_source
-    if body.eval and source == RewardSource.JUDGE:
-        raise Unprocessable("reward_source: an evaluation rollout is rewarded by its grader, not the judge (the "
-                            "judge scores training rollouts only)", param="reward_source")
-    if body.eval:
-        return RewardSource.GRADER
-    return source or RewardSource.AGENT
-
-
 async def create_rollout(request: web.Request) -> web.Response:
     raw = await read_rollout_body(request)
     body = validate(RolloutCreate, parse_json_object(raw, Unprocessable) if raw.strip() else {}, Unprocessable)
@@ -49,22 +33,10 @@ async def create_rollout(request: web.Request) -> web.Response:
         raise Forbidden("eval: evaluation rollouts are created by the operator key, an admin key of the project or "
                         "a key made for evaluation (rlproxy keys create --project P --eval); this key may create "
                         "training rollouts only", param="eval", code="eval_needs_eval_key")
-    source = reward_source(body)
-    token = new_token(ROLLOUT_TOKEN_PREFIX)
-    grader = new_token(GRADER_TOKEN_PREFIX) if source == RewardSource.GRADER else None
-    app = state(request)
-    rollout_id = uuid.uuid4().hex
-    async with app.sessions() as session, session.begin():
-        await store_rollouts.create_rollout(
-            session, rollout_id, task_id=body.task_id, agent=body.agent, metadata=body.metadata,
-            project=request.get("project"), policy_version=app.router.version_for_new(rollout_id, body.eval, body.agent,
-                                                                               request.get("project")),
-            eval=body.eval, reward_source=source, token_hash=hash_key(token),
-            grader_token_hash=hash_key(grader) if grader is not None else None,
-        )
-    base_url = f"{request.url.origin()}/rollouts/{rollout_id}/v1"
-    return RolloutCreated(rollout_id=rollout_id, base_url=base_url, token=token, reward_source=source,
-                          grader_token=grader).reply(status=201)
+    opened = await state(request).ingest.open(body, project=request.get("project"))
+    base_url = f"{request.url.origin()}/rollouts/{opened.rollout_id}/v1"
+    return RolloutCreated(rollout_id=opened.rollout_id, base_url=base_url, token=opened.token,
+                          reward_source=opened.reward_source, grader_token=opened.grader_token).reply(status=201)
 
 
 async def post_reward(request: web.Request) -> web.Response:
