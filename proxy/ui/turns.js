@@ -68,6 +68,20 @@ function turnsOfItems(items, defaultRole) {  // Responses' input and output item
   return out;
 }
 
+function turnsOfContent(content) {  // a Gemini API Content: a role ("model" is the assistant) and its parts
+  if (!isObject(content)) return [{role: "?", kind: "text", text: textOf(content)}];
+  const role = content.role === "model" ? "assistant" : typeof content.role === "string" ? content.role : "user";
+  const out = [];
+  for (const part of listOf(content.parts)) {
+    if (!isObject(part)) out.push({role, kind: "text", text: textOf(part)});
+    else if (isObject(part.functionCall)) out.push({role, kind: "tool call", text: called(part.functionCall.name, json(part.functionCall.args))});
+    else if (isObject(part.functionResponse)) out.push({role: "tool", kind: "tool result", text: json(part.functionResponse.response)});
+    else if (typeof part.text === "string") out.push({role, kind: part.thought ? "reasoning" : "text", text: part.text});
+    else out.push({role, kind: "text", text: json(part)});
+  }
+  return out;
+}
+
 function promptTurns(request) {
   if (!isObject(request)) return request === null || request === undefined ? [] : [{role: "prompt", kind: "text", text: json(request)}];
   const out = [];
@@ -77,6 +91,11 @@ function promptTurns(request) {
   if (typeof request.input === "string") out.push({role: "user", kind: "text", text: request.input});
   else if (Array.isArray(request.input)) out.push(...turnsOfItems(request.input, "user"));
   if (request.prompt !== undefined) out.push({role: "prompt", kind: "text", text: textOf(request.prompt)});
+  if (request.systemInstruction) {
+    const system = request.systemInstruction;
+    out.push({role: "system", kind: "text", text: textOf(isObject(system) ? system.parts : system)});
+  }
+  for (const c of listOf(request.contents)) out.push(...turnsOfContent(c));
   return out;
 }
 
@@ -89,6 +108,8 @@ function answerTurns(response) {
   }
   if (Array.isArray(response.output)) return turnsOfItems(response.output, "assistant");
   if (Array.isArray(response.content)) return turnsOfMessage("assistant", {content: response.content});
+  const candidate = listOf(response.candidates)[0];  // the Gemini API's
+  if (isObject(candidate)) return turnsOfContent(candidate.content || {role: "model", parts: []});
   return [];
 }
 
