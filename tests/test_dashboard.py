@@ -52,6 +52,10 @@ def promql(expr: str) -> str:
     return expr
 
 
+# Panels of what only some deployments have: the live run below has no teacher, so these answer no data there;
+# each metric's export is asserted where it is made (tests/test_distill_worker.py: a step of a taught policy).
+ONLY_WITH = {"rlproxy_trainer_teacher_kl": "a policy with a teacher"}
+
 SERIES_SUFFIXES = {"counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count")}
 
 
@@ -279,7 +283,8 @@ def test_every_dashboard_query_returns_data(wide_tiny_model, own_database_url, t
         assert query(prometheus, 'rlproxy_trainer_skipped_calls_total{reason="zero_advantage"}')
 
         # Each expression gets a few seconds: series that appeared last need two scrapes for a rate.
-        pending = dict((expr, title) for title, expr in expressions(load_dashboard()))
+        pending = dict((expr, title) for title, expr in expressions(load_dashboard())
+                       if not any(name in expr for name in ONLY_WITH))
         assert len(pending) > 40
         deadline = time.monotonic() + 15
         while pending and time.monotonic() < deadline:
