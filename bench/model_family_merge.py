@@ -16,7 +16,9 @@ merged sequence and what it reads per call.
 Shapes: `tools` is one user question then N tool rounds then an answer (the agent loop of a tool-using agent);
 `chat` is several user turns of a few tool rounds each. JSON: `spaced` is `{"expr": "1+2"}` (what the template's
 `tojson` writes back), `compact` is `{"expr":"1+2"}` (a model that writes no spaces): vLLM hands the template the
-parsed arguments, so the history always holds the spaced form.
+parsed arguments, so the history always holds the spaced form. gpt-oss writes its call's header as harmony's
+documentation shows it (`<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>`), after its
+analysis, and its answer on the final channel ending in `<|return|>`.
 """
 from __future__ import annotations
 
@@ -40,7 +42,8 @@ TOOLS = [{"type": "function", "function": {"name": "calc", "description": "Evalu
                                                           "properties": {"word": {"type": "string"},
                                                                          "lang": {"type": "string"}}}}}]
 SYSTEM = "You solve problems with the tools. Think first, then call one tool or answer."
-FAMILIES = {"qwen3": "<|im_end|>", "llama3": "<|eot_id|>", "chatml": "<|im_end|>"}
+FAMILIES = {"qwen3": "<|im_end|>", "llama3": "<|eot_id|>", "chatml": "<|im_end|>", "gpt-oss": "<|call|>"}
+ANSWER_END = {"gpt-oss": "<|return|>"}  # an answer's end where it is not a call's
 
 
 def arguments(rng: random.Random) -> tuple[str, dict]:
@@ -54,11 +57,17 @@ def sampled_text(family: str, name: str, args: dict, style: str, thought: str) -
     text = json.dumps(args) if style == "spaced" else json.dumps(args, separators=(",", ":"))
     if family == "llama3":
         return f'{{"name": "{name}", "parameters": {text}}}'
+    if family == "gpt-oss":  # the call's header as gpt-oss writes it (the recipient in the channel's header)
+        return (f"<|channel|>analysis<|message|>{thought}<|end|><|start|>assistant<|channel|>commentary "
+                f"to=functions.{name} <|constrain|>json<|message|>{text}")
     call = f'<tool_call>\n{{"name": "{name}", "arguments": {text}}}\n</tool_call>'
     return f"<think>\n{thought}\n</think>\n\n{call}" if family == "qwen3" else call
 
 
 def answer_text(family: str, thought: str, value: str) -> str:
+    if family == "gpt-oss":
+        return (f"<|channel|>analysis<|message|>{thought}<|end|><|start|>assistant<|channel|>final<|message|>"
+                f"The answer is {value}.")
     return f"<think>\n{thought}\n</think>\n\nThe answer is {value}." if family == "qwen3" else f"The answer is {value}."
 
 
@@ -70,11 +79,12 @@ def rollout(tokenizer, family: str, shape: str, turns: int, style: str, seed: in
     history = [{"role": "system", "content": SYSTEM}]
     calls = []
 
-    def call(text: str) -> None:
+    def call(text: str, answer: bool = False) -> None:
         prompt = tokenizer.apply_chat_template(history, tools=TOOLS, add_generation_prompt=True, tokenize=False,
-                                               date_string="02 Dec 2026")
+                                               date_string="02 Dec 2026", conversation_date="2026-12-02")
         prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-        completion = tokenizer(text, add_special_tokens=False)["input_ids"] + [end]
+        last = tokenizer.convert_tokens_to_ids(ANSWER_END[family]) if answer and family in ANSWER_END else end
+        completion = tokenizer(text, add_special_tokens=False)["input_ids"] + [last]
         calls.append({"call_id": f"c{len(calls)}", "prompt_ids": prompt_ids, "completion_ids": completion,
                       "logprobs": [-0.5] * len(completion), "extends_previous": bool(calls), "advantage": 1.0,
                       "rollout_id": "r", "sampled": None})
@@ -91,7 +101,7 @@ def rollout(tokenizer, family: str, shape: str, turns: int, style: str, seed: in
                                             "function": {"name": name, "arguments": args}}]})
             history.append({"role": "tool", "tool_call_id": call_id, "content": str(rng.randint(10, 99999))})
         thought, value = "All parts are known.", str(rng.randint(1, 999))
-        call(answer_text(family, thought, value))
+        call(answer_text(family, thought, value), answer=True)
         history.append({"role": "assistant", "content": f"The answer is {value}.", "reasoning_content": thought})
     return calls
 
@@ -133,7 +143,8 @@ def main() -> None:
 
     from engine.model import default_model_path
 
-    folders = {"qwen3": build_model("qwen3"), "llama3": build_model("llama3"), "chatml": default_model_path()}
+    folders = {"qwen3": build_model("qwen3"), "llama3": build_model("llama3"), "gpt-oss": build_model("gpt-oss"),
+               "chatml": default_model_path()}
     header = (f"{'family':7} {'shape':5} {'turns':>5} {'json':7} {'calls':>5} {'seqs':>5} {'merge':>6} "
               f"{'read/call':>9} {'x ideal':>7} | {'content: kept':>13} {'read/call':>9} {'x ideal':>7}")
     lines = [header, "-" * len(header)]
