@@ -1,7 +1,8 @@
 """The Anthropic Messages API against the real engine: the real `anthropic` SDK talks to `rlproxy serve` in
 front of the real vLLM; for the same greedy request the proxy's recorded prompt ids, answer, stop reason
 and usage must be what vLLM's own `/v1/messages` route and `/tokenize` say (the method:
-tests/test_engine_responses.py's docstring)."""
+tests/test_engine_responses.py's docstring). Last, the Gemini API through the same proxy and engine (vLLM has no
+Gemini route: its chat route is the reference)."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from google import genai
+from google.genai import types as genai_types
 
 from tests.engine_dialects import (  # what the Responses and Messages tests share
     CALCULATOR_SCHEMA,
@@ -22,6 +25,7 @@ from tests.engine_dialects import (  # what the Responses and Messages tests sha
     assert_nothing_injected,
     blocks,
     native,
+    new_rollout,
     serving_proxy,
     shape,
     sse_events,
@@ -251,3 +255,32 @@ def test_messages_render_as_the_engines_own_route(proxy, engine_url, engine_mode
     assert counted.input_tokens == own_count["input_tokens"] == len(call["prompt_token_ids"])
     assert message.usage.input_tokens == own["usage"]["input_tokens"] == len(call["prompt_token_ids"])
     assert blocks(message.content) == blocks(own["content"])
+
+
+# -- the Gemini API: the same engine behind the fourth wire format ----------------------------------------
+def test_gemini_generate_content_records_the_engines_ids_and_answers_as_its_chat_route(proxy, engine_url,
+                                                                                      engine_model):
+    """google-genai unmodified, at /v1beta as Gemini CLI asks (the served name may hold a slash): the prompt is the
+    chat rendering of systemInstruction and contents, the answer the engine's chat route's own, whole and
+    streamed, and the recorded ids are the engine's."""
+    rollout_id, base_url = new_rollout(proxy)
+    client = genai.Client(api_key="unused", http_options=genai_types.HttpOptions(
+        base_url=base_url.removesuffix("/v1"), api_version="v1beta", timeout=180_000))
+    config = genai_types.GenerateContentConfig(system_instruction="Be brief.", temperature=0, max_output_tokens=16)
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": QUESTION}]
+
+    whole = client.models.generate_content(model=engine_model, contents=QUESTION, config=config)
+    chunks = list(client.models.generate_content_stream(model=engine_model, contents=QUESTION, config=config))
+    own = native(engine_url, "/v1/chat/completions", {"model": engine_model, "messages": chat, "max_tokens": 16,
+                                                      **GREEDY})
+
+    plain, streamed = recorded_calls(proxy, rollout_id)
+    assert plain["route"] == streamed["route"] == "gemini" and streamed["stream"] and not plain["stream"]
+    assert plain["prompt_token_ids"] == tokenize(engine_url, engine_model, messages=chat, add_generation_prompt=True)
+    assert whole.text == own["choices"][0]["message"]["content"] == "".join(c.text or "" for c in chunks)
+    assert whole.usage_metadata.prompt_token_count == own["usage"]["prompt_tokens"] == len(plain["prompt_token_ids"])
+    assert whole.usage_metadata.candidates_token_count == len(plain["completion_token_ids"])
+    assert_ids_decode_to(engine_url, engine_model, plain, whole.text)
+    assert streamed["prompt_token_ids"] == plain["prompt_token_ids"]
+    assert streamed["completion_token_ids"] == plain["completion_token_ids"]
+    assert streamed["completion_logprobs"] == pytest.approx(plain["completion_logprobs"], abs=1e-3)
