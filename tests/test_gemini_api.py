@@ -192,3 +192,21 @@ def test_the_recorded_call_reads_as_chat(proxy_url):
     assert request["tools"][0]["function"]["parameters"]["type"] == "object"
     [tool_call] = response["choices"][0]["message"]["tool_calls"]
     assert json.loads(tool_call["function"]["arguments"]) == {"expression": "6*7"}
+
+
+# GenerateContentConfig fields google-genai never sends to the Gemini API: the client's own, or refused by the SDK
+# itself outside Vertex AI / Gemini Enterprise.
+CLIENT_SIDE = {"httpOptions", "shouldReturnHttpResponse", "automaticFunctionCalling", "automaticContinuation",
+               "modelSelectionConfig", "modelArmorConfig", "generationOutputConfig"}
+
+
+def test_every_field_the_sdk_sends_is_one_the_route_knows():
+    """An SDK upgrade that adds a field fails here first, not as a 400 to its users."""
+    from proxy.dialects.fields import GEMINI, GEMINI_GENERATION
+
+    def camel(name: str) -> str:
+        first, *rest = name.split("_")
+        return first + "".join(word.title() for word in rest)
+
+    sent = {camel(name) for name in types.GenerateContentConfig.model_fields} - CLIENT_SIDE
+    assert sent - GEMINI - GEMINI_GENERATION == set()

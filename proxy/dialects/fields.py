@@ -57,14 +57,14 @@ COUNT_TOKENS = frozenset({
 # reach the engine, and which are refused as features no engine here has, is proxy/dialects/gemini.py's.
 GEMINI = frozenset({
     "contents", "systemInstruction", "tools", "toolConfig", "generationConfig", "safetySettings", "cachedContent",
-    "labels", "serviceTier", "store", "model",
+    "labels", "serviceTier", "store", "model", "continuationToken",
 })
 GEMINI_GENERATION = frozenset({
     "stopSequences", "responseMimeType", "responseSchema", "responseJsonSchema", "responseModalities",
     "candidateCount", "maxOutputTokens", "temperature", "topP", "topK", "seed", "presencePenalty",
     "frequencyPenalty", "responseLogprobs", "logprobs", "enableEnhancedCivicAnswers", "speechConfig",
     "thinkingConfig", "imageConfig", "mediaResolution", "audioTimestamp", "routingConfig", "modelConfig",
-    "enableAffectiveDialog",
+    "enableAffectiveDialog", "audioTranscriptionConfig",
 })
 GEMINI_TOOL_CONFIG = frozenset({"functionCallingConfig", "retrievalConfig", "includeServerSideToolInvocations"})
 GEMINI_COUNT_TOKENS = frozenset({"contents", "generateContentRequest", "model"})

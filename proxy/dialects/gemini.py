@@ -40,7 +40,7 @@ PART_FIELDS = frozenset({*PARTS, "thought", "thoughtSignature", "videoMetadata",
 # Set (truthy), each would be ignored by the engine and the agent would not get what it asked for.
 UNSERVED = {"responseLogprobs": "log-probabilities in the answer", "logprobs": "log-probabilities in the answer",
             "speechConfig": "audio output", "imageConfig": "image output", "audioTimestamp": "audio input",
-            "enableAffectiveDialog": "affective dialog"}
+            "enableAffectiveDialog": "affective dialog", "audioTranscriptionConfig": "audio transcription"}
 MODES = {"AUTO": "auto", "VALIDATED": "auto", "MODE_UNSPECIFIED": "auto", "ANY": "required", "NONE": "none"}
 
 
@@ -184,9 +184,10 @@ class GeminiDialect:
     def validate(self, body: dict[str, Any], allowed: frozenset[str] = frozenset()) -> None:
         refuse_unknown_google(body, KNOWN_FIELDS | allowed)
         validate(GenerateContentRequest, body)
-        if body.get("cachedContent"):
-            raise InvalidRequest("cachedContent: this engine keeps no cached contents; send the contents",
-                                 param="cachedContent")
+        for name in ("cachedContent", "continuationToken"):
+            if body.get(name):
+                raise InvalidRequest(f"{name}: this engine keeps no contents between calls; send the contents",
+                                     param=name)
         check_contents(body)
         check_tools(body)
         check_generation(body.get("generationConfig") or {})
