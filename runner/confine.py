@@ -41,8 +41,8 @@ from runner.errors import RunInputError
 log = logging.getLogger("rlproxy.run")
 
 SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/run", "/snap", "/nix")
-# the kernel's views: readable (the ptrace rule keeps other domains' environ, mem and fd out of reach)
-KERNEL = ("/proc", "/sys")
+KERNEL = ("/sys",)  # the kernel's view, readable; /proc is granted apart (_grant_proc)
+PROC = "/proc"
 SECRETS = ("/run/secrets", "/var/run/secrets")  # containers' mounted secrets (Docker, Kubernetes service tokens)
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty", "/dev/ptmx")
 DEVICE_FOLDERS = ("/dev/pts",)
@@ -153,6 +153,7 @@ def ruleset_for(argv: list[str] | str, env: dict[str, str], cwd: str | None) -> 
     try:
         for root in _readable(argv, env):
             _grant(ruleset, root, landlock.READ, holes, temp)
+        _grant_proc(ruleset)
         for root in SHARED + policy.write:
             _grant(ruleset, os.path.realpath(root), landlock.WRITE, holes, temp)
         for device in DEVICES:
@@ -187,6 +188,22 @@ def _readable(argv: list[str] | str, env: dict[str, str]) -> list[str]:
         if root and os.path.isabs(root) and (real := os.path.realpath(root)) not in found and os.path.exists(real):
             found.append(real)
     return found
+
+
+def _grant_proc(ruleset: landlock.Ruleset) -> None:
+    """/proc's system-wide files (cpuinfo, meminfo, stat, sys/...) and the listing of its processes, never a
+    process's own folder: Landlock keeps `mem` and `fd` of other domains from the agent, not `environ`, which holds
+    a concurrent attempt's task (RLPROXY_TASK, the --env-map values) and token. The program's own
+    /proc/<pid> is granted in the child before it restricts itself (runner/confine_landlock.py); the processes
+    it starts do not get theirs (`ps` lists no process)."""
+    try:
+        entries = list(os.scandir(PROC))
+    except OSError:
+        return
+    ruleset.allow(PROC, landlock.READ_DIR)
+    for entry in entries:
+        if not entry.name.isdigit() and not entry.is_symlink():  # self, mounts, net: links into a process's own
+            ruleset.allow(os.path.join(PROC, entry.name), landlock.READ_FILE | landlock.READ_DIR, follow=False)
 
 
 def _package_of(program: str) -> str:

@@ -126,6 +126,15 @@ def restrict_self(ruleset_fd: int) -> None:
     ruleset for good. A failure ends the child (exit status 126, as a shell's "cannot run") with the reason on its
     standard error: an agent never runs unconfined when it was to be confined."""
     libc = _libc()
+    try:  # its own /proc/<pid> (the runner could not name it before the fork), readable
+        own = os.open("/proc/self", os.O_PATH | os.O_CLOEXEC)
+    except OSError:
+        own = -1
+    if own >= 0:
+        attr = PathBeneathAttr(READ_FILE | READ_DIR, own)
+        libc.syscall(ADD_RULE, ctypes.c_int(ruleset_fd), ctypes.c_int(RULE_PATH_BENEATH), ctypes.byref(attr),
+                     ctypes.c_uint32(0))
+        os.close(own)
     if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or \
             libc.syscall(RESTRICT_SELF, ctypes.c_int(ruleset_fd), ctypes.c_uint32(0)) != 0:
         os.write(2, f"rlproxy run: cannot confine the agent: {os.strerror(ctypes.get_errno())}\n".encode())

@@ -1,7 +1,8 @@
 """An agent that tries to reach what `rlproxy run` keeps to itself, as an agent whose shell runs what a model wrote
 could: the files named in $REACH_TARGETS (JSON: name -> path: the journal, the task files, a key file), another
-attempt's task file (attempts meet through the shared folder $REACH_SHARED, as agents of one machine always can),
-/proc/<pid>/environ of each of its ancestors (the runner's key is in the runner's), the runner's mem, working folder
+attempt's task file and its environment
+(attempts meet through the shared folder $REACH_SHARED, as agents of one machine always can; the test puts the
+runner's pid there), /proc/<pid>/environ of its parent and of the runner (the runner's key is in the runner's), the runner's mem, working folder
 and descriptors through /proc, the descriptors it inherited, a symbolic and a hard link to the journal made in its
 own HOME, a forged journal line, removing the task file, a signal to the runner; it leaves a `setsid` sleeper
 behind. It writes what it found to $REACH_OUT/<rollout id>.json, asks the model once (the call is recorded) and
@@ -35,16 +36,12 @@ def write(path: str) -> str:
         return f"refused: {exc.strerror}"
 
 
-def ancestors() -> list[int]:
-    found, pid = [], os.getppid()
-    while pid > 1:
-        found.append(pid)
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-        except OSError:
-            break
-        pid = int(stat[stat.rindex(")") + 2:].split()[1])
-    return found
+def runner_pid(shared: Path) -> int:
+    """The runner's pid, as the test that started it told (its /proc files are not the agent's to search)."""
+    deadline = time.monotonic() + 10
+    while not (shared / "runner.pid").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return int((shared / "runner.pid").read_text())
 
 
 def environ_of(pid: int) -> str:
@@ -75,9 +72,10 @@ def others_task(shared: Path, own: str) -> dict[str, str]:
     (shared / f"{os.getpid()}.path").write_text(own)
     deadline = time.monotonic() + 15
     while time.monotonic() < deadline:
-        seen = [p.read_text() for p in shared.glob("*.path") if p.read_text() not in ("", own)]
-        if seen:
-            return {path: read(path) for path in seen}
+        seen = {p.stem: p.read_text() for p in shared.glob("*.path") if p.read_text() not in ("", own)}
+        if seen:  # its task file, and its environment (RLPROXY_TASK holds the task, OPENAI_API_KEY its token)
+            return {**{path: read(path) for path in seen.values()},
+                    **{f"/proc/{pid}/environ": read(f"/proc/{pid}/environ") for pid in seen}}
         time.sleep(0.1)
     return {}
 
@@ -90,21 +88,25 @@ def probe(model_url: str | None, key: str, rollout: str) -> dict:
     own = os.environ.get("RLPROXY_TASK_FILE") or str(Path.cwd() / "no-task-yet")
     found["own_task"] = read(own) if model_url else "read: (a harness's)"
     found["other_tasks"] = others_task(shared, own) if model_url else {}
-    found["environ"] = {str(pid): environ_of(pid) for pid in ancestors()}
+    runner = runner_pid(shared)
+    found["runner"] = runner
+    found["environ"] = {str(pid): environ_of(pid) for pid in {os.getppid(), runner}}
     fds = {}
-    for fd in os.listdir("/proc/self/fd"):
+    for fd in range(3, 256):  # what it inherited beyond its standard input, output and error
         try:
-            fds[fd] = os.readlink(f"/proc/self/fd/{fd}")
+            os.fstat(fd)
         except OSError:
-            pass
+            continue
+        try:
+            fds[str(fd)] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            fds[str(fd)] = "open"
     found["fds"] = fds
     found["links"] = links(Path(os.environ["HOME"]), targets["journal"])
     try:
         found["listing"] = sorted(os.listdir(os.path.dirname(targets["journal"])))
     except OSError as exc:
         found["listing"] = f"refused: {exc.strerror}"
-    runner = next(pid for pid in ancestors() if b"rlproxy.cli" in Path(f"/proc/{pid}/cmdline").read_bytes())
-    found["runner"] = runner
     # its memory, the journal through its root, each descriptor it holds open (the journal's among them)
     found["runner_proc"] = {"mem": read(f"/proc/{runner}/mem"),
                             "root": read(f"/proc/{runner}/root{targets['journal']}")}
