@@ -5,7 +5,8 @@ files (`--tasks`, `--eval-tasks`: evaluation answers), the runner's key files an
 Each program an attempt starts (a `--command`, an agent class, a harness and its `--verify`) is confined between
 fork and exec, by an allow-list the runner builds:
 
-- read and run: the system's folders (/usr, /bin, /lib*, /etc, /opt, /run, /sys, /proc), Python's prefixes and
+- read and run: the system's folders (/usr, /bin, /lib*, /etc, /opt, /run, /sys), /proc's system-wide files and
+  the program's own /proc/<pid> (no other process's: see _grant_proc), Python's prefixes and
   import path, the PATH's folders (and the prefix above a `bin` or `shims` one: npm's global packages, pyenv),
   the harness's own package, the runner's working folder and `--agent-read`;
 - read and write: the attempt's own folders (its task folder with a fresh HOME and TMPDIR, a harness's working
@@ -16,8 +17,8 @@ fork and exec, by an allow-list the runner builds:
   lead nowhere new: a path is checked where it ends, and a hard link to a file the agent cannot reach is
   refused (EXDEV).
 
-Landlock also keeps the agent from ptrace and from /proc/<pid>/environ, mem, fd and cwd of any process outside its
-own domain (the runner, the other attempts), root or not; with ABI 6 its signals and abstract unix sockets too.
+Landlock also keeps the agent from ptrace of any process outside its own domain (the runner, the other attempts),
+root or not; with ABI 6 its signals and abstract unix sockets too.
 It does not confine the network, nor named unix sockets (docs/security.md).
 
 Where there is no Landlock (older kernels, another system) agents run as before, unconfined: the run says so
