@@ -162,7 +162,9 @@ class HarnessAgent:
         if self.repo_field:
             source = task[self.repo_field]
             # the runner's own tool: its environment (credentials for private repositories), never a prompt
-            code, _, err = await run_process(git_clone(source, work), {**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+            # the runner's own tool, not the agent's: unconfined (it writes the attempt's working folder)
+            code, _, err = await run_process(git_clone(source, work), {**os.environ, "GIT_TERMINAL_PROMPT": "0"},
+                                             confined=False)
             return None if code == 0 else f"git clone {source!r}: {failure(code, err)}"
         if self.workdir is not None:
             shutil.copytree(self.workdir, work, symlinks=True)
