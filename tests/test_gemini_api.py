@@ -210,3 +210,25 @@ def test_every_field_the_sdk_sends_is_one_the_route_knows():
 
     sent = {camel(name) for name in types.GenerateContentConfig.model_fields} - CLIENT_SIDE
     assert sent - GEMINI - GEMINI_GENERATION == set()
+
+
+def test_a_redacted_gemini_call_keeps_its_shape_and_loses_its_text():
+    """--redact scrubs systemInstruction, contents and candidates as it scrubs the other APIs' text fields."""
+    from datetime import datetime, timezone
+
+    from proxy.recording import redact_record
+    from store.records import CallRecord
+
+    call = {"functionCall": {"id": "c1", "name": "calculator", "args": {"expression": "6*7"}}}
+    record = CallRecord("x", "gemini", datetime.now(timezone.utc), prompt_token_ids=[1, 2], request={
+        "model": "stub-model", "systemInstruction": {"parts": [{"text": "secret system"}]},
+        "contents": [{"role": "user", "parts": [{"text": "secret question"}]}, {"role": "model", "parts": [call]}],
+        "generationConfig": {"temperature": 1.0}}, response={"candidates": [
+            {"content": {"role": "model", "parts": [{"text": "secret answer"}]}, "finishReason": "STOP"}]})
+
+    redact_record(record)
+
+    assert "secret" not in json.dumps([record.request, record.response])
+    assert record.request["contents"][0]["role"] == "user" and record.request["generationConfig"] == {"temperature": 1.0}
+    assert record.request["contents"][1]["parts"][0]["functionCall"]["name"] == "calculator"
+    assert record.response["candidates"][0]["finishReason"] == "STOP" and record.prompt_token_ids == [1, 2]
