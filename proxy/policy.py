@@ -8,7 +8,10 @@ replicas are out of rotation for each serving version (engine/fleet.py) and hand
 An evaluation-traffic canary answers evaluation rollouts only. A call says it is one by header or agent name;
 a rollout created with `POST /rollouts {"eval": true}` (or for an evaluation agent) is looked up in the store
 once (then remembered), and only while such a canary runs and would answer that rollout: other calls pay
-nothing for it."""
+nothing for it.
+
+An activation (`POST /policies/{version}/activate`, `activate`) is made here too: the route only reads the request,
+and the router follows the new version at once rather than at its next refresh."""
 from __future__ import annotations
 
 import asyncio
@@ -19,10 +22,16 @@ from dataclasses import dataclass
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from core.policy_rules import BASE_POLICY, PolicyRules
+from engine import lifecycle
+from engine.adapters import AdapterError
 from proxy.context import CallContext
+from proxy.errors import InvalidRequest, NotFoundError, UpstreamUnavailable
+from proxy.metrics import ProxyMetrics
 from proxy.rollout_pins import RolloutPins
 from proxy.upstream import UpstreamPool
 from store import canary as canaries
+from store import errors as store_errors
+from store import policies as store_policies
 from store import replicas
 from store.rollouts import rollout_kind
 from store.policies import ActivePolicy, base_of
@@ -195,6 +204,42 @@ class PolicyRouter:
             names = {p.version: p.name for p in self.serving()}
             self.upstreams.withhold({names[v]: frozenset(urls) for v, urls in withheld.items() if v in names})
 
+    async def activate(self, version: int, policy: str, *, named: bool, activatable: set[str] | None,
+                       metrics: ProxyMetrics) -> str:
+        """`POST /policies/{version}/activate`'s work: serve `version` (0: `policy` back to the base model) and
+        follow it at once; returns the policy it belongs to. `named`: the caller named `policy`; `activatable`: the
+        policies its key may activate (None: every one). Another project's policy or version answers as one that
+        does not exist (404), worded alike, so nothing leaks (docs/security.md)."""
+        scoped = activatable is not None
+        if not 0 <= version < 2**31:  # versions are 32-bit in the store: anything else cannot exist
+            raise _missing_version(version, scoped)
+        if version == store_policies.BASE_VERSION and policy == BASE_POLICY:
+            raise InvalidRequest(f"{BASE_POLICY!r} is always the base model", param="policy")
+        if scoped and (named or version == store_policies.BASE_VERSION) and policy not in activatable:
+            raise _hidden_policy(policy)
+        if version != store_policies.BASE_VERSION:
+            async with self.sessions() as session:
+                try:
+                    owner = await store_policies.policy_of(session, version)
+                except store_errors.NotFound:
+                    raise _missing_version(version, scoped) from None
+            if scoped and owner not in activatable:
+                raise _missing_version(version, scoped)  # before the check below could say whose it is
+            if named and owner != policy:
+                raise InvalidRequest(f"policy version {version} belongs to policy {owner!r}, not {policy!r}",
+                                     param="policy")
+            policy = owner
+        try:
+            # A rollback target is loaded again from its own folder on every replica before it serves, so weights
+            # left under its name (another store's, or an older copy) never answer for it.
+            await lifecycle.activate(self.sessions, self.upstreams.adapters(), version, policy=policy,
+                                     metrics=metrics.fleet)
+        except AdapterError as exc:
+            raise UpstreamUnavailable(f"policy version {version} was not activated: {exc}") from None
+        await self.refresh()
+        metrics.observe_policies(self)
+        return policy
+
     async def start(self, interval: float) -> None:
         await self.refresh()
         self._task = asyncio.create_task(self._loop(interval), name="policy-refresh")
@@ -210,3 +255,14 @@ class PolicyRouter:
     async def close(self) -> None:
         if self._task is not None:
             self._task.cancel()
+
+
+def _hidden_policy(policy: str) -> NotFoundError:
+    return NotFoundError(f"policy {policy!r} does not exist or is not this project's", param="policy")
+
+
+def _missing_version(version: int, scoped: bool) -> NotFoundError:
+    """A project's admin key is told the same about another project's version and one that does not exist."""
+    if not scoped:
+        return NotFoundError(f"policy version {version} does not exist")
+    return NotFoundError(f"policy version {version} does not exist or is not this project's", param="version")

@@ -11,14 +11,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from core.policy_rules import BASE_POLICY, RuleError, check_policy_name
-from engine import lifecycle
-from engine.adapters import AdapterError
+from core.policy_rules import RuleError, check_policy_name
 from proxy.bodies import Activated, PolicyList
 from proxy.api import Answer, Endpoint
-from proxy.errors import InvalidRequest, NotFoundError, UpstreamUnavailable
+from proxy.errors import InvalidRequest
 from proxy.state import state
-from store import errors as store_errors
 from store import policies as store_policies
 from store import step_history
 
@@ -67,52 +64,14 @@ async def list_policies(request: web.Request) -> web.Response:
     return PolicyList(data=listed, policy=policy, active=active, policies=served, yields=yields).reply()
 
 
-def _hidden_policy(policy: str) -> NotFoundError:
-    return NotFoundError(f"policy {policy!r} does not exist or is not this project's", param="policy")
-
-
-def _missing_version(version: int, scoped: bool) -> NotFoundError:
-    """A project's admin key is told the same about another project's version and one that does not exist."""
-    if not scoped:
-        return NotFoundError(f"policy version {version} does not exist")
-    return NotFoundError(f"policy version {version} does not exist or is not this project's", param="version")
-
-
 async def activate_policy(request: web.Request) -> web.Response:
     try:
         version = int(request.match_info["version"].removeprefix("v"))
     except ValueError:
         raise InvalidRequest("policy version must be an integer like 3 or v3", param="version") from None
-    app, policy, activatable = state(request), _policy(request), _activatable(request)
-    scoped = activatable is not None
-    if not 0 <= version < 2**31:  # versions are 32-bit in the store: anything else cannot exist
-        raise _missing_version(version, scoped)
-    if version == store_policies.BASE_VERSION and policy == BASE_POLICY:
-        raise InvalidRequest(f"{BASE_POLICY!r} is always the base model", param="policy")
-    named = "policy" in request.query
-    if scoped and (named or version == store_policies.BASE_VERSION) and policy not in activatable:
-        raise _hidden_policy(policy)
-    if version != store_policies.BASE_VERSION:
-        async with app.sessions() as session:
-            try:
-                owner = await store_policies.policy_of(session, version)
-            except store_errors.NotFound:
-                raise _missing_version(version, scoped) from None
-        if scoped and owner not in activatable:
-            raise _missing_version(version, scoped)  # before the check below could say whose it is
-        if named and owner != policy:
-            raise InvalidRequest(f"policy version {version} belongs to policy {owner!r}, not {policy!r}",
-                                 param="policy")
-        policy = owner
-    try:
-        # A rollback target is loaded again from its own folder on every replica before it serves, so weights
-        # left under its name (another store's, or an older copy) never answer for it.
-        await lifecycle.activate(app.sessions, app.upstreams.adapters(), version, policy=policy,
-                                 metrics=app.metrics.fleet)
-    except AdapterError as exc:
-        raise UpstreamUnavailable(f"policy version {version} was not activated: {exc}") from None
-    await app.router.refresh()
-    app.metrics.observe_policies(app.router)
+    app = state(request)
+    policy = await app.router.activate(version, _policy(request), named="policy" in request.query,
+                                       activatable=_activatable(request), metrics=app.metrics)
     return Activated(version=version, policy=policy, status="active").reply()
 
 
