@@ -51,7 +51,7 @@ async def stream_generate_content(request: web.Request) -> web.StreamResponse:
     model = _model(request)
     if request.query.get("alt") != "sse":
         raise InvalidRequest("streamGenerateContent is served as server-sent events: add ?alt=sse (google-genai "
-                             "and Gemini CLI send it)", param="alt")
+                             "and Gemini CLI send it)", param="alt", code="alt_sse_required")
     return await state(request).serving["gemini_stream"].handle(request, path_model=model)
 
 
