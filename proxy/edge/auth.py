@@ -286,6 +286,9 @@ async def authenticate(request: web.Request, handler):
     auth = request.app[AUTH]
     access = access_for(request)
     if access is Access.PUBLIC or not (auth.enabled or presents_rollout_token(request)):
+        # No key and no project: every reader asks with .get(), which for a name not set raises and catches a
+        # KeyError inside aiohttp's Mapping (3 us, half a dozen times a recorded call); set, it is 0.1 us.
+        request[KEY] = request["project"] = None
         return await handler(request)
     key = await auth.identify(request)
     request[KEY] = key
