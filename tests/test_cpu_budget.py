@@ -21,7 +21,7 @@ from testkit.processes import free_port, fresh_database, proxy_command, running,
 FLOOR = 0.11  # proxy calls per CPU second / the stub's; a 2x regression of today's 0.16-0.21 lands below it
 CLIENTS = 16
 ROUNDS = 3
-SECONDS = 1.0  # per target and round
+SECONDS = 0.75  # per target and round
 BODY = orjson.dumps({"model": "stub-model", "messages": [{"role": "user", "content": "What is 6 times 7?"}],
                     "max_tokens": 8})
 
