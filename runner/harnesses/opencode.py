@@ -1,18 +1,19 @@
-"""OpenCode (npm `opencode-ai`): Chat Completions through the `@ai-sdk/openai-compatible` provider it bundles, the
-rollout a provider of its global `opencode.json` (`options.baseURL`, the model under the provider's `models`);
-`opencode run` with no message argument reads the task from standard input and runs it to its end.
+"""OpenCode (npm `opencode-ai`): Chat Completions through the `@ai-sdk/openai-compatible` provider it bundles,
+the rollout a provider of its global `opencode.json` (`options.baseURL`, the model under the provider's
+`models`); `opencode run` with no message argument reads the task from standard input and runs it to its end.
 
 It starts in `$PWD`, not in the process's working folder (a stale `PWD` ends it with "UnknownError" before any
 call): PWD is the attempt's working folder.
 
-Offline: no update check, no models.dev catalogue fetch, no LSP download, no sharing, no plugins (`OPENCODE_PURE`,
-no default ones). At start it also installs `@opencode-ai/plugin` from the npm registry into every configuration
-folder (for the custom tools a folder may hold) unless that folder's lock file already lists it: the fresh
-configuration folder gets a `package-lock.json` that does, so nothing is fetched (no custom tools are there).
+Offline: no update check, no models.dev catalogue fetch, no LSP download, no sharing, no plugins
+(`OPENCODE_PURE`, no default ones). At start it also installs `@opencode-ai/plugin` from the npm registry into
+every configuration folder (for the custom tools a folder may hold) unless that folder's lock file already
+lists it: the fresh configuration folder gets a `package-lock.json` that does, so nothing is fetched (no
+custom tools are there).
 
-Contained: the working folder's own configuration (`opencode.json`, `.opencode/`, `AGENTS.md`: a task's repository
-is data) is not loaded (`OPENCODE_DISABLE_PROJECT_CONFIG`), nor `~/.claude` skills and prompts; `--auto` approves
-its tools (the fresh folder is the sandbox, as for Codex)."""
+Contained: the working folder's own configuration (`opencode.json`, `.opencode/`, `AGENTS.md`: a task's
+repository is data) is not loaded (`OPENCODE_DISABLE_PROJECT_CONFIG`), nor `~/.claude` skills and prompts;
+`--auto` approves its tools (the fresh folder is the sandbox, as for Codex)."""
 from __future__ import annotations
 
 import json
@@ -40,10 +41,12 @@ class OpenCode(Harness):
         (folder / "node_modules").mkdir(parents=True)
         dependencies = {"dependencies": {PLUGIN: self.pin.version}}
         (folder / "package.json").write_text(json.dumps(dependencies))
-        (folder / "package-lock.json").write_text(json.dumps({"lockfileVersion": 3, "packages": {"": dependencies}}))
+        lock = {"lockfileVersion": 3, "packages": {"": dependencies}}
+        (folder / "package-lock.json").write_text(json.dumps(lock))
         (folder / "opencode.json").write_text(json.dumps({
             "provider": {PROVIDER: {"npm": "@ai-sdk/openai-compatible", "name": PROVIDER,
-                                    "options": {"baseURL": config.openai_base_url, "apiKey": "{env:OPENAI_API_KEY}"},
+                                    "options": {"baseURL": config.openai_base_url,
+                                                "apiKey": "{env:OPENAI_API_KEY}"},
                                     "models": {config.model: {"name": config.model}}}},
             "model": model, "small_model": model,  # its side calls (the session's title) to the rollout too
             "autoupdate": False, "share": "disabled"}))
