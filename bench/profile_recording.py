@@ -8,8 +8,10 @@ of the recording path with its share and its microseconds per call:
     exclusive   every sample goes to the innermost frame that belongs to a stage (the shares add up to 100%)
     inclusive   every sample counts for each stage it passes through (the serving stage holds the handler)
 
-Only samples of threads on the CPU are taken (py-spy leaves idle ones out), so the shares are of the proxy's CPU
-time, not of wall time. On a shared machine the microseconds move with the machine's load; the shares much less.
+Only samples of a thread holding the GIL are taken (`--gil`): the event loop working, not waiting in epoll (with
+uvloop the wait is in C under `run_app`, which py-spy's idle test alone does not leave out). A thread descheduled
+while it holds the GIL is still sampled, so on a shared machine the microseconds move with the machine's load; the
+shares much less. `--native` adds C frames (uvloop, the socket calls) but pauses the process for every sample.
 
     python bench/profile_recording.py [--levels 1,16] [--seconds 8] [--prompt-bytes 0,42000] [--quick]
                                       [--database-url postgresql+asyncpg://postgres@127.0.0.1:5432/test]
