@@ -16,6 +16,7 @@ from typing import Any
 import openai
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from core.settings import PLACEHOLDER_KEY
 from demo.agent import evaluate_detailed
 from demo.tasks import Task, heldout_tasks
 from store import policies, verdicts
@@ -53,7 +54,7 @@ class HeldoutResult:
 
 
 async def evaluate_heldout(base_url: str, model: str, tasks: list[Task], *, concurrency: int = 8,
-                           api_key: str = "rlproxy", max_retries: int = 2,
+                           api_key: str = PLACEHOLDER_KEY, max_retries: int = 2,
                            on_episode: Callable[[], None] | None = None) -> HeldoutResult:
     """One episode per task of `model` at `base_url` (ending in /v1); `on_episode()` as each one ends."""
     client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=max_retries)
@@ -88,7 +89,7 @@ async def record(session: AsyncSession, version: int, result: HeldoutResult, **e
 
 async def evaluate_policy(version: int, database_url: str, *, proxy: str | None = None, upstream: str | None = None,
                           tasks: int = 48, seed: int = 0, concurrency: int = 8,
-                          api_key: str = "rlproxy") -> tuple[HeldoutResult, bool]:
+                          api_key: str = PLACEHOLDER_KEY) -> tuple[HeldoutResult, bool]:
     """Measure policy `version` (v0: the base model) on `tasks` held-out tasks, through a proxy or on an
     engine directly (trainer/gates/evaluate.py finds it), and store the result on its row. Returns the result and
     whether it was stored."""

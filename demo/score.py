@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 
+from core.settings import PLACEHOLDER_KEY
 from core.settings.train import demo_score_command
 from demo.evaluate import evaluate_heldout
 from demo.tasks import SPLITS
@@ -43,9 +44,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tasks", type=int, default=48, help="Tasks, one episode each.")
     parser.add_argument("--seed", type=int, default=0, help="Which tasks (the same seed gives the same tasks).")
     parser.add_argument("--concurrency", type=int, default=8, help="Episodes in flight.")
-    parser.add_argument("--api-key", default=None, help="Bearer key (default: $OPENAI_API_KEY or 'rlproxy').")
+    parser.add_argument("--api-key", default=None, help=f"Bearer key (default: $OPENAI_API_KEY or {PLACEHOLDER_KEY!r}).")
     args = parser.parse_args(argv)
-    key = args.api_key or os.environ.get("OPENAI_API_KEY") or "rlproxy"
+    key = args.api_key or os.environ.get("OPENAI_API_KEY") or PLACEHOLDER_KEY
     print(json.dumps(asyncio.run(score(args.base_url, args.model, args.split, args.tasks, args.seed,
                                        args.concurrency, key))), flush=True)
 

@@ -5,7 +5,7 @@ from core.settings.base import CommandSettings, Part
 from core.settings.demo import DemoSettings
 from core.settings.engine import EngineSettings
 from core.settings.eval import EvalSettings
-from core.settings.fields import ENV_PREFIX, Setting, env_name, settings_of
+from core.settings.fields import ENV_PREFIX, PLACEHOLDER_KEY, Setting, env_name, settings_of
 from core.settings.ingest import IngestSettings
 from core.settings.locations import DEFAULT_DATABASE_URL, DEFAULT_PROXY, cache_dir
 from core.settings.maintenance import (ExportSettings, KeysCreateSettings, KeysListSettings, KeysRevokeSettings,
@@ -17,7 +17,7 @@ from core.settings.train import TrainerSettings
 from core.settings.training import TrainingSettings
 
 __all__ = [
-    "CommandSettings", "Part", "Setting", "ENV_PREFIX", "env_name", "settings_of", "DEFAULT_DATABASE_URL",
+    "CommandSettings", "Part", "Setting", "ENV_PREFIX", "PLACEHOLDER_KEY", "env_name", "settings_of", "DEFAULT_DATABASE_URL",
     "DEFAULT_PROXY", "cache_dir", "ProxySettings", "WriterSettings", "AuthSettings", "IngestSettings",
     "EngineSettings", "TrainerSettings", "TrainingSettings", "DemoSettings", "RunSettings", "EvalSettings", "PruneSettings",
     "Pruning", "MigrateSettings", "KeysCreateSettings", "KeysListSettings", "KeysRevokeSettings", "ExportSettings",

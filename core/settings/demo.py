@@ -40,7 +40,7 @@ class DemoSettings(CommandSettings):
         0.25, ge=0, le=0.9,
         description="With --gate probes: the share of episodes that are held-out probes (0 to 0.9).")
     gate_margin: float = Field(
-        0.1, description="A candidate may score this much worse than its parent and still serve (sampling noise).")
+        0.1, ge=0, description="A candidate may score this much worse than its parent and still serve (sampling noise).")
     task_seed: int = Field(0, description="Seed of the agent's task draws.")
     air: bool = Field(True, description="Automatic intermediate rewards (the demo's text protocol).")
     headless: bool = Field(

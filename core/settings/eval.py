@@ -3,12 +3,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 
 from core.settings.base import CommandSettings
 from core.settings.locations import DEFAULT_DATABASE_URL, DEFAULT_PROXY
 from core.settings.urls import engine_url
-from core.settings.fields import SECRET
+from core.settings.fields import PLACEHOLDER_KEY
+from core.settings.train import EVAL_TIMEOUT, EvalTimeout
 
 
 class EvalSettings(CommandSettings):
@@ -32,9 +33,9 @@ class EvalSettings(CommandSettings):
     tasks: int = Field(48, ge=1, description="Held-out tasks, one episode each (demo task).")
     seed: int = Field(0, description="Which held-out tasks (the same seed gives the same tasks).")
     concurrency: int = Field(8, ge=1, description="Episodes in flight (demo task).")
-    eval_timeout: float = Field(1800.0, gt=0, description="Seconds --command may take.")
-    api_key: str = Field("rlproxy", description="Bearer key sent to the proxy (when its auth is on).",
-                         json_schema_extra=SECRET)
+    eval_timeout: EvalTimeout = EVAL_TIMEOUT
+    api_key: SecretStr | None = Field(None, description="Bearer key sent to the proxy (when its auth is on); none: "
+                                                        "the placeholder a proxy without keys takes.")
     database_url: str = Field(DEFAULT_DATABASE_URL, description="SQLAlchemy async database URL.")
 
     @field_validator("upstream")
@@ -52,3 +53,7 @@ class EvalSettings(CommandSettings):
                 raise ValueError(f"{value!r} is not a version like v3")
             return int(text)
         return value
+
+    def key(self) -> str:
+        """The key sent to the proxy or engine: the one set, else the placeholder."""
+        return self.api_key.get_secret_value() if self.api_key is not None else PLACEHOLDER_KEY

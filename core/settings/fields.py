@@ -31,6 +31,9 @@ from pydantic_core import PydanticUndefined
 
 ENV_PREFIX = "RLPROXY_"
 SECRET = {"secret": "value"}  # json_schema_extra of a secret kept as text (a key with a default)
+# The key a client is given where it needs one and none is set: OpenAI's and other clients refuse to start without
+# a key, and a proxy with keys off reads none (one with keys on refuses it as any unknown key).
+PLACEHOLDER_KEY = "rlproxy"
 
 
 def env_name(flag: str, prefix: str = ENV_PREFIX) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 
@@ -26,6 +26,11 @@ def demo_score_command(tasks: int = 48, seed: int = 0, concurrency: int = 8, pyt
 
 
 DRAIN_SECONDS = 30.0  # TrainerSettings.drain_seconds' default, which a Publisher built in code also drains for
+
+# How long one run of an evaluation command may take: the command gate's (`rlproxy train`) and `rlproxy eval`'s.
+EvalTimeout = Annotated[float, Field(gt=0, description="Seconds one run of the evaluation command may take; then "
+                                                       "it is killed (a gate's candidate is not promoted).")]
+EVAL_TIMEOUT = 1800.0
 
 
 class TrainerSettings(CommandSettings):
@@ -73,8 +78,7 @@ class TrainerSettings(CommandSettings):
         None, description="The command gate's evaluation script, run through the shell with {base_url}, "
                           "{model}, {version} and {split} filled in; it prints one JSON line "
                           "{\"score\": x, \"n\": k} (docs/gates.md).")
-    eval_timeout: float = Field(1800.0, gt=0, description="Seconds one run of eval_command may take; then it "
-                                                          "is killed and the candidate is not promoted.")
+    eval_timeout: EvalTimeout = EVAL_TIMEOUT
     eval_base_url: str | None = Field(
         None, description="Base URL (ending in /v1) eval_command is given; default: the first engine's. It must "
                           "serve every loaded adapter by name.")

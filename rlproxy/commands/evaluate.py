@@ -41,7 +41,7 @@ def eval_(**params) -> None:
         if settings.eval_command:
             result, stored = asyncio.run(evaluate.by_command(
                 version, settings.eval_command, settings.split, database_url, proxy=proxy, upstream=upstream,
-                api_key=settings.api_key, timeout=settings.eval_timeout))
+                api_key=settings.key(), timeout=settings.eval_timeout))
             click.echo(f"{result.describe()} ({result.model}, {result.seconds:.0f} s)")
         else:
             require("eval (the demo task's held-out set)", "demo", ("openai",))
@@ -49,7 +49,7 @@ def eval_(**params) -> None:
 
             result, stored = asyncio.run(evaluate_policy(
                 version, database_url, proxy=proxy, upstream=upstream, tasks=settings.tasks, seed=settings.seed,
-                concurrency=settings.concurrency, api_key=settings.api_key))
+                concurrency=settings.concurrency, api_key=settings.key()))
             click.echo(f"v{version} ({result.model}) held-out success {result.describe()} on {result.tasks} tasks "
                        f"in {result.seconds:.0f} s")
     except evaluate.EvalError as exc:

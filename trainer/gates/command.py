@@ -42,7 +42,7 @@ import aiohttp
 
 from core.errors import RlproxyError
 from core.promotion import promotes
-from core.settings import TrainerSettings
+from core.settings import PLACEHOLDER_KEY, TrainerSettings
 from engine import lifecycle
 from engine.adapters import AdapterError, EngineAdapters
 from engine.model_list import ModelListError, base_model
@@ -130,7 +130,7 @@ async def run_command(template: str, *, base_url: str, model: str, version: int,
     """Run the evaluation command once for one policy and read its score (module docstring)."""
     values = {"base_url": base_url, "model": model, "version": str(version), "split": split}
     command = check_template(template).format(**{k: shlex.quote(v) for k, v in values.items()})
-    env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key or "rlproxy",
+    env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key or PLACEHOLDER_KEY,
            "RLPROXY_EVAL_BASE_URL": base_url, "RLPROXY_EVAL_MODEL": model, "RLPROXY_EVAL_VERSION": str(version),
            "RLPROXY_EVAL_SPLIT": split}
     began = time.monotonic()
