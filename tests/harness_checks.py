@@ -1,7 +1,8 @@
-"""What the real-harness tests (tests/test_run_harness_*.py) check of one `rlproxy run --harness NAME --verify`
-attempt against the scripted stand-in (tests/harness_engine.py): rewarded by its verifier, every call recorded
-exactly as the stand-in answered it (token ids and logprobs), the harness given what the stand-in sent (its next
-request carries the previous answer back), its folder removed and none of its processes left."""
+"""What the real-harness tests (tests/test_run_harness_*.py) check of one `rlproxy run --harness NAME
+--verify` attempt against the scripted stand-in (tests/harness_engine.py): rewarded by its verifier, every
+call recorded exactly as the stand-in answered it (token ids and logprobs), the harness given what the
+stand-in sent (its next request carries the previous answer back), its folder removed and none of its
+processes left."""
 from __future__ import annotations
 
 import json
@@ -38,8 +39,8 @@ def leftover_processes(folder: Path) -> list[str]:
 
 def run_attempt(proxy: str, tmp_path: Path, monkeypatch, harness: str, prompt: str, verify: str,
                 *flags: str) -> dict:
-    """`rlproxy run` of one task with the harness, its attempts' folders under a temporary folder of the test's
-    own (checked empty afterwards, with no process working in it); the attempt's logged end."""
+    """`rlproxy run` of one task with the harness, its attempts' folders under a temporary folder of the
+    test's own (checked empty afterwards, with no process working in it); the attempt's logged end."""
     attempts = tmp_path / "attempts"
     attempts.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(attempts))
@@ -47,7 +48,8 @@ def run_attempt(proxy: str, tmp_path: Path, monkeypatch, harness: str, prompt: s
     tasks.write_text(json.dumps({"id": "marker", "prompt": prompt}) + "\n")
     result = CliRunner().invoke(main, ["run", "--proxy", proxy, "--log", str(log), "--tasks", str(tasks),
                                        "--task-id-field", "id", "--attempts", "1", "--harness", harness,
-                                       "--verify", verify, "--timeout", "120", *flags], catch_exceptions=False)
+                                       "--verify", verify, "--timeout", "120", *flags],
+                                catch_exceptions=False)
     assert result.exit_code == 0, result.output
     [entry] = [e for e in map(json.loads, log.read_text().splitlines()) if e["event"] == "finished"]
     assert list(attempts.iterdir()) == []  # the attempt's folder and home are gone
@@ -59,8 +61,8 @@ def run_attempt(proxy: str, tmp_path: Path, monkeypatch, harness: str, prompt: s
 
 
 def recorded_calls(proxy: str, entry: dict, engine_log: Path) -> list[dict]:
-    """The rollout's calls, each checked recorded exactly as the stand-in answered it; each with the stand-in's
-    log line for it as `sent`."""
+    """The rollout's calls, each checked recorded exactly as the stand-in answered it; each with the
+    stand-in's log line for it as `sent`."""
     rollout = requests.get(f"{proxy}/rollouts/{entry['rollout_id']}", timeout=10).json()
     answered = {line["prompt_sha"]: line for line in map(json.loads, engine_log.read_text().splitlines())}
     calls = rollout["calls"]
@@ -75,9 +77,9 @@ def recorded_calls(proxy: str, entry: dict, engine_log: Path) -> list[dict]:
 
 
 def handed_back(calls: list[dict]) -> None:
-    """Every answer but the last came back in the next request as the assistant's turn: the harness received
-    exactly what the stand-in sent (a tool call's arguments as the same JSON value: some harnesses write it back
-    in their own spacing)."""
+    """Every answer but the last came back in the next request as the assistant's turn: the harness
+    received exactly what the stand-in sent (a tool call's arguments as the same JSON value: some harnesses
+    write it back in their own spacing)."""
     for earlier, later in zip(calls, calls[1:]):
         assistant = [m for m in later["request"]["messages"] if m.get("role") == "assistant"]
         assert assistant, later["request"]

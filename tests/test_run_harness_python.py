@@ -1,7 +1,8 @@
 """`rlproxy run --harness mini-swe-agent|aider`: the real Python harnesses (each in its own virtualenv under
-.venv/harnesses/, scripts/install.sh) per attempt against the scripted stand-in (tests/harness_engine.py) behind
-the proxy: mini-swe-agent calls its bash tool to write the marker file, then to submit; Aider answers with a
-whole-file listing of it. Each is rewarded by --verify and recorded exactly (tests/harness_checks.py)."""
+.venv/harnesses/, scripts/install.sh) per attempt against the scripted stand-in (tests/harness_engine.py)
+behind the proxy: mini-swe-agent calls its bash tool to write the marker file, then to submit; Aider
+answers with a whole-file listing of it. Each is rewarded by --verify and recorded exactly
+(tests/harness_checks.py)."""
 from __future__ import annotations
 
 import json
@@ -27,7 +28,8 @@ def installed(venv: str, program: str) -> None:
 def test_mini_swe_agent_runs_its_bash_tool_and_submits(harness_stand_in, tmp_path, monkeypatch):
     installed("mini-swe-agent", "mini")
     proxy, log = harness_stand_in
-    prompt = '--task=not an option {{ "jinja": 1 }}: write the marker file.'  # text, never a flag or a template
+    # text, never a flag or a template
+    prompt = '--task=not an option {{ "jinja": 1 }}: write the marker file.'
     entry = run_attempt(proxy, tmp_path, monkeypatch, "mini-swe-agent", prompt, VERIFY)
     assert entry["status"] == "rewarded" and entry["reward"] == 1.0, entry.get("error")
     calls = recorded_calls(proxy, entry, log)
@@ -37,7 +39,8 @@ def test_mini_swe_agent_runs_its_bash_tool_and_submits(harness_stand_in, tmp_pat
     handed_back(calls)
     first = calls[0]["request"]
     assert prompt in first["messages"][-1]["content"]
-    assert first["model"] == "auto" and "temperature" not in first  # sampled at the engine's default: trainable
+    # sampled at the engine's default: trainable
+    assert first["model"] == "auto" and "temperature" not in first
 
 
 def test_aider_writes_the_file_its_listing_names(harness_stand_in, tmp_path, monkeypatch):
@@ -56,7 +59,8 @@ def test_aider_writes_the_file_its_listing_names(harness_stand_in, tmp_path, mon
 @pytest.mark.parametrize("installed_as, says", [
     (None, "`aider` is not installed (make install, or: python -m venv {prefix}/harnesses/aider && "
            "{prefix}/harnesses/aider/bin/pip install aider-chat==0.86.2)"),
-    ("0.85.0", "{prefix}/harnesses/aider/bin/aider is at 0.85.0; rlproxy run is tested with aider-chat 0.86.2 "
+    ("0.85.0", "{prefix}/harnesses/aider/bin/aider is at 0.85.0; rlproxy run is tested with aider-chat "
+               "0.86.2 "
                "(make install, or: python -m venv {prefix}/harnesses/aider && "
                "{prefix}/harnesses/aider/bin/pip install aider-chat==0.86.2)"),
 ])
@@ -66,7 +70,8 @@ def test_a_harness_missing_or_at_another_version_is_refused_before_anything_star
         venv = tmp_path / "harnesses" / "aider"
         (venv / "bin").mkdir(parents=True)
         (venv / "bin" / "aider").write_text("#!/bin/sh\ntouch ran\n")
-        (venv / "lib" / "python3.11" / "site-packages" / f"aider_chat-{installed_as}.dist-info").mkdir(parents=True)
+        site = venv / "lib" / "python3.11" / "site-packages"
+        (site / f"aider_chat-{installed_as}.dist-info").mkdir(parents=True)
     monkeypatch.setenv("PATH", "/nonexistent")
     monkeypatch.setattr(sys, "prefix", str(tmp_path))
     monkeypatch.chdir(tmp_path)
@@ -80,8 +85,9 @@ def test_a_harness_missing_or_at_another_version_is_refused_before_anything_star
 
 
 @pytest.mark.parametrize("prompt", ["plain", 'quotes " and \\ and {{ task }}', "lines\n\tand\r\n",
-                                    "\x7f\x85\x9f \u2028 \u2029", "emoji \U0001f600 and \ufeff", ": - [a] {b} # c",
-                                    "\x1b[31m red"])
+                                    "\x7f\x85\x9f \u2028 \u2029", "emoji \U0001f600 and \ufeff",
+                                    ": - [a] {b} # c", "\x1b[31m red"])
 def test_mini_swe_agents_task_file_reads_back_as_the_prompt(prompt):
-    """The task file mini-swe-agent reads (`-c`, PyYAML's safe_load) gives back the prompt character for character."""
+    """The task file mini-swe-agent reads (`-c`, PyYAML's safe_load) gives back the prompt, character for
+    character."""
     assert yaml.safe_load(yaml_document({"run": {"task": prompt}})) == {"run": {"task": prompt}}

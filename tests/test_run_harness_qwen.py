@@ -1,6 +1,6 @@
 """`rlproxy run --harness qwen-code`: the real Qwen Code (npm, in .venv/node beside Claude Code and Codex) per
-attempt against the scripted stand-in (tests/harness_engine.py) behind the proxy: it calls its shell tool to write
-the marker file, then answers; rewarded by --verify and recorded exactly (tests/harness_checks.py)."""
+attempt against the scripted stand-in (tests/harness_engine.py) behind the proxy: it calls its shell tool to
+write the marker file, then answers; rewarded by --verify and recorded exactly (tests/harness_checks.py)."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,8 @@ from tests.harness_engine import MARKER, SHELL_COMMAND
 
 BIN = Path(sys.prefix) / "node" / "node_modules" / ".bin"  # scripts/install.sh installs it there
 
-pytestmark = pytest.mark.skipif(not shutil.which("node"), reason="node is not installed (Qwen Code is a Node program)")
+pytestmark = pytest.mark.skipif(not shutil.which("node"),
+                                reason="node is not installed (Qwen Code is a Node program)")
 
 
 def test_qwen_code_runs_its_shell_tool_and_answers(harness_stand_in, tmp_path, monkeypatch):
@@ -23,7 +24,8 @@ def test_qwen_code_runs_its_shell_tool_and_answers(harness_stand_in, tmp_path, m
         pytest.fail(f"{BIN / 'qwen'} is missing: run `make install`", pytrace=False)
     proxy, log = harness_stand_in
     prompt = "--yolo=false -p 'hi': write the marker file."  # text on its standard input, never options
-    entry = run_attempt(proxy, tmp_path, monkeypatch, "qwen-code", prompt, f'test "$(cat {MARKER})" = rlproxy-ok')
+    verify = f'test "$(cat {MARKER})" = rlproxy-ok'
+    entry = run_attempt(proxy, tmp_path, monkeypatch, "qwen-code", prompt, verify)
     assert entry["status"] == "rewarded" and entry["reward"] == 1.0, entry.get("error")
     calls = recorded_calls(proxy, entry, log)
     tool_calls = [c for c in calls if isinstance(c["sent"]["answer"], dict)]

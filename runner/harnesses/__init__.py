@@ -1,7 +1,7 @@
 """The harnesses `rlproxy run --harness NAME` drives, by name: `HARNESSES` is where `--harness`'s choices come
 from. Each is a module here (its command line, configuration files, offline switches and pinned version) over
-runner/harnesses/base.py (the fresh folders, the environment, the verifier). Add one: a module with a `Harness`
-subclass, a line below, its install in scripts/install.sh and its row in docs/run.md."""
+runner/harnesses/base.py (the fresh folders, the environment, the verifier). Add one: a module with a
+`Harness` subclass, a line below, its install in scripts/install.sh and its row in docs/run.md."""
 from __future__ import annotations
 
 from runner.harnesses.aider import Aider

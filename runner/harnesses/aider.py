@@ -1,16 +1,17 @@
-"""Aider (PyPI `aider-chat`): Chat Completions through litellm, `openai/NAME` at `--openai-api-base`. It has no
-shell tool: it edits files by the edit format it names in its system prompt (here `whole`: a file's path, then its
-whole new text), and `--message-file` runs the one request and exits.
+"""Aider (PyPI `aider-chat`): Chat Completions through litellm, `openai/NAME` at `--openai-api-base`. It has
+no shell tool: it edits files by the edit format it names in its system prompt (here `whole`: a file's
+path, then its whole new text), and `--message-file` runs the one request and exits.
 
-Trainable: aider sends `temperature: 0` to every model without a setting of its own (models.py's `use_temperature`),
-and a greedy sample is no policy sample; the attempt's model settings file (`--model-settings-file`) gives the
-rollout's model `use_temperature: false`, so the engine's default temperature samples.
+Trainable: aider sends `temperature: 0` to every model without a setting of its own (models.py's
+`use_temperature`), and a greedy sample is no policy sample; the attempt's model settings file
+(`--model-settings-file`) gives the rollout's model `use_temperature: false`, so the engine's default
+temperature samples.
 
-Offline and contained: no update check, release notes, analytics, model warnings or URL scraping; no git (`--no-git`:
-no commits in the task's folder), histories in the attempt's home, not in its working folder. Aider still reads
-`.aider.conf.yml`, `.env`, `.aider.model.settings.yml` and `.aider.model.metadata.json` from its working folder and
-that folder's git root whatever it is told (main.py's search paths): what the command line sets wins over them, but
-a task repository's `.env` can still set variables for it (docs/run.md)."""
+Offline and contained: no update check, release notes, analytics, model warnings or URL scraping; no git
+(`--no-git`: no commits in the task's folder), histories in the attempt's home, not in its working folder.
+Aider still reads `.aider.conf.yml`, `.env`, `.aider.model.settings.yml` and `.aider.model.metadata.json` from
+its working folder and that folder's git root whatever it is told (main.py's search paths): what the command
+line sets wins over them, but a task repository's `.env` can still set variables for it (docs/run.md)."""
 from __future__ import annotations
 
 import json

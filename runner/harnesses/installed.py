@@ -1,6 +1,6 @@
-"""Where a harness's program is and whether it is the pinned version: checked before any attempt starts, so that
-a missing harness or one at another version (whose flags, configuration files or wire format may differ from what
-its module writes) stops the run with the command that installs the tested one.
+"""Where a harness's program is and whether it is the pinned version: checked before any attempt starts, so
+that a missing harness or one at another version (whose flags, configuration files or wire format may
+differ from what its module writes) stops the run with the command that installs the tested one.
 
 The version is read from the package the program belongs to (npm's `package.json` above its script, or the
 `*.dist-info` folder of the virtualenv it sits in), never by running it: nothing of a harness runs before its
@@ -39,7 +39,8 @@ class Pin:
         if self.ecosystem == NODE:
             return f"make install, or: npm install --prefix {prefix / 'node'} {self.package}@{self.version}"
         venv = prefix / "harnesses" / self.venv
-        return f"make install, or: python -m venv {venv} && {venv}/bin/pip install {self.package}=={self.version}"
+        pip = f"{venv}/bin/pip install {self.package}=={self.version}"
+        return f"make install, or: python -m venv {venv} && {pip}"
 
 
 def installed_version(executable: Path, pin: Pin) -> str | None:

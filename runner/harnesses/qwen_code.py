@@ -1,12 +1,12 @@
 """Qwen Code (npm `@qwen-code/qwen-code`): Chat Completions at `OPENAI_BASE_URL` with `OPENAI_API_KEY` and
-`OPENAI_MODEL` (its `openai` auth type). With no prompt argument and standard input not a terminal it runs one task
-non-interactively, the prompt read from standard input; `--yolo` approves its tools (the fresh folder is the
-sandbox, as for Codex).
+`OPENAI_MODEL` (its `openai` auth type). With no prompt argument and standard input not a terminal it runs one
+task non-interactively, the prompt read from standard input; `--yolo` approves its tools (the fresh folder is
+the sandbox, as for Codex).
 
-Offline: its settings turn off automatic updates and their notice, usage statistics and telemetry. They are its
-system settings (`QWEN_CODE_SYSTEM_SETTINGS_PATH`, a file in the attempt's home), which win over a working
-folder's `.qwen/settings.json` (a task repository's) and keep the machine's `/etc/qwen-code/settings.json` out;
-that folder's file is still read for what they do not set (docs/run.md)."""
+Offline: its settings turn off automatic updates and their notice, usage statistics and telemetry. They are
+its system settings (`QWEN_CODE_SYSTEM_SETTINGS_PATH`, a file in the attempt's home), which win over a working
+folder's `.qwen/settings.json` (a task repository's) and keep the machine's `/etc/qwen-code/settings.json`
+out; that folder's file is still read for what they do not set (docs/run.md)."""
 from __future__ import annotations
 
 import json
