@@ -232,3 +232,19 @@ def test_a_redacted_gemini_call_keeps_its_shape_and_loses_its_text():
     assert record.request["contents"][0]["role"] == "user" and record.request["generationConfig"] == {"temperature": 1.0}
     assert record.request["contents"][1]["parts"][0]["functionCall"]["name"] == "calculator"
     assert record.response["candidates"][0]["finishReason"] == "STOP" and record.prompt_token_ids == [1, 2]
+
+
+def test_the_key_is_read_from_x_goog_api_key_and_held_to_its_rollout(proxy_url):
+    """The edge reads Google's header as it reads Authorization: a rollout's token there is good for its own
+    rollout alone (with keys off too), so the header is not a way around the key checks."""
+    own = requests.post(f"{proxy_url}/rollouts", json={}).json()
+    other = requests.post(f"{proxy_url}/rollouts", json={}).json()
+    hello = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+
+    def ask(rollout: dict) -> requests.Response:
+        return requests.post(f"{proxy_url}/rollouts/{rollout['rollout_id']}/v1beta/models/stub-model:generateContent",
+                             json=hello, headers={"x-goog-api-key": own["token"]})
+
+    assert ask(own).status_code == 200
+    refused = ask(other)
+    assert refused.status_code == 404 and refused.json()["error"]["status"] == "NOT_FOUND"
