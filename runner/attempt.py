@@ -71,7 +71,7 @@ class AttemptRunner:
 
     def _confine(self) -> None:
         """The agents' programs kept from the journal, the task files, the key files and one another
-        (runner/confine.py); said once in the journal, confined or not (RunInputError under
+        (runner/confine.py); each attempt's "started" line says whether it was and why not (RunInputError under
         --require-confinement where they cannot be)."""
         settings = self.settings
         why_not = ("an --agent function runs inside the runner" if isinstance(self.agent, FunctionAgent)
@@ -80,10 +80,9 @@ class AttemptRunner:
             [self.journal.path if self.journal is not None else None, settings.tasks, settings.eval_tasks],
             read=settings.agent_read, write=settings.agent_write, required=settings.require_confinement,
             why_not=why_not)
-        if self.journal is not None:
-            version = confine.active().version if confined else None
-            self.journal.write("confinement", confined=confined, why=why,
-                               **({"landlock_abi": version} if version else {}))
+        version = confine.active().version if confined else None
+        # on each attempt's "started" line: a run refused before any attempt leaves its journal as it was
+        self.confinement = {"confined": confined, **({"landlock_abi": version} if version else {"why": why})}
 
     async def __call__(self, attempt: Attempt) -> Outcome:
         try:
@@ -135,7 +134,7 @@ class AttemptRunner:
             owner_key=settings.agent_key() if settings.agent_api_key is not None else None,
             reward_source=GRADER if graded else None)
         rollout_id = created.rollout_id
-        self._log("started", attempt, rollout_id=rollout_id, tries=tries)
+        self._log("started", attempt, rollout_id=rollout_id, tries=tries, **self.confinement)
         rollout_root = created.base_url.removesuffix("/v1")
         config = ClientConfig(
             openai_base_url=created.base_url, anthropic_base_url=rollout_root, rollout_id=rollout_id,

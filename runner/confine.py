@@ -22,7 +22,7 @@ root or not; with ABI 6 its signals and abstract unix sockets too.
 It does not confine the network, nor named unix sockets (docs/security.md).
 
 Where there is no Landlock (older kernels, another system) agents run as before, unconfined: the run says so
-once on its output and in the journal (a "confinement" line: confined false and why), and
+once on its output and in the journal (each attempt's "started" line: confined false and why), and
 `--require-confinement` refuses to start instead. An `--agent` function runs inside the runner and is never
 confined."""
 from __future__ import annotations

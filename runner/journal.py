@@ -16,7 +16,6 @@ from core.ids import is_valid_id
 from runner.errors import RunInputError
 
 Key = tuple[str, int, int]  # (task id, epoch, attempt)
-RUN_EVENTS = frozenset({"confinement"})  # lines of the run, not of an attempt (runner/attempt.py)
 
 
 def key_of(entry: dict[str, Any]) -> Key:
@@ -73,8 +72,6 @@ def read_log(path: Path) -> dict[Key, list[dict[str, Any]]]:
     for number, line in enumerate(lines, 1):
         try:
             entry = json.loads(line)
-            if isinstance(entry, dict) and entry.get("event") in RUN_EVENTS:
-                continue
             found.setdefault(key_of(entry), []).append(entry)
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             if number == len(lines):
