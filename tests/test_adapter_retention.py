@@ -16,7 +16,7 @@ from sqlalchemy import select
 from core.settings import TrainerSettings, TrainingSettings
 from store.models import Policy, Rollout
 from tests.support import running_proxy
-from tests.test_trainer_worker import record_episodes
+from tests.episodes import record_episodes
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.train

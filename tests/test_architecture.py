@@ -428,3 +428,50 @@ def test_the_write_rule_sees_a_statement_or_a_row_planted_outside_the_store(tmp_
         "trainer/rows.py:2 session.add()",
         "trainer/verdict.py:2 .evaluation = (policy state: a store/ function)",
     ]
+
+
+# Tests that still import another test module as a library, as (importing file, test module). What they share moves
+# to a conftest.py (fixtures) or a support module of tests/ (a name not starting with test_), and its pair leaves this
+# list; no pair may join it (tests/README.md).
+TEST_MODULE_IMPORTS_LEFT = {
+    ("tests/engine_dialects.py", "tests.test_engine_exactness"),
+    ("tests/test_engine_messages.py", "tests.test_engine_exactness"),
+    ("tests/test_engine_responses.py", "tests.test_engine_exactness"),
+    ("tests/test_run_task_data.py", "tests.test_run"),
+    ("tests/test_runner_inputs.py", "tests.test_run"),
+    ("tests/test_runner_agents.py", "tests.test_run"),
+    ("tests/test_runner_agents.py", "tests.test_run_task_data"),
+    ("tests/test_run_datasets.py", "tests.test_run"),
+    ("tests/test_run_in_process.py", "tests.test_run"),
+    ("tests/test_deny_by_default.py", "tests.test_passthrough"),
+    ("tests/test_parallel.py", "tests.test_trainer_faults"),
+    ("tests/test_off_policy.py", "tests.test_trainer_core"),
+    ("tests/test_client_fidelity.py", "tests.test_responses_api"),
+    ("tests/test_error_tree.py", "tests.test_architecture"),
+}
+
+
+def imports_of_test_modules(root: Path = ROOT) -> set[tuple[str, str]]:
+    """(file, test module) for each import of a test module (tests/…/test_*.py) by a file under tests/."""
+    found = set()
+    for path in sorted((root / "tests").rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        for name, _, _ in imports(path, module):
+            named = name.split(".")
+            for end in range(2, len(named) + 1):  # `from tests.x import test_y` names tests.x.test_y
+                if named[0] == "tests" and named[end - 1].startswith("test_") and name != module:
+                    found.add((str(path.relative_to(root)), ".".join(named[:end])))
+                    break
+    return found
+
+
+def test_no_test_module_is_imported_as_a_library(tmp_path):
+    found = imports_of_test_modules()
+    assert not found - TEST_MODULE_IMPORTS_LEFT, (
+        f"{sorted(found - TEST_MODULE_IMPORTS_LEFT)}: share through a conftest.py fixture or a tests/ support module")
+    assert not TEST_MODULE_IMPORTS_LEFT - found, f"no longer imported, take out of the list: " \
+                                                 f"{sorted(TEST_MODULE_IMPORTS_LEFT - found)}"
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_a.py").write_text("from tests.test_b import helper\nfrom tests import support\n")
+    assert imports_of_test_modules(tmp_path) == {("tests/test_a.py", "tests.test_b")}  # the rule sees one

@@ -69,7 +69,7 @@ def test_export_pages_hold_whole_groups_and_every_rollout_once(own_database_url,
     import io
     from collections import defaultdict
 
-    from tests.test_trainer_worker import record_episodes
+    from tests.episodes import record_episodes
     from trainer import export
 
     ids = asyncio.run(record_episodes(own_database_url, groups=3, group_size=4, calls=1))

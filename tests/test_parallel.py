@@ -16,7 +16,7 @@ import requests
 
 from tests.support import ROOT, free_port, running, stub_command, trainer_command
 from tests.test_trainer_faults import SMALL_STEPS, is_complete_adapter, snapshot, wait_for
-from tests.test_trainer_worker import record_episodes
+from tests.episodes import record_episodes
 from tests.conftest import TINY_VOCAB
 
 torch = pytest.importorskip("torch")

@@ -16,7 +16,7 @@ from sqlalchemy import func, select
 from store.db import open_database, session_factory
 from store.models import Policy, Rollout, TrainStep
 from tests.support import ROOT, free_port, running, stub_command, trainer_command
-from tests.test_trainer_worker import record_episodes
+from tests.episodes import record_episodes
 
 pytest.importorskip("torch")
 

@@ -14,7 +14,7 @@ from core.settings import TrainerSettings, TrainingSettings
 from engine import lifecycle
 from store.db import open_database, session_factory
 from store.models import Policy, Rollout, TrainStep, utcnow
-from tests.test_trainer_worker import record_episodes
+from tests.episodes import record_episodes
 
 torch = pytest.importorskip("torch")
 

@@ -16,48 +16,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from core.settings import TrainerSettings, TrainingSettings
-from store import rollouts as store_rollouts
 from store.calls import write_calls
 from store.db import open_database, session_factory
 from store.models import Policy, Rollout, TrainStep, utcnow
 from store.records import CallRecord, ChoiceRecord
+from tests.episodes import record_episodes
 from tests.support import running_proxy
 
 torch = pytest.importorskip("torch")
-from tests.conftest import TINY_VOCAB as VOCAB
-
-
-async def record_episodes(database_url: str, groups: int, group_size: int, *, calls: int = 2,
-                          task_prefix: str = "task", call_agent: str | None = "solver",
-                          rollout_agent: str | None = None, version: int = 0) -> list[str]:
-    """Episodes as the proxy records them (multi-turn, exact prefix links), each with a final reward."""
-    rng = random.Random(0)
-    database = open_database(database_url)
-    sessions = session_factory(database)
-    ids = []
-    for g in range(groups):
-        for member in range(group_size):
-            rollout_id = uuid.uuid4().hex
-            if rollout_agent is not None:  # as `POST /rollouts {"agent": ...}` does
-                async with sessions() as session, session.begin():
-                    await store_rollouts.create_rollout(session, rollout_id, task_id=f"{task_prefix}-{g}",
-                                                        agent=rollout_agent)
-            prompt = [rng.randrange(3, VOCAB) for _ in range(12)]
-            records = []
-            for _ in range(calls):
-                completion = [rng.randrange(3, VOCAB) for _ in range(5)] + [2]
-                records.append(CallRecord(
-                    id=uuid.uuid4().hex, route="chat", started_at=utcnow(), rollout_id=rollout_id, agent=call_agent,
-                    task_id=f"{task_prefix}-{g}", policy_version=version, prompt_token_ids=list(prompt),
-                    choices=[ChoiceRecord(0, completion, [-1.0] * len(completion), "stop")]))
-                prompt = prompt + completion + [rng.randrange(3, VOCAB) for _ in range(4)]
-            async with sessions() as session, session.begin():
-                await write_calls(session, records)
-            async with sessions() as session, session.begin():
-                await store_rollouts.post_reward(session, rollout_id, float(member % 2), task_id=f"{task_prefix}-{g}")
-            ids.append(rollout_id)
-    await database.dispose()
-    return ids
 
 
 def test_a_step_trains_marks_rollouts_and_the_proxy_serves_the_new_version(

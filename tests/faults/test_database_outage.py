@@ -9,23 +9,11 @@ import time
 import pytest
 import requests
 
+from tests.faults.probes import readyz, wait_until
 from tests.faults.traffic import Traffic, settle, tally
 from tests.support import running_proxy
 
 OUTAGE_SECONDS = float(os.environ.get("RLPROXY_FAULT_OUTAGE_SECONDS", "12"))
-
-
-def wait_until(check, timeout: float, every: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if value := check():
-            return value
-        time.sleep(every)
-    raise TimeoutError(f"not reached within {timeout}s")
-
-
-def readyz(url: str) -> dict:
-    return requests.get(url + "/readyz", timeout=10).json()
 
 
 def spool_metric(url: str) -> float:

@@ -14,7 +14,7 @@ import pytest
 import requests
 
 from tests.faults.relay import Relay
-from tests.faults.test_database_outage import wait_until
+from tests.faults.probes import wait_until
 from tests.support import free_port, running, running_proxy, stub_command
 
 MESSAGES = [{"role": "user", "content": "Tell me a story."}]

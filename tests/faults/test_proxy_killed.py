@@ -15,7 +15,7 @@ import psycopg
 import pytest
 
 from tests.faults.killed_under_load import kill_under_load, numbering, stored
-from tests.faults.test_database_outage import readyz, wait_until
+from tests.faults.probes import readyz, wait_until
 from tests.faults.traffic import Traffic, libpq, settle, tally
 from tests.support import free_port, proxy_command, running
 

@@ -12,7 +12,7 @@ import psycopg
 import pytest
 import requests
 
-from tests.faults.test_database_outage import wait_until
+from tests.faults.probes import wait_until
 from tests.faults.traffic import libpq
 from tests.support import free_port, proxy_command, running
 
