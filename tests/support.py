@@ -1,9 +1,12 @@
-"""Helpers the tests share: free ports, starting real server processes, waiting for them."""
+"""Helpers the tests share: free ports, starting real server processes, waiting for them, and a rollout made and read
+through a running proxy's API."""
 from __future__ import annotations
 
 import asyncio
 from contextlib import asynccontextmanager
 from pathlib import Path
+
+import requests
 
 # The process helpers are shared with bench/ (testkit/processes.py); re-exported for the tests.
 from testkit.processes import (
@@ -20,9 +23,9 @@ from testkit.processes import (
     wait_http,
 )
 
-__all__ = ["PYTHON", "ROOT", "add_policies", "adapter_folder", "free_port", "fresh_database", "make_key",
-           "policy_row", "proxy_command", "pump", "running", "running_proxy", "stop", "stub_command", "trainer_command",
-           "wait_http"]
+__all__ = ["PYTHON", "ROOT", "add_policies", "adapter_folder", "calls_of", "free_port", "fresh_database", "make_key",
+           "new_rollout", "policy_row", "proxy_command", "pump", "running", "running_proxy", "stop", "stub_command",
+           "trainer_command", "wait_http"]
 
 
 async def pump(src, dst, observe=None) -> None:
@@ -125,3 +128,15 @@ def make_key(database_url: str, project: str, **options) -> str:
             return (await create_key(session, project, **options))[0]
 
     return asyncio.run(go())
+
+
+def new_rollout(proxy_url: str, **body) -> tuple[str, str]:
+    response = requests.post(f"{proxy_url}/rollouts", json=body)
+    assert response.status_code == 201, response.text
+    return response.json()["rollout_id"], response.json()["base_url"]
+
+
+def calls_of(proxy_url: str, rollout_id: str) -> list[dict]:
+    response = requests.get(f"{proxy_url}/rollouts/{rollout_id}")
+    assert response.status_code == 200, response.text
+    return response.json()["calls"]

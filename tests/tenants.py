@@ -9,12 +9,14 @@ are admin keys of those projects; `operator` is the admin key of no project."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import anthropic
 import openai
@@ -98,3 +100,26 @@ def secured_tenants(postgres_server: str, run_dir: Path, adapters: Path) -> Iter
         with running_proxy([engine_url], database_url, run_dir, "proxy-tenants",
                            "--client-max-size", str(MAX_BODY), *rules, env={"RLPROXY_ADMIN_KEY": OPERATOR}) as url:
             yield Tenants(url, stub, engine_url, {**keys, "operator": OPERATOR}, names)
+
+
+# What the engine receives besides the tests' requests: the proxy's own health checks, at any moment.
+PROBE = ("GET", "/v1/models")
+
+
+def send(url: str, method: str, target: str, key: str | None, body: bytes = b'{"prompt": "one two"}'):
+    """One request with its target sent byte for byte (http.client, unlike requests, resolves nothing)."""
+    where = urlsplit(url)
+    connection = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
+    try:
+        body = None if method in ("GET", "OPTIONS") else body
+        connection.request(method, target, body=body, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read()
+    finally:
+        connection.close()
+
+
+def received(tenants) -> list[tuple[str, str]]:
+    """(method, raw target) of what reached the engine, the proxy's own health checks left out."""
+    return [seen for seen in tenants.stub.received if seen != PROBE]

@@ -443,10 +443,6 @@ TEST_MODULE_IMPORTS_LEFT = {
     ("tests/test_runner_agents.py", "tests.test_run_task_data"),
     ("tests/test_run_datasets.py", "tests.test_run"),
     ("tests/test_run_in_process.py", "tests.test_run"),
-    ("tests/test_deny_by_default.py", "tests.test_passthrough"),
-    ("tests/test_parallel.py", "tests.test_trainer_faults"),
-    ("tests/test_off_policy.py", "tests.test_trainer_core"),
-    ("tests/test_client_fidelity.py", "tests.test_responses_api"),
     ("tests/test_error_tree.py", "tests.test_architecture"),
 }
 

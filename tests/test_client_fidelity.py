@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from testkit.stub_engine import EOS_ID, tokenize
-from tests.test_responses_api import calls_of, new_rollout
+from tests.support import calls_of, new_rollout
 
 ENGINE_IGNORES_STREAM = {"stub_plain_json": True}  # the stand-in answers `stream: true` with one JSON body
 RESPONSES_TOOLS = [{"type": "function", "name": "calculator",

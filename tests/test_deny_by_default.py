@@ -14,7 +14,7 @@ import json
 
 import requests
 
-from tests.test_passthrough import received, send
+from tests.tenants import received, send
 
 # `{beta}`: beta's adapter name
 QUERIED = ["/tokenize?model={beta}", "/rollouts/{rid}/agents/solver/tokenize?model={beta}",

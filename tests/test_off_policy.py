@@ -12,7 +12,7 @@ from trainer.transitions import SkipReasons
 
 torch = pytest.importorskip("torch")
 
-from tests.test_trainer_core import make_trainer, on_policy_batch  # noqa: E402
+from tests.trainer_support import make_trainer, on_policy_batch  # noqa: E402
 
 
 @pytest.mark.train

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from tests.support import ROOT, free_port, running, stub_command, trainer_command
-from tests.test_trainer_faults import SMALL_STEPS, is_complete_adapter, snapshot, wait_for
+from tests.trainer_support import SMALL_STEPS, is_complete_adapter, snapshot, wait_for
 from tests.episodes import record_episodes
 from tests.conftest import TINY_VOCAB
 

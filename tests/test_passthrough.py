@@ -5,16 +5,14 @@ spelling, and what is listed must reach it as the listed path, with no query str
 one: a request carrying one is refused, tests/test_deny_by_default.py)."""
 from __future__ import annotations
 
-import http.client
 import json
-from urllib.parse import urlsplit
 
 import requests
 
 from proxy.edge.engine_routes import RELAYED
-from tests.tenants import MAX_BODY, RELAYED_BODIES
+from tests.tenants import MAX_BODY, RELAYED_BODIES, received, send
 
-PROBE = ("GET", "/v1/models")  # the proxy's own engine health checks, at any moment
+
 
 # Dot segments (raw, percent-encoded, any case), encoded slashes, double and trailing slashes, case variants,
 # inside or around the rollout prefixes; `{rid}` is a rollout of the caller's project, `{alpha}` and `{beta}` the
@@ -57,24 +55,6 @@ RELAYED_AS = [(method, path, path) for path, methods in RELAYED.items() for meth
     ("POST", "/tokenize?", "/tokenize"),  # an empty query: nothing to refuse, nothing sent on
     ("POST", "/tok%65nize", "/tokenize"),  # a spelling of a listed path: the engine gets the listed one
 ]
-
-
-def send(url: str, method: str, target: str, key: str | None, body: bytes = b'{"prompt": "one two"}'):
-    """One request with its target sent byte for byte (http.client, unlike requests, resolves nothing)."""
-    where = urlsplit(url)
-    connection = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {key}"} if key else {})}
-    try:
-        body = None if method in ("GET", "OPTIONS") else body
-        connection.request(method, target, body=body, headers=headers)
-        response = connection.getresponse()
-        return response.status, response.read()
-    finally:
-        connection.close()
-
-
-def received(tenants) -> list[tuple[str, str]]:
-    return [seen for seen in tenants.stub.received if seen != PROBE]
 
 
 def test_no_path_outside_the_list_reaches_the_engine_however_it_is_spelled(tenants):

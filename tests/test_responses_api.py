@@ -10,22 +10,11 @@ import pytest
 import requests
 
 from testkit.stub_engine import EOS_ID, render_chat, tokenize
+from tests.support import calls_of, new_rollout
 
 TOOLS = [{"type": "function", "name": "calculator", "description": "Evaluate an arithmetic expression.",
           "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
                          "required": ["expression"]}}]
-
-
-def new_rollout(proxy_url: str, **body) -> tuple[str, str]:
-    response = requests.post(f"{proxy_url}/rollouts", json=body)
-    assert response.status_code == 201, response.text
-    return response.json()["rollout_id"], response.json()["base_url"]
-
-
-def calls_of(proxy_url: str, rollout_id: str) -> list[dict]:
-    response = requests.get(f"{proxy_url}/rollouts/{rollout_id}")
-    assert response.status_code == 200, response.text
-    return response.json()["calls"]
 
 
 def rewards_of(proxy_url: str, rollout_id: str) -> list[dict]:

@@ -13,32 +13,7 @@ from trainer.transitions import Call, SkipReasons, Transition, merge_trajectory,
 
 torch = pytest.importorskip("torch")
 
-from tests.conftest import TINY_VOCAB as VOCAB
-
-
-def make_trainer(path: str, adapter_dir=None, **overrides):
-    from trainer.ppo import PolicyTrainer
-
-    # one AdamW update per step unless a test asks for more: ratios and clipping are read against that one update
-    settings = {"learning_rate": 1e-3, "micro_batch_tokens": 40, "kl_coef": 0.01, "mini_batches": 1, **overrides}
-    return PolicyTrainer(path, TrainingSettings(**settings), adapter_dir=adapter_dir)
-
-
-def on_policy_batch(trainer, n: int = 4, prompt_len: int = 10, completion_len: int = 6) -> list[Transition]:
-    """Fixed random sequences, alternating +1/-1 advantages, behaviour log-probs = current policy's."""
-    g = torch.Generator().manual_seed(7)
-    batch = [
-        Transition(
-            prompt_ids=torch.randint(0, VOCAB, (prompt_len + i,), generator=g).tolist(),
-            completion_ids=torch.randint(0, VOCAB, (completion_len,), generator=g).tolist(),
-            behaviour_logprobs=[0.0] * completion_len,
-            advantage=1.0 if i % 2 == 0 else -1.0,
-        )
-        for i in range(n)
-    ]
-    for t, lp in zip(batch, trainer.logprobs(batch)):
-        t.behaviour_logprobs = lp
-    return batch
+from tests.trainer_support import make_trainer, on_policy_batch
 
 
 def mean_logprob(trainer, transitions) -> list[float]:

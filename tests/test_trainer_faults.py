@@ -11,46 +11,14 @@ from pathlib import Path
 
 import pytest
 import requests
-from sqlalchemy import func, select
 
-from store.db import open_database, session_factory
-from store.models import Policy, Rollout, TrainStep
 from tests.support import ROOT, free_port, running, stub_command, trainer_command
 from tests.episodes import record_episodes
+from tests.trainer_support import SMALL_STEPS, is_complete_adapter, snapshot, wait_for
 
 pytest.importorskip("torch")
 
 ROLLOUTS = 24  # six groups of four
-SMALL_STEPS = {"batch_rollouts": 4, "max_batch_rollouts": 4, "group_size": 4, "micro_batch_tokens": 256}  # a step: one group
-
-
-async def snapshot(database_url: str) -> dict:
-    database = open_database(database_url)
-    async with session_factory(database)() as session:
-        trained = await session.scalar(select(func.count()).where(Rollout.trained_at.is_not(None)))
-        leased = await session.scalar(select(func.max(Rollout.lease_expires_at)))  # the newest claim
-        stepped = await session.scalar(select(func.coalesce(func.sum(TrainStep.rollout_count), 0)))
-        policies = (await session.execute(select(Policy).order_by(Policy.version))).scalars().all()
-    await database.dispose()
-    return {"trained": trained, "leased": leased, "stepped": stepped,
-            "policies": [(p.version, p.status, p.path) for p in policies],
-            "names": {p.version: p.name for p in policies}}  # the adapter name each version's row keeps
-
-
-def wait_for(database_url: str, condition, timeout: float = 120.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        state = asyncio.run(snapshot(database_url))
-        if condition(state):
-            return state
-        time.sleep(0.05)
-    raise TimeoutError(f"trainer state never reached the condition: {state}")
-
-
-def is_complete_adapter(folder: str | Path) -> bool:
-    folder = Path(folder)
-    return all((folder / name).is_file() and (folder / name).stat().st_size > 0
-               for name in ("adapter_config.json", "adapter_model.safetensors"))
 
 
 def test_sigkill_at_any_point_trains_every_rollout_exactly_once(tiny_model, own_database_url, tmp_path):
