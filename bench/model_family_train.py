@@ -70,6 +70,9 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "model_family_train.txt")
+    parser.add_argument("--no-adapter", metavar="WHY", help="the engine serves no adapter (gpt-oss on a CPU: vLLM "
+                        "serves a mixture of experts under LoRA only with Triton): the agreement before the step and "
+                        "the step only")
     args = parser.parse_args()
     from core.settings import TrainingSettings
     from trainer.ppo import PolicyTrainer
@@ -84,6 +87,14 @@ def main() -> None:
     started = time.perf_counter()
     metrics = policy.step(transitions(base_samples))
     step_s = time.perf_counter() - started
+    if args.no_adapter:
+        line = (f"{args.family:7} targets {','.join(targets)} | lag 0 before the step: mean {before[0]:.2e} max "
+                f"{before[1]:.2e} | step {step_s:.1f} s, loss {getattr(metrics, 'loss', float('nan')):.4f} | no "
+                f"adapter served: {args.no_adapter} | {'within' if before[0] <= BOUND else 'OVER'} the {BOUND:g} bound")
+        print(line, flush=True)
+        with args.out.open("a") as out:
+            out.write(line + "\n")
+        return
     name = f"{args.family}-bench-{int(time.time())}"
     with tempfile.TemporaryDirectory() as tmp:
         adapter = policy.save_adapter(Path(tmp) / name)

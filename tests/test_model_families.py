@@ -190,3 +190,13 @@ def test_an_unknown_folder_is_served_as_before_and_says_so(tmp_path):
     plan = serving_plan(tmp_path)
     assert plan.args() == ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
     assert "no known family" in plan.describe()
+
+
+def test_the_trainer_loads_gpt_oss_with_eager_attention_and_the_others_with_sdpa(family_model, tmp_path):
+    """transformers' SDPA path refuses gpt-oss (its attention sinks); eager computes them (bench/model_family_train.py:
+    the engine and the trainer agree to 4.5e-7 nats a token on the kit's gpt-oss)."""
+    from trainer.loading import attention_implementation
+
+    assert attention_implementation(family_model("gpt-oss")) == "eager"
+    assert attention_implementation(family_model("qwen3")) == "sdpa"
+    assert attention_implementation(tmp_path) == "sdpa"  # no config.json: as before

@@ -37,6 +37,18 @@ from trainer.sharding import laid_out_like
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# Architectures transformers' SDPA attention refuses: gpt-oss adds a learned sink to each head's softmax, which
+# only its eager attention (or a kernel of the hub) computes.
+EAGER_ONLY = frozenset({"gpt_oss"})
+
+
+def attention_implementation(model_path: str | Path) -> str:
+    """SDPA, except for an architecture that transformers serves only with its eager attention (EAGER_ONLY)."""
+    try:
+        model_type = json.loads((Path(model_path) / "config.json").read_text()).get("model_type")
+    except (OSError, ValueError):
+        model_type = None
+    return "eager" if model_type in EAGER_ONLY else "sdpa"
 
 
 class CheckpointMismatchError(RlproxyError, RuntimeError):
@@ -53,9 +65,9 @@ def lora_config(*, rank: int, alpha: int, dropout: float, target_modules: list[s
 
 def load_actor(parts: Any, model_path: str, *, lora: dict[str, Any], device: torch.device) -> Any:
     """OpenRLHF's Actor with the base loaded in bf16 straight onto `device` (one process)."""
-    return parts.Actor(model_path, attn_implementation="sdpa", param_dtype="bf16", device_map={"": str(device)},
-                       lora_rank=lora["rank"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
-                       target_modules=lora["target_modules"])
+    return parts.Actor(model_path, attn_implementation=attention_implementation(model_path), param_dtype="bf16",
+                       device_map={"": str(device)}, lora_rank=lora["rank"], lora_alpha=lora["alpha"],
+                       lora_dropout=lora["dropout"], target_modules=lora["target_modules"])
 
 
 def load_sharded_actor(parts: Any, model_path: str, *, lora: dict[str, Any], dtype: torch.dtype,
@@ -69,8 +81,8 @@ def load_sharded_actor(parts: Any, model_path: str, *, lora: dict[str, Any], dty
     # trust_remote_code as OpenRLHF's Actor loads the one-process model: the same classes either way
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=True)
     with init_empty_weights(include_buffers=False):
-        base = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype,
-                                                trust_remote_code=True)
+        base = AutoModelForCausalLM.from_config(config, attn_implementation=attention_implementation(model_path),
+                                                dtype=dtype, trust_remote_code=True)
     # A tied LM head is the embeddings' own parameter, as from_pretrained makes it (inside the context above every
     # parameter set becomes a new meta one, which would untie it again).
     base.tie_weights()
