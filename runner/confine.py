@@ -11,9 +11,11 @@ fork and exec, by an allow-list the runner builds:
   the harness's own package, the runner's working folder and `--agent-read`;
 - read and write: the attempt's own folders (its task folder with a fresh HOME and TMPDIR, a harness's working
   folder and home), /dev/shm, `--agent-write`; the usual devices (/dev/null, /dev/tty, /dev/pts...);
-- never, even inside an allowed folder: the journal, the task files, the key files and every other attempt's
-  folder. An allowed folder that holds one is not granted itself: its other entries are, one by one, down the
-  path to what is kept out ("holes"), and the folders on that path may be listed (names, not contents). Links
+- never, even inside an allowed folder: the journal, the task files, the key files, every other attempt's
+  folder, the hidden entries of the runner's HOME (~/.ssh, ~/.aws, ~/.config: when the run starts from HOME) but
+  those a granted folder is in, and `.env` files of the runner's working folder. An allowed folder that holds
+  one is not granted itself: its other entries are, one by one, down the path to what is kept out ("holes"),
+  and the folders on that path may be listed (names, not contents). Links
   lead nowhere new: a path is checked where it ends, and a hard link to a file the agent cannot reach is
   refused (EXDEV).
 
@@ -27,6 +29,7 @@ once on its output and in the journal (each attempt's "started" line: confined f
 confined."""
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
@@ -149,10 +152,11 @@ def ruleset_for(argv: list[str] | str, env: dict[str, str], cwd: str | None) -> 
                   if entry.name.startswith(ATTEMPT_PREFIX) and os.path.join(temp, entry.name) not in mine]
     except OSError:
         others = []
-    holes = [*policy.protected, *(os.path.realpath(path) for path in SECRETS), *others]
+    readable = _readable(argv, env)
+    holes = [*policy.protected, *(os.path.realpath(path) for path in SECRETS), *others, *_private(readable)]
     ruleset = landlock.Ruleset(policy.version)
     try:
-        for root in _readable(argv, env):
+        for root in readable:
             _grant(ruleset, root, landlock.READ, holes, temp)
         _grant_proc(ruleset)
         for root in SHARED + policy.write:
@@ -188,6 +192,25 @@ def _readable(argv: list[str] | str, env: dict[str, str]) -> list[str]:
     for root in roots:
         if root and os.path.isabs(root) and (real := os.path.realpath(root)) not in found and os.path.exists(real):
             found.append(real)
+    return found
+
+
+def _private(roots: list[str]) -> list[str]:
+    """The runner's user's own secrets where a granted folder holds them (the run started from its HOME, say):
+    the hidden entries of its HOME (~/.ssh, ~/.aws, ~/.config, shell history), but those a granted folder lies in
+    (a ~/.venv, the ~/.pyenv its PATH names), and the `.env` files of the runner's working folder."""
+    found: list[str] = []
+    home = os.path.realpath(os.path.expanduser("~"))
+    cwd = os.path.realpath(os.getcwd())
+    with contextlib.suppress(OSError):
+        if home != "/" and any(_within(home, root) for root in roots):
+            for entry in os.scandir(home):
+                path = os.path.join(home, entry.name)
+                if entry.name.startswith(".") and not any(_within(root, path) for root in roots):
+                    found.append(path)
+    with contextlib.suppress(OSError):
+        found += [os.path.join(cwd, entry.name) for entry in os.scandir(cwd)
+                  if entry.name == ".env" or entry.name.startswith(".env.")]
     return found
 
 

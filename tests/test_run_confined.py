@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -164,3 +165,32 @@ def test_a_harness_shell_tool_and_its_verifier_are_kept_out_alike(probing_harnes
     assert len(reports) == 6  # the harness's shell tool and the verifier, in each attempt
     for found in reports:
         assert_kept_out(found, files)
+
+
+def test_a_run_started_from_home_keeps_its_hidden_files_and_env_files_out(tmp_path, monkeypatch):
+    """The run started from its user's HOME (the working folder is granted): ~/.ssh, ~/.aws and a project's .env
+    are refused, the rest of the folder read. A real confined program, without a proxy (runner/agents.py)."""
+    import asyncio
+
+    from runner import confine
+    from runner.agents import run_process
+
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("PRIVATE KEY")
+    (home / ".aws").mkdir()
+    (home / ".aws" / "credentials").write_text("aws_secret_access_key = x")
+    (home / ".env").write_text("DATABASE_URL=postgresql://u:hunter2@db/x")
+    (home / "notes.txt").write_text("plain")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(home)
+    assert confine.start([])[0]
+    try:
+        own = tempfile.mkdtemp(prefix="rlproxy-task-")
+        env = {"PATH": os.environ["PATH"], **confine.fresh_home(Path(own))}
+        code, out, _ = asyncio.run(run_process(
+            "for f in .ssh/id_ed25519 .aws/credentials .env notes.txt; do cat $f 2>/dev/null || echo refused; done",
+            env, cwd=str(home)))
+    finally:
+        confine.stop()
+    assert code == 0 and out.decode().split("\n")[:4] == ["refused", "refused", "refused", "plain"], out
