@@ -5,7 +5,7 @@ top-level package of the repository placed in the plan, and the write side: SQL 
 reward rows written only by store/rewards.py, and a policy's state (`evaluation`, its verdicts) set only there.
 
 When this fails, either the change works against the plan (move the shared piece down a floor, the statement
-into store/) or the plan changed (change docs/architecture.md and LAYERS together)."""
+into store/) or the plan changed (change docs/architecture.md and LAYERS, in tests/house.py, together)."""
 from __future__ import annotations
 
 import ast
@@ -15,27 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-
-# package -> the project packages it may import (besides itself). Bottom floor first; docs/architecture.md.
-LAYERS: dict[str, set[str]] = {
-    "core": set(),
-    "rewards": {"core"},
-    "runner": {"core"},
-    "store": {"core", "rewards"},
-    "migrations": {"core", "store"},
-    "engine": {"core", "store"},
-    "proxy": {"core", "rewards", "store", "migrations", "engine"},
-    "trainer": {"core", "rewards", "store", "engine"},
-    "demo": {"core", "rewards", "store", "migrations", "engine", "proxy", "trainer", "runner"},
-    "rlproxy": {"core", "rewards", "store", "migrations", "engine", "proxy", "trainer", "demo", "runner"},
-    # Not shipped: what the tests and benchmarks use to run the product for real.
-    "testkit": {"core", "rewards", "store", "migrations", "engine", "proxy", "trainer"},
-}
-SHIPPED = [name for name in LAYERS if name != "testkit"]
-# Outside the house: they may import anything, and nothing imports them (examples/ are agents users copy).
-OUTSIDE = {"tests", "bench", "examples"}
-PROJECT = set(LAYERS) | OUTSIDE
+from tests.house import LAYERS, OUTSIDE, PROJECT, ROOT, SHIPPED, modules, packages
 
 # Imported inside functions on purpose: optional or heavy, so that the proxy (which has no torch) and quick
 # commands start without them. Anything else is imported at the top of its module.
@@ -46,23 +26,6 @@ HEAVY = {"torch", "transformers", "peft", "safetensors", "openrlhf", "matplotlib
 # must not load the trainer. It says why where it does.
 LAZY_PACKAGES = {"rlproxy"}
 OPTIONAL_PARTS = {"trainer", "demo"}
-
-
-def packages(root: Path = ROOT) -> set[str]:
-    """The repository's top-level Python packages: every folder holding Python code, as the filesystem has them."""
-    return {path.relative_to(root).parts[0] for path in root.glob("*/**/*.py")
-            if not path.relative_to(root).parts[0].startswith(".")}
-
-
-def modules(root: Path = ROOT) -> dict[str, Path]:
-    """Every module of the house (the packages in LAYERS found under `root`) by its dotted name."""
-    found = {}
-    for package in sorted(packages(root) & set(LAYERS)):
-        for path in sorted((root / package).rglob("*.py")):
-            parts = path.relative_to(root).with_suffix("").parts
-            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            found[name] = path
-    return found
 
 
 def unplaced_packages(root: Path = ROOT) -> set[str]:
@@ -443,7 +406,6 @@ TEST_MODULE_IMPORTS_LEFT = {
     ("tests/test_runner_agents.py", "tests.test_run_task_data"),
     ("tests/test_run_datasets.py", "tests.test_run"),
     ("tests/test_run_in_process.py", "tests.test_run"),
-    ("tests/test_error_tree.py", "tests.test_architecture"),
 }
 
 

@@ -8,7 +8,7 @@ import inspect
 import re
 
 from core.errors import RlproxyError
-from tests.test_architecture import ROOT, modules
+from tests.house import ROOT, modules
 
 # Alembic's environment script runs the migrations when it is imported; it defines no exception.
 NOT_IMPORTED = {"migrations.env"}
