@@ -400,12 +400,6 @@ TEST_MODULE_IMPORTS_LEFT = {
     ("tests/engine_dialects.py", "tests.test_engine_exactness"),
     ("tests/test_engine_messages.py", "tests.test_engine_exactness"),
     ("tests/test_engine_responses.py", "tests.test_engine_exactness"),
-    ("tests/test_run_task_data.py", "tests.test_run"),
-    ("tests/test_runner_inputs.py", "tests.test_run"),
-    ("tests/test_runner_agents.py", "tests.test_run"),
-    ("tests/test_runner_agents.py", "tests.test_run_task_data"),
-    ("tests/test_run_datasets.py", "tests.test_run"),
-    ("tests/test_run_in_process.py", "tests.test_run"),
 }
 
 

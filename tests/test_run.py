@@ -21,9 +21,9 @@ from rich.console import Console
 from rlproxy.cli import main
 from runner.attempt import Outcome
 from runner.progress import summary
+from tests.run_support import TASKS, finished, rlproxy_run, stored
 from tests.support import PYTHON, ROOT
 
-TASKS = ROOT / "examples" / "run_tasks.jsonl"  # six arithmetic questions with their answers
 
 
 @pytest.fixture
@@ -32,24 +32,6 @@ def three_tasks(tmp_path) -> Path:
     path = tmp_path / "three.jsonl"
     path.write_text("".join(TASKS.read_text().splitlines(keepends=True)[:3]))
     return path
-
-
-def rlproxy_run(proxy_url: str, log: Path, *args: str, env: dict[str, str] | None = None):
-    """`rlproxy run` in this process (its agents and the proxy are real; only the command is not a new process);
-    `env`: variables it reads, its keys among them (`RLPROXY_API_KEY`: no key is taken on the command line)."""
-    result = CliRunner().invoke(main, ["run", "--proxy", proxy_url, "--log", str(log), *args], env=env,
-                                catch_exceptions=False)
-    return result
-
-
-def finished(log: Path) -> list[dict]:
-    return [entry for entry in map(json.loads, log.read_text().splitlines()) if entry["event"] == "finished"]
-
-
-def stored(proxy_url: str, rollout_id: str) -> dict:
-    answer = requests.get(f"{proxy_url}/rollouts/{rollout_id}", timeout=10)
-    answer.raise_for_status()
-    return answer.json()
 
 
 def test_function_agent_each_attempt_is_a_recorded_rewarded_rollout(proxy_url, tmp_path):

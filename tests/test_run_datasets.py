@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.test_run import TASKS, finished, rlproxy_run, stored
+from tests.run_support import TASKS, finished, rlproxy_run, stored
 
 HAS_DATASETS = importlib.util.find_spec("datasets") is not None
 ROWS = [json.loads(line) for line in TASKS.read_text().splitlines()[:3]]  # {"id", "question", "answer"}

@@ -21,7 +21,7 @@ from runner.run import Runner
 from runner.tasks import EVAL, Task
 from store.db import open_database, session_factory
 from store.models import Rollout, utcnow
-from tests.test_run import TASKS
+from tests.run_support import TASKS
 
 TASK_DICTS = [json.loads(line) for line in TASKS.read_text().splitlines()[:3]]  # arithmetic with answers
 

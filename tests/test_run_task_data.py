@@ -13,15 +13,9 @@ from click.testing import CliRunner
 
 from rlproxy.cli import main
 from tests.support import PYTHON
-from tests.test_run import finished, rlproxy_run, stored
+from tests.run_support import finished, rlproxy_run, stored, write_tasks
 
 RUNNER_KEY, AGENT_KEY = "rlp_the-runners-own-key", "rlp_the-agents-key"
-
-
-def write_tasks(path: Path, *tasks: dict) -> Path:
-    # json.dumps escapes NULs and lone surrogates as \u0000 and \ud800: the file is valid JSON lines
-    path.write_text("".join(json.dumps(task) + "\n" for task in tasks))
-    return path
 
 
 def environment_of(dump: Path) -> dict[str, str]:

@@ -19,8 +19,7 @@ from core.settings import RunSettings
 from rlproxy.cli import main
 from runner.agents import CommandAgent
 from runner.run import Runner
-from tests.test_run import finished, rlproxy_run
-from tests.test_run_task_data import write_tasks
+from tests.run_support import finished, rlproxy_run, write_tasks
 
 
 def exits(task: dict, config) -> float:

@@ -15,7 +15,7 @@ import pytest
 
 from runner.tasks import TRAIN, read_tasks
 from tests.support import PYTHON, ROOT
-from tests.test_run import finished, rlproxy_run
+from tests.run_support import finished, rlproxy_run
 
 NO_PROXY = "http://127.0.0.1:9"
 
