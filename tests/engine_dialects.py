@@ -13,7 +13,7 @@ import openai
 import requests
 
 from tests.support import running_proxy, wait_http
-from tests.test_engine_exactness import EOS, detokenize, without_eos
+from tests.engine_reads import EOS, detokenize, without_eos
 
 # This `anthropic` SDK has no sampling parameters on `messages.create`/`stream`: agents send them as extra body
 # fields, which reach the request body as they are (and the proxy and vLLM both read them).

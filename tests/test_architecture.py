@@ -393,16 +393,6 @@ def test_the_write_rule_sees_a_statement_or_a_row_planted_outside_the_store(tmp_
     ]
 
 
-# Tests that still import another test module as a library, as (importing file, test module). What they share moves
-# to a conftest.py (fixtures) or a support module of tests/ (a name not starting with test_), and its pair leaves this
-# list; no pair may join it (tests/README.md).
-TEST_MODULE_IMPORTS_LEFT = {
-    ("tests/engine_dialects.py", "tests.test_engine_exactness"),
-    ("tests/test_engine_messages.py", "tests.test_engine_exactness"),
-    ("tests/test_engine_responses.py", "tests.test_engine_exactness"),
-}
-
-
 def imports_of_test_modules(root: Path = ROOT) -> set[tuple[str, str]]:
     """(file, test module) for each import of a test module (tests/…/test_*.py) by a file under tests/."""
     found = set()
@@ -419,11 +409,10 @@ def imports_of_test_modules(root: Path = ROOT) -> set[tuple[str, str]]:
 
 
 def test_no_test_module_is_imported_as_a_library(tmp_path):
+    """What tests share lives in a conftest.py (fixtures) or a support module of tests/ (a name not starting with
+    test_), so that running, moving or renaming one test module never breaks another (tests/README.md)."""
     found = imports_of_test_modules()
-    assert not found - TEST_MODULE_IMPORTS_LEFT, (
-        f"{sorted(found - TEST_MODULE_IMPORTS_LEFT)}: share through a conftest.py fixture or a tests/ support module")
-    assert not TEST_MODULE_IMPORTS_LEFT - found, f"no longer imported, take out of the list: " \
-                                                 f"{sorted(TEST_MODULE_IMPORTS_LEFT - found)}"
+    assert not found, f"{sorted(found)}: share through a conftest.py fixture or a tests/ support module"
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "test_a.py").write_text("from tests.test_b import helper\nfrom tests import support\n")
     assert imports_of_test_modules(tmp_path) == {("tests/test_a.py", "tests.test_b")}  # the rule sees one

@@ -30,7 +30,7 @@ from tests.engine_dialects import (  # what the Responses and Messages tests sha
     shape,
     sse_events,
 )
-from tests.test_engine_exactness import EOS, recorded_calls, tokenize
+from tests.engine_reads import EOS, recorded_calls, tokenize
 
 pytestmark = pytest.mark.engine
 

@@ -41,7 +41,7 @@ from tests.engine_dialects import (  # what the Responses and Messages tests sha
     shape,
     sse_events,
 )
-from tests.test_engine_exactness import detokenize, link_kind, recorded_calls, without_eos
+from tests.engine_reads import detokenize, link_kind, recorded_calls, without_eos
 
 pytestmark = pytest.mark.engine
 
