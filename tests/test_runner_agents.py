@@ -143,6 +143,8 @@ def test_an_agent_cannot_make_the_runner_write_through_a_link(proxy_url, tmp_pat
     fake.write_text(f"#!/bin/sh\ncat > /dev/null\nln -s {precious} ../task.json\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    # the harness found is this one, whatever is installed (runner/harnesses/installed.py prefers the pinned one)
+    monkeypatch.setattr("runner.harnesses.base.find_program", lambda name, pin: str(fake))
     tasks = write_tasks(tmp_path / "tasks.jsonl", {"id": "link", "prompt": "hi"})
     log = tmp_path / "run.jsonl"
     result = rlproxy_run(proxy_url, log, "--tasks", str(tasks), "--task-id-field", "id", "--attempts", "1",
