@@ -153,6 +153,27 @@ class UpstreamPool:
             raise engine_failure(f"engine unreachable after {attempt} attempt(s)", exc) from exc
         raise AssertionError("unreachable")
 
+    async def tokenize(self, body: bytes, *, key: str | None = None) -> tuple[int, bytes]:
+        """(status, body) of the engine's `/tokenize` for `body`, on the replica of the rollout `key`: what the
+        token counting routes answer from (a count the engine made of the rendering it would serve)."""
+        replica, upstream = await self.open("/tokenize", body, key=key)
+        try:
+            return upstream.status, await upstream.read()
+        except aiohttp.ClientError as exc:
+            raise engine_failure("engine connection failed", exc) from None
+        finally:
+            upstream.close()
+
+    async def model_list(self, key: str | None = None) -> tuple[int, bytes, str]:
+        """(status, body, content type) of the engine's `/v1/models`, on the replica of the rollout `key`."""
+        assert self.session is not None, "UpstreamPool.start() was not awaited"
+        replica = self.choose(key)
+        try:
+            async with self.session.get(replica.url + "/v1/models") as upstream:
+                return upstream.status, await upstream.read(), upstream.content_type
+        except (aiohttp.ClientError, OSError) as exc:
+            raise engine_failure("engine unreachable", exc) from exc
+
     async def get_json(self, replica: Replica, path: str, *, timeout: float = 5.0) -> dict:
         assert self.session is not None
         async with self.session.get(replica.url + path, timeout=aiohttp.ClientTimeout(total=timeout)) as resp:

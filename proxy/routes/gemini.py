@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 
-import aiohttp
 import orjson
 from aiohttp import web
 
@@ -22,7 +21,7 @@ from proxy.boundary import engine_bytes
 from proxy.context import call_context
 from proxy.dialects.fields import GEMINI_COUNT_TOKENS, refuse_unknown_google
 from proxy.dialects.gemini import GEMINI, CountTokensRequest, GenerateContentRequest
-from proxy.errors import InvalidRequest, UpstreamUnavailable, Unauthorized, engine_failure, json_response
+from proxy.errors import InvalidRequest, UpstreamUnavailable, Unauthorized, json_response
 from proxy.schemas import parse_json_object
 from proxy.state import state
 
@@ -77,16 +76,9 @@ async def count_tokens(request: web.Request) -> web.Response:
                 "add_generation_prompt": True}
     if tools := chat_tools(request_body):
         tokenize["tools"] = tools
-    replica, upstream = await app.upstreams.open("/tokenize", engine_bytes(tokenize), key=context.rollout_id)
-    try:
-        raw = await upstream.read()
-    except aiohttp.ClientError as exc:
-        raise engine_failure("engine connection failed", exc) from None
-    finally:
-        upstream.close()
-    if upstream.status != 200:
-        return web.Response(body=GEMINI.engine_error(upstream.status, raw), status=upstream.status,
-                            content_type="application/json")
+    status, raw = await app.upstreams.tokenize(engine_bytes(tokenize), key=context.rollout_id)
+    if status != 200:
+        return web.Response(body=GEMINI.engine_error(status, raw), status=status, content_type="application/json")
     return GeminiTokenCount(totalTokens=int(orjson.loads(raw)["count"])).reply()
 
 
@@ -96,12 +88,7 @@ async def list_models(request: web.Request) -> web.Response:
         raise Unauthorized(KEY_IN_URL, code="key_in_url")
     context = call_context(request)
     app = state(request)
-    replica = app.upstreams.choose(request.match_info.get("rollout_id"))
-    try:
-        async with app.upstreams.session.get(replica.url + "/v1/models") as upstream:
-            raw, status = await upstream.read(), upstream.status
-    except (aiohttp.ClientError, OSError) as exc:
-        raise engine_failure("engine unreachable", exc) from exc
+    status, raw, _ = await app.upstreams.model_list(request.match_info.get("rollout_id"))
     if status != 200:
         return web.Response(body=GEMINI.engine_error(status, raw), status=status, content_type="application/json")
     try:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import aiohttp
 import orjson
 from aiohttp import web
 
@@ -15,7 +14,6 @@ from proxy.context import call_context
 from proxy.dialects.messages import MESSAGES, CountTokensRequest, MessagesRequest
 from proxy.dialects.reasoning import messages_fields
 from proxy.api import API_ERRORS, Answer, Endpoint, PREFIXES, mounted
-from proxy.errors import engine_failure
 from proxy.schemas import parse_json_object
 from proxy.state import state
 
@@ -47,16 +45,9 @@ async def count_tokens(request: web.Request) -> web.Response:
         tokenize["chat_template_kwargs"] = arguments
     if body.get("tools"):
         tokenize["tools"] = MESSAGES.to_chat({**body, "max_tokens": 1}, [])["tools"]
-    replica, upstream = await app.upstreams.open("/tokenize", engine_bytes(tokenize), key=context.rollout_id)
-    try:
-        raw = await upstream.read()
-    except aiohttp.ClientError as exc:
-        raise engine_failure("engine connection failed", exc) from None
-    finally:
-        upstream.close()
-    if upstream.status != 200:
-        return web.Response(body=MESSAGES.engine_error(upstream.status, raw), status=upstream.status,
-                            content_type="application/json")
+    status, raw = await app.upstreams.tokenize(engine_bytes(tokenize), key=context.rollout_id)
+    if status != 200:
+        return web.Response(body=MESSAGES.engine_error(status, raw), status=status, content_type="application/json")
     return TokenCount(input_tokens=int(orjson.loads(raw)["count"])).reply()
 
 

@@ -2,7 +2,6 @@
 `base_url` is enough to track a rollout."""
 from __future__ import annotations
 
-import aiohttp
 import orjson
 from aiohttp import web
 
@@ -11,7 +10,7 @@ from proxy.capture import CHAT, COMPLETIONS
 from proxy.context import call_context
 from proxy.dialects.chat import ChatCompletionRequest, CompletionRequest
 from proxy.api import API_ERRORS, Answer, Endpoint, PREFIXES, RECORDED, mounted
-from proxy.errors import UpstreamUnavailable, engine_failure, json_response
+from proxy.errors import UpstreamUnavailable, json_response
 from proxy.state import state
 
 
@@ -28,12 +27,7 @@ async def models(request: web.Request) -> web.Response:
     """The engine's model list, as the engine answers it; for a project's key, only the models it may call."""
     context = call_context(request)  # validates ids in the path
     app = state(request)
-    replica = app.upstreams.choose(request.match_info.get("rollout_id"))
-    try:
-        async with app.upstreams.session.get(replica.url + "/v1/models") as upstream:
-            raw, status, content_type = await upstream.read(), upstream.status, upstream.content_type
-    except (aiohttp.ClientError, OSError) as exc:
-        raise engine_failure("engine unreachable", exc) from exc
+    status, raw, content_type = await app.upstreams.model_list(request.match_info.get("rollout_id"))
     if context.project is not None and status == 200:
         try:
             listing = orjson.loads(raw)
