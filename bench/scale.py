@@ -82,11 +82,12 @@ def measure(args: argparse.Namespace) -> None:
     import torch
 
     from trainer import parallel
-    from core.settings import TrainingSettings as TrainConfig
+    from core.settings import TrainingSettings
     from trainer.ppo import PolicyTrainer
 
     collective = parallel.init_from_environment() if parallel.launched_by_torchrun() else parallel.Collective()
-    policy = PolicyTrainer(args.model, TrainConfig(activation_checkpointing=args.checkpointing), collective=collective)
+    policy = PolicyTrainer(args.model, TrainingSettings(activation_checkpointing=args.checkpointing),
+                           collective=collective)
     batch = demo_batch(policy.model.config.vocab_size)
     policy.step(batch)  # warm-up: allocator, kernels
     walls, peaks, before = [], [], []

@@ -26,7 +26,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as bench/train_step.py: s
 
 import torch  # noqa: E402
 
-from core.settings import TrainingSettings as TrainConfig  # noqa: E402
+from core.settings import TrainingSettings  # noqa: E402
 from trainer.transitions import Transition  # noqa: E402
 
 FIELDS = ("loss", "policy_loss", "kl", "clip_fraction", "ratio_mean", "ratio_max", "behaviour_kl", "off_policy_kl",
@@ -79,8 +79,8 @@ def main() -> None:
         path = str(default_model_path())
     else:
         path = args.model
-    config = TrainConfig(bf16=False, mini_batches=2, ppo_epochs=2, micro_batch_tokens=64, learning_rate=1e-2,
-                         kl_coef=0.01, seed=3)
+    config = TrainingSettings(bf16=False, mini_batches=2, ppo_epochs=2, micro_batch_tokens=64, learning_rate=1e-2,
+                              kl_coef=0.01, seed=3)
     collective = parallel.init_from_environment() if parallel.launched_by_torchrun() else None
     trainer = PolicyTrainer(path, config, collective=collective)
     batch = fixed_transitions(trainer.model.config.vocab_size)

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 
 from core.hardware import fast_bf16
-from core.settings import TrainingSettings as TrainConfig  # the training settings (core/settings/training.py)
+from core.settings import TrainingSettings
 from trainer.adapter import load_adapter, save_adapter_atomically
 from trainer.compat import import_openrlhf
 from trainer.loading import check_device_memory, checkpoint_parameters, load_actor, load_sharded_actor
@@ -57,9 +57,9 @@ class PolicyTrainer:
     """One replica of the policy. With a `collective` of several ranks (trainer/parallel.py), each rank trains
     on its share of every mini-batch and gradients are summed across ranks before each update."""
 
-    def __init__(self, model_path: str | os.PathLike[str], config: TrainConfig | None = None,
+    def __init__(self, model_path: str | os.PathLike[str], config: TrainingSettings | None = None,
                  adapter_dir: str | os.PathLike[str] | None = None, collective: Collective | None = None) -> None:
-        self.config = config = config or TrainConfig()
+        self.config = config = config or TrainingSettings()
         self.model_path = str(model_path)
         self.collective = collective or Collective()
         self.device = (torch.device("cuda", self.collective.local_rank) if torch.cuda.is_available()
@@ -377,7 +377,7 @@ def _device_type(model: torch.nn.Module) -> str:
     return next(model.parameters()).device.type
 
 
-def lora_targets(model_path: str, config: TrainConfig) -> list[str] | str:
+def lora_targets(model_path: str, config: TrainingSettings) -> list[str] | str:
     """What LoRA adapts: the module names, or with `lora_layers` a pattern (peft matches a string as a full
     regex) limited to the top layers. vLLM loads such adapters as usual: it goes by the saved tensors."""
     targets = resolve_targets(model_path, list(config.target_modules))  # by the architecture's own names
