@@ -140,6 +140,16 @@ class CompletionServing:
                 self.writer.submit(record)
                 self._account(record)
 
+    async def count_tokens(self, model: str, messages: list[dict[str, Any]], context: CallContext,
+                           **extra: Any) -> tuple[int, bytes]:
+        """(status, body) of the engine's `/tokenize` of `messages` (and `extra`: tools, template arguments) as a
+        call of `model` would be rendered: checked as that call (its project may call the model; the policy
+        routes it), neither recorded nor claiming its rollout. The token counting routes answer from it."""
+        await self.access.check(model, context.project)
+        target = await self.router.route_call(model, context)
+        body = {"model": target.upstream_model, "messages": messages, "add_generation_prompt": True, **extra}
+        return await self.upstreams.tokenize(engine_bytes(body), key=context.rollout_id)
+
     def _finish(self, record: CallRecord, began: float) -> None:
         record.finished_at = utcnow()
         record.latency_ms = (time.perf_counter() - began) * 1000

@@ -17,7 +17,6 @@ from aiohttp import web
 from core.gemini_chat import chat_messages, chat_tools
 from proxy.api import API_ERRORS, PREFIXES, RECORDED, Answer, Endpoint, mounted
 from proxy.bodies import GeminiModels, GeminiTokenCount, GenerateContentResponse
-from proxy.boundary import engine_bytes
 from proxy.context import call_context
 from proxy.dialects.fields import GEMINI_COUNT_TOKENS, refuse_unknown_google
 from proxy.dialects.gemini import GEMINI, CountTokensRequest, GenerateContentRequest
@@ -70,13 +69,9 @@ async def count_tokens(request: web.Request) -> web.Response:
     request_body = {**(inner or {"contents": body["contents"]}), "model": model}
     GEMINI.validate(request_body, app.boundary.allowed)
     context = call_context(request)
-    await app.access.check(model, context.project)
-    target = await app.router.route_call(model, context)
-    tokenize = {"model": target.upstream_model, "messages": chat_messages(request_body),
-                "add_generation_prompt": True}
-    if tools := chat_tools(request_body):
-        tokenize["tools"] = tools
-    status, raw = await app.upstreams.tokenize(engine_bytes(tokenize), key=context.rollout_id)
+    tools = chat_tools(request_body)
+    status, raw = await app.serving[GEMINI.route].count_tokens(model, chat_messages(request_body), context,
+                                                               **({"tools": tools} if tools else {}))
     if status != 200:
         return web.Response(body=GEMINI.engine_error(status, raw), status=status, content_type="application/json")
     return GeminiTokenCount(totalTokens=int(orjson.loads(raw)["count"])).reply()

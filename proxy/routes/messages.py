@@ -8,7 +8,6 @@ import orjson
 from aiohttp import web
 
 from proxy.bodies import Message, TokenCount
-from proxy.boundary import engine_bytes
 from core.messages_chat import chat_messages
 from proxy.context import call_context
 from proxy.dialects.messages import MESSAGES, CountTokensRequest, MessagesRequest
@@ -37,15 +36,13 @@ async def count_tokens(request: web.Request) -> web.Response:
     app = state(request)
     app.boundary.check_common(body)
     MESSAGES.validate(body, app.boundary.allowed, CountTokensRequest)
-    await app.access.check(body["model"], context.project)
-    target = await app.router.route_call(body["model"], context)
-    tokenize = {"model": target.upstream_model, "messages": chat_messages(body), "add_generation_prompt": True}
-    arguments = template_arguments(body)
-    if arguments:
-        tokenize["chat_template_kwargs"] = arguments
+    extra = {}
+    if arguments := template_arguments(body):
+        extra["chat_template_kwargs"] = arguments
     if body.get("tools"):
-        tokenize["tools"] = MESSAGES.to_chat({**body, "max_tokens": 1}, [])["tools"]
-    status, raw = await app.upstreams.tokenize(engine_bytes(tokenize), key=context.rollout_id)
+        extra["tools"] = MESSAGES.to_chat({**body, "max_tokens": 1}, [])["tools"]
+    status, raw = await app.serving[MESSAGES.route].count_tokens(body["model"], chat_messages(body), context,
+                                                                 **extra)
     if status != 200:
         return web.Response(body=MESSAGES.engine_error(status, raw), status=status, content_type="application/json")
     return TokenCount(input_tokens=int(orjson.loads(raw)["count"])).reply()
