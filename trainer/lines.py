@@ -31,7 +31,8 @@ class Line:
     parent_version: int = policies.BASE_VERSION
     parent_path: Path | None = None
 
-    def serves(self, active: policies.ActivePolicy) -> None:
+    def start_from(self, active: policies.ActivePolicy) -> None:
+        """Train on from `active`, the version serving the policy now."""
         self.parent_version, self.parent_path = active.version, Path(active.path) if active.path else None
 
 
@@ -62,7 +63,7 @@ class Lines:
     async def resume(self, session: AsyncSession) -> None:
         """Every line from the version that serves its policy now."""
         for line in self.lines.values():
-            line.serves(await policies.active_policy(session, line.policy))
+            line.start_from(await policies.active_policy(session, line.policy))
 
     def observe(self, line: Line) -> None:
         self.metrics.policy_version.labels(line.policy).set(line.parent_version)
@@ -76,7 +77,7 @@ class Lines:
             return False
         log.warning("policy %r serves v%d, not v%d that this trainer last published (an operator's activation): "
                     "training goes on from v%d", line.policy, active.version, line.parent_version, active.version)
-        line.serves(active)
+        line.start_from(active)
         self.observe(line)
         return True
 
@@ -108,7 +109,7 @@ class Lines:
     async def _revert(self, line: Line) -> bool:
         """Continue training `line` from the version that serves it, not from a version that did not make it."""
         async with self.sessions() as session:
-            line.serves(await policies.active_policy(session, line.policy))
+            line.start_from(await policies.active_policy(session, line.policy))
         return False
 
     async def leftovers(self) -> list[tuple[Line, int, Path]]:
