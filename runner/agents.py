@@ -1,6 +1,8 @@
 """The three ways to name the agent, each run once per attempt with the rollout's URLs:
 
-- a Python function `(task, client_config) -> float | None`, sync or async (`--agent module:function`);
+- a Python function `(task, client_config) -> float | None`, sync or async (`--agent module:function`): in a
+  process of its own (runner/function_agent.py), as programs are; one handed to `runner.Runner` in process runs
+  in the runner (FunctionAgent: the caller's own code, never confined);
 - a program, with the URLs and the task in its environment (`--command "python my_agent.py"`);
 - an Agent Lightning v1 agent class, unmodified, in its own process (`--agent-class module:Class`).
 
@@ -326,17 +328,12 @@ class ClassAgent:
 
 
 def make_agent(kind: str, target: str, check_env: dict[str, str], pass_env: tuple[str, ...] = (),
-               user: AgentUser | None = None) -> FunctionAgent | CommandAgent | ClassAgent:
+               user: AgentUser | None = None) -> CommandAgent | ClassAgent:
     """`check_env`: the variables an agent class is checked with (the proxy's URLs for no rollout yet);
     `pass_env`: the runner's variables a program agent also gets (`--pass-env`); `user`: whom its programs run as
-    (`--agent-user`; a function runs in the runner, as the runner)."""
+    (`--agent-user`). An `--agent` function is runner/function_agent.py's."""
     if kind == "agent-class":
         return ClassAgent(target, check_env, pass_env, user)
-    if kind == "agent":
-        if user is not None:
-            raise RunInputError("--agent-user: an --agent function runs inside the runner, as the runner; name a "
-                                "program (--command, --agent-class, --harness) to run as another user")
-        return FunctionAgent.imported(target)
     return CommandAgent(target, pass_env, user)
 
 

@@ -74,7 +74,8 @@ class AttemptRunner:
         (runner/confine.py); each attempt's "started" line says whether it was and why not (RunInputError under
         --require-confinement where they cannot be)."""
         settings = self.settings
-        why_not = ("an --agent function runs inside the runner" if isinstance(self.agent, FunctionAgent)
+        in_caller = isinstance(self.agent, FunctionAgent)
+        why_not = ("a function handed to runner.Runner runs inside its process" if in_caller
                    else "--no-confine-agents" if not settings.confine_agents else None)
         confined, why = confine.start(
             [self.journal.path if self.journal is not None else None, settings.tasks, settings.eval_tasks],

@@ -25,8 +25,8 @@ It does not confine the network, nor named unix sockets (docs/security.md).
 
 Where there is no Landlock (older kernels, another system) agents run as before, unconfined: the run says so
 once on its output and in the journal (each attempt's "started" line: confined false and why), and
-`--require-confinement` refuses to start instead. An `--agent` function runs inside the runner and is never
-confined."""
+`--require-confinement` refuses to start instead. A function handed to `runner.Runner` runs inside its caller
+and is never confined; `--agent module:function` runs in a process of its own (runner/function_agent.py)."""
 from __future__ import annotations
 
 import contextlib

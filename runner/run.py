@@ -20,6 +20,7 @@ from rich.console import Console
 
 from core.settings import RunSettings
 from runner.agents import as_agent, make_agent
+from runner.function_agent import HostedFunctionAgent
 from runner.attempt import NO_KEY, Attempt, AttemptRunner, Outcome
 from runner.client import ProxyClient, proxy_url
 from runner.environment import check_names
@@ -112,6 +113,8 @@ def prepare(settings: RunSettings) -> Plan:
         needed.update(agent.needed_fields())
         if agent.shared_folders:  # written by every attempt of the harness: confined agents may (runner/confine.py)
             settings = settings.model_copy(update={"agent_write": (*settings.agent_write, *agent.shared_folders)})
+    elif kind == "agent":  # in a process of its own, confined as programs are
+        agent = HostedFunctionAgent(target, settings.pass_env, user)
     else:
         agent = make_agent(kind, target, {"AGL_OPENAI_BASE_URL": f"{proxy}/v1",
                                           "AGL_KEY": NO_KEY,  # no rollout yet: each gets its own token

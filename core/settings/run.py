@@ -50,7 +50,8 @@ class RunSettings(CommandSettings):
         (), description="A folder the confined agents may also write, shared by every attempt (repeat).")
     require_confinement: bool = Field(
         False, description="Refuse to run where the agents cannot be confined (no Landlock: Linux before 5.13), "
-        "or with an --agent function, which runs inside the runner.")
+        "or with a function handed to runner.Runner in Python, which runs inside its caller (an --agent named here "
+        "runs in a process of its own, confined).")
     proxy: str = Field(DEFAULT_PROXY, description="The running proxy's URL.")
     api_key: SecretStr | None = Field(None, description="The runner's key to the proxy (when its keys are on): it "
                                                        "creates the rollouts and posts their rewards.")

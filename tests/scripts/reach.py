@@ -6,7 +6,7 @@ runner's pid there), /proc/<pid>/environ of its parent and of the runner (the ru
 and descriptors through /proc, the descriptors it inherited, a symbolic and a hard link to the journal made in its
 own HOME, a forged journal line, removing the task file, a signal to the runner; it leaves a `setsid` sleeper
 behind. It writes what it found to $REACH_OUT/<rollout id>.json, asks the model once (the call is recorded) and
-prints 1. `Reach` is the same as an Agent Lightning agent class."""
+prints 1. `Reach` is the same as an Agent Lightning agent class, `reach` as an `--agent` function."""
 from __future__ import annotations
 
 import json
@@ -141,6 +141,12 @@ class Reach:
     def run(self) -> None:
         rollout = os.environ["AGL_OPENAI_BASE_URL"].split("/rollouts/")[1].split("/")[0]
         probe(os.environ["AGL_OPENAI_BASE_URL"], os.environ["AGL_KEY"], rollout)
+
+
+def reach(task: dict, config) -> float:
+    """The same as an `--agent` function (runner/function_agent.py runs it in a process of its own)."""
+    probe(config.openai_base_url, config.api_key, config.rollout_id)
+    return 1.0
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["harness"]:  # the harness's shell tool: its rollout from its URL
