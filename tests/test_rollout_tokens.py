@@ -277,6 +277,8 @@ print(urllib.request.urlopen(request, timeout=30).read().decode())
 ''')
     harness.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    # the harness found is this one, whatever is installed (runner/harnesses/installed.py prefers the pinned one)
+    monkeypatch.setattr("runner.harnesses.base.find_program", lambda name, pin: str(harness))
     before = claims_counted(tenants, "agent")
     (tmp_path / "tasks.jsonl").write_text(json.dumps({"id": "verified", "prompt": "Fix the bug."}) + "\n")
     log = tmp_path / "run.jsonl"
