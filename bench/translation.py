@@ -26,7 +26,7 @@ from proxy.capture import Additions, prepare_upstream_body  # noqa: E402
 from proxy.dialects.chat import CHAT_COMPLETIONS  # noqa: E402
 from proxy.dialects.messages import MESSAGES  # noqa: E402
 from proxy.dialects.responses import RESPONSES  # noqa: E402
-from proxy.sse import Event  # noqa: E402
+from proxy.dialects.sse import Event  # noqa: E402
 
 TOKENS = 8
 PROMPT_TOKENS = 30

@@ -11,7 +11,7 @@ Rules are tried in order; the first whose conditions all hold names the policy. 
 the default policy (`default` unless set; `base` serves unlisted agents with the base model). The name `base`
 is reserved: the base model, no versions, never trained. Pure: the proxy routes with it, settings validate
 with it. `version_hold`: how long a running rollout keeps the version of its policy its first call got once a
-newer one serves (0: the newest at once; proxy/rollout_pins.py).
+newer one serves (0: the newest at once; proxy/policy/pins.py).
 """
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ Rules are tried in the order given and the first whose scope holds applies; a ru
 after another of the same scope) could never apply and is refused. Values are checked against what vLLM 0.32
 samples as asked: temperature 0.01-2 (it refuses above 2 and raises anything between 0 and 0.01 to 0.01; 0 is the
 greedy sampling the setting exists to replace), top_p in (0, 1], top_k 0 (none) or more. Pure: the settings
-validate with it, the proxy applies it (proxy/rollout_sampling.py).
+validate with it, the proxy applies it (proxy/policy/sampling.py).
 """
 from __future__ import annotations
 

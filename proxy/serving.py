@@ -31,9 +31,9 @@ from proxy.errors import ProxyError, StoreUnavailable, UpstreamTimeout, Upstream
 from proxy.metrics import ProxyMetrics
 from proxy.policy import PolicyRouter
 from proxy.recording import redact_record
-from proxy.rollout_sampling import resample
+from proxy.policy import resample
 from proxy.schemas import parse_json_object
-from proxy.sse import Event, SSEParser
+from proxy.dialects.sse import Event, SSEParser
 from proxy.tenancy import ModelAccess
 from proxy.upstream import UpstreamPool
 from proxy.recording import CaptureWriter

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.capture import CHAT, COMPLETIONS, prepare_upstream_body, relay_bytes, strip_additions
-from proxy.sse import SSEParser
+from proxy.dialects.sse import SSEParser
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

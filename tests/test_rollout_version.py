@@ -1,5 +1,5 @@
 """Which version a running rollout's calls get when a new one starts serving (`--rollout-version-hold`,
-proxy/rollout_pins.py): the newest at once (on-policy, the default), or for a while the version its first call got
+proxy/policy/pins.py): the newest at once (on-policy, the default), or for a while the version its first call got
 (the engine's prefix cache, kept per adapter, still holds its context), read by the proxy's router from the store."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from core.settings import ProxySettings
 from proxy.policy import PolicyRouter, Route
-from proxy.rollout_pins import RolloutPins
+from proxy.policy.pins import RolloutPins
 from store import policies
 from store.db import open_database, session_factory
 from store.policies import ActivePolicy

@@ -10,7 +10,7 @@ import orjson
 
 from proxy.capture import Additions
 from proxy.errors import UpstreamUnavailable
-from proxy.sse import Event
+from proxy.dialects.sse import Event
 
 
 @dataclass(slots=True)

@@ -23,7 +23,7 @@ from proxy.dialects.fields import COMPLETIONS as COMPLETIONS_FIELDS
 from proxy.dialects.fields import refuse_unknown_openai
 from proxy.errors import InvalidRequest, error_body, sse_error_event
 from proxy.schemas import only_fields, validate
-from proxy.sse import Event
+from proxy.dialects.sse import Event
 
 
 class _OpenAIRequest(BaseModel):

@@ -15,7 +15,7 @@ import orjson
 
 from proxy.dialects.base import ENDED_EARLY, unparsed, unreadable
 from proxy.dialects.gemini_objects import build, error_body, finish_reason, function_call, usage, wants_thoughts
-from proxy.sse import Event
+from proxy.dialects.sse import Event
 
 DATA, END = b"data: ", b"\r\n\r\n"  # as Google's servers write their events
 

@@ -15,7 +15,7 @@ import orjson
 from core.messages_chat import RAW_INPUT
 from proxy.dialects.base import ENDED_EARLY, SSE_END, Output, sse, sse_head, unparsed, unreadable
 from proxy.dialects.messages_objects import build, error_body, message_id, stop_of, tool_input
-from proxy.sse import Event
+from proxy.dialects.sse import Event
 
 # The events sent once per engine chunk, and the constant ones, as bytes (`sse_head`).
 DELTA = sse_head("content_block_delta")

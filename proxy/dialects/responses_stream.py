@@ -30,7 +30,7 @@ from proxy.dialects.responses_objects import (
     tool_item,
     wants_logprobs,
 )
-from proxy.sse import Event
+from proxy.dialects.sse import Event
 
 HEADS = {kind: sse_head(kind) for kind in (
     "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",

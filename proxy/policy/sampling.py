@@ -15,7 +15,7 @@ from typing import Any
 from core.policy_rules import BASE_POLICY
 from core.rollout_sampling import RolloutSampling
 from proxy.context import CallContext
-from proxy.policy import PolicyRouter, Route
+from proxy.policy.router import PolicyRouter, Route
 
 
 async def resample(rules: RolloutSampling, router: PolicyRouter, context: CallContext, target: Route,

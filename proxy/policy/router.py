@@ -27,7 +27,7 @@ from engine.adapters import AdapterError
 from proxy.context import CallContext
 from proxy.errors import InvalidRequest, NotFoundError, UpstreamUnavailable
 from proxy.metrics import ProxyMetrics
-from proxy.rollout_pins import RolloutPins
+from proxy.policy.pins import RolloutPins
 from proxy.upstream import UpstreamPool
 from store import canary as canaries
 from store import errors as store_errors
@@ -58,7 +58,7 @@ class PolicyRouter:
         self.served_model = served_model
         self.rules = rules or PolicyRules()
         self.upstreams = upstreams  # told which replicas are out of rotation for what serves
-        self.pins = RolloutPins(self.rules.version_hold)  # a running rollout's version (proxy/rollout_pins.py)
+        self.pins = RolloutPins(self.rules.version_hold)  # a running rollout's version (proxy/policy/pins.py)
         self.base_model: str | None = None
         self.lines: dict[str, canaries.Line] = {}  # named policy -> its active version and canary
         self.withheld: dict[int, dict[str, str]] = {}  # serving version -> {replica out of rotation: why}
