@@ -15,7 +15,6 @@ import inspect
 import os
 import re
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -28,6 +27,7 @@ from runner import confine
 from runner.confine_landlock import restrict_self
 from runner.environment import inherited
 from runner.errors import AttemptError, RunInputError
+from runner.hosting import check_in_host
 from runner.identity import AgentUser
 from runner.leftovers import preexec, watch_group
 from runner.task_data import task_json, task_variables
@@ -304,11 +304,7 @@ class ClassAgent:
         attempt will import it: the module is not imported into the runner."""
         # the runner's PYTHONPATH too: the host is the runner's own module, and the agent's is found the same way
         self.inherit = inherited(pass_env, also=("PYTHONPATH",))
-        done = subprocess.run([sys.executable, "-m", "runner.agl_host", "--check", spec], capture_output=True,
-                              text=True, env={**self.inherit, **check_env}, stdin=subprocess.DEVNULL)
-        if done.returncode != 0:
-            lines = done.stderr.strip().splitlines()
-            raise RunInputError(lines[-1] if lines else f"--agent-class {spec!r}: exit status {done.returncode}")
+        check_in_host("runner.agl_host", spec, "--agent-class", {**self.inherit, **check_env})
         self.spec, self.user = spec, user
 
     def check_task(self, task: Any) -> None:

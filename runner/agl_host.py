@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import os
 import sys
 
 from runner.agents import import_target
 from runner.errors import RunInputError
+from runner.hosting import host_main
 
 
 def load(spec: str):
@@ -21,20 +21,15 @@ def load(spec: str):
     return cls
 
 
-def main(argv: list[str]) -> int:
-    if os.getcwd() not in sys.path:  # the agent's module is found from where the run was started
-        sys.path.insert(0, os.getcwd())
-    if argv[0] == "--check":
-        try:
-            load(argv[1])
-        except RunInputError as exc:
-            print(exc, file=sys.stderr)
-            return 2
-        return 0
+def attempt(argv: list[str]) -> int:
     outcome = load(argv[0])().run()
     if inspect.isawaitable(outcome):
         asyncio.run(outcome)
     return 0
+
+
+def main(argv: list[str]) -> int:
+    return host_main(argv, load, attempt)
 
 
 if __name__ == "__main__":

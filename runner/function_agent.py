@@ -11,7 +11,6 @@ no arguments calls the rollout, and the runner's variables it was given with --p
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -21,7 +20,7 @@ from core.checks import reward_problem
 from runner import confine
 from runner.agents import AgentResult, ClientConfig, failure, rollout_env, run_process
 from runner.environment import inherited
-from runner.errors import RunInputError
+from runner.hosting import check_in_host
 from runner.identity import AgentUser
 from runner.task_data import task_json, task_variables
 
@@ -35,11 +34,7 @@ class HostedFunctionAgent:
         cannot be imported, or a name that is not callable, stops the run before it starts."""
         # the runner's PYTHONPATH too: the host is the runner's own module, and the agent's is found the same way
         self.inherit = inherited(pass_env, also=("PYTHONPATH",))
-        done = subprocess.run([sys.executable, "-m", HOST, "--check", spec], capture_output=True, text=True,
-                              env=self.inherit, stdin=subprocess.DEVNULL)
-        if done.returncode != 0:
-            lines = done.stderr.strip().splitlines()
-            raise RunInputError(lines[-1] if lines else f"--agent {spec!r}: exit status {done.returncode}")
+        check_in_host(HOST, spec, "--agent", self.inherit)
         self.spec, self.user = spec, user
 
     def check_task(self, task: Any) -> None:

@@ -13,13 +13,13 @@ import asyncio
 import inspect
 import json
 import numbers
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from runner.agents import ClientConfig, import_target
 from runner.errors import RunInputError
+from runner.hosting import host_main
 
 
 def load(spec: str):
@@ -40,16 +40,7 @@ def call(function, task: Any, config: ClientConfig) -> Any:
     return value
 
 
-def main(argv: list[str]) -> int:
-    if os.getcwd() not in sys.path:  # the agent's module is found from where the run was started
-        sys.path.insert(0, os.getcwd())
-    if argv[0] == "--check":
-        try:
-            load(argv[1])
-        except RunInputError as exc:
-            print(exc, file=sys.stderr)
-            return 2
-        return 0
+def attempt(argv: list[str]) -> int:
     spec, result = argv
     given = json.loads(sys.stdin.buffer.read())
     function = load(spec)
@@ -65,6 +56,10 @@ def main(argv: list[str]) -> int:
         text = json.dumps({"error": f"ValueError: the function's result cannot be written: {exc}"})
     Path(result).write_text(text, encoding="utf-8")
     return 0 if "reward" in outcome else 1
+
+
+def main(argv: list[str]) -> int:
+    return host_main(argv, load, attempt)
 
 
 if __name__ == "__main__":
