@@ -8,19 +8,16 @@ and the limits (proxy/edge/limits.py) which requests count against a key. It imp
 from __future__ import annotations
 
 from enum import Enum
-from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from proxy.edge.engine_routes import RELAYED
 from store.keys import KeyInfo
 
-if TYPE_CHECKING:
-    from proxy.edge.auth import Authenticator
-
 OPERATOR = KeyInfo(id="operator", project=None, admin=True)  # the admin key from the settings
-# The Authenticator of the application (proxy/checks.py sets it), and the request's KeyInfo once it identified one.
-AUTH: web.AppKey[Authenticator] = web.AppKey("rlproxy_auth")
+# The application's proxy/edge/auth.py Authenticator (proxy/checks.py sets it; named, not imported: auth.py imports
+# this module), and the request's KeyInfo once it identified one.
+AUTH: web.AppKey = web.AppKey("rlproxy_auth")
 KEY = "rlproxy_key"  # set when auth is on, or when a request presents a rollout token with auth off
 
 
