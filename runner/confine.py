@@ -81,7 +81,9 @@ def start(protected: Iterable[Path | str | None], read: Iterable[Path] = (), wri
         _policy = None
         if required:
             raise RunInputError(f"--require-confinement: agents cannot be confined here: {why}")
-        if not why_not or not why_not.startswith("--no-"):  # the operator's own choice needs no warning
+        # the kernel's lack, said once; not the caller's own choice (--no-confine-agents, a function it runs
+        # in its own process, as the demo does): that is on each attempt's journal line alone
+        if why_not is None:
             log.warning("agents run unconfined: %s; they can read what this user can (the journal, the task files)",
                         why)
         return False, why
