@@ -19,6 +19,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from core.messages_chat import chat_turn
+
 RAW_ARGS = "_raw"  # the key a function call's arguments that are not a JSON object are kept under in `args`
 GEMINI_TYPES = frozenset({"STRING", "NUMBER", "INTEGER", "BOOLEAN", "ARRAY", "OBJECT", "NULL"})
 
@@ -78,14 +80,7 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
                                  "content": json_text(answer.get("response") or {})})
         if role == "user" and not parts:
             continue  # only function responses (now `tool` messages): no user turn
-        chat: dict[str, Any] = {"role": role}
-        if parts:
-            chat["content"] = parts[0]["text"] if len(parts) == 1 and parts[0]["type"] == "text" else parts
-        if calls:
-            chat["tool_calls"] = calls
-        if thinking:
-            chat["reasoning"] = "".join(thinking)
-        messages.append(chat)
+        messages.append(chat_turn(role, parts, calls, thinking))
     return messages
 
 

@@ -61,15 +61,23 @@ def chat_messages(body: dict[str, Any], *, mark_errors: bool = False) -> list[di
                 thinking.append(block["thinking"])
         if message["role"] == "user" and not parts:
             continue  # only tool results (now `tool` messages): no user turn, as in vLLM
-        chat: dict[str, Any] = {"role": message["role"]}
-        if parts:
-            chat["content"] = parts[0]["text"] if len(parts) == 1 and parts[0]["type"] == "text" else parts
-        if calls:
-            chat["tool_calls"] = calls
-        if thinking:
-            chat["reasoning"] = "".join(thinking)
-        messages.append(chat)  # an assistant turn is kept even when empty: the template renders it
+        # an assistant turn is kept even when empty: the template renders it
+        messages.append(chat_turn(message["role"], parts, calls, thinking))
     return messages
+
+
+def chat_turn(role: str, parts: list[dict[str, Any]], calls: list[dict[str, Any]],
+              thinking: list[str]) -> dict[str, Any]:
+    """One chat message from a turn's content parts, tool calls and thinking (Messages' and Gemini's turns alike):
+    a lone text part as plain content, as vLLM's chat route reads it."""
+    chat: dict[str, Any] = {"role": role}
+    if parts:
+        chat["content"] = parts[0]["text"] if len(parts) == 1 and parts[0]["type"] == "text" else parts
+    if calls:
+        chat["tool_calls"] = calls
+    if thinking:
+        chat["reasoning"] = "".join(thinking)
+    return chat
 
 
 def _system_text(content: Any, *, whole_string: bool) -> str:
