@@ -48,16 +48,22 @@ CGROUP_NAME = "rlproxy-run-"
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 _watchdog: subprocess.Popen | None = None  # the running run's (one at a time per process)
 _cgroup: Path | None = None
+_before: set[int] = set()  # the processes below this one when the run began (not the run's: never ended by it)
+_groups: set[int] = set()  # the process groups of the programs the run is running now (runner/agents.py)
+# every attempt's programs carry their rollout's token in their environment (store/rollout_tokens.py's
+# ROLLOUT_TOKEN_PREFIX; the runner imports core alone, and tests/test_run_verify_leftovers.py uses tokens alike)
+TOKEN = b"rlr_"
 
 
 @contextlib.contextmanager
 def no_process_outlives_the_run() -> Iterator[None]:
     """While inside: orphans of agents' processes are adopted by this process, and a watchdog (with the run's
     cgroup, where there can be one) ends them if this process dies; on leaving: all killed."""
-    global _watchdog, _cgroup
+    global _watchdog, _cgroup, _before
     was = _subreaper()
     adopting = _set_subreaper(True)
     before = set(descendants(os.getpid())) if adopting else set()
+    _before = before
     _cgroup = make_cgroup() if sys.platform.startswith("linux") else None
     _watchdog = start_watchdog(_cgroup)
     try:
@@ -105,6 +111,7 @@ def _tell(process: subprocess.Popen, line: str) -> None:
 
 def watch_group(group: int, began: bool) -> None:
     """An attempt's process group began (the watchdog ends it if the runner dies) or was ended by the runner."""
+    (_groups.add if began else _groups.discard)(group)
     if _watchdog is not None:
         _tell(_watchdog, f"{'+' if began else '-'}{group}")
 
@@ -196,9 +203,9 @@ def end_leftovers_of(marker: str, folder: Path | None = None) -> int:
     Only below this process (the subreaper adopts them): nothing a run did not start."""
     needle = marker.encode()
     ended: set[int] = set()
+    keep = _before | ({_watchdog.pid} if _watchdog is not None else set())
     for _ in range(ROUNDS):
-        theirs = [pid for pid in descendants(os.getpid(), {_watchdog.pid} if _watchdog is not None else set())
-                  if _holds(pid, needle, folder)]
+        theirs = [pid for pid in descendants(os.getpid(), keep) if _holds(pid, needle, folder)]
         if not theirs:
             break
         for pid in theirs + [below for pid in theirs for below in descendants(pid)]:
@@ -210,8 +217,12 @@ def end_leftovers_of(marker: str, folder: Path | None = None) -> int:
 
 
 def _holds(pid: int, needle: bytes, folder: Path | None) -> bool:
+    """Whether the process is the attempt's: its token in its environment, its working folder in the attempt's,
+    or, outside every program the run is running now, no attempt's token at all (one that cleared its environment
+    and left the folder, `cd / && env -i setsid ...`, is no other attempt's either: nothing can own it)."""
     try:
-        if needle and needle in Path(f"/proc/{pid}/environ").read_bytes():
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+        if (needle and needle in environ) or (TOKEN not in environ and os.getpgid(pid) not in _groups):
             return True
         return folder is not None and Path(os.readlink(f"/proc/{pid}/cwd")).is_relative_to(folder)
     except OSError:  # ended meanwhile, or not ours to read

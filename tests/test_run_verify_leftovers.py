@@ -60,6 +60,21 @@ def test_a_leftover_that_cleared_its_environment_is_found_by_its_folder(tmp_path
         assert not (tmp_path / "late").exists()
 
 
+def test_a_leftover_that_cleared_its_environment_and_left_the_folder_is_ended_too(tmp_path):
+    """Carrying no attempt's token and outside every program the run is running, it is nobody else's."""
+    async def attempt() -> int:
+        script = f"cd / && env -i setsid sh -c 'sleep 1; touch {tmp_path}/late' </dev/null >/dev/null 2>&1 &"
+        code, _, _ = await run_process(script, {"PATH": os.environ["PATH"], "OPENAI_API_KEY": "rlr_gone"},
+                                       cwd=str(tmp_path), confined=False)
+        assert code == 0
+        return end_leftovers_of("rlr_gone", tmp_path)
+
+    with no_process_outlives_the_run():
+        assert asyncio.run(attempt()) >= 1
+        time.sleep(1.5)
+        assert not (tmp_path / "late").exists()
+
+
 # ------------------------------------------------------------------ through a real harness and `rlproxy run`
 
 LATE = "late-marker"  # written by what the harness's tool call left running, two seconds after it
